@@ -1,0 +1,32 @@
+# Every user-facing target installs what it needs first, so a fresh clone needs no earlier step.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+RB     := $(VENV)/bin/replaybench
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: setup
+	$(PY) -m harness.demo
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) -m bench
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Benchmarks (`make bench`): each `bench_*.py` measures one thing and commits its table to results/."""

@@ -1,0 +1,31 @@
+"""Write a benchmark's results as JSON and a Markdown table, stamped with the command and machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).parent / "results"
+
+
+def write_results(name: str, title: str, rows: list[dict[str, object]], notes: str = "") -> None:
+    """Save `rows` to results/<name>.json and results/<name>.md, and print the table."""
+    RESULTS_DIR.mkdir(exist_ok=True)
+    command = f"make bench  # or: python -m bench {name.removeprefix('bench_')}"
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}"
+    payload = {"benchmark": name, "title": title, "command": command, "machine": machine,
+               "rows": rows, "notes": notes}
+    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(payload, indent=1) + "\n")
+    columns = list(rows[0]) if rows else []
+    lines = [f"# {title}", "", f"Command: `{command}`  ", f"Machine: {machine}", ""]
+    if columns:
+        lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows]
+    if notes:
+        lines += ["", notes]
+    text = "\n".join(lines) + "\n"
+    (RESULTS_DIR / f"{name}.md").write_text(text)
+    print(text)

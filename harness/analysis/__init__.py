@@ -1,0 +1,1 @@
+"""analysis package (DESIGN §1)."""

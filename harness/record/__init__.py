@@ -1,0 +1,1 @@
+"""record package (DESIGN §1)."""

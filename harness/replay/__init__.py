@@ -1,0 +1,1 @@
+"""replay package (DESIGN §1)."""
