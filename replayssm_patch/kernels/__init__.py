@@ -1,0 +1,59 @@
+"""ReplaySSM Mamba-2 decode kernels: the API the vLLM integration (replayssm_patch/*.py) codes against.
+
+Why this exists: baseline decode reads AND writes every sequence's full SSM state each step. ReplaySSM
+keeps a checkpoint h_c (state at the ring start) plus a ring of the last step inputs, answers each step
+from them reading the checkpoint only, and folds the ring into the checkpoint once every L steps.
+
+Math (per sequence, head h with group g = h // (nheads // ngroups), ring entries s = 0..w):
+    S_j = dt_0 + ... + dt_j                      (dt already softplus'ed, bias added)
+    y_t = exp(A*S_w) * (h_c . C_t) + sum_s exp(A*(S_w - S_s)) * dt_s * (B_s . C_t) * x_s + D * x_t
+    flush(n):  h_c' = exp(A*S_{n-1}) * h_c + sum_{s<n} exp(A*(S_{n-1} - S_s)) * dt_s * x_s (x) B_s
+y_t is exactly the baseline recurrence h_t = exp(A dt_t) h_{t-1} + dt_t x_t (x) B_t ; y_t = h_t . C_t + D x_t.
+z-gating is NOT applied here (vLLM's gated RMSNorm does it); D multiplies the current token only.
+
+Cache layout per slot (the vLLM state index of a sequence; ``slot`` rows below), any strides allowed
+(so they may be views into vLLM's KV-cache pages):
+    ssm_state   [slots, nheads, head_dim, d_state]      checkpoint h_c: vLLM's own ssm_state (fp32 master,
+                                                         or bf16 when the server runs a bf16 state)
+    state_bf16  [slots, nheads, head_dim, d_state] bf16  split-precision copy that replay steps read
+    ring_x      [slots, L, nheads, head_dim]            post-conv x  (model dtype; bf16 is lossless)
+    ring_B      [slots, L, ngroups, d_state]            B            (model dtype)
+    ring_dt     [slots, L, nheads]            fp32      softplus(dt + dt_bias)
+``ring_shapes`` gives these per-slot shapes/dtypes for the KV-cache spec.
+
+Per-row metadata (int32 [batch] device tensors, CUDA-graph safe: kernels read them, never Python):
+    state_indices  slot of each batch row; a row whose slot == pad_slot_id (or < 0) is padding:
+                   skipped entirely, nothing read or written (output row left untouched).
+    write_pos      ring position of the CURRENT token = number of entries already in the ring (0..L-1).
+    flush_len      number of ring entries (from position 0) to fold into the checkpoint; 0 = no flush.
+                   Decode: L on the step whose write_pos == L-1 (ring full after the append), else 0.
+                   Materialise-before-prefill: the ring's entry count (write_pos of the next step).
+After a flush the sequence's next write_pos is 0. Entries at positions >= write_pos are never read, so a
+reused slot needs no ring reset (stale or non-finite values cannot leak); a new sequence must start at
+write_pos 0 with a checkpoint its prefill wrote (and, in split precision, ``copy_state_to_bf16`` after it).
+
+Entry points (Triton on CUDA or under TRITON_INTERPRET=1; each has a ``*_reference`` twin in plain
+PyTorch with the same signature):
+    replay_decode(...)      append x/B/dt at write_pos and return y for every row. Writes the ring only.
+    flush_ring(...)         fold flush_len entries into ssm_state (fp32 master) and refresh state_bf16.
+    replay_decode_step(...) both, in the order a decode step needs (replay first, then flush).
+    copy_state_to_bf16(...) refresh the bf16 copy of given slots (after prefill wrote the master).
+"""
+
+from replayssm_patch.kernels.decode_step import replay_decode_step, replay_decode_step_reference
+from replayssm_patch.kernels.flush import flush_ring, flush_ring_reference
+from replayssm_patch.kernels.layout import PAD_SLOT_ID, RingShapes, copy_state_to_bf16, ring_shapes
+from replayssm_patch.kernels.replay_decode import replay_decode, replay_decode_reference
+
+__all__ = [
+    "PAD_SLOT_ID",
+    "RingShapes",
+    "copy_state_to_bf16",
+    "flush_ring",
+    "flush_ring_reference",
+    "replay_decode",
+    "replay_decode_reference",
+    "replay_decode_step",
+    "replay_decode_step_reference",
+    "ring_shapes",
+]

@@ -1,0 +1,152 @@
+"""Analyse a run directory end to end: results -> valid repeat pairs -> comparisons -> decision (+ plot data).
+
+This is the public entry point of the analysis layer (`analyse_run_dir`); it never needs the servers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from harness.analysis.compare import compare_metrics
+from harness.analysis.cost import summarise_cost
+from harness.analysis.decision import decide
+from harness.analysis.inputs import ARMS, RunInputs, read_inputs
+from harness.analysis.model import ExcludedRepeat, RunRow, Summary
+from harness.analysis.quality import summarise_quality
+from harness.analysis.review import review_tables
+from harness.analysis.run_metrics import RunMetrics, TimeBlocks, load_run
+from harness.errors import UserError
+from harness.records.decision_config import AnalysisConfig
+
+MAX_BLOCKS = 64  # more blocks add memory, not information: a block should be long against queue memory
+
+
+@dataclass
+class PlotData:
+    """Arrays the report draws; kept out of summary.json."""
+
+    histograms: dict[str, np.ndarray]  # arm -> (latency kind, BINS) counts summed over valid repeats
+    attainment: dict[str, np.ndarray]  # arm -> (blocks,) SLO attainment per time block, mean over repeats
+    block_starts_s: np.ndarray
+    lags_s: dict[str, np.ndarray]  # arm -> send lags of the valid runs
+
+
+@dataclass
+class RunAnalysis:
+    summary: Summary
+    plots: PlotData
+    config: AnalysisConfig  # as declared in experiment.toml, or the defaults when it is missing
+
+
+def time_blocks(paths: list[Path], block_s: float) -> TimeBlocks:
+    """One block grid for every run, from the trace span (block length grows so there are ≤ MAX_BLOCKS)."""
+    lows, highs = [], []
+    for path in paths:
+        try:
+            column = pq.read_table(path, columns=["intended_s"]).column(0).to_numpy()
+        except (OSError, ValueError, KeyError):
+            continue  # load_run reports the unreadable file
+        if len(column):
+            lows.append(column.min())
+            highs.append(column.max())
+    start, end = (min(lows), max(highs)) if lows else (0.0, 0.0)
+    length = max(block_s, (end - start) / MAX_BLOCKS * 1.0001, 1e-9)
+    return TimeBlocks(start_s=float(start), block_s=float(length), count=max(1, math.ceil((end - start) / length)))
+
+
+RunKey = tuple[str, int]  # (arm, repeat)
+
+
+def _load_runs(inputs: RunInputs, blocks: TimeBlocks) -> tuple[dict[RunKey, RunMetrics], dict[RunKey, str]]:
+    """Load every result file; an unreadable one becomes a problem of its (arm, repeat), not a crash."""
+    config = inputs.config
+    runs, problems = {}, {}
+    for key, path in inputs.results.items():
+        try:
+            runs[key] = load_run(path, blocks, config.slo, config.decision, config.cost)
+        except UserError as error:
+            problems[key] = str(error)
+    return runs, problems
+
+
+def _pairs(inputs: RunInputs, runs: dict[RunKey, RunMetrics],
+           problems: dict[RunKey, str]) -> tuple[list[int], list[ExcludedRepeat]]:
+    """Repeats where both arms have a valid accepted run; every other repeat is named with its reasons."""
+    repeats = sorted({repeat for _, repeat in inputs.results} | {a.repeat for a in inputs.attempts})
+    used, excluded = [], []
+    for repeat in repeats:
+        reasons = []
+        for arm in ARMS:
+            run = runs.get((arm, repeat))
+            if (arm, repeat) in problems:
+                reasons.append(f"{arm}: unreadable result ({problems[(arm, repeat)]})")
+            elif run is None:
+                failed = [a for a in inputs.attempts if a.arm == arm and a.repeat == repeat and a.status != "accepted"]
+                reasons.append(f"{arm}: no accepted result" + (f" ({failed[-1].status}: {failed[-1].reason})"
+                                                               if failed else ""))
+            elif run is not None and not run.fidelity.valid:
+                reasons.append(f"{arm}: invalid replay ({'; '.join(run.fidelity.reasons)})")
+        if reasons:
+            excluded.append(ExcludedRepeat(repeat=repeat, reasons=reasons))
+        else:
+            used.append(repeat)
+    return used, excluded
+
+
+def _run_row(run: RunMetrics) -> RunRow:
+    f = run.fidelity
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else value * 1e3
+
+    return RunRow(arm=run.arm, repeat=run.repeat, file=run.path.name, valid=f.valid, reasons=list(f.reasons),
+                  requests=len(run.requests), successes=int(run.requests["ok"].sum()), metrics=run.metrics,
+                  failures=run.failures, lag_p50_ms=ms(f.lag_p50_s), lag_p99_ms=ms(f.lag_p99_s),
+                  lag_max_ms=ms(f.lag_max_s), offered_rate=f.offered_rate, achieved_rate=f.achieved_rate,
+                  output_mismatches=f.output_mismatches, duration_s=run.duration_s, simulated=run.simulated)
+
+
+def _plot_data(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks) -> PlotData:
+    histograms, attainment, lags = {}, {}, {}
+    for index, arm in enumerate(ARMS):
+        runs = [pair[index] for pair in pairs]
+        histograms[arm] = (sum(r.histograms.sum(axis=1, dtype=np.int64) for r in runs) if runs
+                           else np.zeros((4, 1), np.int64))
+        per_run = [r.requests.groupby("block")["slo_met"].mean().reindex(range(blocks.count)).to_numpy()
+                   for r in runs]
+        attainment[arm] = np.nanmean(per_run, axis=0) if per_run else np.full(blocks.count, np.nan)
+        lags[arm] = np.concatenate([r.requests["lag_s"].to_numpy() for r in runs]) if runs else np.empty(0)
+    return PlotData(histograms=histograms, attainment=attainment,
+                    block_starts_s=blocks.start_s + blocks.block_s * np.arange(blocks.count), lags_s=lags)
+
+
+def analyse_run_dir(root: Path) -> RunAnalysis:
+    """Re-analyse a run directory from its files. Raises `UnusableRunDir` only when there are no results."""
+    inputs = read_inputs(root)
+    config = inputs.config
+    blocks = time_blocks(list(inputs.results.values()), config.decision.bootstrap.block_s)
+    runs, problems = _load_runs(inputs, blocks)
+    used, excluded = _pairs(inputs, runs, problems)
+    pairs = [(runs[("baseline", k)], runs[("candidate", k)]) for k in used]
+    comparisons = compare_metrics(pairs, config.decision)
+    quality = summarise_quality(inputs.run.quality_json, config.quality)
+    config_note = next((n for n in inputs.notes if "experiment.toml" in n), "")
+    decision = decide(comparisons=comparisons, decision=config.decision, quality_limits=config.quality,
+                      quality=quality, declared=inputs.declared, repeats_used=used, excluded=excluded,
+                      config_note=config_note)
+    cost = summarise_cost([b.metrics["cost_per_success"] for b, _ in pairs],
+                          [c.metrics["cost_per_success"] for _, c in pairs], config.cost)
+    review_requests, review_windows = review_tables(pairs, blocks)
+    summary = Summary(
+        run_dir=str(inputs.run.root), experiment=inputs.experiment, decision=decision, comparisons=comparisons,
+        runs=[_run_row(runs[key]) for key in sorted(runs, key=lambda k: (k[1], k[0]))], quality=quality, cost=cost,
+        capacity=inputs.capacity, review_requests=review_requests, review_windows=review_windows,
+        environment=inputs.environment, simulated=any(r.simulated for r in runs.values()),
+        notes=inputs.notes + ([quality.note] if quality.note else []), alpha=config.decision.alpha,
+    )
+    return RunAnalysis(summary=summary, plots=_plot_data(pairs, blocks), config=config)

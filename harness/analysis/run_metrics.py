@@ -1,0 +1,163 @@
+"""One result file (one arm, one repeat) -> its metrics, per-request table and per-block latency histograms.
+
+Everything is vectorised over requests; streamed token times are reduced to inter-token gaps with Arrow
+list offsets, and only histograms of them are kept (a run can hold tens of millions of gaps).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from harness.analysis.log_histogram import block_histograms
+from harness.records.decision_config import LATENCY_METRICS, QUANTILES, CostConfig, DecisionConfig, SloConfig
+from harness.records.fidelity import Fidelity, replay_fidelity
+from harness.records.result_io import read_results
+from harness.records.result_schema import META_ARM, META_OFFERED_RATE, META_REPEAT, META_SIMULATED, META_TIME_SCALE
+
+REQUEST_COLUMNS = ("request_id", "intended_s", "sent_s", "lag_s", "status", "error", "ttft_s", "e2e_s",
+                   "output_tokens", "expected_output_tokens", "prompt_tokens")
+
+
+@dataclass(frozen=True)
+class TimeBlocks:
+    """The common time-block grid of a whole run directory (same trace for every arm and repeat)."""
+
+    start_s: float
+    block_s: float
+    count: int
+
+    def of(self, intended_s: np.ndarray) -> np.ndarray:
+        return np.clip(((intended_s - self.start_s) // self.block_s).astype(np.int64), 0, self.count - 1)
+
+
+@dataclass
+class RunMetrics:
+    """Everything the paired analysis and the report need from one run; the raw table is not kept."""
+
+    arm: str
+    repeat: int
+    path: Path
+    simulated: bool
+    time_scale: float | None
+    requests: pd.DataFrame  # one row per request, with derived tpot_s, max_itl_s, ok, slo_met, block
+    metrics: dict[str, float]
+    failures: dict[str, int]
+    fidelity: Fidelity
+    duration_s: float
+    histograms: np.ndarray  # int32 (len(LATENCY_METRICS), blocks, BINS)
+    notes: list[str] = field(default_factory=list)
+
+
+def _column(table: pa.Table, name: str) -> np.ndarray:
+    return table.column(name).to_numpy(zero_copy_only=False)
+
+
+def _float_column(table: pa.Table, name: str) -> np.ndarray:
+    return pc.fill_null(table.column(name).cast(pa.float64()), math.nan).to_numpy(zero_copy_only=False)
+
+
+def inter_token_gaps(token_times: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """All inter-token gaps and the row each belongs to, plus nothing else (no Python loop over rows)."""
+    array = token_times.combine_chunks()
+    values = pc.list_flatten(array).to_numpy(zero_copy_only=False).astype(np.float64)
+    parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+    if len(values) < 2:
+        return np.empty(0), np.empty(0, np.int64)
+    same_request = parents[1:] == parents[:-1]
+    return np.diff(values)[same_request], parents[1:][same_request]
+
+
+def _max_per_row(values: np.ndarray, rows: np.ndarray, n_rows: int) -> np.ndarray:
+    """Largest value per row (NaN for rows without any); `rows` is sorted as Arrow list parents are."""
+    out = np.full(n_rows, np.nan)
+    if len(values):
+        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        out[rows[starts]] = np.maximum.reduceat(values, starts)
+    return out
+
+
+def slo_met(frame: pd.DataFrame, slo: SloConfig) -> np.ndarray:
+    """Requests that succeeded and met every configured SLO (a failure is always a miss)."""
+    met = frame["ok"].to_numpy().copy()
+    for column, limit in (("ttft_s", slo.ttft_s), ("tpot_s", slo.tpot_s), ("max_itl_s", slo.itl_s),
+                          ("e2e_s", slo.e2e_s)):
+        if limit is not None:
+            values = frame[column].to_numpy()
+            met &= ~(values > limit)  # NaN (e.g. no TPOT for a 1-token answer) does not count against it
+    return met
+
+
+def _request_frame(table: pa.Table, slo: SloConfig) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """Per-request frame with derived metrics; also returns the ITL gaps of successful requests and their rows."""
+    frame = pd.DataFrame({name: (_float_column(table, name) if pa.types.is_integer(table.schema.field(name).type)
+                                 or pa.types.is_floating(table.schema.field(name).type) else _column(table, name))
+                          for name in REQUEST_COLUMNS})
+    status = frame["status"].to_numpy()
+    ok = (frame["error"].isna().to_numpy() & np.isfinite(frame["e2e_s"].to_numpy())
+          & ~((status < 200) | (status >= 300)))
+    gaps, rows = inter_token_gaps(table.column("token_times"))
+    streamed = pc.fill_null(pc.list_value_length(table.column("token_times")), 0).to_numpy(zero_copy_only=False)
+    tokens = frame["output_tokens"].to_numpy()
+    tokens = np.where(np.isfinite(tokens), tokens, streamed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(tokens > 1, (frame["e2e_s"].to_numpy() - frame["ttft_s"].to_numpy()) / (tokens - 1), np.nan)
+    frame["tpot_s"] = np.where(ok, tpot, np.nan)
+    frame["max_itl_s"] = np.where(ok, _max_per_row(gaps, rows, table.num_rows), np.nan)
+    frame["ok"] = ok
+    frame["slo_met"] = slo_met(frame, slo)
+    keep = ok[rows] if len(rows) else np.zeros(0, bool)
+    return frame, gaps[keep], rows[keep]
+
+
+def _quantile_metrics(name: str, values: np.ndarray) -> dict[str, float]:
+    values = values[np.isfinite(values)]
+    points = np.quantile(values, list(QUANTILES.values())) if len(values) else [math.nan] * len(QUANTILES)
+    return {f"{name}_{q}": float(v) for q, v in zip(QUANTILES, points, strict=True)}
+
+
+def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionConfig,
+             cost: CostConfig) -> RunMetrics:
+    """Read one accepted result file and reduce it to `RunMetrics`."""
+    table, meta = read_results(path)
+    frame, gaps, gap_rows = _request_frame(table, slo)
+    intended = frame["intended_s"].to_numpy()
+    frame["block"] = blocks.of(intended)
+    offered = float(meta[META_OFFERED_RATE]) if meta.get(META_OFFERED_RATE) else None
+    fidelity = replay_fidelity(table, offered, decision.lag_budget_s, decision.rate_tolerance)
+
+    ends = frame["sent_s"].to_numpy() + frame["e2e_s"].to_numpy()
+    last = np.nanmax(ends) if np.isfinite(ends).any() else np.nanmax(intended)
+    duration = max(float(last - np.nanmin(intended)), 1e-9) if len(frame) else math.nan
+    ok, met = frame["ok"].to_numpy(), frame["slo_met"].to_numpy()
+    ttft = np.where(ok, frame["ttft_s"].to_numpy(), np.nan)
+    e2e = np.where(ok, frame["e2e_s"].to_numpy(), np.nan)
+    tpot, block = frame["tpot_s"].to_numpy(), frame["block"].to_numpy()
+    n, successes = len(frame), int(ok.sum())
+    gpu_hours = duration / 3600 * cost.gpus_per_arm
+    metrics = {
+        **_quantile_metrics("ttft", ttft),
+        **_quantile_metrics("itl", gaps),
+        **_quantile_metrics("tpot", tpot),
+        **_quantile_metrics("e2e", e2e),
+        "slo_attainment": float(met.mean()) if n else math.nan,
+        "goodput": float(met.sum() / duration),
+        "throughput": float(successes / duration),
+        # Half a failure keeps the log-ratio finite when an arm has none (both arms get the same offset).
+        "failure_rate": float(((n - successes) + 0.5) / max(n, 1)),
+        "cost_per_success": float(gpu_hours * cost.gpu_hour_price / successes) if successes else math.nan,
+    }
+    failures = {str(k): int(v) for k, v in frame.loc[~ok, "error"].fillna("bad_status").value_counts().items()}
+    by_metric = {"ttft": (ttft, block), "itl": (gaps, block[gap_rows]), "tpot": (tpot, block), "e2e": (e2e, block)}
+    histograms = np.stack([block_histograms(*by_metric[name], blocks.count) for name in LATENCY_METRICS])
+    return RunMetrics(arm=meta[META_ARM], repeat=int(meta[META_REPEAT]), path=path,
+                      simulated=meta.get(META_SIMULATED, "").lower() == "true",
+                      time_scale=float(meta[META_TIME_SCALE]) if meta.get(META_TIME_SCALE) else None,
+                      requests=frame, metrics=metrics, failures=failures, fidelity=fidelity,
+                      duration_s=duration, histograms=histograms)

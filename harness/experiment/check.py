@@ -1,0 +1,197 @@
+"""`replaybench check CONFIG`: everything that can be known before a run, checked before a run.
+
+Each finding is "ok", "warn" (the run may go ahead, but read this) or "fail" (`run` refuses to start).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from harness.errors import UserError
+from harness.experiment.arm_server import ArmServer, server_spec
+from harness.experiment.config import ARMS, ArmConfig, ExperimentConfig
+from harness.experiment.gpus import GpuInfo, query_gpus
+from harness.experiment.quality import load_tasks
+from harness.experiment.settings_diff import PROGRAM, arm_differences, parse_command
+from harness.servers import port_in_use, probe, server_identity
+from harness.servers.process import resolve_executable
+
+Level = Literal["ok", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Level
+    topic: str
+    message: str
+
+
+def _trace(config: ExperimentConfig) -> list[Finding]:
+    from harness.experiment.runner import load_trace
+
+    try:
+        trace = load_trace(config)
+    except UserError as error:
+        return [Finding("fail", "trace", str(error))]
+    span = trace.duration_s * config.trace.time_scale
+    rate = f", {len(trace) / span:.2f} req/s offered" if span > 0 else ""
+    return [Finding("ok", "trace", f"{config.trace.path.name}: {len(trace)} requests over {span:.1f} s{rate}")]
+
+
+def _quality(config: ExperimentConfig) -> list[Finding]:
+    if config.quality_tasks is None:
+        return [Finding("warn" if config.quality.required else "ok", "quality",
+                        "no quality_tasks file: quality is not measured")]
+    try:
+        tasks = load_tasks(config.quality_tasks)
+    except UserError as error:
+        return [Finding("fail", "quality", str(error))]
+    return [Finding("ok", "quality", f"{len(tasks)} quality task(s) in {config.quality_tasks.name}")]
+
+
+def _launch(label: str, arm: ArmConfig) -> list[Finding]:
+    spec = server_spec(label, arm)
+    found = []
+    if resolve_executable(spec.argv[0], spec.cwd) is None:
+        found.append(Finding("fail", label, f"command {spec.argv[0]!r} not found; install it or fix "
+                                            f"arms.{label}.command"))
+    else:
+        found.append(Finding("ok", label, f"command {spec.argv[0]!r} found"))
+    if arm.port and port_in_use(arm.port):
+        found.append(Finding("fail", label, f"port {arm.port} is in use; stop what listens there or set "
+                                            f"arms.{label}.port = 0 (a free port)"))
+    if arm.version or arm.plugin:
+        found.append(Finding("ok", label, "declared version/plugin are verified once the server is up"))
+    return found
+
+
+def _attached(label: str, arm: ArmConfig) -> list[Finding]:
+    server = ArmServer(label, arm)
+    if probe(server.ready_url) != 200:
+        return [Finding("fail", label, f"nothing ready at {server.ready_url}; start that server or fix "
+                                       f"arms.{label}.url")]
+    found = [Finding("ok", label, f"ready at {server.ready_url}")]
+    try:
+        server.verify(server_identity(server.base_url))
+    except UserError as error:
+        found.append(Finding("fail", label, str(error)))
+    if arm.plugin and arm.log is None:
+        found.append(Finding("warn", label, f"plugin {arm.plugin!r} cannot be verified without the server log; "
+                                            f"set arms.{label}.log"))
+    return found
+
+
+def _ports(config: ExperimentConfig) -> list[Finding]:
+    base, cand = config.arm("baseline"), config.arm("candidate")
+    if config.order == "simultaneous" and base.launched and cand.launched and base.port and base.port == cand.port:
+        return [Finding("fail", "ports", f"both arms use port {base.port} but run simultaneously; give the "
+                                         "candidate its own port (or port = 0 for both)")]
+    return []
+
+
+def _gpus(config: ExperimentConfig, gpus: list[GpuInfo] | None) -> list[Finding]:
+    wanted = {arm: config.arm(arm).gpus for arm in ARMS}
+    if gpus is None:
+        if any(wanted.values()):
+            return [Finding("fail", "gpus", "the arms name GPUs but none is visible (no nvidia-smi); run on the "
+                                            "GPU host or remove arms.*.gpus for the embedded engine")]
+        return [Finding("ok", "gpus", "no GPU: embedded engine only")]
+    by_index = {gpu.index: gpu for gpu in gpus}
+    found = []
+    for arm, ids in wanted.items():
+        unknown = [i for i in ids if i not in by_index]
+        if unknown:
+            found.append(Finding("fail", "gpus", f"arms.{arm}.gpus names GPU(s) {unknown} but this host has "
+                                                 f"{sorted(by_index)}; fix arms.{arm}.gpus"))
+    models = {arm: sorted({(by_index[i].name, by_index[i].memory_mib) for i in ids if i in by_index})
+              for arm, ids in wanted.items()}
+    if all(models.values()) and models["baseline"] != models["candidate"]:
+        found.append(Finding("fail", "gpus", f"the arms get different GPUs ({models['baseline']} vs "
+                                             f"{models['candidate']}); give both arms the same GPU model"))
+    if config.order == "simultaneous" and set(wanted["baseline"]) & set(wanted["candidate"]):
+        found.append(Finding("fail", "gpus", "simultaneous arms share a GPU; give each arm its own GPU"))
+    if not found:
+        names = ", ".join(f"{g.index}: {g.name} {g.memory_mib} MiB" for g in gpus)
+        found.append(Finding("ok", "gpus", f"{len(gpus)} GPU(s) visible ({names})"))
+    return found
+
+
+def model_config_path(arm: ArmConfig) -> Path | None:
+    """The model's config.json, when the command names a model directory or config file."""
+    settings = parse_command(arm.command or [])
+    words = str(settings.get(PROGRAM) or "").split()
+    named = [settings.get("--model"), settings.get("--model-config")]
+    named += [words[words.index("serve") + 1]] if "serve" in words[:-1] else []
+    for name in filter(None, named):
+        path = Path(name) if Path(name).is_absolute() or arm.cwd is None else arm.cwd / name
+        path = path / "config.json" if path.is_dir() else path
+        if path.suffix == ".json" and path.is_file():
+            return path
+    return None
+
+
+def _architecture(config: ExperimentConfig) -> list[Finding]:
+    found = []
+    for label in ARMS:
+        arm = config.arm(label)
+        if not arm.supports:
+            continue
+        path = model_config_path(arm)
+        if path is None:
+            found.append(Finding("warn", "model", f"arm {label}: no model config.json found in its command; "
+                                                  "the architecture cannot be checked"))
+            continue
+        try:
+            architectures = json.loads(path.read_text()).get("architectures") or []
+        except (OSError, ValueError) as error:
+            found.append(Finding("fail", "model", f"{path}: unreadable model config ({error})"))
+            continue
+        if set(architectures) & set(arm.supports):
+            found.append(Finding("ok", "model", f"arm {label} supports {', '.join(architectures)}"))
+        else:
+            found.append(Finding("fail", "model", f"arm {label} supports {arm.supports}, but {path} is "
+                                                  f"{architectures}; use a supported model"))
+    return found
+
+
+def _declarations(config: ExperimentConfig) -> list[Finding]:
+    found = []
+    for table, what in (("slo", "SLOs"), ("decision", "decision rule and margins"), ("quality", "quality limits")):
+        if config.declared(table):
+            found.append(Finding("ok", table, f"{what} declared"))
+        else:
+            found.append(Finding("warn", table, f"no [{table}] table: the default {what} apply; declare them"))
+    return found
+
+
+def _policy(config: ExperimentConfig) -> list[Finding]:
+    if config.is_aa:
+        return [Finding("ok", "policy", "A/A run: the candidate is the baseline (calibrates the noise floor)")]
+    found = [Finding("warn", "policy", f"arms.{label} has no command: its settings cannot be compared; add the "
+                                       "command that started it") for label in ARMS if not config.arm(label).command]
+    undeclared = [d for d in arm_differences(config) if not d.declared]
+    for diff in undeclared:
+        found.append(Finding("warn", "policy", f"{diff.kind} {diff.key} differs ({diff.baseline!r} vs "
+                                               f"{diff.candidate!r}) but is not in policy_change; make the arms "
+                                               "equal there or declare it"))
+    if not config.policy_change:
+        found.append(Finding("warn", "policy", "policy_change is empty: declare the flags/env that define the "
+                                               "candidate policy"))
+    elif not undeclared:
+        found.append(Finding("ok", "policy", f"only the declared policy change differs: {config.policy_change}"))
+    return found
+
+
+def run_checks(config: ExperimentConfig) -> list[Finding]:
+    """All preflight findings, in the order they are printed."""
+    found = _trace(config) + _quality(config)
+    for label in ARMS:
+        arm = config.arm(label)
+        if label == "candidate" and config.arms.candidate == "baseline":
+            continue
+        found += _launch(label, arm) if arm.launched else _attached(label, arm)
+    return found + _ports(config) + _gpus(config, query_gpus()) + _architecture(config) + _declarations(config) \
+        + _policy(config)

@@ -1,0 +1,162 @@
+"""`replaybench run` and `replaybench check`: paired experiments from a config file.
+
+This is the CLI layer: it may call the report builder at the end of a run (the experiment library itself
+never imports analysis or report). Heavy imports stay inside the functions so `replaybench --help` is fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from harness.errors import UserError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from harness.experiment.check import Finding
+    from harness.experiment.config import ExperimentConfig
+
+_LEVEL_STYLE = {"ok": "[green]ok  [/]", "warn": "[yellow]WARN[/]", "fail": "[red]FAIL[/]"}
+_OUTCOME_STYLE = {"KEEP": "green", "REJECT": "red", "INCONCLUSIVE": "yellow", "INVALID": "magenta"}
+
+
+def _print_findings(console: Console, config: ExperimentConfig, findings: list[Finding]) -> None:
+    from rich.table import Table
+
+    from harness.experiment.settings_diff import arm_differences
+
+    console.print(f"[bold]{config.name}[/]: {config.mode} experiment, {config.repeats} repeat(s), "
+                  f"order {config.order}")
+    for finding in findings:
+        console.print(f"  {_LEVEL_STYLE[finding.level]} {finding.topic:<9} {finding.message}", soft_wrap=True)
+    diffs = arm_differences(config)
+    if diffs:
+        table = Table(title="baseline vs candidate: effective settings that differ", title_justify="left")
+        for column in ("kind", "setting", "baseline", "candidate", "declared"):
+            table.add_column(column, overflow="fold")
+        for d in diffs:
+            table.add_row(d.kind, d.key, d.baseline or "-", d.candidate or "-",
+                          "[green]policy change[/]" if d.declared else "[yellow]NOT declared[/]")
+        console.print(table)
+
+
+def _preflight(console: Console, config: ExperimentConfig) -> None:
+    """Print every finding; refuse to go on when one failed."""
+    from harness.experiment.check import run_checks
+
+    findings = run_checks(config)
+    _print_findings(console, config, findings)
+    failed = [f for f in findings if f.level == "fail"]
+    if failed:
+        raise UserError(f"preflight check failed ({len(failed)} problem(s)), first: {failed[0].message}")
+
+
+def check(config: Annotated[Path, typer.Argument(help="experiment .toml")]) -> None:
+    """Preflight an experiment: trace, commands, ports, GPUs, versions, model, declarations, and a diff of the
+    two arms' effective settings (warns when more than the declared policy change differs)."""
+    from rich.console import Console
+
+    from harness.experiment.config import load_config
+
+    _preflight(Console(), load_config(config))
+
+
+def _print_summary(console: Console, root: Path) -> None:
+    """The one-screen ending: the decision, the decision metrics, and where the report is."""
+    import json
+
+    from rich.table import Table
+
+    from harness.records.run_dir import RunDir
+
+    run = RunDir(root)
+    summary = json.loads(run.summary_json.read_text())
+    decision = summary["decision"]
+    table = Table(title="decision metrics (candidate / baseline, 95 % CI over repeats)", title_justify="left")
+    for column in ("metric", "role", "ratio", "95 % CI", "margin", "verdict"):
+        table.add_column(column)
+    for c in summary["comparisons"]:
+        if c["role"] == "exploratory":
+            continue
+        ci = f"{c['ci_low']:.3f} - {c['ci_high']:.3f}" if c["ci_low"] is not None else "-"
+        table.add_row(c["metric"], c["role"], f"{c['ratio']:.3f}" if c["ratio"] is not None else "-", ci,
+                      f"±{c['margin']:.0%}" if c["margin"] is not None else "-", c["verdict"] or "-")
+    console.print(table)
+    colour = _OUTCOME_STYLE.get(decision["outcome"], "white")
+    console.print(f"[bold {colour}]{decision['outcome']}[/]: {decision['reason']}")
+    console.print(f"run directory: {root}\nreport: {run.index_html}")
+
+
+def run(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="experiment .toml")] = None,
+    paired: Annotated[bool, typer.Option("--paired", help="run baseline and candidate (always on; explicit)")] = True,
+    repeats: Annotated[int | None, typer.Option("--repeats", min=1, help="override the config's repeats")] = None,
+    resume: Annotated[Path | None, typer.Option("--resume", help="continue an interrupted run directory")] = None,
+    save_outputs: Annotated[bool, typer.Option("--save-outputs", help="keep every generated text")] = False,
+    output_dir: Annotated[Path, typer.Option("--output-dir", help="where run directories go")] = Path("reports"),
+) -> None:
+    """Run a paired experiment: replay the trace against both arms, repeatedly, then analyse and report."""
+    from rich.console import Console
+
+    console = Console()
+    root = execute_run(console, config, repeats, resume, save_outputs, output_dir)
+    _print_summary(console, root)
+
+
+def execute_run(console: Console, config_path: Path | None, repeats: int | None, resume: Path | None,
+                save_outputs: bool, output_dir: Path) -> Path:
+    """Check, freeze, run every repeat, build the report; returns the run directory. Used by the demo too."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from harness.experiment.config import load_config, with_ports
+    from harness.experiment.environment import collect_environment, write_environment
+    from harness.experiment.rundir import freeze_config, load_frozen, new_run_dir
+    from harness.experiment.runner import ExperimentRunner
+    from harness.report.build import build_report
+    from harness.servers.cleanup import Terminated
+
+    if resume is not None:
+        config, run_dir = load_frozen(resume)
+        if repeats is not None and repeats != config.repeats:
+            raise UserError(f"--repeats {repeats} differs from the frozen run ({config.repeats}); "
+                            "a resumed run keeps its declared settings: drop --repeats")
+        _preflight(console, config)
+    else:
+        if config_path is None:
+            raise UserError("give --config EXPERIMENT.toml (or --resume RUN_DIR); see configs/demo.toml")
+        config = load_config(config_path)
+        updates: dict[str, object] = {}
+        if repeats is not None:
+            updates["repeats"] = repeats
+        if save_outputs:
+            updates["replay"] = config.replay.model_copy(update={"save_outputs": True})
+        config = config.model_copy(update=updates)
+        _preflight(console, config)
+        config = with_ports(config)
+        run_dir = new_run_dir(output_dir, config.name)
+        freeze_config(config, run_dir)
+        write_environment(run_dir.env_json, collect_environment(config, sys.argv))
+    console.print(f"run directory: {run_dir.root}")
+    steps = 2 * config.repeats + (1 if config.quality_tasks else 0)
+    columns = (TextColumn("{task.description:<32}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=console, transient=False) as progress:
+            task = progress.add_task("starting", total=steps)
+            ExperimentRunner(config, run_dir, lambda what, done: progress.update(task, description=what,
+                                                                                 advance=done)).execute()
+    except (KeyboardInterrupt, Terminated):
+        console.print(f"[yellow]interrupted[/]; every finished attempt is kept. Continue with:\n"
+                      f"  replaybench run --resume {run_dir.root}")
+        raise typer.Exit(130) from None
+    with console.status("analysing and writing the report ..."):
+        build_report(run_dir.root)
+    return run_dir.root
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)
+    app.command("check")(check)

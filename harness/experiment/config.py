@@ -1,0 +1,221 @@
+"""The experiment config (`experiment.toml`): everything an experiment does, declared before it runs.
+
+Relative paths (trace, quality tasks, an arm's `cwd`) are relative to the config file. In an arm's
+`command`, `{port}` becomes the arm's port and `{python}` the running Python interpreter. The analysis
+tables `[slo]`, `[decision]`, `[cost]`, `[quality]` are `harness.records.decision_config` models.
+See README, section "experiment", for an annotated example.
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from harness.errors import UserError
+from harness.records.decision_config import CostConfig, DecisionConfig, QualityLimits, SloConfig
+
+ARMS = ("baseline", "candidate")
+ORDERS = ("abba", "simultaneous", "random")
+# Arm keys that say *where* a server runs, not *how* it serves: they may differ in an A/A experiment.
+PLACEMENT_KEYS = frozenset({"port", "gpus", "url", "ready_url", "log"})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TraceSelection(_Strict):
+    """Which requests to replay: a slice of a trace file, optionally compressed in time."""
+
+    path: Path
+    start_s: float = Field(default=0.0, ge=0)
+    duration_s: float | None = Field(default=None, gt=0)
+    limit: int | None = Field(default=None, ge=1)
+    time_scale: float = Field(default=1.0, gt=0)  # < 1 compresses (0.5 = twice the rate)
+
+
+class ReplaySettings(_Strict):
+    """How each arm is driven; the same for both arms so their requests are byte-identical."""
+
+    workers: int = Field(default=1, ge=1)
+    seed: int = 0  # prompt synthesis seed
+    max_inflight: int | None = Field(default=None, ge=1)
+    warmup_requests: int = Field(default=4, ge=0)  # sent after readiness, outside the trace, not measured
+    save_outputs: bool = False  # keep every generated text in the result files
+    request_timeout_s: float = Field(default=600.0, gt=0)
+
+
+class ArmConfig(_Strict):
+    """One arm: a `command` replaybench launches, or the `url` of a server already running.
+
+    With `url`, nothing is launched; a `command` given alongside documents how that server was started
+    (used by `replaybench check` for the settings diff and the model check).
+    """
+
+    command: list[str] | None = None
+    url: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: Path | None = None  # working directory of the command (default: the config file's directory)
+    port: int = Field(default=0, ge=0, le=65535)  # 0: a free port is picked when the run starts
+    gpus: list[int] = Field(default_factory=list)  # -> CUDA_VISIBLE_DEVICES
+    ready_url: str = "/health"  # a path on the server, or a full URL
+    startup_timeout_s: float = Field(default=300.0, gt=0)
+    stop_grace_s: float = Field(default=30.0, gt=0)
+    model: str | None = None  # model name to request (None: the server's first model)
+    api: Literal["completions", "chat"] | None = None  # None: each trace row's api
+    version: str | None = None  # expected server version, checked against GET /version once it is up
+    plugin: str | None = None  # a plugin that must show in the server log (e.g. "replayssm")
+    log: Path | None = None  # the server log of a `url` arm, for the plugin check
+    supports: list[str] = Field(default_factory=list)  # model architectures this server supports (checked)
+
+    @model_validator(mode="after")
+    def _command_or_url(self) -> ArmConfig:
+        if self.command is None and self.url is None:
+            raise ValueError("give either `command` (a server to launch) or `url` (a server already running)")
+        if self.command is not None and not self.command:
+            raise ValueError("`command` is empty; give the server's argv, e.g. [\"vllm\", \"serve\", ...]")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"`url` must start with http:// or https:// (got {self.url!r})")
+        return self
+
+    @property
+    def launched(self) -> bool:
+        """True when replaybench starts and stops this server itself."""
+        return self.url is None
+
+    def policy_settings(self) -> dict[str, object]:
+        """The settings that define how the server serves (placement keys excluded)."""
+        return self.model_dump(exclude=set(PLACEMENT_KEYS), mode="json")
+
+
+class Arms(_Strict):
+    baseline: ArmConfig
+    candidate: ArmConfig | Literal["baseline"]  # "baseline": an A/A run
+
+
+class ExperimentConfig(_Strict):
+    """A paired experiment. `mode` is derived: "A/A" when the candidate serves exactly like the baseline."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str = ""
+    repeats: int = Field(default=5, ge=1)
+    order: Literal["abba", "simultaneous", "random"] = "abba"
+    seed: int = 0  # for order = "random"
+    restart_per_repeat: bool = True  # a fresh server for every arm and repeat
+    max_attempts: int = Field(default=3, ge=1)  # per arm and repeat, for crashed or invalid runs
+    policy_change: list[str] = Field(default_factory=list)  # flags / env vars expected to differ
+    quality_tasks: Path | None = None  # JSONL of quality tasks, run greedily after the replays
+    mode: Literal["A/B", "A/A"] | None = None  # derived when omitted; checked when given
+    trace: TraceSelection
+    replay: ReplaySettings = ReplaySettings()
+    arms: Arms
+    slo: SloConfig = SloConfig()
+    decision: DecisionConfig = DecisionConfig()
+    cost: CostConfig = CostConfig()
+    quality: QualityLimits = QualityLimits()
+
+    @model_validator(mode="after")
+    def _derive_mode(self) -> ExperimentConfig:
+        same = self.arms.candidate == "baseline" or (
+            self.arms.baseline.policy_settings() == self.arms.candidate.policy_settings())
+        derived = "A/A" if same else "A/B"
+        if self.mode is not None and self.mode != derived:
+            raise ValueError(f"mode = {self.mode!r} but the arms make this an {derived} experiment; "
+                             "remove `mode` (it is derived) or make the arms match it")
+        self.mode = derived
+        return self
+
+    @property
+    def is_aa(self) -> bool:
+        return self.mode == "A/A"
+
+    def arm(self, name: str) -> ArmConfig:
+        """The effective config of an arm (an A/A candidate is a copy of the baseline)."""
+        if name == "candidate" and self.arms.candidate == "baseline":
+            return self.arms.baseline
+        return getattr(self.arms, name)
+
+    def declared(self, table: str) -> bool:
+        """Whether the config file itself set this table (rather than relying on defaults)."""
+        return table in self.model_fields_set
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    """The first problem as one line: the key as a TOML path, what is wrong, and the fix."""
+    first = error.errors()[0]
+    loc = [str(part) for part in first["loc"] if not str(part).startswith(("function-after", "literal["))]
+    # `arms.candidate` is a union (table or "baseline"); drop pydantic's branch names from the path.
+    loc = [part for part in loc if part != "ArmConfig"]
+    key = ".".join(loc) or "(top level)"
+    more = f" (+{len(error.errors()) - 1} more problem(s))" if len(error.errors()) > 1 else ""
+    if first["type"] == "extra_forbidden":
+        return f"{source}: unknown key `{key}`; remove it or fix its spelling (README, section experiment){more}"
+    if first["type"] == "missing":
+        return f"{source}: missing key `{key}`; add it (README, section experiment){more}"
+    return f"{source}: `{key}`: {first['msg']}; fix that value{more}"
+
+
+def _resolve_paths(config: ExperimentConfig, base: Path) -> ExperimentConfig:
+    """Make relative paths absolute against the config file's directory, so the frozen copy works anywhere."""
+
+    def absolute(path: Path | None) -> Path | None:
+        return None if path is None else (path if path.is_absolute() else (base / path).resolve())
+
+    updates: dict[str, object] = {"trace": config.trace.model_copy(update={"path": absolute(config.trace.path)}),
+                                  "quality_tasks": absolute(config.quality_tasks)}
+    arms = {}
+    for name in ARMS:
+        arm = getattr(config.arms, name)
+        if isinstance(arm, ArmConfig):
+            arm = arm.model_copy(update={"cwd": absolute(arm.cwd) or base.resolve(), "log": absolute(arm.log)})
+        arms[name] = arm
+    updates["arms"] = Arms.model_construct(**arms)
+    return config.model_copy(update=updates)
+
+
+def parse_config(data: dict[str, object], source: str, base: Path) -> ExperimentConfig:
+    """Validate a parsed TOML document; every problem is a one-line `UserError` naming the key."""
+    try:
+        config = ExperimentConfig.model_validate(data)
+    except ValidationError as error:
+        raise UserError(_describe(error, source)) from None
+    return _resolve_paths(config, base)
+
+
+def load_config(path: Path) -> ExperimentConfig:
+    """Read and validate an experiment config file."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such experiment config; give the path of a .toml file "
+                        "(see configs/demo.toml)") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise UserError(f"{path}: not a readable TOML file ({error}); fix the syntax") from None
+    return parse_config(data, str(path), path.parent)
+
+
+def with_ports(config: ExperimentConfig) -> ExperimentConfig:
+    """Pick a free port for every launched arm that left `port = 0`; an A/A candidate gets its own table.
+
+    Done once before the config is frozen, so every repeat (and a resumed run) uses the same ports.
+    """
+    from harness.servers import free_port
+
+    arms = {}
+    for name in ARMS:
+        arm = config.arm(name)
+        if arm.launched and arm.port == 0:
+            arm = arm.model_copy(update={"port": free_port()})
+        arms[name] = arm
+    return config.model_copy(update={"arms": Arms.model_construct(**arms)})
+
+
+def substitute(argv: list[str], port: int) -> tuple[str, ...]:
+    """Fill the `{port}` and `{python}` placeholders of a command."""
+    return tuple(part.replace("{port}", str(port)).replace("{python}", sys.executable) for part in argv)
+

@@ -1,0 +1,112 @@
+"""The recording's files over time: the open segment, its once-a-second fsync, rotation into Parquet parts.
+
+Write problems never stop the proxy: each distinct problem is reported once as one error line, rows that
+could not be written are counted, and opening a segment is retried (at most once a second) so recording
+resumes by itself once the disk has room again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.errors import UserError
+from harness.record.naming import PartNaming
+from harness.record.parts import finish_segment
+from harness.record.row import RecordedRow
+from harness.record.segment import SegmentWriter
+from harness.record.stats import RecorderStats
+
+SYNC_INTERVAL_S = 1.0
+REOPEN_INTERVAL_S = 1.0
+META_PART = "replaybench.record.part"
+
+
+class Recording:
+    def __init__(self, naming: PartNaming, metadata: dict[str, str], stats: RecorderStats,
+                 report: Callable[[str], None]) -> None:
+        self._naming = naming
+        self._metadata = metadata
+        self._stats = stats
+        self._report = report
+        self._reported: set[str] = set()
+        self._index = naming.next_index()
+        self._writer: SegmentWriter | None = None
+        self._last_open_attempt = float("-inf")
+
+    @property
+    def segment(self) -> Path | None:
+        return self._writer.path if self._writer else None
+
+    def _error_once(self, message: str) -> None:
+        if message not in self._reported:
+            self._reported.add(message)
+            self._report(message)
+
+    def open(self) -> None:
+        """Start the current part's segment; on failure report it and leave recording off until a retry works."""
+        self._last_open_attempt = time.monotonic()
+        path = self._naming.segment(self._index)
+        try:
+            self._writer = SegmentWriter(path, self._metadata | {META_PART: str(self._index)})
+        except OSError as exc:
+            self._error_once(f"error: cannot write {path} ({exc.strerror or exc}); requests are still proxied but "
+                             "not recorded (each is counted) - free disk space or choose a writable -o path")
+
+    def append(self, row: RecordedRow) -> None:
+        if self._writer is None and time.monotonic() - self._last_open_attempt >= REOPEN_INTERVAL_S:
+            self.open()
+        if self._writer is None:
+            self._stats.rows_lost += 1
+            return
+        try:
+            self._writer.append(row)
+        except OSError as exc:
+            self._stats.rows_lost += 1
+            self._error_once(f"error: cannot append to {self._writer.path} ({exc.strerror or exc}); requests are "
+                             "still proxied, unwritten rows are counted - free disk space")
+            return
+        self._stats.recorded += 1
+
+    async def sync_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SYNC_INTERVAL_S)
+            writer = self._writer
+            if writer is not None:
+                try:
+                    await asyncio.to_thread(writer.sync)
+                except OSError as exc:
+                    self._error_once(f"error: cannot fsync {writer.path} ({exc.strerror or exc}); the last second "
+                                     "of rows may not survive a crash - check the disk")
+
+    async def rotate(self) -> None:
+        """Close the current part and start the next one; the closed part is converted in a worker thread."""
+        old = self._writer
+        if old is not None:
+            self._index += 1
+            self.open()
+            await asyncio.to_thread(self._finish, old)
+
+    async def close(self) -> None:
+        old, self._writer = self._writer, None
+        if old is not None:
+            await asyncio.to_thread(self._finish, old)
+
+    def _finish(self, writer: SegmentWriter) -> None:
+        """Sync, convert to Parquet while still holding the segment's lock (so `--recover` never races), close."""
+        try:
+            writer.sync()
+            written = finish_segment(writer.path)
+        except (OSError, ValueError, UserError) as exc:
+            self._stats.segments_kept.append(writer.path)
+            self._error_once(f"error: could not turn {writer.path} into Parquet ({exc}); the segment is kept - "
+                             f"run `replaybench record --recover {writer.path.parent}` once the problem is fixed")
+            return
+        finally:
+            writer.close()
+        self._stats.bad_lines += written.bad_lines
+        if written.part is not None:
+            self._stats.parts.append(written.part)
+            self._stats.rows_in_parts += written.rows

@@ -1,0 +1,114 @@
+"""One recording session: listen, proxy, fsync, rotate, and on SIGINT/SIGTERM drain and write the last part."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import errno
+import secrets
+import signal
+import time
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+
+from harness.errors import UserError
+from harness.record.capture import Capturer
+from harness.record.naming import PartNaming
+from harness.record.options import RecordOptions
+from harness.record.proxy import ProxySettings, RecordingProxy
+from harness.record.recording import Recording
+from harness.record.redact import Redactor
+from harness.record.stats import RecorderStats
+from harness.record.tokens import Tokenizer
+from harness.records.trace_schema import (
+    META_BLOCK_SIZE,
+    META_CLOCK,
+    META_REDACTION,
+    META_SOURCE,
+    META_TOKENIZER,
+)
+
+META_UPSTREAM = "replaybench.record.upstream"
+_CONNECT_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=30, sock_connect=30)
+
+
+def _client_session() -> aiohttp.ClientSession:
+    """No cookie jar (one client's cookies must never reach another), no env proxies, raw bytes both ways."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), timeout=_CONNECT_TIMEOUT,
+        cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, trust_env=False)
+
+
+def _metadata(options: RecordOptions, tokenizer: Tokenizer | None) -> dict[str, str]:
+    meta = {META_SOURCE: "replaybench record", META_UPSTREAM: str(options.upstream),
+            META_CLOCK: dt.datetime.now(dt.UTC).isoformat(timespec="microseconds"), META_REDACTION: options.redact}
+    if tokenizer is not None:
+        meta |= {META_TOKENIZER: tokenizer.name, META_BLOCK_SIZE: str(options.block_size)}
+    return meta
+
+
+async def _rotate_forever(recording: Recording, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        await recording.rotate()
+
+
+async def _start_site(runner: web.AppRunner, options: RecordOptions) -> str:
+    site = web.TCPSite(runner, options.host, options.port, backlog=4096)
+    try:
+        await site.start()
+    except OSError as exc:
+        hint = "choose another --listen port" if exc.errno == errno.EADDRINUSE else "check the --listen address"
+        raise UserError(f"cannot listen on {options.host}:{options.port} ({exc.strerror or exc}); {hint}") from None
+    host, port = runner.addresses[0][:2]
+    return f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+
+
+async def record(options: RecordOptions, announce: Callable[[str], None], report: Callable[[str], None],
+                 show_status: Callable[[str], None]) -> RecorderStats:
+    """Run until SIGINT/SIGTERM; `announce` gets the listening line, `report` error lines, `show_status` the
+    status line once a second. Returns the counters for the summary."""
+    started_at = time.monotonic()
+    stats = RecorderStats()
+    async with _client_session() as session:
+        tokenizer = await Tokenizer.probe(session, options.upstream) if options.redact == "hash" else None
+        recording = Recording(PartNaming.from_output(options.output), _metadata(options, tokenizer), stats, report)
+        redactor = Redactor(options.redact, tokenizer, options.block_size, key=secrets.token_bytes(32))
+        capturer = Capturer(secrets.token_hex(4), started_at, redactor, recording)
+        settings = ProxySettings(options.upstream, options.max_body, options.session_header, options.tenant_header)
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", RecordingProxy(settings, session, capturer, stats).handle)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=options.drain_s)
+        await runner.setup()
+        background: list[asyncio.Task[None]] = []
+        try:
+            url = await _start_site(runner, options)
+            recording.open()
+            announce(f"listening on {url} -> {options.upstream}; recording {options.redact!r} to "
+                     f"{PartNaming.from_output(options.output).pattern}")
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            background += [asyncio.create_task(recording.sync_forever()),
+                           asyncio.create_task(_status_forever(stats, recording, show_status))]
+            if options.rotate_s > 0:
+                background.append(asyncio.create_task(_rotate_forever(recording, options.rotate_s)))
+            await stop.wait()
+        finally:
+            await runner.cleanup()  # stop listening, let in-flight requests finish (up to drain_s)
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await capturer.drain()
+        await recording.close()
+    return stats
+
+
+async def _status_forever(stats: RecorderStats, recording: Recording, show: Callable[[str], None]) -> None:
+    while True:
+        show(stats.status_line(recording.segment))
+        await asyncio.sleep(1.0)
+

@@ -1,0 +1,209 @@
+"""The analysis-relevant parts of an experiment config, declared before anything runs (DESIGN §6-7).
+
+`ExperimentConfig` (harness/experiment) embeds these models under four TOML tables of `experiment.toml`;
+analysis reads them back from the frozen copy in a run directory without importing the experiment layer.
+Every model forbids unknown keys, so a typo is an error that names the key instead of a silent default.
+
+    [slo]                          # per-request service-level objectives; a failed request is a miss
+    ttft_s = 2.0                   # time to first token, seconds (omit a key to not constrain it)
+    tpot_s = 0.10                  # time per output token after the first = (e2e - ttft) / (n - 1)
+    itl_s = 0.5                    # longest single inter-token gap (a stall) allowed in a request
+    e2e_s = 60.0                   # end-to-end latency
+    attainment_target = 0.90       # fraction of requests that must meet every SLO (used for capacity)
+
+    [decision]
+    alpha = 0.05                   # two-sided level of every CI; KEEP and REJECT each err at most alpha/2
+    target = { metric = "tpot_p50", margin = 0.05 }   # must improve by more than its margin
+    gate = [                       # must not get worse by more than their margins (non-inferiority)
+      { metric = "ttft_p99", margin = 0.05 },
+      { metric = "slo_attainment", margin = 0.01 },
+    ]
+    exploratory = ["itl_p99", "throughput"]           # reported with Benjamini-Hochberg, never decide
+    min_repeats = 3                # fewer valid repeat pairs than this -> INVALID
+    lag_budget_s = 0.002           # a run whose p99 send lag exceeds this is invalid
+    rate_tolerance = 0.01          # ... or whose achieved rate misses the offered rate by more than this
+    power = 0.8                    # for the minimum detectable effect shown in the report
+    [decision.bootstrap]
+    resamples = 400                # two-stage block bootstrap of quantile ratios
+    block_s = 10.0                 # time-block length in trace seconds
+    seed = 0
+
+    [cost]
+    gpu_hour_price = 3.50          # price of one GPU-hour (currency below)
+    gpus_per_arm = 1
+    currency = "USD"
+    setup_cost = 0.0               # one-off cost of adopting the candidate (engineering, rollout)
+    operating_cost_per_month = 0.0 # extra recurring cost of running the candidate
+    monthly_requests = 0           # production requests per month, for the break-even line
+
+    [quality]
+    max_pass_rate_drop = 0.0       # allowed absolute drop of the candidate's task pass rate
+    min_identical_fraction = 0.0   # share of tasks whose outputs must be byte-identical across arms
+    required = false               # true: a run without quality results is INVALID
+
+Metric names (and which way is better) are in `METRIC_DIRECTIONS`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from harness.errors import UserError
+
+Direction = Literal["lower", "higher"]
+
+LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
+QUANTILES = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
+
+# Every metric the analysis computes per arm per repeat, and which direction is better.
+METRIC_DIRECTIONS: dict[str, Direction] = {
+    **{f"{m}_{q}": "lower" for m in LATENCY_METRICS for q in QUANTILES},
+    "slo_attainment": "higher",
+    "goodput": "higher",
+    "throughput": "higher",
+    "failure_rate": "lower",
+    "cost_per_success": "lower",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SloConfig(_Strict):
+    """Per-request SLO thresholds in seconds; `None` leaves that latency unconstrained."""
+
+    ttft_s: float | None = Field(default=2.0, gt=0)
+    tpot_s: float | None = Field(default=0.1, gt=0)
+    itl_s: float | None = Field(default=None, gt=0)
+    e2e_s: float | None = Field(default=None, gt=0)
+    attainment_target: float = Field(default=0.9, gt=0, le=1)
+
+
+class MetricRule(_Strict):
+    """One decision metric with its margin δ (a fraction: 0.05 = 5 %) and the direction that is better."""
+
+    metric: str
+    margin: float = Field(default=0.05, ge=0, lt=1)
+    direction: Direction | None = None  # None: the metric's natural direction from METRIC_DIRECTIONS
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, name: str) -> str:
+        if name not in METRIC_DIRECTIONS:
+            raise ValueError(f"unknown metric {name!r}; choose one of {', '.join(METRIC_DIRECTIONS)}")
+        return name
+
+    @property
+    def better(self) -> Direction:
+        return self.direction or METRIC_DIRECTIONS[self.metric]
+
+
+class BootstrapConfig(_Strict):
+    """Two-stage block bootstrap: resample repeat pairs, then time blocks (same indices for both arms)."""
+
+    resamples: int = Field(default=400, ge=50, le=20_000)
+    block_s: float = Field(default=10.0, gt=0)
+    seed: int = 0
+
+
+class DecisionConfig(_Strict):
+    """The pre-declared decision rule: one target metric, a gate family, exploratory metrics, and levels."""
+
+    alpha: float = Field(default=0.05, gt=0, lt=0.5)
+    target: MetricRule = MetricRule(metric="tpot_p50", margin=0.05)
+    gate: tuple[MetricRule, ...] = (
+        MetricRule(metric="ttft_p99", margin=0.05),
+        MetricRule(metric="e2e_p99", margin=0.05),
+        MetricRule(metric="slo_attainment", margin=0.01),
+        MetricRule(metric="failure_rate", margin=0.5),
+    )
+    exploratory: tuple[str, ...] = ("ttft_p50", "itl_p50", "itl_p99", "tpot_p99", "throughput", "cost_per_success")
+    min_repeats: int = Field(default=3, ge=2)
+    lag_budget_s: float = Field(default=0.002, gt=0)
+    rate_tolerance: float = Field(default=0.01, gt=0, lt=1)
+    power: float = Field(default=0.8, gt=0, lt=1)
+    bootstrap: BootstrapConfig = BootstrapConfig()
+
+    @field_validator("exploratory")
+    @classmethod
+    def _known_exploratory(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [n for n in names if n not in METRIC_DIRECTIONS]
+        if unknown:
+            raise ValueError(f"unknown metric(s) {', '.join(unknown)}; choose from {', '.join(METRIC_DIRECTIONS)}")
+        return names
+
+    @model_validator(mode="after")
+    def _no_duplicates(self) -> DecisionConfig:
+        gated = [self.target.metric, *(rule.metric for rule in self.gate)]
+        if len(set(gated)) != len(gated):
+            raise ValueError("a metric appears twice in target/gate; list each decision metric once")
+        if set(self.exploratory) & set(gated):
+            raise ValueError("a decision metric is also listed as exploratory; list it in one place only")
+        return self
+
+    @property
+    def decision_rules(self) -> tuple[MetricRule, ...]:
+        """Target first, then the gate family: every metric that must be non-inferior."""
+        return (self.target, *self.gate)
+
+
+class CostConfig(_Strict):
+    """Cost inputs: GPU price for cost per successful request, adoption costs for the break-even line."""
+
+    gpu_hour_price: float = Field(default=3.5, ge=0)
+    gpus_per_arm: int = Field(default=1, ge=1)
+    currency: str = "USD"
+    setup_cost: float = Field(default=0.0, ge=0)
+    operating_cost_per_month: float = Field(default=0.0, ge=0)
+    monthly_requests: float = Field(default=0.0, ge=0)
+
+
+class QualityLimits(_Strict):
+    """Limits on the quality task results (quality.json); breaking one rejects the candidate."""
+
+    max_pass_rate_drop: float = Field(default=0.0, ge=0, le=1)
+    min_identical_fraction: float = Field(default=0.0, ge=0, le=1)
+    required: bool = False
+
+
+class AnalysisConfig(_Strict):
+    """The four analysis tables of experiment.toml; every other table is the experiment layer's business."""
+
+    slo: SloConfig = SloConfig()
+    decision: DecisionConfig = DecisionConfig()
+    cost: CostConfig = CostConfig()
+    quality: QualityLimits = QualityLimits()
+
+
+ANALYSIS_TABLES = tuple(AnalysisConfig.model_fields)
+
+
+def describe_validation_error(error: ValidationError, source: str) -> str:
+    """One line naming the first bad key (as a TOML path) and how to fix it."""
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    if first["type"] == "extra_forbidden":
+        return f"{source}: unknown key `{key}`; remove it or fix its spelling (see harness/records/decision_config.py)"
+    return f"{source}: `{key}`: {first['msg']}; fix that value ({len(error.errors())} problem(s) in total)"
+
+
+def analysis_config_from_mapping(data: dict[str, object], source: str) -> AnalysisConfig:
+    """Validate the `[slo]`, `[decision]`, `[cost]`, `[quality]` tables of a parsed TOML document."""
+    try:
+        return AnalysisConfig.model_validate({k: v for k, v in data.items() if k in ANALYSIS_TABLES})
+    except ValidationError as error:
+        raise UserError(describe_validation_error(error, source)) from None
+
+
+def load_analysis_config(path: Path) -> AnalysisConfig:
+    """Read the analysis tables of a (frozen) experiment.toml; unreadable TOML is a one-line `UserError`."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise UserError(f"{path}: cannot read the experiment config ({error}); fix or restore the file") from None
+    return analysis_config_from_mapping(data, str(path))

@@ -1,0 +1,86 @@
+"""Replay fidelity of one result table: did the client send every request when the trace said (DESIGN §4)?
+
+A run whose p99 send lag exceeds its budget, or whose achieved request rate misses the trace's offered rate
+by more than the tolerance, did not reproduce the trace's load and must not be compared. Replay computes this
+at the end of a run; analysis recomputes it from the result file, so it lives here in the lowest layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+DEFAULT_LAG_BUDGET_S = 0.002
+DEFAULT_RATE_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """Send-timing and output-length fidelity of one replay run; `valid` is False when any reason holds."""
+
+    requests: int  # rows in the result table
+    sent: int  # requests that left the client (sent_s not null)
+    lag_p50_s: float | None
+    lag_p99_s: float | None
+    lag_max_s: float | None
+    offered_rate: float | None  # requests/s the trace asks for
+    achieved_rate: float | None  # requests sent / send span
+    rate_error: float | None  # achieved / offered - 1
+    output_mismatches: int  # successful requests whose streamed token count != expected_output_tokens
+    client_queue_errors: int  # requests the client itself could not send (a --max-inflight cap)
+    lag_budget_s: float
+    rate_tolerance: float
+    valid: bool
+    reasons: tuple[str, ...]
+
+
+def offered_rate_of(intended_s: Sequence[float] | np.ndarray) -> float | None:
+    """Requests per second of a schedule: n / span between first and last intended send (None if < 2)."""
+    if len(intended_s) < 2:
+        return None
+    span = float(np.max(intended_s) - np.min(intended_s))
+    return len(intended_s) / span if span > 0 else None
+
+
+def replay_fidelity(table: pa.Table, offered_rate: float | None = None,
+                    lag_budget_s: float = DEFAULT_LAG_BUDGET_S,
+                    rate_tolerance: float = DEFAULT_RATE_TOLERANCE) -> Fidelity:
+    """Fidelity of a result table (RESULT_SCHEMA).
+
+    Achieved rate = sent requests / (last send - first send). `offered_rate` defaults to the trace's rate over
+    the same requests (n / span of their `intended_s`), the same definition, so a perfect replay scores
+    exactly the offered rate, also for an interrupted run that sent only part of the trace.
+    """
+    sent_mask = pc.is_valid(table.column("sent_s"))
+    sent_s = table.column("sent_s").filter(sent_mask).to_numpy(zero_copy_only=False).astype(float)
+    lags = table.column("lag_s").filter(sent_mask).to_numpy(zero_copy_only=False).astype(float)
+    if offered_rate is None:
+        offered_rate = offered_rate_of(table.column("intended_s").filter(sent_mask).to_numpy(zero_copy_only=False))
+    achieved = offered_rate_of(sent_s)
+    rate_error = achieved / offered_rate - 1 if achieved is not None and offered_rate else None
+
+    errors = table.column("error")
+    ok = pc.is_null(errors)
+    mismatched = pc.and_(ok, pc.not_equal(table.column("output_tokens"), table.column("expected_output_tokens")))
+    mismatches = int(pc.sum(pc.fill_null(mismatched, False).cast(pa.int64())).as_py() or 0)
+    queue_errors = int(pc.sum(pc.fill_null(pc.equal(errors, "client_queue"), False).cast(pa.int64())).as_py() or 0)
+
+    p50, p99, lag_max = (float(v) for v in np.quantile(lags, [0.5, 0.99, 1.0])) if len(lags) else (None,) * 3
+    reasons = []
+    if table.num_rows == 0 or not len(lags):
+        reasons.append("no request was sent")
+    if p99 is not None and p99 > lag_budget_s:
+        reasons.append(f"p99 send lag {p99 * 1e3:.2f} ms exceeds the {lag_budget_s * 1e3:g} ms budget")
+    if rate_error is not None and abs(rate_error) > rate_tolerance:
+        reasons.append(f"achieved rate {achieved:.3f} req/s misses the offered {offered_rate:.3f} req/s "
+                       f"by {rate_error * 100:+.2f} % (tolerance ±{rate_tolerance * 100:g} %)")
+    if queue_errors:
+        reasons.append(f"{queue_errors} request(s) could not be sent by the client (--max-inflight cap)")
+    return Fidelity(requests=table.num_rows, sent=len(lags), lag_p50_s=p50, lag_p99_s=p99, lag_max_s=lag_max,
+                    offered_rate=offered_rate, achieved_rate=achieved, rate_error=rate_error,
+                    output_mismatches=mismatches, client_queue_errors=queue_errors, lag_budget_s=lag_budget_s,
+                    rate_tolerance=rate_tolerance, valid=not reasons, reasons=tuple(reasons))

@@ -1,0 +1,51 @@
+"""Turn a run's segments into the final result Parquet (RESULT_SCHEMA + run metadata + fidelity inputs)."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+
+from harness.records.fidelity import Fidelity, replay_fidelity
+from harness.records.result_io import results_table, write_results
+from harness.records.result_schema import META_COMPLETE
+from harness.replay.segments import read_meta, read_rows
+
+# Run metadata keys this package adds beside those of result_schema.
+META_SCHEDULED = "replaybench.scheduled"
+META_LAG_BUDGET_S = "replaybench.lag_budget_s"
+META_RATE_TOLERANCE = "replaybench.rate_tolerance"
+META_SEED = "replaybench.seed"
+META_WORKERS = "replaybench.workers"
+META_MAX_INFLIGHT = "replaybench.max_inflight"
+META_API = "replaybench.api"
+META_STREAM = "replaybench.stream"
+META_VALID = "replaybench.valid"
+META_T0_MONOTONIC = "replaybench.t0_monotonic"  # time.monotonic() of trace time 0 (system-wide on Linux)
+META_T0_UNIX = "replaybench.t0_unix"  # the same instant on the wall clock (time.time())
+META_INVALID_REASONS = "replaybench.invalid_reasons"
+
+
+def fidelity_of(table: pa.Table, meta: dict[str, str]) -> Fidelity:
+    return replay_fidelity(table, lag_budget_s=float(meta[META_LAG_BUDGET_S]),
+                           rate_tolerance=float(meta[META_RATE_TOLERANCE]))
+
+
+def error_counts(table: pa.Table) -> dict[str, int]:
+    return dict(Counter(e for e in table.column("error").to_pylist() if e is not None))
+
+
+def finalize(directory: Path, output: Path, complete: bool) -> tuple[pa.Table, Fidelity]:
+    """Write `output` from the segments in `directory` (then delete them); `complete` goes into the metadata."""
+    meta = read_meta(directory)
+    rows = sorted(read_rows(directory), key=lambda r: (r["intended_s"], r["request_id"]))
+    table = results_table(rows)
+    complete = complete and len(rows) == int(meta[META_SCHEDULED])
+    fidelity = fidelity_of(table, meta)
+    meta |= {META_COMPLETE: str(complete).lower(), META_VALID: str(fidelity.valid and complete).lower(),
+             META_INVALID_REASONS: "; ".join(fidelity.reasons + (() if complete else ("run incomplete",)))}
+    write_results(output, table, meta)
+    shutil.rmtree(directory)
+    return table, fidelity

@@ -1,0 +1,30 @@
+"""`ResultRow`: one finished request, field for field the columns of RESULT_SCHEMA (DESIGN §2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ResultRow:
+    """Times are seconds: `intended_s`/`sent_s` after t0, `ttft_s`/`e2e_s`/`token_times` after the send."""
+
+    request_id: str
+    arm: str
+    repeat: int
+    intended_s: float
+    worker: int
+    prompt_tokens: int
+    expected_output_tokens: int
+    sent_s: float | None = None
+    lag_s: float | None = None
+    status: int | None = None
+    error: str | None = None  # one of ERROR_CLASSES; None = success
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    token_times: list[float] | None = None  # one per chunk carrying generated text (streaming only)
+    output_tokens: int | None = None  # token-carrying chunks counted from the stream
+    output_tokens_usage: int | None = None  # the server's `usage.completion_tokens`
+    prompt_tokens_server: int | None = None  # the server's `usage.prompt_tokens`
+    finish_reason: str | None = None
+    output_text: str | None = None  # only with save_outputs

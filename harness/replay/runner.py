@@ -1,0 +1,175 @@
+"""`run_replay`: prepare every body, fork the sender processes on one t0, show progress, write the result file."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+import aiohttp
+
+from harness.errors import UserError
+from harness.records.fidelity import offered_rate_of
+from harness.records.result_schema import (
+    META_ARM,
+    META_OFFERED_RATE,
+    META_REPEAT,
+    META_TIME_SCALE,
+    META_TRACE_SOURCE,
+    META_URL,
+)
+from harness.records.trace_schema import META_SOURCE
+from harness.replay import finalize as fin
+from harness.replay.counters import WorkerCounters
+from harness.replay.options import ReplayOptions, ReplayOutcome
+from harness.replay.payloads import PreparedRequest, prepare_requests
+from harness.replay.progress import progress_display
+from harness.replay.schedule import shard
+from harness.replay.segments import owner_alive, partial_dir, segment_path, update_meta, write_meta
+from harness.replay.server_probe import probe_server
+from harness.replay.worker import StartSignals, WorkerJob, worker_main
+from harness.trace.model import Trace
+
+START_DELAY_S = 0.2  # t0 lies this far after every worker is ready
+WORKER_START_TIMEOUT_S = 60.0
+WORKER_STOP_GRACE_S = 10.0
+POLL_S = 0.1
+PREPARE_TIMEOUT = aiohttp.ClientTimeout(total=120)
+
+
+def normalise_url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise UserError(f"--url {url!r} is not an http(s) URL; give e.g. http://127.0.0.1:8000")
+    return url.rstrip("/").removesuffix("/v1")
+
+
+async def _prepare(trace: Trace, url: str, options: ReplayOptions) -> list[PreparedRequest]:
+    headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else None
+    async with aiohttp.ClientSession(timeout=PREPARE_TIMEOUT, headers=headers) as session:
+        server = await probe_server(session, url)
+        try:
+            return await prepare_requests(trace, url, options, server, session)
+        except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as exc:
+            raise UserError(f"synthesising prompts with {url}/tokenize failed ({type(exc).__name__}: {exc}); "
+                            "check the server's tokenizer endpoint or give a trace with prompt text") from None
+
+
+def _run_meta(trace: Trace, url: str, options: ReplayOptions, arm: str, repeat: int,
+              requests: list[PreparedRequest]) -> dict[str, str]:
+    rate = offered_rate_of([r.intended_s for r in requests])
+    return options.extra_metadata | {
+        META_ARM: arm, META_REPEAT: str(repeat), META_URL: url, META_TIME_SCALE: str(options.time_scale),
+        META_OFFERED_RATE: "" if rate is None else repr(rate),
+        META_TRACE_SOURCE: trace.metadata.get(META_SOURCE, ""),
+        fin.META_SCHEDULED: str(len(requests)), fin.META_LAG_BUDGET_S: repr(options.lag_budget_s),
+        fin.META_RATE_TOLERANCE: repr(options.rate_tolerance), fin.META_SEED: str(options.seed),
+        fin.META_WORKERS: str(options.workers), fin.META_MAX_INFLIGHT: str(options.max_inflight or ""),
+        fin.META_API: options.api or "trace", fin.META_STREAM: str(options.stream).lower(),
+    }
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a supervisor stopping us) ends the run like Ctrl-C: finished rows are kept."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_workers(processes: list[mp.Process]) -> None:
+    deadline = time.monotonic() + WORKER_STOP_GRACE_S
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def _run_workers(requests: list[PreparedRequest], url: str, arm: str, repeat: int, options: ReplayOptions,
+                 directory: Path, progress: bool) -> bool:
+    """Run the schedule on `options.workers` processes; True if the run was cut short."""
+    ctx = mp.get_context("fork")
+    counters = WorkerCounters(options.workers)
+    signals = StartSignals(ready=ctx.Semaphore(0), go=ctx.Event(), stop=ctx.Event(), t0=ctx.Value("d", 0.0))
+    processes = []
+    for k in range(options.workers):
+        job = WorkerJob(worker=k, requests=[requests[i] for i in shard(len(requests), options.workers, k)],
+                        url=url, arm=arm, repeat=repeat, options=options, segment=segment_path(directory, k),
+                        parent_pid=os.getpid())
+        processes.append(ctx.Process(target=worker_main, args=(job, counters, signals), daemon=True,
+                                     name=f"replaybench-worker-{k}"))
+    interrupted = False
+    with _sigterm_as_interrupt():
+        try:
+            for process in processes:
+                process.start()
+            for _ in processes:
+                if not signals.ready.acquire(timeout=WORKER_START_TIMEOUT_S):
+                    raise UserError("replay workers did not start within a minute; the machine is overloaded")
+            signals.t0.value = t0 = time.monotonic() + START_DELAY_S
+            t0_unix = time.time() + START_DELAY_S
+            update_meta(directory, {fin.META_T0_MONOTONIC: repr(t0), fin.META_T0_UNIX: repr(t0_unix)})
+            signals.go.set()
+            with progress_display(len(requests), progress) as update:
+                while any(p.is_alive() for p in processes):
+                    update(counters.totals())
+                    processes[0].join(POLL_S) if processes[0].is_alive() else time.sleep(POLL_S)
+                update(counters.totals())
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            signals.stop.set()
+            _stop_workers(processes)
+    return interrupted or any(p.exitcode != 0 for p in processes)
+
+
+def _outcome(output: Path, directory: Path, complete: bool, interrupted: bool) -> ReplayOutcome:
+    scheduled = int(fin.read_meta(directory)[fin.META_SCHEDULED])
+    table, fidelity = fin.finalize(directory, output, complete=complete)
+    return ReplayOutcome(path=output, fidelity=fidelity, complete=complete and table.num_rows == scheduled,
+                         interrupted=interrupted, requests=table.num_rows, scheduled=scheduled,
+                         errors=fin.error_counts(table))
+
+
+def run_replay(trace: Trace, url: str, options: ReplayOptions, output: str | os.PathLike[str],
+               arm: str = "replay", repeat: int = 0, progress: bool = True) -> ReplayOutcome:
+    """Replay `trace` open-loop against `url` and write the result file `output` (see the package docstring)."""
+    url = normalise_url(url)
+    output = Path(output)
+    directory = partial_dir(output)
+    if directory.exists():
+        raise UserError(f"{directory} holds an interrupted replay; run `replaybench replay-recover {output}` "
+                        "to keep its rows, or delete it")
+    scaled = trace.slice(time_scale=options.time_scale) if options.time_scale != 1.0 else trace
+    requests = asyncio.run(_prepare(scaled, url, options))
+    write_meta(directory, _run_meta(trace, url, options, arm, repeat, requests))
+    interrupted = _run_workers(requests, url, arm, repeat, options, directory, progress)
+    return _outcome(output, directory, complete=not interrupted, interrupted=interrupted)
+
+
+def recover_replay(output: str | os.PathLike[str]) -> ReplayOutcome:
+    """Finish the result file of a replay whose process died; every finished row is kept, complete=false."""
+    output = Path(output)
+    directory = partial_dir(output)
+    if not (directory / "meta.json").exists():
+        raise UserError(f"no interrupted replay next to {output} (expected {directory}); nothing to recover")
+    if owner_alive(directory):
+        raise UserError(f"the replay writing {output} is still running; stop it (Ctrl-C) instead of recovering")
+    return _outcome(output, directory, complete=False, interrupted=True)

@@ -1,0 +1,133 @@
+"""Matplotlib figures for the report, returned as base64 PNG data URIs so the HTML needs no other file."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from harness.analysis.analyse import PlotData
+from harness.analysis.log_histogram import EDGES_S
+from harness.analysis.model import MetricComparison, RunRow
+from harness.records.decision_config import LATENCY_METRICS
+
+ARM_COLOURS = {"baseline": "#5b6b7f", "candidate": "#d9822b"}
+VERDICT_COLOURS = {"IMPROVEMENT": "#1a7f37", "REGRESSION": "#cf222e", "EQUIVALENT": "#0969da",
+                   "INCONCLUSIVE": "#9a6700", None: "#6e7781"}
+LATENCY_TITLES = {"ttft": "Time to first token", "itl": "Inter-token latency", "tpot": "Time per output token",
+                  "e2e": "End-to-end latency"}
+
+plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False,
+                     "axes.grid": True, "grid.alpha": 0.25, "figure.dpi": 110, "savefig.bbox": "tight"})
+
+
+def _data_uri(figure: plt.Figure) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    plt.close(figure)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def forest_plot(comparisons: list[MetricComparison]) -> str:
+    """Ratio (candidate / baseline) with its CI per metric, coloured by verdict, the ±δ band shaded grey."""
+    shown = [c for c in comparisons if c.ratio is not None]
+    figure, axis = plt.subplots(figsize=(7.2, 0.38 * max(len(shown), 2) + 0.9))
+    for row, c in enumerate(reversed(shown)):
+        colour = VERDICT_COLOURS.get(c.verdict, VERDICT_COLOURS[None])
+        axis.plot([c.ci_low, c.ci_high], [row, row], color=colour, lw=2.4, solid_capstyle="round")
+        axis.plot([c.ratio], [row], "o", color=colour, ms=6)
+        if c.bootstrap_low is not None:
+            axis.plot([c.bootstrap_low, c.bootstrap_high], [row - 0.22] * 2, color=colour, lw=1, alpha=0.55)
+        if c.margin:
+            axis.add_patch(plt.Rectangle((1 / (1 + c.margin), row - 0.4), (1 + c.margin) - 1 / (1 + c.margin), 0.8,
+                                         color="#8c959f", alpha=0.13, lw=0))
+    labels = [f"{c.metric}{'  (target)' if c.role == 'target' else '  (explor.)' if c.role == 'exploratory' else ''}"
+              for c in reversed(shown)]
+    axis.set_yticks(range(len(shown)), labels)
+    axis.axvline(1.0, color="#24292f", lw=0.8)
+    axis.set_xscale("log")
+    axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{(x - 1) * 100:+.0f}%"))
+    axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    axis.set_xlabel("candidate vs baseline (95% t-interval over repeats; thin line: block bootstrap; grey: ±δ)")
+    axis.grid(axis="y", visible=False)
+    return _data_uri(figure)
+
+
+def latency_ecdfs(plots: PlotData) -> str:
+    """ECDF per arm for every latency kind, on a log time axis (from the pooled per-block histograms)."""
+    figure, axes = plt.subplots(1, len(LATENCY_METRICS), figsize=(11, 2.7))
+    for index, (axis, kind) in enumerate(zip(axes, LATENCY_METRICS, strict=True)):
+        low, high = np.inf, 0.0
+        for arm, counts in plots.histograms.items():
+            series = counts[index] if counts.shape[0] > index else np.zeros(1)
+            total = series.sum()
+            if total == 0:
+                continue
+            cdf = np.cumsum(series) / total
+            used = np.flatnonzero(series)
+            low, high = min(low, EDGES_S[used[0]]), max(high, EDGES_S[used[-1] + 1])
+            axis.step(EDGES_S[1:], cdf, where="post", color=ARM_COLOURS.get(arm), label=arm, lw=1.4)
+        axis.set_xscale("log")
+        if high > 0:
+            axis.set_xlim(low, high)
+        axis.set_title(LATENCY_TITLES[kind], fontsize=9)
+        axis.set_xlabel("seconds")
+        axis.set_ylim(0, 1.01)
+    axes[0].set_ylabel("fraction of requests")
+    axes[0].legend(loc="lower right", frameon=False)
+    figure.tight_layout()
+    return _data_uri(figure)
+
+
+def attainment_over_time(plots: PlotData, target: float) -> str:
+    figure, axis = plt.subplots(figsize=(7.2, 2.6))
+    for arm, values in plots.attainment.items():
+        axis.plot(plots.block_starts_s, values * 100, drawstyle="steps-post", color=ARM_COLOURS.get(arm),
+                  label=arm, lw=1.4)
+    axis.axhline(target * 100, color="#cf222e", lw=0.8, ls="--", label=f"target {target:.0%}")
+    axis.set_xlabel("trace time (s)")
+    axis.set_ylabel("SLO attainment (%)")
+    axis.legend(frameon=False, ncols=3, loc="lower left")
+    figure.tight_layout()
+    return _data_uri(figure)
+
+
+def lag_histogram(plots: PlotData, budget_s: float) -> str:
+    figure, axis = plt.subplots(figsize=(5.2, 2.6))
+    finite = [lags[np.isfinite(lags)] * 1e3 for lags in plots.lags_s.values()]
+    top = max([float(np.quantile(v, 0.999)) for v in finite if len(v)] + [budget_s * 1e3 * 1.2])
+    bins = np.linspace(min([float(v.min()) for v in finite if len(v)] + [0.0]), top, 60)
+    for (arm, _), values in zip(plots.lags_s.items(), finite, strict=True):
+        axis.hist(np.clip(values, None, top), bins=bins, color=ARM_COLOURS.get(arm), alpha=0.55, label=arm)
+    axis.axvline(budget_s * 1e3, color="#cf222e", lw=0.8, ls="--", label="p99 budget")
+    axis.set_yscale("log")
+    axis.set_xlabel("send lag (ms, actual - intended)")
+    axis.set_ylabel("requests")
+    axis.legend(frameon=False)
+    figure.tight_layout()
+    return _data_uri(figure)
+
+
+def rate_fidelity(runs: list[RunRow]) -> str:
+    """Achieved vs offered request rate per run; the identity line is perfect replay."""
+    figure, axis = plt.subplots(figsize=(3.6, 2.6))
+    for run in runs:
+        if run.offered_rate and run.achieved_rate:
+            axis.plot(run.offered_rate, run.achieved_rate, "o" if run.valid else "x", ms=5,
+                      color=ARM_COLOURS.get(run.arm, "#6e7781"))
+    rates = [r for run in runs for r in (run.offered_rate, run.achieved_rate) if r]
+    if rates:
+        low, high = min(rates) * 0.98, max(rates) * 1.02
+        axis.plot([low, high], [low, high], color="#24292f", lw=0.7)
+        axis.set_xlim(low, high)
+        axis.set_ylim(low, high)
+    axis.set_xlabel("offered (req/s)")
+    axis.set_ylabel("achieved (req/s)")
+    figure.tight_layout()
+    return _data_uri(figure)

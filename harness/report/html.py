@@ -1,0 +1,86 @@
+"""Render index.html: one self-contained page (inline CSS, figures as data URIs, no network) from jinja2."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+
+import jinja2
+import numpy as np
+
+from harness.analysis.analyse import RunAnalysis
+from harness.analysis.decision import pct, pct_interval
+from harness.analysis.inputs import ARMS
+from harness.records.decision_config import SloConfig
+from harness.report import figures
+
+REPEAT_TABLE_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "itl_p99", "e2e_p99", "slo_attainment", "throughput",
+                        "failure_rate")
+
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("harness.report", "templates"),
+                          autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.{digits}g}"
+
+
+def _secs(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "—"
+    return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _value(metric: str, value: float | None) -> str:
+    """Format a metric value in its natural unit."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    if metric in ("slo_attainment", "failure_rate"):
+        return f"{value:.2%}"
+    if metric in ("goodput", "throughput"):
+        return f"{value:.2f}/s"
+    if metric == "cost_per_success":
+        return f"{value:.3g}"
+    return _secs(value)
+
+
+def _flatten(data: object, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(data, dict):
+        return [item for key, value in data.items() for item in _flatten(value, f"{prefix}{key}.")]
+    text = data if isinstance(data, str) else json.dumps(data)
+    return [(prefix.rstrip("."), text[:300])]
+
+
+def _slo_text(slo: SloConfig) -> str:
+    parts = [f"{name} ≤ {_secs(limit)}" for name, limit in
+             (("TTFT", slo.ttft_s), ("TPOT", slo.tpot_s), ("ITL", slo.itl_s), ("E2E", slo.e2e_s)) if limit]
+    return ", ".join(parts) or "no latency SLO: success only"
+
+
+def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> str:
+    s, plots = analysis.summary, analysis.plots
+    failures: dict[str, dict[str, int]] = {}
+    for run in s.runs:
+        for cls, count in run.failures.items():
+            failures.setdefault(cls, {}).setdefault(run.arm, 0)
+            failures[cls][run.arm] += count
+    fig = {
+        "forest": figures.forest_plot(s.comparisons),
+        "ecdf": figures.latency_ecdfs(plots),
+        "attainment": figures.attainment_over_time(plots, slo.attainment_target),
+        "lag": figures.lag_histogram(plots, lag_budget_s),
+        "rate": figures.rate_fidelity(s.runs),
+    }
+    block_s = float(np.diff(plots.block_starts_s[:2])[0]) if len(plots.block_starts_s) > 1 else 0.0
+    return _ENV.get_template("index.html.j2").render(
+        s=s, fig=fig, arms=ARMS, failures=failures, repeat_metrics=REPEAT_TABLE_METRICS,
+        environment=_flatten(s.environment), slo_text=_slo_text(slo), block_s=block_s,
+        generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        pct=pct, num=_num, secs=_secs, value=_value,
+        mean=lambda xs: float(np.exp(np.mean(np.log(xs)))) if xs and all(x > 0 for x in xs) else None,
+        ci=pct_interval,
+        money=lambda v: "—" if v is None else f"{v:.3g} {s.cost.currency}",
+        pct0=lambda v: "—" if v is None else f"{v:.0%}",
+        passfail=lambda v: "pass" if v else ("fail" if v is not None else "—"),
+    )

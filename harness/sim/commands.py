@@ -1,0 +1,145 @@
+"""CLI commands of the simulated engine: `serve-sim`, `simulate`, `sim-calibrate` (heavy imports stay inside)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from harness.errors import UserError
+
+DEFAULT_MODEL = Path("configs/models/nemotron-h-8b.json")
+
+ModelConfig = Annotated[Path, typer.Option("--model-config", help="HF-style config.json (configs/models/)")]
+GpuName = Annotated[str, typer.Option("--gpu", help="h200, h100, a100, l40s or rtx4090")]
+Policy = Annotated[str, typer.Option("--policy", help="baseline or replayssm")]
+SsmDtype = Annotated[str, typer.Option("--ssm-dtype", help="SSM state dtype: float32 or bfloat16")]
+BufferLen = Annotated[int, typer.Option("--buffer-len", help="ReplaySSM ring length L (flush every L steps)")]
+SplitPrecision = Annotated[bool, typer.Option("--split-precision", help="ReplaySSM: fp32 master + bf16 copy")]
+MaxNumSeqs = Annotated[int, typer.Option("--max-num-seqs", help="running-sequence cap")]
+MaxBatchedTokens = Annotated[int, typer.Option("--max-num-batched-tokens", help="token budget per step")]
+MaxModelLen = Annotated[int | None, typer.Option("--max-model-len", help="context limit [config's]")]
+Calibration = Annotated[Path | None, typer.Option("--calibration", help="fitted factors JSON [H200 fit]")]
+
+
+def _spec(model_config: Path, gpu: str, policy: str, ssm_dtype: str, buffer_len: int, split_precision: bool,
+          max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int | None, calibration: Path | None):
+    from harness.sim.engine_spec import build_spec
+    from harness.sim.state_policy import StatePolicy
+
+    state_policy = StatePolicy(policy, ssm_dtype, buffer_len, split_precision)  # type: ignore[arg-type]
+    return build_spec(model_config, gpu, state_policy, max_num_seqs, max_num_batched_tokens, max_model_len,
+                      calibration)
+
+
+def serve_sim(
+    port: Annotated[int, typer.Option("--port", help="TCP port; 0 picks a free one and logs it")],
+    model_config: ModelConfig = DEFAULT_MODEL,
+    gpu: GpuName = "h200",
+    policy: Policy = "baseline",
+    ssm_dtype: SsmDtype = "float32",
+    buffer_len: BufferLen = 16,
+    split_precision: SplitPrecision = False,
+    max_num_seqs: MaxNumSeqs = 256,
+    max_num_batched_tokens: MaxBatchedTokens = 8192,
+    max_model_len: MaxModelLen = None,
+    calibration: Calibration = None,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    seed: Annotated[int, typer.Option("--seed", help="seed of the generated text and of injected faults")] = 0,
+    served_model_name: Annotated[str | None, typer.Option("--served-model-name", help="[config file stem]")] = None,
+    fail_rate: Annotated[float, typer.Option("--fail-rate", help="fraction of requests answered HTTP 500")] = 0.0,
+    stall_after_tokens: Annotated[int | None, typer.Option("--stall-after-tokens",
+                                                           help="streams stop after N tokens")] = None,
+    crash_after_requests: Annotated[int | None, typer.Option("--crash-after-requests",
+                                                             help="exit hard when request N+1 arrives")] = None,
+    startup_delay: Annotated[float, typer.Option("--startup-delay", help="seconds of 503 before ready")] = 0.0,
+) -> None:
+    """Serve the OpenAI API from the SIMULATED engine (calibrated cost model; no GPU needed)."""
+    from harness.sim.faults import FaultConfig
+    from harness.sim.serve import ServeOptions, serve
+
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be 0-65535 (got {port}); 0 picks a free port and logs it")
+    spec = _spec(model_config, gpu, policy, ssm_dtype, buffer_len, split_precision, max_num_seqs,
+                 max_num_batched_tokens, max_model_len, calibration)
+    faults = FaultConfig(fail_rate, stall_after_tokens, crash_after_requests, startup_delay)
+    serve(ServeOptions(spec=spec, host=host, port=port, seed=seed,
+                       model_name=served_model_name or spec.shape.name, faults=faults))
+
+
+def simulate(
+    trace: Annotated[Path, typer.Argument(help="trace .parquet")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="result .parquet to write")],
+    model_config: ModelConfig = DEFAULT_MODEL,
+    gpu: GpuName = "h200",
+    policy: Policy = "baseline",
+    ssm_dtype: SsmDtype = "float32",
+    buffer_len: BufferLen = 16,
+    split_precision: SplitPrecision = False,
+    max_num_seqs: MaxNumSeqs = 256,
+    max_num_batched_tokens: MaxBatchedTokens = 8192,
+    max_model_len: MaxModelLen = None,
+    calibration: Calibration = None,
+    time_scale: Annotated[float, typer.Option("--time-scale", help="<1 compresses the trace (0.5 = 2x rate)")] = 1.0,
+    arm: Annotated[str | None, typer.Option("--arm", help="arm name in the result [policy label]")] = None,
+    repeat: Annotated[int, typer.Option("--repeat")] = 1,
+) -> None:
+    """Run a trace through the SIMULATED engine in virtual time and write a (simulated) result file."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from harness.sim.simulate import simulate_trace, write_simulated_results
+    from harness.sim.summary import summarise
+    from harness.trace.model import Trace
+
+    if time_scale <= 0:
+        raise UserError(f"--time-scale must be > 0 (got {time_scale}); use 0.5 to double the rate")
+    spec = _spec(model_config, gpu, policy, ssm_dtype, buffer_len, split_precision, max_num_seqs,
+                 max_num_batched_tokens, max_model_len, calibration)
+    loaded = Trace.read(trace)
+    started = time.perf_counter()
+    with Progress(transient=True) as bar:
+        task = bar.add_task("simulating (virtual time)", total=len(loaded))
+        run = simulate_trace(loaded, spec, time_scale, progress=lambda n: bar.advance(task, n))
+    elapsed = time.perf_counter() - started
+    arm_name = arm or spec.policy.label
+    path = write_simulated_results(output, run, spec, trace, arm_name, repeat, time_scale)
+    Console().print(summarise(run, spec, arm_name, path, elapsed))
+
+
+def sim_calibrate(
+    calibration_file: Annotated[Path, typer.Argument(help="measured calibration JSON (configs/calibration/)")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="fitted factors JSON to write")],
+    model_config: ModelConfig = DEFAULT_MODEL,
+    gpu: GpuName = "h200",
+) -> None:
+    """Fit the SIMULATED engine's cost-model factors to measured vLLM runs and show the reproduction."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from harness.sim.calibration import fit_factors, read_calibration, reproduce, write_fit
+    from harness.sim.gpus import get_gpu
+    from harness.sim.model_config import load_model_shape
+
+    cal = read_calibration(calibration_file)
+    shape, device = load_model_shape(model_config), get_gpu(gpu)
+    factors = fit_factors(cal, shape, device)
+    rows = reproduce(cal, shape, device, factors)
+    write_fit(output, factors, rows, {"calibration": str(calibration_file), "model_config": str(model_config),
+                                      "gpu": gpu})
+    table = Table(title=f"simulated vs measured decode ITL p50 ({output})")
+    for column in ("state", "C", "measured ms", "modelled ms", "error"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r.ssm_dtype, str(r.concurrency), f"{r.measured.itl_p50_ms:.2f}", f"{r.modelled.itl_p50_ms:.2f}",
+                      f"{100 * r.itl_p50_error:+.1f}%")
+    Console().print(table)
+    Console().print(", ".join(f"{k}={v:.4g}" for k, v in factors.to_json().items()))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve-sim")(serve_sim)
+    app.command("simulate")(simulate)
+    app.command("sim-calibrate")(sim_calibrate)

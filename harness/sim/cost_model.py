@@ -1,0 +1,118 @@
+"""Step time of one engine step from a roofline of the model on a GPU, with fitted efficiency factors.
+
+A step runs the weight GEMMs (bound by weight bytes or by FLOPs, whichever is slower: the roofline), then
+the per-sequence memory traffic (KV reads, SSM-state reads and writes per policy), plus a fixed launch /
+scheduling overhead and a small per-sequence host cost. Peak numbers come from the GPU table; the
+efficiency factors and overheads are fitted to measured vLLM runs (`harness/sim/calibration.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.errors import UserError
+from harness.sim.gpus import Gpu
+from harness.sim.model_config import ModelShape
+from harness.sim.state_policy import StatePolicy
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_FACTORS_PATH = REPO_ROOT / "configs" / "calibration" / "fitted-h200-nemotron-h-8b.json"
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """What one scheduled step computes; filled in by the scheduler."""
+
+    decode_seqs: int = 0
+    prefill_seqs: int = 0
+    prefill_tokens: int = 0
+    context_tokens: int = 0  # KV tokens attention reads (sum of every scheduled sequence's context)
+    attention_pairs: int = 0  # sum over new tokens of the context each attends to
+
+    @property
+    def tokens(self) -> int:
+        return self.decode_seqs + self.prefill_tokens
+
+    @property
+    def seqs(self) -> int:
+        return self.decode_seqs + self.prefill_seqs
+
+
+@dataclass(frozen=True)
+class StepFeatures:
+    """Peak-rate times (seconds) of the parts of one step, before efficiency factors."""
+
+    weights_s: float
+    flops_s: float
+    traffic_s: float
+    seqs: int
+
+
+@dataclass(frozen=True)
+class FittedFactors:
+    """Efficiency factors and overheads fitted to a calibration file (see `calibration.py`)."""
+
+    overhead_s: float = 1.0e-3
+    per_seq_s: float = 10e-6
+    weight_bw_eff: float = 0.85
+    traffic_bw_eff: float = 0.85
+    flop_eff: float = 0.5
+    memory_reserve_bytes: int = 2 << 30  # activations, CUDA graphs, allocator slack outside the KV/state pool
+
+    def combine(self, weights_s: Any, flops_s: Any, traffic_s: Any, seqs: Any) -> Any:
+        """Step seconds from peak-rate parts; works on floats and on numpy arrays (used by the fit)."""
+        gemm = np.maximum(weights_s / self.weight_bw_eff, flops_s / self.flop_eff)
+        return self.overhead_s + self.per_seq_s * seqs + gemm + traffic_s / self.traffic_bw_eff
+
+    def to_json(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def load_factors(path: str | os.PathLike[str] | None = None) -> FittedFactors:
+    """Read fitted factors (`factors` key of a file written by `replaybench sim-calibrate`)."""
+    path = Path(path) if path else DEFAULT_FACTORS_PATH
+    try:
+        payload = json.loads(path.read_text())
+        return FittedFactors(**payload["factors"])
+    except FileNotFoundError:
+        raise UserError(f"{path}: no fitted cost-model factors; run `replaybench sim-calibrate` or give "
+                        "--calibration FILE") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path}: not a fitted-factors file ({exc}); re-run `replaybench sim-calibrate`") from None
+
+
+class CostModel:
+    """Maps a step's work to its duration for one model, GPU and state policy."""
+
+    def __init__(self, shape: ModelShape, gpu: Gpu, policy: StatePolicy, factors: FittedFactors) -> None:
+        self.shape, self.gpu, self.policy, self.factors = shape, gpu, policy, factors
+        attention = shape.attention
+        self._attention_flops_per_pair = 4 * attention.layers * attention.heads * attention.head_dim
+        self._decode_state_bytes = policy.decode_bytes_per_seq(shape.recurrent)
+        self._prefill_state_bytes = policy.prefill_bytes_per_seq(shape.recurrent)
+
+    def features(self, work: StepWork) -> StepFeatures:
+        shape, gpu = self.shape, self.gpu
+        flops = (2.0 * shape.active_params_per_token * work.tokens
+                 + self._attention_flops_per_pair * work.attention_pairs)
+        traffic = (work.context_tokens * shape.kv_bytes_per_token
+                   + work.decode_seqs * self._decode_state_bytes
+                   + work.prefill_seqs * self._prefill_state_bytes)
+        return StepFeatures(weights_s=shape.weight_bytes_read(work.tokens) / gpu.memory_bandwidth,
+                            flops_s=flops / gpu.bf16_flops, traffic_s=traffic / gpu.memory_bandwidth,
+                            seqs=work.seqs)
+
+    def step_time(self, work: StepWork) -> float:
+        f = self.features(work)
+        return float(self.factors.combine(f.weights_s, f.flops_s, f.traffic_s, f.seqs))
+
+    def pool_bytes(self, gpu_memory_utilization: float) -> int:
+        """Memory left for KV blocks and SSM state, as vLLM computes it at start-up."""
+        budget = int(self.gpu.memory_bytes * gpu_memory_utilization)
+        return budget - self.shape.weight_bytes - self.factors.memory_reserve_bytes

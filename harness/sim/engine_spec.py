@@ -1,0 +1,41 @@
+"""`EngineSpec`: everything that defines one simulated engine, and how to build it from command-line values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.errors import UserError
+from harness.sim.cost_model import FittedFactors, load_factors
+from harness.sim.gpus import Gpu, get_gpu
+from harness.sim.model_config import ModelShape, load_model_shape
+from harness.sim.scheduler import SchedulerLimits
+from harness.sim.state_policy import StatePolicy
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    shape: ModelShape
+    gpu: Gpu
+    policy: StatePolicy
+    factors: FittedFactors
+    limits: SchedulerLimits = field(default_factory=SchedulerLimits)
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.85
+    block_tokens: int = 16
+
+
+def build_spec(model_config: Path, gpu: str, policy: StatePolicy, max_num_seqs: int = 256,
+               max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
+               calibration: Path | None = None) -> EngineSpec:
+    """Validate user-given engine settings; every bad value is a one-line `UserError` naming the fix."""
+    if max_num_seqs < 1:
+        raise UserError(f"--max-num-seqs must be at least 1 (got {max_num_seqs}); vLLM's default is 256")
+    if max_num_batched_tokens < 1:
+        raise UserError(f"--max-num-batched-tokens must be at least 1 (got {max_num_batched_tokens}); try 8192")
+    shape = load_model_shape(model_config)
+    length = max_model_len or shape.max_model_len
+    if length < 2:
+        raise UserError(f"--max-model-len must be at least 2 (got {length})")
+    return EngineSpec(shape=shape, gpu=get_gpu(gpu), policy=policy, factors=load_factors(calibration),
+                      limits=SchedulerLimits(max_num_seqs, max_num_batched_tokens), max_model_len=length)

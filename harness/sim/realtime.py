@@ -1,0 +1,72 @@
+"""Run an `EngineCore` in real time on asyncio: each step ends at an absolute deadline on the monotonic clock.
+
+While the engine stays busy, step k+1 starts at step k's deadline (not when the loop happened to wake), so
+wake-up errors never accumulate. The loop sleeps coarsely, then yields in a tight loop for the last
+`SPIN_S`, and records how late it woke for every step: that lateness is the engine's own timing error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from harness.sim.engine_core import EngineCore
+from harness.sim.metrics import EngineMetrics
+from harness.sim.scheduler import Sequence
+
+SPIN_S = 0.0015  # epoll waits have 1 ms granularity: sleep until this close, then yield-spin
+
+
+class RealtimeEngine:
+    def __init__(self, core: EngineCore, metrics: EngineMetrics) -> None:
+        self.core, self.metrics = core, metrics
+        self._streams: dict[Sequence, asyncio.Queue[int]] = {}
+        self._wake = asyncio.Event()
+
+    def submit(self, request_id: str, prompt_tokens: int, output_tokens: int) -> tuple[Sequence, asyncio.Queue[int]]:
+        """Enqueue a request; its queue receives the running token count after every step that emits one."""
+        seq = self.core.new_sequence(request_id, prompt_tokens, output_tokens)
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        self._streams[seq] = queue
+        self.metrics.prompt_tokens += prompt_tokens
+        self._wake.set()
+        return seq, queue
+
+    def abort(self, seq: Sequence) -> None:
+        """The client went away (or a stall was injected): stop computing for it."""
+        if self._streams.pop(seq, None) is not None and not seq.finished:
+            self.core.scheduler.abort(seq)
+
+    async def run(self) -> None:
+        deadline: float | None = None
+        while True:
+            if not self.core.scheduler.has_work():
+                deadline = None
+                self._wake.clear()
+                await self._wake.wait()
+            start = deadline if deadline is not None else time.monotonic()
+            result = self.core.step()
+            if result is None:  # everything left was aborted
+                deadline = None
+                await asyncio.sleep(0)
+                continue
+            deadline = start + result.duration_s
+            await _sleep_until(deadline)
+            self.metrics.lateness.observe(time.monotonic() - deadline)
+            self.metrics.step_duration.observe(result.duration_s)
+            self.metrics.generation_tokens += len(result.emitted)
+            self.metrics.requests_finished += len(result.finished)
+            for seq in result.emitted:
+                queue = self._streams.get(seq)
+                if queue is not None:
+                    queue.put_nowait(seq.output_count)
+            for seq in result.finished:
+                self._streams.pop(seq, None)
+
+
+async def _sleep_until(deadline: float) -> None:
+    remaining = deadline - time.monotonic()
+    if remaining > SPIN_S:
+        await asyncio.sleep(remaining - SPIN_S)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0)

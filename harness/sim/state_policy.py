@@ -1,0 +1,84 @@
+"""SSM-state policies (DESIGN §9-10): how much state memory a sequence holds and how many bytes a step moves.
+
+baseline:  the full recurrent state is read and written every decode step, in fp32 or bf16.
+replayssm: the checkpoint is read every decode step (the bf16 copy with split precision), plus the ring of
+           the last m < L step inputs; one ring entry is written per step; the checkpoint is written only
+           when the ring fills (every L steps), so its write cost is amortised over L steps.
+Prefill chunks read and write the state once per chunk under both policies (the chunked scan).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from harness.errors import UserError
+from harness.sim.model_config import BF16_BYTES, FP32_BYTES, RecurrentShape
+
+DTYPE_BYTES = {"float32": FP32_BYTES, "bfloat16": BF16_BYTES}
+
+
+@dataclass(frozen=True)
+class StatePolicy:
+    name: Literal["baseline", "replayssm"] = "baseline"
+    ssm_dtype: Literal["float32", "bfloat16"] = "float32"
+    buffer_len: int = 16
+    split_precision: bool = False
+
+    def __post_init__(self) -> None:
+        if self.name not in ("baseline", "replayssm"):
+            raise UserError(f"unknown --policy {self.name!r}; choose baseline or replayssm")
+        if self.ssm_dtype not in DTYPE_BYTES:
+            raise UserError(f"unknown --ssm-dtype {self.ssm_dtype!r}; choose float32 or bfloat16")
+        if self.buffer_len < 2:
+            raise UserError(f"--buffer-len must be at least 2 (got {self.buffer_len}); the default is 16")
+        if self.split_precision and (self.name != "replayssm" or self.ssm_dtype != "float32"):
+            raise UserError("--split-precision needs --policy replayssm and --ssm-dtype float32 "
+                            "(it keeps an fp32 master plus a bf16 copy)")
+
+    @property
+    def label(self) -> str:
+        """Short name for logs and result metadata, e.g. `replayssm-L16-fp32+bf16`."""
+        dtype = "fp32" if self.ssm_dtype == "float32" else "bf16"
+        if self.name == "baseline":
+            return f"baseline-{dtype}"
+        return f"replayssm-L{self.buffer_len}-{dtype}" + ("+bf16" if self.split_precision else "")
+
+    def _state_bytes(self, rec: RecurrentShape) -> int:
+        return rec.state_elements * DTYPE_BYTES[self.ssm_dtype]
+
+    def _conv_bytes(self, rec: RecurrentShape) -> int:
+        return rec.conv_elements * BF16_BYTES
+
+    def memory_bytes_per_seq(self, rec: RecurrentShape | None) -> int:
+        """Recurrent memory one running sequence holds, over all recurrent layers."""
+        if rec is None:
+            return 0
+        per_layer = self._state_bytes(rec) + self._conv_bytes(rec)
+        if self.name == "replayssm":
+            per_layer += self.buffer_len * rec.step_input_bytes
+            if self.split_precision:
+                per_layer += rec.state_elements * BF16_BYTES
+        return rec.layers * per_layer
+
+    def decode_bytes_per_seq(self, rec: RecurrentShape | None) -> float:
+        """State bytes one decode step moves for one sequence (read + write, amortised over flushes)."""
+        if rec is None:
+            return 0.0
+        state, conv = self._state_bytes(rec), self._conv_bytes(rec)
+        if self.name == "baseline":
+            per_layer = 2 * state + 2 * conv
+        else:
+            length = self.buffer_len
+            read_checkpoint = ((length - 1) * rec.state_elements * BF16_BYTES + state) / length \
+                if self.split_precision else state
+            write_checkpoint = (state + (rec.state_elements * BF16_BYTES if self.split_precision else 0)) / length
+            ring_read = (length - 1) / 2 * rec.step_input_bytes
+            per_layer = read_checkpoint + write_checkpoint + ring_read + rec.step_input_bytes + 2 * conv
+        return rec.layers * per_layer
+
+    def prefill_bytes_per_seq(self, rec: RecurrentShape | None) -> float:
+        """State bytes one prefill chunk moves for one sequence: read and write the state once."""
+        if rec is None:
+            return 0.0
+        return rec.layers * 2 * (self._state_bytes(rec) + self._conv_bytes(rec))

@@ -1,0 +1,56 @@
+"""Pieces both ReplaySSM kernels (and their PyTorch references) share: decay sums, softplus, launch checks."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def softplus_f32(dt):
+    """Same formula as vLLM's selective_state_update, so the ring stores bit-identical dt."""
+    return tl.where(dt <= 20.0, tl.log(tl.exp(dt) + 1.0), dt)
+
+
+@triton.jit
+def decay_sum_after(dt, offs_l):
+    """For each ring entry s: the dt summed over LATER entries (s+1 .. end), without cumsum cancellation.
+
+    exp(A * that) is the decay from step s to the last step; a direct masked [L, L] sum keeps full fp32
+    relative precision even for the newest entries (total - cumsum would lose ~|A|*total*eps there).
+    """
+    later = offs_l[None, :] > offs_l[:, None]
+    return tl.sum(tl.where(later, dt[None, :], 0.0), axis=1)
+
+
+def softplus_reference(dt: torch.Tensor) -> torch.Tensor:
+    """PyTorch twin of ``softplus_f32``."""
+    return torch.where(dt <= 20.0, torch.log(torch.exp(dt) + 1.0), dt)
+
+
+def decay_sum_after_reference(dt: torch.Tensor, dim: int) -> torch.Tensor:
+    """PyTorch twin of ``decay_sum_after`` along ``dim`` (reverse cumulative sum, shifted by one)."""
+    suffix = dt.flip(dim).cumsum(dim).flip(dim)
+    later = suffix.narrow(dim, 1, dt.shape[dim] - 1)
+    return torch.cat([later, torch.zeros_like(dt.narrow(dim, 0, 1))], dim=dim)
+
+
+def check_launchable(*tensors: torch.Tensor) -> None:
+    """Triton needs CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before triton was imported."""
+    on_cpu = any(t.device.type == "cpu" for t in tensors)
+    if on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "ReplaySSM Triton kernels got CPU tensors; use CUDA tensors, or set TRITON_INTERPRET=1 "
+            "before importing triton, or call the *_reference function instead"
+        )
+
+
+def block_size(n: int, cap: int | None = None, floor: int = 1) -> int:
+    """Power-of-two block covering n (optionally capped), at least ``floor`` (tl.dot needs 16)."""
+    size = triton.next_power_of_2(n)
+    if cap is not None:
+        size = min(size, triton.next_power_of_2(cap))
+    return max(size, floor)

@@ -1,0 +1,138 @@
+"""Flush: fold the first flush_len ring entries into the checkpoint (one small GEMM per row and head).
+
+h' = exp(A * sum dt) * h + X^T diag(w) B, with w_s = exp(A * dt summed after s) * dt_s. Reads and writes
+the master checkpoint (fp32 in split precision) and refreshes the bf16 copy in the same pass. One program
+per (batch row, head, head_dim block); rows with flush_len == 0 or a padding slot return at once, so the
+kernel can run every decode step with a fixed grid (CUDA-graph safe).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_patch.kernels.common import block_size, check_launchable, decay_sum_after, decay_sum_after_reference
+from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head, valid_rows
+
+
+@triton.jit
+def _flush_kernel(
+    A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr,
+    head_dim, d_state, heads_per_group, pad_slot_id,
+    ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n,
+    srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h,
+    HAS_BF16: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    pblock = tl.program_id(2)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    count = tl.load(len_ptr + row)
+    if (slot == pad_slot_id) | (slot < 0) | (count <= 0):
+        return
+    group = head // heads_per_group
+    offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_l = tl.arange(0, BLOCK_L)
+    mask_p = offs_p < head_dim
+    mask_n = offs_n < d_state
+    live = offs_l < count
+
+    A = tl.load(A_ptr + head).to(tl.float32)
+    dt = tl.load(ring_dt_ptr + slot * srdt_slot + offs_l * srdt_l + head * srdt_h, mask=live, other=0.0)
+    dt = dt.to(tl.float32)
+    weight = tl.where(live, tl.exp(A * decay_sum_after(dt, offs_l)) * dt, 0.0)
+    ring_x = tl.load(
+        ring_x_ptr + slot * srx_slot + offs_l[:, None] * srx_l + head * srx_h + offs_p[None, :] * srx_p,
+        mask=live[:, None] & mask_p[None, :], other=0.0,
+    ).to(tl.float32)  # fmt: skip
+    ring_B = tl.load(
+        ring_B_ptr + slot * srB_slot + offs_l[:, None] * srB_l + group * srB_g + offs_n[None, :] * srB_n,
+        mask=live[:, None] & mask_n[None, :], other=0.0,
+    ).to(tl.float32)  # fmt: skip
+    update = tl.dot(tl.trans(ring_x * weight[:, None]), ring_B, input_precision="ieee")  # [P, N]
+
+    mask_pn = mask_p[:, None] & mask_n[None, :]
+    state_at = state_ptr + slot * ss_slot + head * ss_h + offs_p[:, None] * ss_p + offs_n[None, :] * ss_n
+    h = tl.load(state_at, mask=mask_pn, other=0.0).to(tl.float32)
+    h = tl.exp(A * tl.sum(dt, axis=0)) * h + update
+    tl.store(state_at, h.to(state_ptr.dtype.element_ty), mask=mask_pn)
+    if HAS_BF16:
+        copy_at = bf16_ptr + slot * sc_slot + head * sc_h + offs_p[:, None] * sc_p + offs_n[None, :] * sc_n
+        tl.store(copy_at, h.to(bf16_ptr.dtype.element_ty), mask=mask_pn)
+
+
+def flush_ring(
+    ssm_state: torch.Tensor,
+    ring_x: torch.Tensor,
+    ring_B: torch.Tensor,
+    ring_dt: torch.Tensor,
+    A: torch.Tensor,
+    state_indices: torch.Tensor,
+    flush_len: torch.Tensor,
+    *,
+    state_bf16: torch.Tensor | None = None,
+    pad_slot_id: int = PAD_SLOT_ID,
+    block_p: int | None = None,
+    num_warps: int = 4,
+) -> None:
+    """Fold ring entries [0, flush_len) of each row into ssm_state in place (and into state_bf16 if given).
+
+    ssm_state [slots, nheads, head_dim, d_state] is the master (any float dtype; fp32 for split precision);
+    flush_len int [batch]: 0 = leave the row alone. Padding rows are skipped. The ring itself is not
+    cleared: the caller restarts the row's write_pos at 0. ``block_p`` (default: all of head_dim, at
+    least 16 for tl.dot) and ``num_warps`` are GPU tuning knobs only.
+    """
+    check_launchable(ssm_state, ring_x)
+    nheads, head_dim, d_state = ssm_state.shape[1:]
+    ngroups = ring_B.shape[2]
+    A = per_head(A, nheads)
+    batch = state_indices.shape[0]
+    if batch == 0:
+        return
+    BLOCK_P = block_size(head_dim, cap=block_p, floor=16)
+    copy = state_bf16 if state_bf16 is not None else ssm_state
+    _flush_kernel[(batch, nheads, triton.cdiv(head_dim, BLOCK_P))](
+        A, ssm_state, copy, ring_x, ring_B, ring_dt, state_indices, flush_len,
+        head_dim, d_state, nheads // ngroups, pad_slot_id,
+        *ssm_state.stride(), *copy.stride(), *ring_x.stride(), *ring_B.stride(), *ring_dt.stride(),
+        HAS_BF16=state_bf16 is not None,
+        BLOCK_L=block_size(ring_x.shape[1], floor=16), BLOCK_P=BLOCK_P, BLOCK_N=block_size(d_state, floor=16),
+        num_warps=num_warps,
+    )  # fmt: skip
+
+
+def flush_ring_reference(
+    ssm_state: torch.Tensor,
+    ring_x: torch.Tensor,
+    ring_B: torch.Tensor,
+    ring_dt: torch.Tensor,
+    A: torch.Tensor,
+    state_indices: torch.Tensor,
+    flush_len: torch.Tensor,
+    *,
+    state_bf16: torch.Tensor | None = None,
+    pad_slot_id: int = PAD_SLOT_ID,
+    block_p: int | None = None,
+    num_warps: int = 4,
+) -> None:
+    """Plain-PyTorch twin of ``flush_ring`` (same arguments; block_p / num_warps are ignored), in fp32."""
+    del block_p, num_warps
+    nheads = ssm_state.shape[1]
+    A = per_head(A, nheads).float()
+    rows = (valid_rows(state_indices, pad_slot_id) & (flush_len > 0)).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return
+    slots, count = state_indices[rows].long(), flush_len[rows].long()
+    live = torch.arange(ring_x.shape[1], device=ring_x.device)[None, :] < count[:, None]  # [R, L]
+    dt = torch.where(live[:, :, None], ring_dt[slots].float(), 0.0)  # [R, L, H]
+    weight = torch.where(live[:, :, None], torch.exp(A * decay_sum_after_reference(dt, 1)) * dt, 0.0)
+    x = torch.where(live[:, :, None, None], ring_x[slots].float(), 0.0)  # [R, L, H, P]
+    B_heads = ring_B[slots].float()[:, :, group_of_head(nheads, ring_B.shape[2], ring_x.device)]
+    B_heads = torch.where(live[:, :, None, None], B_heads, 0.0)  # [R, L, H, N]
+    update = torch.einsum("rlh,rlhp,rlhn->rhpn", weight, x, B_heads)
+    h = torch.exp(A * dt.sum(1))[:, :, None, None] * ssm_state[slots].float() + update
+    ssm_state[slots] = h.to(ssm_state.dtype)
+    if state_bf16 is not None:
+        state_bf16[slots] = h.to(state_bf16.dtype)

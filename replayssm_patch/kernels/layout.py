@@ -1,0 +1,93 @@
+"""Cache layout of ReplaySSM (ring + optional bf16 copy) and the small shared helpers every kernel uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# vLLM marks padded batch rows (CUDA-graph padding) with slot -1; kernels also skip any negative slot.
+PAD_SLOT_ID = -1
+
+
+@dataclass(frozen=True)
+class RingShapes:
+    """Per-slot shapes and dtypes of the extra cache tensors one Mamba-2 layer needs (no slot dimension)."""
+
+    ring_x: tuple[int, int, int]  # (L, nheads, head_dim), model dtype
+    ring_B: tuple[int, int, int]  # (L, ngroups, d_state), model dtype
+    ring_dt: tuple[int, int]  # (L, nheads), float32
+    state_bf16: tuple[int, int, int] | None  # (nheads, head_dim, d_state), bfloat16; None without split
+    ring_dt_dtype: torch.dtype = torch.float32
+    state_bf16_dtype: torch.dtype = torch.bfloat16
+
+    def nbytes(self, model_dtype: torch.dtype) -> int:
+        """Bytes per slot of all extra tensors, for page-size bookkeeping."""
+        item = torch.empty((), dtype=model_dtype).element_size()
+        total = _numel(self.ring_x) * item + _numel(self.ring_B) * item + _numel(self.ring_dt) * 4
+        if self.state_bf16 is not None:
+            total += _numel(self.state_bf16) * 2
+        return total
+
+
+def ring_shapes(
+    nheads: int, head_dim: int, ngroups: int, d_state: int, buffer_len: int, split_precision: bool
+) -> RingShapes:
+    """Shapes of the ring (buffer_len steps of post-conv x, B and softplus'ed dt) and the bf16 copy."""
+    if buffer_len < 1:
+        raise ValueError(f"buffer_len must be >= 1, got {buffer_len}")
+    if nheads % ngroups:
+        raise ValueError(f"nheads ({nheads}) must be a multiple of ngroups ({ngroups})")
+    return RingShapes(
+        ring_x=(buffer_len, nheads, head_dim),
+        ring_B=(buffer_len, ngroups, d_state),
+        ring_dt=(buffer_len, nheads),
+        state_bf16=(nheads, head_dim, d_state) if split_precision else None,
+    )
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for dim in shape:
+        n *= dim
+    return n
+
+
+def valid_rows(state_indices: torch.Tensor, pad_slot_id: int) -> torch.Tensor:
+    """Boolean mask of batch rows that hold a real sequence (not padding)."""
+    return (state_indices != pad_slot_id) & (state_indices >= 0)
+
+
+def group_of_head(nheads: int, ngroups: int, device: torch.device) -> torch.Tensor:
+    """Index of the B/C group each head reads (vLLM convention: consecutive heads share a group)."""
+    return torch.arange(nheads, device=device) // (nheads // ngroups)
+
+
+def per_head(t: torch.Tensor | None, nheads: int) -> torch.Tensor | None:
+    """Accept A / D / dt_bias either per head ([nheads]) or in vLLM's expanded form ([nheads, P(, N)])."""
+    if t is None:
+        return None
+    while t.dim() > 1:
+        t = t[..., 0]
+    if t.shape != (nheads,):
+        raise ValueError(f"expected a per-head tensor of {nheads} values, got shape {tuple(t.shape)}")
+    return t
+
+
+def per_head_dt(dt: torch.Tensor) -> torch.Tensor:
+    """Accept dt as [batch, nheads] or vLLM's head_dim-expanded [batch, nheads, head_dim] (stride-0 view)."""
+    return dt[..., 0] if dt.dim() == 3 else dt
+
+
+def copy_state_to_bf16(
+    ssm_state: torch.Tensor, state_bf16: torch.Tensor, state_indices: torch.Tensor, pad_slot_id: int = PAD_SLOT_ID
+) -> None:
+    """Refresh the bf16 copy of the given slots from the master (call after a prefill wrote the master).
+
+    Padding rows are skipped. Uses indexing with a data-dependent mask, so call it outside CUDA graphs
+    (prefill is never graph-captured in FULL_DECODE_ONLY mode).
+    """
+    slots = state_indices.reshape(-1)
+    slots = slots[valid_rows(slots, pad_slot_id)].long()
+    if slots.numel():
+        state_bf16[slots] = ssm_state[slots].to(state_bf16.dtype)

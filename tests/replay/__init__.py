@@ -1,0 +1,1 @@
+"""Tests of harness.replay against the real test upstream on loopback."""

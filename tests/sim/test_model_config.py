@@ -1,0 +1,63 @@
+"""HF-style configs -> parameter counts, KV and SSM-state bytes that match the published model shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.errors import UserError
+from harness.sim.model_config import load_model_shape
+from harness.sim.state_policy import StatePolicy
+from tests.sim.support import REPO
+
+MIB = 1 << 20
+
+
+def test_nemotron_h_8b_shape() -> None:
+    shape = load_model_shape(REPO / "configs/models/nemotron-h-8b.json")
+    assert 7.9e9 < shape.total_params < 8.3e9
+    assert shape.attention.layers == 4 and shape.recurrent is not None and shape.recurrent.layers == 24
+    assert shape.mlp.layers == 24
+    assert shape.kv_bytes_per_token == 4 * 2 * 8 * 128 * 2
+    # DESIGN §10: 128 heads x 64 x 128 state, fp32 = 4 MiB per layer per sequence
+    assert shape.recurrent.state_elements * 4 == 4 * MIB
+
+
+def test_qwen3_next_80b_a3b_shape() -> None:
+    shape = load_model_shape(REPO / "configs/models/qwen3-next-80b-a3b.json")
+    assert 78e9 < shape.total_params < 82e9
+    assert 2.8e9 < shape.active_params_per_token < 3.9e9
+    assert shape.attention.layers == 12 and shape.recurrent is not None
+    assert shape.recurrent.kind == "gated_deltanet" and shape.recurrent.layers == 36
+    assert shape.recurrent.state_elements * 4 == 2 * MIB  # 32 value heads x 128 x 128, fp32
+    # MoE: one token reads only its experts' weights; a big batch touches nearly all of them
+    assert shape.weight_bytes_read(1) < 0.1 * shape.weight_bytes
+    assert shape.weight_bytes_read(4096) > 0.95 * shape.weight_bytes_read(10**6)
+
+
+@pytest.mark.parametrize("dtype,factor", [("float32", 4), ("bfloat16", 2)])
+def test_baseline_state_memory_follows_dtype(dtype: str, factor: int) -> None:
+    shape = load_model_shape(REPO / "configs/models/nemotron-h-8b.json")
+    rec = shape.recurrent
+    assert rec is not None
+    expected = rec.layers * (rec.state_elements * factor + rec.conv_elements * 2)
+    assert StatePolicy("baseline", dtype).memory_bytes_per_seq(rec) == expected
+
+
+def test_missing_field_is_one_clear_error(tmp_path) -> None:
+    config = json.loads((REPO / "configs/models/nemotron-h-8b.json").read_text())
+    del config["mamba_num_heads"]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(UserError, match="mamba_num_heads"):
+        load_model_shape(path)
+
+
+def test_unknown_model_type_and_missing_file(tmp_path) -> None:
+    path = tmp_path / "llama.json"
+    path.write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(UserError, match="not supported"):
+        load_model_shape(path)
+    with pytest.raises(UserError, match="no such model config"):
+        load_model_shape(tmp_path / "absent.json")

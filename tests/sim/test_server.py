@@ -1,0 +1,120 @@
+"""The OpenAI API of a real `serve-sim` subprocess on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.sim.support import SimProcess, get, metric_value, post_json, start_sim, stream_events
+
+PROMPT = "t17 t99 hello world"
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimProcess]:
+    server = start_sim("--served-model-name", "m", "--seed", "7", "--max-model-len", "4096", mark_child=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def completion_body(**extra: object) -> dict[str, object]:
+    return {"model": "m", "prompt": PROMPT, "max_tokens": 12, "min_tokens": 12, "ignore_eos": True} | extra
+
+
+def test_every_startup_log_line_says_simulated(sim: SimProcess) -> None:
+    assert sim.log_lines and all(line.startswith("SIMULATED ENGINE") for line in sim.log_lines)
+
+
+def test_models_entry_says_simulated(sim: SimProcess) -> None:
+    _, body = post_json_get(sim.url + "/v1/models")
+    entry = body["data"][0]
+    assert entry["id"] == "m" and "simulated" in entry["owned_by"] and entry["simulated"] is True
+
+
+def post_json_get(url: str) -> tuple[int, dict]:
+    import json
+
+    status, text = get(url)
+    return status, json.loads(text)
+
+
+def test_health_is_ready(sim: SimProcess) -> None:
+    assert get(sim.url + "/health")[0] == 200
+
+
+def test_streamed_completion_has_exact_length_and_usage(sim: SimProcess) -> None:
+    events = list(stream_events(sim.url + "/v1/completions",
+                                completion_body(stream_options={"include_usage": True})))
+    assert events[-1] == "[DONE]"
+    token_chunks = [e for e in events[:-1] if e["choices"]]
+    assert len(token_chunks) == 12
+    assert [c["choices"][0]["finish_reason"] for c in token_chunks] == [None] * 11 + ["length"]
+    usage = events[-2]["usage"]
+    assert usage == {"prompt_tokens": 4, "completion_tokens": 12, "total_tokens": 16}
+    text = "".join(c["choices"][0]["text"] for c in token_chunks)
+    assert len(text.split()) == 12
+
+
+def test_streamed_chat_opens_with_role_and_counts_tokens(sim: SimProcess) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 5,
+            "min_tokens": 5, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    events = list(stream_events(sim.url + "/v1/chat/completions", body))
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    contents = [e["choices"][0]["delta"]["content"] for e in events[1:-2]]
+    assert len(contents) == 5 and all(c.strip() for c in contents)
+    assert events[-2]["usage"]["completion_tokens"] == 5
+
+
+def test_output_is_deterministic_for_the_same_request(sim: SimProcess) -> None:
+    first = post_json(sim.url + "/v1/completions", completion_body())[1]
+    second = post_json(sim.url + "/v1/completions", completion_body())[1]
+    other_seed = post_json(sim.url + "/v1/completions", completion_body(seed=3))[1]
+    assert first["choices"][0]["text"] == second["choices"][0]["text"]
+    assert first["choices"][0]["text"] != other_seed["choices"][0]["text"]
+    assert first["usage"]["completion_tokens"] == 12
+
+
+def test_without_ignore_eos_min_and_max_tokens_bound_the_length(sim: SimProcess) -> None:
+    for i in range(6):
+        body = {"prompt": f"{PROMPT} {i}", "max_tokens": 40, "min_tokens": 20}
+        status, reply = post_json(sim.url + "/v1/completions", body)
+        n = reply["usage"]["completion_tokens"]
+        assert status == 200 and 20 <= n <= 40
+        assert reply["choices"][0]["finish_reason"] == ("length" if n == 40 else "stop")
+
+
+def test_tokenize_is_word_level(sim: SimProcess) -> None:
+    status, body = post_json(sim.url + "/tokenize", {"prompt": "t17 t99 hello"})
+    assert status == 200 and body["count"] == 3 and body["tokens"][:2] == [17, 99]
+    assert post_json(sim.url + "/tokenize", {"messages": [{"role": "user", "content": "a b"}]})[1]["count"] == 2
+
+
+def test_too_long_and_malformed_requests_are_400(sim: SimProcess) -> None:
+    status, body = post_json(sim.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 5000})
+    assert status == 400 and "maximum context length" in body["error"]["message"]
+    assert post_json(sim.url + "/v1/completions", {"prompt": 5})[0] == 400
+    assert post_json(sim.url + "/v1/completions", completion_body(min_tokens=50))[0] == 400
+
+
+def test_metrics_count_tokens_and_say_simulated(sim: SimProcess) -> None:
+    before = metric_value(get(sim.url + "/metrics")[1], "vllm:generation_tokens_total")
+    post_json(sim.url + "/v1/completions", completion_body())
+    text = get(sim.url + "/metrics")[1]
+    assert metric_value(text, "replaybench_simulated") == 1
+    assert metric_value(text, "vllm:generation_tokens_total") == before + 12
+    assert metric_value(text, "vllm:num_requests_running") == 0
+    assert metric_value(text, "replaybench_sim_step_duration_seconds_count") > 0
+    assert metric_value(text, "replaybench_sim_step_lateness_seconds_count") > 0
+    assert metric_value(text, "replaybench_sim_step_lateness_max_seconds") >= 0
+
+
+def test_decode_timing_follows_the_cost_model(sim: SimProcess) -> None:
+    """One request alone: steps are ~5.2 ms (calibrated batch-1 decode), so 12 tokens take > 50 ms."""
+    import time
+
+    started = time.monotonic()
+    post_json(sim.url + "/v1/completions", completion_body())
+    assert time.monotonic() - started > 0.05

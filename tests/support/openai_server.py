@@ -1,0 +1,311 @@
+"""A small, real OpenAI-compatible HTTP upstream for tests and benchmarks (aiohttp, its own process).
+
+Run it:   python -m tests.support.openai_server --port 0 --port-file PORT_FILE [options]
+It binds 127.0.0.1, prints `listening on http://127.0.0.1:PORT` and writes PORT to --port-file once ready.
+From a test use the context manager (starts it in its own process group, always stops it):
+
+    from tests.support.openai_server import upstream
+    with upstream(mode="ok", token_delay=0.001, log=tmp_path / "log.jsonl") as base_url:
+        ...  # base_url == "http://127.0.0.1:PORT"
+
+Endpoints
+- POST /v1/completions, /v1/chat/completions: streaming SSE (`"stream": true`; a final chunk with `usage`
+  when `stream_options.include_usage`) or one JSON body. Output is deterministic: token i is the word
+  ` t<i>`. Length: `max_tokens` (default 16) when `ignore_eos` is true; otherwise the "model" stops at
+  `max(min_tokens, --natural-len)` capped by max_tokens, with finish_reason "stop" (else "length").
+  Chat streams a role-only first chunk (no token), then one chunk per token.
+- GET /v1/models, GET /health.
+- POST /tokenize {"prompt": str} or {"messages": [...]} -> {"count", "max_model_len", "tokens"}.
+  Tokenizer: whitespace words (token i of a prompt is its i-th word). Chat is templated as
+  `<|role|> content <|end|>` per message, so each message costs 2 tokens on top of its words.
+  `usage.prompt_tokens` uses the same count.
+
+Options: --mode {ok,stall,drop,429,500,slow-first}, --fault-after K (tokens sent before stall/drop,
+default 2), --fault-every N (fault only requests whose arrival number is a multiple of N, default 1 = all),
+--token-delay S (between tokens), --first-token-delay S (before the first token; mode slow-first uses it),
+--natural-len N, --log FILE (JSONL, one line per generation request: `seq`, `path`, `recv_mono_ns`
+(time.monotonic_ns at handler entry; CLOCK_MONOTONIC is system-wide on Linux, so it is directly
+comparable with a client's time.monotonic on the same host), `recv_real_ns` (time.time_ns), `body` (the raw
+request body, decoded as UTF-8)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from aiohttp import web
+
+MODES = ("ok", "stall", "drop", "429", "500", "slow-first")
+MODEL_NAME = "test-model"
+MAX_MODEL_LEN = 1_000_000
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """How the upstream answers; fixed for the life of the process."""
+
+    mode: str = "ok"
+    fault_after: int = 2
+    fault_every: int = 1
+    token_delay: float = 0.0
+    first_token_delay: float = 0.0
+    natural_len: int = 8
+
+
+def count_words(text: str) -> int:
+    return len(text.split())
+
+
+def chat_template_words(messages: list[dict[str, Any]]) -> list[str]:
+    """The words of the templated chat prompt: `<|role|> content <|end|>` per message."""
+    words: list[str] = []
+    for message in messages:
+        content = message.get("content") or ""
+        if isinstance(content, list):  # OpenAI content parts
+            content = " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+        words += [f"<|{message.get('role', 'user')}|>", *str(content).split(), "<|end|>"]
+    return words
+
+
+def prompt_words(body: dict[str, Any]) -> list[str]:
+    if "messages" in body:
+        return chat_template_words(body["messages"])
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        prompt = " ".join(str(p) for p in prompt)
+    return str(prompt).split()
+
+
+def output_length(body: dict[str, Any], natural_len: int) -> tuple[int, str]:
+    """(tokens to generate, finish_reason) for a generation request."""
+    max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+    if body.get("ignore_eos"):
+        return max_tokens, "length"
+    wanted = max(int(body.get("min_tokens") or 0), natural_len)
+    return (max_tokens, "length") if wanted >= max_tokens else (wanted, "stop")
+
+
+class Upstream:
+    """Request handlers plus the JSONL request log."""
+
+    def __init__(self, behaviour: Behaviour, log: IO[str] | None) -> None:
+        self.behaviour = behaviour
+        self.log = log
+        self.seq = 0
+
+    def _faulted(self, seq: int) -> bool:
+        return self.behaviour.mode != "ok" and seq % self.behaviour.fault_every == 0
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        recv_mono_ns, recv_real_ns = time.monotonic_ns(), time.time_ns()
+        seq = self.seq
+        self.seq += 1
+        raw = await request.read()
+        if self.log is not None:
+            self.log.write(json.dumps({"seq": seq, "path": request.path, "recv_mono_ns": recv_mono_ns,
+                                       "recv_real_ns": recv_real_ns, "body": raw.decode("utf-8")}) + "\n")
+            self.log.flush()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return web.json_response({"error": {"message": "body is not JSON"}}, status=400)
+        mode = self.behaviour.mode if self._faulted(seq) else "ok"
+        if mode in ("429", "500"):
+            return web.json_response({"error": {"message": f"injected {mode}", "code": int(mode)}},
+                                     status=int(mode))
+        chat = request.path.endswith("/chat/completions")
+        n_out, finish = output_length(body, self.behaviour.natural_len)
+        usage = {"prompt_tokens": len(prompt_words(body)), "completion_tokens": n_out,
+                 "total_tokens": len(prompt_words(body)) + n_out}
+        first_delay = self.behaviour.first_token_delay if mode in ("slow-first", "ok") else 0.0
+        if body.get("stream"):
+            return await self._stream(request, body, chat, n_out, finish, usage, mode, first_delay)
+        return await self._whole(request, body, chat, n_out, finish, usage, mode, first_delay)
+
+    async def _whole(self, request: web.Request, body: dict[str, Any], chat: bool, n_out: int, finish: str,
+                     usage: dict[str, int], mode: str, first_delay: float) -> web.StreamResponse:
+        if mode == "stall":
+            await asyncio.sleep(3600)
+        if mode == "drop":
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response()
+        await asyncio.sleep(first_delay + self.behaviour.token_delay * max(n_out - 1, 0))
+        text = "".join(f" t{i}" for i in range(n_out))
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice |= {"text": text, "logprobs": None}
+        return web.json_response({"id": "cmpl-test", "object": "chat.completion" if chat else "text_completion",
+                                  "created": int(time.time()), "model": body.get("model") or MODEL_NAME,
+                                  "choices": [choice], "usage": usage})
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], chat: bool, n_out: int, finish: str,
+                      usage: dict[str, int], mode: str, first_delay: float) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        model = body.get("model") or MODEL_NAME
+        head = {"id": "cmpl-test", "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": model}
+
+        async def send(choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> None:
+            await response.write(b"data: " + json.dumps(head | {"choices": choices} | (extra or {})).encode()
+                                 + b"\n\n")
+
+        if chat:
+            await send([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        if first_delay:
+            await asyncio.sleep(first_delay)
+        for i in range(n_out):
+            if mode in ("stall", "drop") and i == self.behaviour.fault_after:
+                if mode == "drop":
+                    assert request.transport is not None
+                    request.transport.close()
+                    return response
+                await asyncio.sleep(3600)
+            if i and self.behaviour.token_delay:
+                await asyncio.sleep(self.behaviour.token_delay)
+            done = finish if i == n_out - 1 else None
+            piece = f" t{i}"
+            choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece,
+                                                                               "logprobs": None}
+            await send([choice | {"finish_reason": done}])
+        if n_out == 0:
+            await send([{"index": 0, "finish_reason": finish} | ({"delta": {}} if chat else {"text": ""})])
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await send([], {"usage": usage})
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        words = prompt_words(body)
+        return web.json_response({"count": len(words), "max_model_len": MAX_MODEL_LEN,
+                                  "tokens": [zlib.crc32(w.encode()) % 50_000 for w in words]})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL_NAME, "object": "model",
+                                                              "owned_by": "replaybench-tests"}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+
+def build_app(upstream_: Upstream) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/completions", upstream_.generate)
+    app.router.add_post("/v1/chat/completions", upstream_.generate)
+    app.router.add_post("/tokenize", upstream_.tokenize)
+    app.router.add_get("/v1/models", upstream_.models)
+    app.router.add_get("/health", upstream_.health)
+    return app
+
+
+async def serve(args: argparse.Namespace) -> None:
+    behaviour = Behaviour(mode=args.mode, fault_after=args.fault_after, fault_every=args.fault_every,
+                          token_delay=args.token_delay, first_token_delay=args.first_token_delay,
+                          natural_len=args.natural_len)
+    log = open(args.log, "a", encoding="utf-8") if args.log else None  # noqa: SIM115 - lives as long as the server
+    runner = web.AppRunner(build_app(Upstream(behaviour, log)), access_log=None, handle_signals=False,
+                           shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=4096)
+    await site.start()
+    port = runner.addresses[0][1]
+    if args.port_file:
+        tmp = Path(f"{args.port_file}.tmp")
+        tmp.write_text(str(port))
+        tmp.replace(args.port_file)
+    print(f"listening on http://127.0.0.1:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    if log is not None:
+        log.close()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="OpenAI-compatible test upstream (see module docstring)")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--port-file")
+    parser.add_argument("--mode", choices=MODES, default="ok")
+    parser.add_argument("--fault-after", type=int, default=2)
+    parser.add_argument("--fault-every", type=int, default=1)
+    parser.add_argument("--token-delay", type=float, default=0.0)
+    parser.add_argument("--first-token-delay", type=float, default=0.0)
+    parser.add_argument("--natural-len", type=int, default=8)
+    parser.add_argument("--log")
+    return parser.parse_args(argv)
+
+
+@contextlib.contextmanager
+def upstream(mode: str = "ok", *, log: str | os.PathLike[str] | None = None, token_delay: float = 0.0,
+             first_token_delay: float = 0.0, fault_after: int = 2, fault_every: int = 1, natural_len: int = 8,
+             start_timeout_s: float = 30.0) -> Iterator[str]:
+    """Start the upstream in its own process group; yield its base URL; always stop it (TERM, then KILL)."""
+    with tempfile.TemporaryDirectory(prefix="rb-upstream-") as tmp:
+        port_file = Path(tmp) / "port"
+        cmd = [sys.executable, "-m", "tests.support.openai_server", "--port", "0", "--port-file", str(port_file),
+               "--mode", mode, "--token-delay", str(token_delay), "--first-token-delay", str(first_token_delay),
+               "--fault-after", str(fault_after), "--fault-every", str(fault_every),
+               "--natural-len", str(natural_len)]
+        if log is not None:
+            cmd += ["--log", str(log)]
+        env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                                        os.environ.get("PYTHONPATH")]))}
+        stderr_path = Path(tmp) / "stderr"
+        with open(stderr_path, "wb") as stderr:
+            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, start_new_session=True,
+                                    stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            deadline = time.monotonic() + start_timeout_s
+            while not port_file.exists():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"test upstream exited early: {stderr_path.read_text()[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError("test upstream did not start in time")
+                time.sleep(0.02)
+            yield f"http://127.0.0.1:{int(port_file.read_text())}"
+        finally:
+            stop_process_group(proc)
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM the process group, wait, then SIGKILL whatever is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The upstream's JSONL request log, in arrival order."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+if __name__ == "__main__":
+    asyncio.run(serve(parse_args()))
