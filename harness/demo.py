@@ -1,20 +1,34 @@
-"""`make demo`: import the shipped Azure trace and show what it looks like (grows into a paired replay)."""
+"""`make demo`: a paired experiment on the embedded engine (no GPU): baseline vs the ReplaySSM policy,
+5 repeats in ABBA order on a slice of the Azure conversation trace, then the HTML report.
+
+The same as `replaybench run --config configs/demo.toml`; it ends by printing where the report is.
+"""
 
 from __future__ import annotations
 
-import tempfile
+import sys
 from pathlib import Path
 
-from harness.cli import app
+from harness.errors import UserError
 
-SOURCE = Path(__file__).resolve().parents[1] / "traces/source/azure_2023/AzureLLMInferenceTrace_conv.csv"
+REPO = Path(__file__).resolve().parents[1]
+DEMO_CONFIG = REPO / "configs" / "demo.toml"
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "azure-conv-2023.parquet"
-        app(["import", "azure", str(SOURCE), "-o", str(trace)], standalone_mode=False)
-        app(["inspect", str(trace)], standalone_mode=False)
+    from rich.console import Console
+
+    from harness.experiment.commands import execute_run, print_summary
+
+    console = Console()
+    console.print("[bold]replaybench demo[/]: paired replay on the SIMULATED engine (takes about 2-3 minutes)")
+    try:
+        root = execute_run(console, DEMO_CONFIG, None, None, False, REPO / "reports")
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
+    print_summary(console, root)
+    console.print(f"\nOpen the report: [bold]{root / 'index.html'}[/]")
 
 
 if __name__ == "__main__":

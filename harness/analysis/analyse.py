@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from harness.analysis.compare import compare_metrics
 from harness.analysis.cost import summarise_cost
 from harness.analysis.decision import decide
-from harness.analysis.inputs import ARMS, RunInputs, read_inputs
+from harness.analysis.inputs import ARMS, RunInputs, final_attempt, read_inputs
 from harness.analysis.model import ExcludedRepeat, RunRow, Summary
 from harness.analysis.quality import summarise_quality
 from harness.analysis.review import review_tables
@@ -83,13 +83,15 @@ def _pairs(inputs: RunInputs, runs: dict[RunKey, RunMetrics],
         reasons = []
         for arm in ARMS:
             run = runs.get((arm, repeat))
+            final = final_attempt(inputs.attempts, arm, repeat)
             if (arm, repeat) in problems:
                 reasons.append(f"{arm}: unreadable result ({problems[(arm, repeat)]})")
+            elif final is not None and final.status != "accepted":
+                # The runner keeps a crashed/invalid last try as the repeat's result file, and says so here.
+                reasons.append(f"{arm}: {final.status}" + (f" ({final.reason})" if final.reason else ""))
             elif run is None:
-                failed = [a for a in inputs.attempts if a.arm == arm and a.repeat == repeat and a.status != "accepted"]
-                reasons.append(f"{arm}: no accepted result" + (f" ({failed[-1].status}: {failed[-1].reason})"
-                                                               if failed else ""))
-            elif run is not None and not run.fidelity.valid:
+                reasons.append(f"{arm}: no result file")
+            elif not run.fidelity.valid:
                 reasons.append(f"{arm}: invalid replay ({'; '.join(run.fidelity.reasons)})")
         if reasons:
             excluded.append(ExcludedRepeat(repeat=repeat, reasons=reasons))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.analysis.log_histogram import quantiles_from_counts
+from harness.analysis.log_histogram import occupied_bins, quantiles_from_counts
 
 
 def resampled_log_ratios(baseline: np.ndarray, candidate: np.ndarray, probs: tuple[float, ...],
@@ -21,6 +21,8 @@ def resampled_log_ratios(baseline: np.ndarray, candidate: np.ndarray, probs: tup
     Returns shape (resamples, len(probs)).
     """
     repeats, blocks, _ = baseline.shape
+    bins = occupied_bins(np.stack([baseline, candidate]))
+    baseline, candidate = baseline[..., bins], candidate[..., bins]
     drawn_repeats = rng.integers(0, repeats, size=(resamples, repeats))
     # Block multiplicities: how often each block is drawn when drawing `blocks` blocks with replacement.
     drawn_blocks = rng.integers(0, blocks, size=(resamples * repeats, blocks))
@@ -33,7 +35,7 @@ def resampled_log_ratios(baseline: np.ndarray, candidate: np.ndarray, probs: tup
         if not len(rows):
             continue
         arms = [weights[rows] @ hist[repeat].astype(np.float32) for hist in (baseline, candidate)]
-        quantiles = [quantiles_from_counts(counts, probs) for counts in arms]
+        quantiles = [quantiles_from_counts(counts, probs, bins.start) for counts in arms]
         log_ratio[rows] = np.log(quantiles[1]) - np.log(quantiles[0])
     return log_ratio.reshape(resamples, repeats, len(probs)).mean(axis=1)
 

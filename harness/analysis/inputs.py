@@ -36,6 +36,14 @@ class Attempt(BaseModel):
     status: Literal["accepted", "retried", "crashed", "invalid"]
     reason: str = ""
     path: str | None = None
+    final: bool | None = None  # True: this attempt's result is results/<arm>-r<k>.parquet
+
+
+def final_attempt(attempts: list[Attempt], arm: str, repeat: int) -> Attempt | None:
+    """The attempt that stands for (arm, repeat): the one marked final, else the latest one."""
+    mine = [a for a in attempts if a.arm == arm and a.repeat == repeat]
+    marked = [a for a in mine if a.final]
+    return (marked or sorted(mine, key=lambda a: a.attempt) or [None])[-1]
 
 
 @dataclass

@@ -6,6 +6,7 @@ never imports analysis or report). Heavy imports stay inside the functions so `r
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -25,6 +26,7 @@ _OUTCOME_STYLE = {"KEEP": "green", "REJECT": "red", "INCONCLUSIVE": "yellow", "I
 
 
 def _print_findings(console: Console, config: ExperimentConfig, findings: list[Finding]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     from harness.experiment.settings_diff import arm_differences
@@ -32,14 +34,14 @@ def _print_findings(console: Console, config: ExperimentConfig, findings: list[F
     console.print(f"[bold]{config.name}[/]: {config.mode} experiment, {config.repeats} repeat(s), "
                   f"order {config.order}")
     for finding in findings:
-        console.print(f"  {_LEVEL_STYLE[finding.level]} {finding.topic:<9} {finding.message}", soft_wrap=True)
+        console.print(f"  {_LEVEL_STYLE[finding.level]} {finding.topic:<9} {escape(finding.message)}", soft_wrap=True)
     diffs = arm_differences(config)
     if diffs:
         table = Table(title="baseline vs candidate: effective settings that differ", title_justify="left")
         for column in ("kind", "setting", "baseline", "candidate", "declared"):
             table.add_column(column, overflow="fold")
         for d in diffs:
-            table.add_row(d.kind, d.key, d.baseline or "-", d.candidate or "-",
+            table.add_row(d.kind, escape(d.key), escape(d.baseline or "-"), escape(d.candidate or "-"),
                           "[green]policy change[/]" if d.declared else "[yellow]NOT declared[/]")
         console.print(table)
 
@@ -65,10 +67,11 @@ def check(config: Annotated[Path, typer.Argument(help="experiment .toml")]) -> N
     _preflight(Console(), load_config(config))
 
 
-def _print_summary(console: Console, root: Path) -> None:
+def print_summary(console: Console, root: Path) -> None:
     """The one-screen ending: the decision, the decision metrics, and where the report is."""
     import json
 
+    from rich.markup import escape
     from rich.table import Table
 
     from harness.records.run_dir import RunDir
@@ -87,7 +90,7 @@ def _print_summary(console: Console, root: Path) -> None:
                       f"±{c['margin']:.0%}" if c["margin"] is not None else "-", c["verdict"] or "-")
     console.print(table)
     colour = _OUTCOME_STYLE.get(decision["outcome"], "white")
-    console.print(f"[bold {colour}]{decision['outcome']}[/]: {decision['reason']}")
+    console.print(f"[bold {colour}]{decision['outcome']}[/]: {escape(decision['reason'])}")
     console.print(f"run directory: {root}\nreport: {run.index_html}")
 
 
@@ -104,7 +107,7 @@ def run(
 
     console = Console()
     root = execute_run(console, config, repeats, resume, save_outputs, output_dir)
-    _print_summary(console, root)
+    print_summary(console, root)
 
 
 def execute_run(console: Console, config_path: Path | None, repeats: int | None, resume: Path | None,
@@ -148,10 +151,10 @@ def execute_run(console: Console, config_path: Path | None, repeats: int | None,
             task = progress.add_task("starting", total=steps)
             ExperimentRunner(config, run_dir, lambda what, done: progress.update(task, description=what,
                                                                                  advance=done)).execute()
-    except (KeyboardInterrupt, Terminated):
+    except (KeyboardInterrupt, Terminated) as stop:
         console.print(f"[yellow]interrupted[/]; every finished attempt is kept. Continue with:\n"
                       f"  replaybench run --resume {run_dir.root}")
-        raise typer.Exit(130) from None
+        raise SystemExit(128 + getattr(stop, "signum", signal.SIGINT)) from None
     with console.status("analysing and writing the report ..."):
         build_report(run_dir.root)
     return run_dir.root

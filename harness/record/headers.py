@@ -22,8 +22,9 @@ def end_to_end(headers: CIMultiDictProxy[str] | CIMultiDict[str], drop: Iterable
 def upstream_request_headers(headers: CIMultiDictProxy[str], body_replaced: bool,
                              identity: bool) -> CIMultiDict[str]:
     """Client headers for the upstream request. `Host` is the upstream's; `Content-Length` is recomputed when the
-    body is sent as bytes; `identity` asks for an uncompressed response (recorded routes, so it can be read)."""
-    drop = ["Host"] + (["Content-Length"] if body_replaced else [])
+    body is sent as bytes; `Expect: 100-continue` was already answered by the proxy's server; `identity` asks
+    for an uncompressed response (recorded routes, so it can be read)."""
+    drop = ["Host", "Expect"] + (["Content-Length"] if body_replaced else [])
     out = end_to_end(headers, drop)
     if identity:
         out["Accept-Encoding"] = "identity"

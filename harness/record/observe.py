@@ -23,7 +23,6 @@ class ResponseOutcome:
     completion_tokens: int | None = None
     finish_reason: str | None = None
     token_chunks: int = 0  # stream chunks that carried tokens (fallback output count when usage is missing)
-    edited: bool = False  # the proxy changed the bytes (only ever to remove what it caused itself)
 
     def observe(self, obj: dict[str, Any], now: float) -> None:
         usage = obj.get("usage")
@@ -94,13 +93,13 @@ class SseObserver:
     def _without_usage(self, event: bytes, obj: dict[str, Any]) -> bytes:
         if "usage" not in obj:
             return event
-        self.outcome.edited = True
         if obj.get("choices") == [] and isinstance(obj["usage"], dict):
             return b""  # the usage-only chunk the proxy asked for
-        if event.count(b"data:") != 1:  # a multi-line data field: rebuild the event, compactly
+        data_lines = [i for i, line in enumerate(event.split(b"\n")) if line.startswith(b"data:")]
+        if len(data_lines) != 1:  # a multi-line data field: rebuild the event, compactly
             return b"data: " + _compact_without_usage(obj) + b"\n\n"
-        start = event.index(b"data:") + 5
-        start += event[start:start + 1] == b" "
+        start = 0 if event.startswith(b"data:") else event.index(b"\ndata:") + 1
+        start += 5 + (event[start + 5:start + 6] == b" ")
         end = event.index(b"\n", start)
         end -= event[end - 1:end] == b"\r"
         edited = without_key(event[start:end], obj, "usage")

@@ -50,18 +50,20 @@ async def read_capped(stream: aiohttp.StreamReader, cap: int) -> tuple[bytes, bo
 
 
 async def _prefixed(prefix: bytes, rest: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    yield prefix
+    """The body as the client sends it: what was already read, then the rest as it arrives."""
+    if prefix:
+        yield prefix
     async for chunk in rest.iter_any():
         yield chunk
 
 
+@dataclass
 class _Relayed:
     """How one relay ended, for the record."""
 
-    def __init__(self) -> None:
-        self.status = 0
-        self.finished_at = 0.0
-        self.client_gone = False
+    status: int = 0
+    finished_at: float = 0.0
+    client_gone: bool = False
 
 
 class RecordingProxy:
@@ -81,7 +83,7 @@ class RecordingProxy:
             api = recorded_api(request.method, request.path)
             if api is None:
                 body = _prefixed(b"", request.content) if request.body_exists else None
-                return await self._relay(request, body, replaced=False, observer=None, relayed=_Relayed())
+                return await self._relay(request, body, False, None, _Relayed())
             return await self._recorded(request, api, arrived_at)
         except asyncio.CancelledError:
             self._stats.unfinished += 1

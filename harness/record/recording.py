@@ -1,5 +1,9 @@
 """The recording's files over time: the open segment, its once-a-second fsync, rotation into Parquet parts.
 
+A rotated segment is converted in a separate process, so that parsing and writing a large part never holds
+the proxy's GIL (a thread would stall forwarding for the length of the conversion); the last part, after
+shutdown has drained the traffic, is converted in-process.
+
 Write problems never stop the proxy: each distinct problem is reported once as one error line, rows that
 could not be written are counted, and opening a segment is retried (at most once a second) so recording
 resumes by itself once the disk has room again.
@@ -8,13 +12,14 @@ resumes by itself once the disk has room again.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
 
-from harness.errors import UserError
 from harness.record.naming import PartNaming
-from harness.record.parts import finish_segment
+from harness.record.parts import PartWritten, finish_segment_when_free
 from harness.record.row import RecordedRow
 from harness.record.segment import SegmentWriter
 from harness.record.stats import RecorderStats
@@ -35,6 +40,7 @@ class Recording:
         self._index = naming.next_index()
         self._writer: SegmentWriter | None = None
         self._last_open_attempt = float("-inf")
+        self._converter: ProcessPoolExecutor | None = None  # started at the first rotation
 
     @property
     def segment(self) -> Path | None:
@@ -51,6 +57,9 @@ class Recording:
         path = self._naming.segment(self._index)
         try:
             self._writer = SegmentWriter(path, self._metadata | {META_PART: str(self._index)})
+        except BlockingIOError:
+            self._error_once(f"error: another recorder is writing {path}; requests are still proxied but not "
+                             "recorded (each is counted) - give each recorder its own -o path")
         except OSError as exc:
             self._error_once(f"error: cannot write {path} ({exc.strerror or exc}); requests are still proxied but "
                              "not recorded (each is counted) - free disk space or choose a writable -o path")
@@ -82,31 +91,48 @@ class Recording:
                                      "of rows may not survive a crash - check the disk")
 
     async def rotate(self) -> None:
-        """Close the current part and start the next one; the closed part is converted in a worker thread."""
+        """Close the current part and start the next one; the closed part is converted in a worker process."""
         old = self._writer
         if old is not None:
             self._index += 1
             self.open()
-            await asyncio.to_thread(self._finish, old)
+            if self._converter is None:
+                self._converter = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            await self._finish(old, self._converter)
 
     async def close(self) -> None:
         old, self._writer = self._writer, None
         if old is not None:
-            await asyncio.to_thread(self._finish, old)
+            await self._finish(old, None)
+        if self._converter is not None:
+            await asyncio.to_thread(self._converter.shutdown)
 
-    def _finish(self, writer: SegmentWriter) -> None:
-        """Sync, convert to Parquet while still holding the segment's lock (so `--recover` never races), close."""
+    async def _finish(self, writer: SegmentWriter, converter: Executor | None) -> None:
+        """Sync and release the segment, then convert it (in `converter`, or a thread when None); any failure
+        keeps the segment for `--recover` and says so."""
         try:
-            writer.sync()
-            written = finish_segment(writer.path)
-        except (OSError, ValueError, UserError) as exc:
+            await asyncio.to_thread(writer.sync)
+        except OSError as exc:
+            self._error_once(f"error: cannot fsync {writer.path} ({exc.strerror or exc}); check the disk")
+        finally:
+            writer.close()
+        try:
+            written = await asyncio.get_running_loop().run_in_executor(converter, _convert, writer.path)
+        except Exception as exc:  # whatever went wrong, the rows are still in the segment
             self._stats.segments_kept.append(writer.path)
             self._error_once(f"error: could not turn {writer.path} into Parquet ({exc}); the segment is kept - "
                              f"run `replaybench record --recover {writer.path.parent}` once the problem is fixed")
             return
-        finally:
-            writer.close()
-        self._stats.bad_lines += written.bad_lines
-        if written.part is not None:
-            self._stats.parts.append(written.part)
-            self._stats.rows_in_parts += written.rows
+        if written is not None:
+            self._stats.bad_lines += written.bad_lines
+            if written.part is not None:
+                self._stats.parts.append(written.part)
+                self._stats.rows_in_parts += written.rows
+
+
+def _convert(segment: Path) -> PartWritten | None:
+    """Runs in the converter; errors come back as plain RuntimeErrors, which always cross a process boundary."""
+    try:
+        return finish_segment_when_free(segment)
+    except Exception as exc:
+        raise RuntimeError(str(exc)) from None

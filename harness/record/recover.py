@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import UserError
 from harness.record.naming import SEGMENT_SUFFIX
-from harness.record.parts import PartWritten, finish_segment
-from harness.record.segment import try_lock
+from harness.record.parts import PartWritten, finish_segment_when_free
 
 
 @dataclass
@@ -24,14 +22,13 @@ def recover(directory: Path) -> RecoverReport:
         raise UserError(f"--recover {directory}: not a directory; give the directory the recording was written to")
     report = RecoverReport()
     for segment in sorted(directory.glob(f"*{SEGMENT_SUFFIX}")):
-        fd = try_lock(segment)
-        if fd is None:
-            report.in_use.append(segment)
-            continue
         try:
-            report.written.append(finish_segment(segment))
+            written = finish_segment_when_free(segment)
         except (ValueError, UserError) as problem:
             report.failed.append(str(problem))
-        finally:
-            os.close(fd)
+            continue
+        if written is not None:
+            report.written.append(written)
+        elif segment.exists():
+            report.in_use.append(segment)
     return report

@@ -15,7 +15,7 @@ from typing import Any
 from harness.record.secrets import is_secret_name, scrub, scrub_text
 from harness.record.tokens import Tokenizer, prefix_block_ids
 
-TEXT_FIELDS = ("prompt", "messages", "model")
+OWN_COLUMNS = ("prompt", "messages", "model")  # body fields with a trace column of their own, not in params
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def _prompt_text(prompt: Any) -> str:
 
 def numeric_params(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items()
-            if k not in TEXT_FIELDS and isinstance(v, int | float | bool) and not is_secret_name(k)}
+            if k not in OWN_COLUMNS and isinstance(v, int | float | bool) and not is_secret_name(k)}
 
 
 class Redactor:
@@ -52,7 +52,7 @@ class Redactor:
 
     async def redact(self, body: dict[str, Any]) -> RedactedRequest:
         if self.mode == "none":
-            params = scrub({k: v for k, v in body.items() if k not in TEXT_FIELDS})
+            params = scrub({k: v for k, v in body.items() if k not in OWN_COLUMNS})
             return RedactedRequest(
                 params=_dumps(params),
                 prompt=_prompt_text(body["prompt"]) if "prompt" in body else None,

@@ -31,6 +31,11 @@ from harness.records.trace_schema import (
 )
 
 META_UPSTREAM = "replaybench.record.upstream"
+
+
+def shown_url(options: RecordOptions) -> str:
+    """The upstream URL as printed and stored: without any user:password it may carry."""
+    return str(options.upstream.with_user(None))
 _CONNECT_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=30, sock_connect=30)
 
 
@@ -41,9 +46,10 @@ def _client_session() -> aiohttp.ClientSession:
         cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, trust_env=False)
 
 
-def _metadata(options: RecordOptions, tokenizer: Tokenizer | None) -> dict[str, str]:
-    meta = {META_SOURCE: "replaybench record", META_UPSTREAM: str(options.upstream),
-            META_CLOCK: dt.datetime.now(dt.UTC).isoformat(timespec="microseconds"), META_REDACTION: options.redact}
+def _metadata(options: RecordOptions, tokenizer: Tokenizer | None, started: dt.datetime) -> dict[str, str]:
+    """Segment metadata; `clock` is the wall-clock time of the recorder's start (segment rows count from it)."""
+    meta = {META_SOURCE: "replaybench record", META_UPSTREAM: shown_url(options),
+            META_CLOCK: started.isoformat(timespec="microseconds"), META_REDACTION: options.redact}
     if tokenizer is not None:
         meta |= {META_TOKENIZER: tokenizer.name, META_BLOCK_SIZE: str(options.block_size)}
     return meta
@@ -70,11 +76,13 @@ async def record(options: RecordOptions, announce: Callable[[str], None], report
                  show_status: Callable[[str], None]) -> RecorderStats:
     """Run until SIGINT/SIGTERM; `announce` gets the listening line, `report` error lines, `show_status` the
     status line once a second. Returns the counters for the summary."""
-    started_at = time.monotonic()
+    started_at, started_wall = time.monotonic(), dt.datetime.now(dt.UTC)
     stats = RecorderStats()
+    stop = _stop_on_signals()
     async with _client_session() as session:
         tokenizer = await Tokenizer.probe(session, options.upstream) if options.redact == "hash" else None
-        recording = Recording(PartNaming.from_output(options.output), _metadata(options, tokenizer), stats, report)
+        metadata = _metadata(options, tokenizer, started_wall)
+        recording = Recording(PartNaming.from_output(options.output), metadata, stats, report)
         redactor = Redactor(options.redact, tokenizer, options.block_size, key=secrets.token_bytes(32))
         capturer = Capturer(secrets.token_hex(4), started_at, redactor, recording)
         settings = ProxySettings(options.upstream, options.max_body, options.session_header, options.tenant_header)
@@ -86,12 +94,8 @@ async def record(options: RecordOptions, announce: Callable[[str], None], report
         try:
             url = await _start_site(runner, options)
             recording.open()
-            announce(f"listening on {url} -> {options.upstream}; recording {options.redact!r} to "
+            announce(f"listening on {url} -> {shown_url(options)}; recording {options.redact!r} to "
                      f"{PartNaming.from_output(options.output).pattern}")
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
             background += [asyncio.create_task(recording.sync_forever()),
                            asyncio.create_task(_status_forever(stats, recording, show_status))]
             if options.rotate_s > 0:
@@ -105,6 +109,15 @@ async def record(options: RecordOptions, announce: Callable[[str], None], report
         await capturer.drain()
         await recording.close()
     return stats
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """SIGINT and SIGTERM set the returned event: a graceful stop, never a traceback."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
 
 
 async def _status_forever(stats: RecorderStats, recording: Recording, show: Callable[[str], None]) -> None:

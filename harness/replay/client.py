@@ -64,8 +64,9 @@ async def send(session: aiohttp.ClientSession, request: PreparedRequest, setting
                 await response.read()
                 row.error = status_error(response.status)
             elif reader is not None:
-                async for line in response.content:
-                    reader.feed(line, time.monotonic() - sent)
+                async for data in response.content.iter_any():
+                    reader.feed_bytes(data, time.monotonic() - sent)
+                reader.feed_bytes(b"\n", time.monotonic() - sent)  # completes a last line sent without newline
                 if not reader.done or reader.server_error:
                     row.error = "broken_stream"
             else:

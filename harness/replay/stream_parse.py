@@ -35,6 +35,13 @@ class StreamReader:
         self.parts: list[str] = []
         self.done = False
         self.server_error: str | None = None  # an `error` event inside the stream
+        self._partial = b""
+
+    def feed_bytes(self, data: bytes, since_send_s: float) -> None:
+        """Bytes as they arrived (any split); events completed by them are stamped with this arrival time."""
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            self.feed(line, since_send_s)
 
     def feed(self, line: bytes, since_send_s: float) -> None:
         if not line.startswith(b"data:"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import time
@@ -26,9 +27,10 @@ from harness.replay.counters import DONE, ERRORS, INFLIGHT, LAG, SENT, WorkerCou
 from harness.replay.options import ReplayOptions
 from harness.replay.payloads import PreparedRequest
 from harness.replay.schedule import wait_until
-from harness.replay.segments import SegmentWriter
+from harness.replay.segments import FLUSH_PERIOD_S, SegmentWriter
 
-WATCHDOG_PERIOD_S = 0.05
+WATCHDOG_PERIOD_S = FLUSH_PERIOD_S
+WARM_CONNECTIONS = 32  # opened before t0 so the first requests do not pay for TCP connects
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,8 @@ async def _worker(job: WorkerJob, counters: WorkerCounters, signals: StartSignal
     writer = SegmentWriter(job.segment)
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        await _warm_pool(session, job.url, min(WARM_CONNECTIONS, len(job.requests)), headers)
+        gc.freeze()  # the prepared requests never die: keep them out of every later collection's scan
         signals.ready.release()
         while not signals.go.wait(WATCHDOG_PERIOD_S):
             if _stopping(job, signals):
@@ -94,6 +98,17 @@ async def _worker(job: WorkerJob, counters: WorkerCounters, signals: StartSignal
                                   headers=headers, timeout=timeout)
         await _run_shard(job, session, settings, writer, counters, signals)
     writer.close()
+
+
+async def _warm_pool(session: aiohttp.ClientSession, url: str, connections: int, headers: dict[str, str]) -> None:
+    """Open `connections` keep-alive connections (GET /v1/models) that the pool then reuses; failures are harmless."""
+
+    async def touch() -> None:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with session.get(f"{url}/v1/models", headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as r:
+                await r.read()
+
+    await asyncio.gather(*(touch() for _ in range(connections)))
 
 
 async def _run_shard(job: WorkerJob, session: aiohttp.ClientSession, settings: ClientSettings,
@@ -134,8 +149,10 @@ async def _run_shard(job: WorkerJob, session: aiohttp.ClientSession, settings: C
             task.add_done_callback(pending.discard)
 
     async def watchdog(scheduler: asyncio.Task[None]) -> None:
+        """Flushes finished rows on a fixed beat and stops everything when asked to (or orphaned)."""
         while not _stopping(job, signals):
             await asyncio.sleep(WATCHDOG_PERIOD_S)
+            writer.flush()
         scheduler.cancel()
         for task in list(pending):
             task.cancel()

@@ -20,6 +20,7 @@ from harness.records.decision_config import LATENCY_METRICS
 ARM_COLOURS = {"baseline": "#5b6b7f", "candidate": "#d9822b"}
 VERDICT_COLOURS = {"IMPROVEMENT": "#1a7f37", "REGRESSION": "#cf222e", "EQUIVALENT": "#0969da",
                    "INCONCLUSIVE": "#9a6700", None: "#6e7781"}
+PERCENT_TICKS = (-90, -75, -50, -30, -20, -10, -5, -2, 0, 2, 5, 10, 20, 30, 50, 100, 200, 400)
 LATENCY_TITLES = {"ttft": "Time to first token", "itl": "Inter-token latency", "tpot": "Time per output token",
                   "e2e": "End-to-end latency"}
 
@@ -32,6 +33,34 @@ def _data_uri(figure: plt.Figure) -> str:
     figure.savefig(buffer, format="png")
     plt.close(figure)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _spaced_ratio_ticks(low: float, high: float) -> list[float]:
+    """Percent-change ticks inside (low, high), at least ~8 % of the log axis apart, always including 0 %."""
+    min_gap = 0.08 * np.log(high / low)
+    kept = [1.0]
+    for side in (sorted(t for t in PERCENT_TICKS if t > 0), sorted((t for t in PERCENT_TICKS if t < 0), reverse=True)):
+        last = 1.0
+        for tick in (1 + t / 100 for t in side):
+            if low <= tick <= high and abs(np.log(tick / last)) >= min_gap:
+                kept.append(tick)
+                last = tick
+    return sorted(kept)
+
+
+def _log_ticks(low: float, high: float) -> list[float]:
+    """1-2-5 ticks inside a log axis; for a narrow range, three evenly spaced (in log) rounded values instead."""
+    decades = range(int(np.floor(np.log10(low))), int(np.ceil(np.log10(high))) + 1)
+    ticks = [m * 10.0**d for d in decades for m in (1, 2, 5) if low <= m * 10.0**d <= high]
+    if len(ticks) >= 3:
+        return ticks[:: max(1, len(ticks) // 5)]
+    return [float(f"{t:.2g}") for t in np.geomspace(low, high, 5)[1:-1]]
+
+
+def _duration_label(seconds: float, _: object = None) -> str:
+    if seconds >= 1:
+        return f"{seconds:g} s"
+    return f"{seconds * 1e3:g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:g} µs"
 
 
 def forest_plot(comparisons: list[MetricComparison]) -> str:
@@ -52,8 +81,9 @@ def forest_plot(comparisons: list[MetricComparison]) -> str:
     axis.set_yticks(range(len(shown)), labels)
     axis.axvline(1.0, color="#24292f", lw=0.8)
     axis.set_xscale("log")
+    axis.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(_spaced_ratio_ticks(*axis.get_xlim())))
     axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{(x - 1) * 100:+.0f}%"))
-    axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    axis.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     axis.set_xlabel("candidate vs baseline (95% t-interval over repeats; thin line: block bootstrap; grey: ±δ)")
     axis.grid(axis="y", visible=False)
     return _data_uri(figure)
@@ -76,8 +106,10 @@ def latency_ecdfs(plots: PlotData) -> str:
         axis.set_xscale("log")
         if high > 0:
             axis.set_xlim(low, high)
+        axis.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(_log_ticks(*axis.get_xlim())))
+        axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_duration_label))
+        axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         axis.set_title(LATENCY_TITLES[kind], fontsize=9)
-        axis.set_xlabel("seconds")
         axis.set_ylim(0, 1.01)
     axes[0].set_ylabel("fraction of requests")
     axes[0].legend(loc="lower right", frameon=False)

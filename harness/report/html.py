@@ -79,7 +79,7 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
         generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         pct=pct, num=_num, secs=_secs, value=_value,
         mean=lambda xs: float(np.exp(np.mean(np.log(xs)))) if xs and all(x > 0 for x in xs) else None,
-        ci=pct_interval,
+        ci=lambda low, high: "—" if low is None else pct_interval(low, high),
         money=lambda v: "—" if v is None else f"{v:.3g} {s.cost.currency}",
         pct0=lambda v: "—" if v is None else f"{v:.0%}",
         passfail=lambda v: "pass" if v else ("fail" if v is not None else "—"),

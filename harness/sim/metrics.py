@@ -44,8 +44,8 @@ class Histogram:
 
 
 @dataclass
-class StepLateness:
-    """How late the step loop woke relative to each step's absolute deadline (the engine's timing error)."""
+class LagTracker:
+    """Seconds past a deadline: histogram, recent-window quantiles, max, and how many exceeded 1 ms."""
 
     histogram: Histogram = field(default_factory=lambda: Histogram(LATENESS_BUCKETS))
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=LATENESS_WINDOW))
@@ -61,12 +61,23 @@ class StepLateness:
     def quantile(self, q: float) -> float:
         return float(np.quantile(np.fromiter(self.recent, float), q)) if self.recent else 0.0
 
+    def render(self, name: str, help_text: str) -> list[str]:
+        return [
+            *self.histogram.render(f"{name}_seconds", help_text),
+            f"# HELP {name}_quantile_seconds {help_text} Quantiles over the last {LATENESS_WINDOW} samples.",
+            f"# TYPE {name}_quantile_seconds gauge",
+            *(f'{name}_quantile_seconds{{quantile="{q}"}} {self.quantile(q):.9f}' for q in (0.5, 0.9, 0.99)),
+            f"# TYPE {name}_max_seconds gauge", f"{name}_max_seconds {self.max_s:.9f}",
+            f"# TYPE {name}_over_1ms_total counter", f"{name}_over_1ms_total {self.over_threshold}",
+        ]
+
 
 @dataclass
 class EngineMetrics:
     model_name: str
     step_duration: Histogram = field(default_factory=lambda: Histogram(DURATION_BUCKETS))
-    lateness: StepLateness = field(default_factory=StepLateness)
+    lateness: LagTracker = field(default_factory=LagTracker)  # step loop wake-up vs the step's deadline
+    delivery: LagTracker = field(default_factory=LagTracker)  # token chunk written vs the step's deadline
     generation_tokens: int = 0
     prompt_tokens: int = 0
     requests_finished: int = 0
@@ -76,7 +87,6 @@ class EngineMetrics:
 
     def render(self, running: int, waiting: int, memory_usage: float, preemptions: int) -> str:
         label = f'{{model_name="{self.model_name}"}}'
-        lat = self.lateness
         lines = [
             "# HELP replaybench_simulated 1: this server is replaybench's SIMULATED engine, not a real GPU server.",
             "# TYPE replaybench_simulated gauge", "replaybench_simulated 1",
@@ -95,16 +105,9 @@ class EngineMetrics:
             "# TYPE replaybench_sim_injected_stalls_total counter",
             f"replaybench_sim_injected_stalls_total {self.injected_stalls}",
             *self.step_duration.render("replaybench_sim_step_duration_seconds", "Modelled duration of engine steps."),
-            *lat.histogram.render("replaybench_sim_step_lateness_seconds",
+            *self.lateness.render("replaybench_sim_step_lateness",
                                   "How late the step loop woke after each step's absolute deadline."),
-            "# HELP replaybench_sim_step_lateness_quantile_seconds Lateness quantiles over the last "
-            f"{LATENESS_WINDOW} steps.",
-            "# TYPE replaybench_sim_step_lateness_quantile_seconds gauge",
-            *(f'replaybench_sim_step_lateness_quantile_seconds{{quantile="{q}"}} {lat.quantile(q):.9f}'
-              for q in (0.5, 0.9, 0.99)),
-            "# TYPE replaybench_sim_step_lateness_max_seconds gauge",
-            f"replaybench_sim_step_lateness_max_seconds {lat.max_s:.9f}",
-            "# TYPE replaybench_sim_steps_late_over_1ms_total counter",
-            f"replaybench_sim_steps_late_over_1ms_total {lat.over_threshold}",
+            *self.delivery.render("replaybench_sim_token_delivery_lag",
+                                  "How long after its step's deadline each token chunk was written to the socket."),
         ]
         return "\n".join(lines) + "\n"

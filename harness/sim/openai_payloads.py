@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 from harness.sim.engine_core import context_length_message
@@ -92,12 +93,26 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+_TEXT_SLOT, _FINISH_SLOT = "\x00text\x00", "\x00finish\x00"
+
+
 class ResponseFormatter:
-    """Builds the bodies of one response, in the shape of the API it answers (completions or chat)."""
+    """Builds the bodies of one response, in the shape of the API it answers (completions or chat).
+
+    Token chunks are the hot path (one per token per stream), so their JSON is rendered once with two slots
+    and later filled by byte concatenation instead of a `json.dumps` per token.
+    """
 
     def __init__(self, api: str, request_id: str, model: str) -> None:
         self.api, self.id, self.model, self.created = api, request_id, model, int(time.time())
         self._chunk_object = "text_completion" if api == COMPLETIONS else "chat.completion.chunk"
+        choice = self._choice(_TEXT_SLOT, _FINISH_SLOT, delta=True)
+        if api == CHAT:
+            choice["delta"] = {"content": _TEXT_SLOT}
+        template = sse(self._envelope(self._chunk_object, [choice]))
+        head, rest = template.split(json.dumps(_TEXT_SLOT).encode())
+        middle, tail = rest.split(json.dumps(_FINISH_SLOT).encode())
+        self._parts = (head, middle, tail)
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
@@ -115,10 +130,9 @@ class ResponseFormatter:
         return sse(self._envelope(self._chunk_object, [self._choice("", None, delta=True)]))
 
     def token_chunk(self, text: str, finish: str | None) -> bytes:
-        choice = self._choice(text, finish, delta=True)
-        if self.api == CHAT:
-            choice["delta"] = {"content": text}
-        return sse(self._envelope(self._chunk_object, [choice]))
+        head, middle, tail = self._parts
+        finish_json = b"null" if finish is None else encode_basestring_ascii(finish).encode()
+        return b"".join((head, encode_basestring_ascii(text).encode(), middle, finish_json, tail))
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> bytes:
         return sse(self._envelope(self._chunk_object, []) | {"usage": usage(prompt_tokens, completion_tokens)})

@@ -9,24 +9,33 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import NamedTuple
 
 from harness.sim.engine_core import EngineCore
 from harness.sim.metrics import EngineMetrics
 from harness.sim.scheduler import Sequence
 
-SPIN_S = 0.0015  # epoll waits have 1 ms granularity: sleep until this close, then yield-spin
+SPIN_S = 0.001  # epoll waits have 1 ms granularity: sleep until this close, then yield-spin
+
+
+class TokenTick(NamedTuple):
+    """Tokens produced so far for one sequence, and the deadline of the step that produced the last one."""
+
+    produced: int
+    deadline: float
 
 
 class RealtimeEngine:
     def __init__(self, core: EngineCore, metrics: EngineMetrics) -> None:
         self.core, self.metrics = core, metrics
-        self._streams: dict[Sequence, asyncio.Queue[int]] = {}
+        self._streams: dict[Sequence, asyncio.Queue[TokenTick]] = {}
         self._wake = asyncio.Event()
 
-    def submit(self, request_id: str, prompt_tokens: int, output_tokens: int) -> tuple[Sequence, asyncio.Queue[int]]:
-        """Enqueue a request; its queue receives the running token count after every step that emits one."""
+    def submit(self, request_id: str, prompt_tokens: int,
+               output_tokens: int) -> tuple[Sequence, asyncio.Queue[TokenTick]]:
+        """Enqueue a request; its queue gets a `TokenTick` after every step that emits one of its tokens."""
         seq = self.core.new_sequence(request_id, prompt_tokens, output_tokens)
-        queue: asyncio.Queue[int] = asyncio.Queue()
+        queue: asyncio.Queue[TokenTick] = asyncio.Queue()
         self._streams[seq] = queue
         self.metrics.prompt_tokens += prompt_tokens
         self._wake.set()
@@ -59,7 +68,7 @@ class RealtimeEngine:
             for seq in result.emitted:
                 queue = self._streams.get(seq)
                 if queue is not None:
-                    queue.put_nowait(seq.output_count)
+                    queue.put_nowait(TokenTick(seq.output_count, deadline))
             for seq in result.finished:
                 self._streams.pop(seq, None)
 

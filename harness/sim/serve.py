@@ -89,6 +89,7 @@ async def _serve(options: ServeOptions) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await engine_task
     await runner.cleanup()
-    lat = metrics.lateness
+    lat, lag = metrics.lateness, metrics.delivery
     log(f"stopped after {metrics.step_duration.count} steps; step lateness p50 {lat.quantile(0.5) * 1e3:.3f} ms, "
-        f"p99 {lat.quantile(0.99) * 1e3:.3f} ms, max {lat.max_s * 1e3:.3f} ms")
+        f"p99 {lat.quantile(0.99) * 1e3:.3f} ms, max {lat.max_s * 1e3:.3f} ms; token delivery lag p99 "
+        f"{lag.quantile(0.99) * 1e3:.3f} ms")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from harness.sim.openai_payloads import (
     error_body,
     parse_generation,
 )
-from harness.sim.realtime import RealtimeEngine
+from harness.sim.realtime import RealtimeEngine, TokenTick
 from harness.sim.scheduler import Sequence
 from harness.sim.tokenizer import chat_prompt_text, encode, token_text
 
@@ -138,7 +139,7 @@ async def _generate(request: web.Request, api: str) -> web.StreamResponse:
 
 
 async def _stream(request: web.Request, state: ServerState, parsed: GenerationRequest, plan: OutputPlan,
-                  seq: Sequence, queue: asyncio.Queue[int], formatter: ResponseFormatter) -> web.StreamResponse:
+                  seq: Sequence, queue: asyncio.Queue[TokenTick], formatter: ResponseFormatter) -> web.StreamResponse:
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
     try:
@@ -150,11 +151,14 @@ async def _stream(request: web.Request, state: ServerState, parsed: GenerationRe
             if state.faults.stalls_at(sent):
                 await _stall(request, state, seq)
                 return response
-            produced = await queue.get()
-            while sent < produced:
+            produced, deadline = await queue.get()
+            chunks = []
+            while sent < produced:  # more than one when the loop fell behind: send them in one write
                 text = token_text(plan.token_id(sent), first=sent == 0)
                 sent += 1
-                await response.write(formatter.token_chunk(text, plan.finish_reason if sent == plan.length else None))
+                chunks.append(formatter.token_chunk(text, plan.finish_reason if sent == plan.length else None))
+            await response.write(b"".join(chunks))
+            state.metrics.delivery.observe(time.monotonic() - deadline)
         if parsed.include_usage:
             await response.write(formatter.usage_chunk(parsed.prompt_tokens, sent))
         await response.write(DONE)
@@ -165,13 +169,13 @@ async def _stream(request: web.Request, state: ServerState, parsed: GenerationRe
 
 
 async def _collect(request: web.Request, state: ServerState, parsed: GenerationRequest, plan: OutputPlan,
-                   seq: Sequence, queue: asyncio.Queue[int], formatter: ResponseFormatter) -> web.StreamResponse:
+                   seq: Sequence, queue: asyncio.Queue[TokenTick], formatter: ResponseFormatter) -> web.StreamResponse:
     produced = 0
     while produced < plan.length:
         if state.faults.stalls_at(produced):
             await _stall(request, state, seq)
             return web.Response(status=499)
-        produced = await queue.get()
+        produced = (await queue.get()).produced
     text = "".join(token_text(plan.token_id(i), first=i == 0) for i in range(plan.length))
     return web.json_response(formatter.full_response(text, plan.finish_reason, parsed.prompt_tokens, plan.length))
 

@@ -1,5 +1,4 @@
-"""The trace format: schema, read/write/validate/slice, importers and exporters."""
+"""The trace format: schema, read/write/validate/slice (`model`), importers, exporters and statistics.
 
-from harness.trace.model import Trace
-
-__all__ = ["Trace"]
+Kept import-free so `replaybench --help` does not pay for pyarrow; use `harness.trace.model.Trace`.
+"""

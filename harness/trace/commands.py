@@ -8,9 +8,10 @@ from typing import Annotated
 import typer
 
 from harness.errors import UserError
+from harness.trace.exporters import EXPORT_FORMATS
+from harness.trace.importers import IMPORTERS
 
-IMPORT_FORMATS = ("azure", "burstgpt", "mooncake", "vllm-timed", "openai-jsonl")
-EXPORT_FORMATS = ("mooncake", "vllm-timed")
+IMPORT_FORMATS = tuple(IMPORTERS)
 
 
 def _choice(value: str, choices: tuple[str, ...], what: str) -> str:
@@ -33,15 +34,17 @@ def import_command(
     duration: Annotated[float | None, typer.Option(help="keep this many seconds from --start")] = None,
     limit: Annotated[int | None, typer.Option(help="keep at most this many requests")] = None,
     time_scale: Annotated[float, typer.Option(help="multiply arrival times (0.5 = twice the rate)")] = 1.0,
-    block_size: Annotated[int | None, typer.Option(
-        help="tokens per prefix block (mooncake: 512, vllm-timed: 16 by default)")] = None,
+    block_size: Annotated[
+        int | None, typer.Option(help="tokens per prefix block (mooncake: 512, vllm-timed: 16 by default)")
+    ] = None,
     id_prefix: Annotated[str | None, typer.Option(help="request id prefix (default: format + file name)")] = None,
 ) -> None:
     """Import a public or logged trace into the replaybench trace format (Parquet)."""
     from rich.console import Console
 
-    from harness.trace.importers import ImportOptions, import_trace
-    from harness.trace.stats import compute_stats
+    from harness.trace.importers import import_trace
+    from harness.trace.importers.common import ImportOptions
+    from harness.trace.stats import compute_stats, format_rate
 
     _choice(fmt, IMPORT_FORMATS, "import format")
     out = _require_output(out, "trace.parquet")
@@ -62,8 +65,10 @@ def import_command(
         console.print(f"  · {note}")
     if len(trace) != len(result.trace):
         console.print(f"  · kept {len(trace):,} of {len(result.trace):,} requests ({trace.metadata['slice']})")
-    console.print(f"  span {stats.span_s:,.1f} s · mean {stats.mean_rate:.3f} req/s · "
-                  f"peak minute {stats.peak_rate:.2f} req/s · failed {stats.failed:,}")
+    console.print(
+        f"  span {stats.span_s:,.1f} s · mean {format_rate(stats.mean_rate)} · "
+        f"peak minute {format_rate(stats.peak_rate)} · failed {stats.failed:,}"
+    )
     console.print(f"  next: replaybench inspect {out}")
 
 
@@ -75,15 +80,14 @@ def export_command(
     """Export a trace to another tool's format (Mooncake JSONL, vLLM timed_trace JSONL) to cross-check there."""
     from rich.console import Console
 
-    from harness.trace.exporters import EXPORT_FORMATS as FORMATS
-    from harness.trace.exporters import export_length_jsonl
+    from harness.trace.exporters import export_trace
     from harness.trace.model import Trace
 
     if fmt is None:
         raise UserError(f"no export format given; add --format with one of {', '.join(EXPORT_FORMATS)}")
     _choice(fmt, EXPORT_FORMATS, "export format")
     out = _require_output(out, "trace.jsonl")
-    result = export_length_jsonl(Trace.read(trace_path), out, FORMATS[fmt])
+    result = export_trace(Trace.read(trace_path), out, fmt)
     console = Console(soft_wrap=True)
     console.print(f"[bold]exported[/] {result.rows:,} requests from {trace_path} -> {result.path} ({fmt})")
     for note in result.notes:

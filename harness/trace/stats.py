@@ -116,21 +116,32 @@ def requests_per_window(arrivals: np.ndarray, window_s: float = MINUTE_S) -> np.
     return np.bincount(np.minimum(offsets // window_s, last_window).astype(np.int64))
 
 
+def format_rate(per_second: float) -> str:
+    """`5.530 req/s`, or n/a when every request arrives at the same instant."""
+    return "n/a (zero span)" if math.isnan(per_second) else f"{per_second:.3f} req/s"
+
+
 def summary_rows(stats: TraceStats) -> list[tuple[str, str]]:
     """(label, value) lines shared by the terminal table and the HTML page."""
+
     def lengths(s: LengthSummary) -> str:
         return f"mean {s.mean:,.0f} · p50 {s.p50:,.0f} · p90 {s.p90:,.0f} · p99 {s.p99:,.0f} · max {s.max:,}"
 
     cv = "n/a (fewer than 3 requests)" if stats.gap_cv is None else f"{stats.gap_cv:.2f} (1 = Poisson, > 1 bursty)"
-    reuse = "n/a (no prefix blocks)" if stats.prefix_reuse is None else (
-        f"{stats.prefix_reuse:.1%} of blocks seen before ({stats.block_size or '?'}-token blocks)")
+    reuse = (
+        "n/a (no prefix blocks)"
+        if stats.prefix_reuse is None
+        else (f"{stats.prefix_reuse:.1%} of blocks seen before ({stats.block_size or '?'}-token blocks)")
+    )
     rows = [
         ("source", stats.source),
         ("requests", f"{stats.rows:,}"),
         ("span", f"{stats.span_s:,.1f} s ({stats.span_s / MINUTE_S:,.1f} min)"),
-        ("mean rate", f"{stats.mean_rate:.3f} req/s"),
-        ("peak minute", f"{stats.peak_requests:,} requests in {stats.peak_window_s:,.0f} s "
-                        f"({stats.peak_rate:.2f} req/s)"),
+        ("mean rate", format_rate(stats.mean_rate)),
+        (
+            "peak minute",
+            f"{stats.peak_requests:,} requests in {stats.peak_window_s:,.0f} s ({format_rate(stats.peak_rate)})",
+        ),
         ("burstiness (CV of gaps)", cv),
         ("prompt tokens", lengths(stats.prompt)),
         ("output tokens", lengths(stats.output)),

@@ -19,7 +19,8 @@ Cache layout per slot (the vLLM state index of a sequence; ``slot`` rows below),
     ring_x      [slots, L, nheads, head_dim]            post-conv x  (model dtype; bf16 is lossless)
     ring_B      [slots, L, ngroups, d_state]            B            (model dtype)
     ring_dt     [slots, L, nheads]            fp32      softplus(dt + dt_bias)
-``ring_shapes`` gives these per-slot shapes/dtypes for the KV-cache spec.
+``ring_shapes`` gives these per-slot shapes/dtypes for the KV-cache spec; ``ReplayCache`` allocates dense
+ones (tests, benchmarks).
 
 Per-row metadata (int32 [batch] device tensors, CUDA-graph safe: kernels read them, never Python):
     state_indices  slot of each batch row; a row whose slot == pad_slot_id (or < 0) is padding:
@@ -38,17 +39,27 @@ PyTorch with the same signature):
     flush_ring(...)         fold flush_len entries into ssm_state (fp32 master) and refresh state_bf16.
     replay_decode_step(...) both, in the order a decode step needs (replay first, then flush).
     copy_state_to_bf16(...) refresh the bf16 copy of given slots (after prefill wrote the master).
+    decode_flush_len(write_pos, L) -> flush_len for a plain decode step (L where write_pos == L-1).
 """
 
 from replayssm_patch.kernels.decode_step import replay_decode_step, replay_decode_step_reference
 from replayssm_patch.kernels.flush import flush_ring, flush_ring_reference
-from replayssm_patch.kernels.layout import PAD_SLOT_ID, RingShapes, copy_state_to_bf16, ring_shapes
+from replayssm_patch.kernels.layout import (
+    PAD_SLOT_ID,
+    ReplayCache,
+    RingShapes,
+    copy_state_to_bf16,
+    decode_flush_len,
+    ring_shapes,
+)
 from replayssm_patch.kernels.replay_decode import replay_decode, replay_decode_reference
 
 __all__ = [
     "PAD_SLOT_ID",
+    "ReplayCache",
     "RingShapes",
     "copy_state_to_bf16",
+    "decode_flush_len",
     "flush_ring",
     "flush_ring_reference",
     "replay_decode",

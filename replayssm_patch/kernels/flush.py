@@ -75,14 +75,15 @@ def flush_ring(
     state_bf16: torch.Tensor | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
     block_p: int | None = None,
-    num_warps: int = 4,
+    num_warps: int = 8,
 ) -> None:
     """Fold ring entries [0, flush_len) of each row into ssm_state in place (and into state_bf16 if given).
 
     ssm_state [slots, nheads, head_dim, d_state] is the master (any float dtype; fp32 for split precision);
     flush_len int [batch]: 0 = leave the row alone. Padding rows are skipped. The ring itself is not
-    cleared: the caller restarts the row's write_pos at 0. ``block_p`` (default: all of head_dim, at
-    least 16 for tl.dot) and ``num_warps`` are GPU tuning knobs only.
+    cleared: the caller restarts the row's write_pos at 0. ``block_p`` (head_dim rows per program, default
+    16, at least 16 for tl.dot) and ``num_warps`` are GPU tuning knobs only; the fp32 FMA dot is register
+    hungry (ptxas: 16 x 8 warps fits in ~150 registers without spills, 64 x 4 warps spills).
     """
     check_launchable(ssm_state, ring_x)
     nheads, head_dim, d_state = ssm_state.shape[1:]
@@ -91,7 +92,7 @@ def flush_ring(
     batch = state_indices.shape[0]
     if batch == 0:
         return
-    BLOCK_P = block_size(head_dim, cap=block_p, floor=16)
+    BLOCK_P = block_size(head_dim, cap=block_p or 16, floor=16)
     copy = state_bf16 if state_bf16 is not None else ssm_state
     _flush_kernel[(batch, nheads, triton.cdiv(head_dim, BLOCK_P))](
         A, ssm_state, copy, ring_x, ring_B, ring_dt, state_indices, flush_len,
@@ -115,7 +116,7 @@ def flush_ring_reference(
     state_bf16: torch.Tensor | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
     block_p: int | None = None,
-    num_warps: int = 4,
+    num_warps: int = 8,
 ) -> None:
     """Plain-PyTorch twin of ``flush_ring`` (same arguments; block_p / num_warps are ignored), in fp32."""
     del block_p, num_warps

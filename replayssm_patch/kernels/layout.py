@@ -46,6 +46,57 @@ def ring_shapes(
     )
 
 
+@dataclass
+class ReplayCache:
+    """Dense ReplaySSM cache tensors of one layer for ``slots`` sequences (tests and benchmarks; inside vLLM
+    the same tensors are views into the KV-cache pages)."""
+
+    ssm_state: torch.Tensor  # [slots, nheads, head_dim, d_state] master checkpoint
+    ring_x: torch.Tensor  # [slots, L, nheads, head_dim]
+    ring_B: torch.Tensor  # [slots, L, ngroups, d_state]
+    ring_dt: torch.Tensor  # [slots, L, nheads] float32
+    state_bf16: torch.Tensor | None  # [slots, nheads, head_dim, d_state] bf16 copy, split precision only
+
+    @classmethod
+    def allocate(
+        cls,
+        slots: int,
+        spec: RingShapes,
+        *,
+        model_dtype: torch.dtype,
+        state_dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        ring_fill: float = 0.0,
+    ) -> ReplayCache:
+        """Zero checkpoints; rings filled with ``ring_fill`` (NaN simulates a reused slot's stale entries)."""
+        nheads, head_dim = spec.ring_x[1:]
+        d_state = spec.ring_B[2]
+        return cls(
+            ssm_state=torch.zeros(slots, nheads, head_dim, d_state, dtype=state_dtype, device=device),
+            ring_x=torch.full((slots, *spec.ring_x), ring_fill, dtype=model_dtype, device=device),
+            ring_B=torch.full((slots, *spec.ring_B), ring_fill, dtype=model_dtype, device=device),
+            ring_dt=torch.full((slots, *spec.ring_dt), ring_fill, dtype=spec.ring_dt_dtype, device=device),
+            state_bf16=None
+            if spec.state_bf16 is None
+            else torch.zeros(slots, *spec.state_bf16, dtype=spec.state_bf16_dtype, device=device),
+        )
+
+    def clone(self) -> ReplayCache:
+        copy = None if self.state_bf16 is None else self.state_bf16.clone()
+        return ReplayCache(self.ssm_state.clone(), self.ring_x.clone(), self.ring_B.clone(), self.ring_dt.clone(), copy)
+
+    def set_checkpoint(self, slots: torch.Tensor, state: torch.Tensor) -> None:
+        """Write checkpoints (as a prefill would) and their bf16 copies."""
+        self.ssm_state[slots.long()] = state.to(self.ssm_state.dtype)
+        if self.state_bf16 is not None:
+            self.state_bf16[slots.long()] = state.to(self.state_bf16.dtype)
+
+
+def decode_flush_len(write_pos: torch.Tensor, buffer_len: int) -> torch.Tensor:
+    """flush_len for a plain decode step: buffer_len where this step fills the ring (write_pos == L-1), else 0."""
+    return torch.where(write_pos == buffer_len - 1, buffer_len, 0).to(torch.int32)
+
+
 def _numel(shape: tuple[int, ...]) -> int:
     n = 1
     for dim in shape:

@@ -88,20 +88,23 @@ def _spoil_send_timing(path: Path, extra_lag_s: float) -> None:
 
 
 def test_invalid_and_missing_runs_are_excluded_and_named(tmp_path: Path) -> None:
-    run = make_run(tmp_path, itl_factor=0.8, repeats=6, seed=4)
+    run = make_run(tmp_path, itl_factor=0.8, repeats=7, seed=4)
     _spoil_send_timing(run.result("candidate", 2), 0.01)
     run.result("baseline", 4).unlink()
     attempts = json.loads(run.attempts_json.read_text())
     for attempt in attempts:
         if attempt["arm"] == "baseline" and attempt["repeat"] == 4:
             attempt.update(status="crashed", reason="server exited with code 137")
+        if attempt["arm"] == "candidate" and attempt["repeat"] == 5:  # last try kept as the result, but invalid
+            attempt.update(status="invalid", reason="p99 lag 9 ms", final=True)
     run.attempts_json.write_text(json.dumps(attempts))
 
     decision = analyse_run_dir(run.root).summary.decision
-    assert decision.repeats_used == [0, 1, 3, 5]
+    assert decision.repeats_used == [0, 1, 3, 6]
     excluded = {e.repeat: " ".join(e.reasons) for e in decision.excluded}
     assert "p99 send lag" in excluded[2] and excluded[2].startswith("candidate")
     assert "crashed" in excluded[4] and "137" in excluded[4]
+    assert excluded[5] == "candidate: invalid (p99 lag 9 ms)"
     assert decision.outcome is Outcome.KEEP
 
 

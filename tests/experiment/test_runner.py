@@ -11,8 +11,8 @@ import pytest
 from harness.errors import UserError
 from harness.experiment.config import ExperimentConfig, load_config, with_ports
 from harness.experiment.environment import collect_environment, write_environment
-from harness.experiment.runner import ExperimentRunner
 from harness.experiment.rundir import freeze_config, new_run_dir
+from harness.experiment.runner import ExperimentRunner
 from harness.records.result_io import read_results
 from harness.records.run_dir import RunDir
 from tests.conftest import stray_servers
@@ -66,12 +66,18 @@ def test_abba_run_directory(tmp_path: Path) -> None:
     assert stray_servers() == {}
 
 
-def test_simultaneous_arms_share_the_clock(tmp_path: Path) -> None:
-    config, run = start_run(tmp_path, order="simultaneous", repeats=1)
+def test_simultaneous_arms_share_the_clock_and_servers_can_stay_up(tmp_path: Path) -> None:
+    config, run = start_run(tmp_path, order="simultaneous", repeats=2, restart_per_repeat=False)
     ExperimentRunner(config, run).execute()
-    assert {(a["arm"], a["status"]) for a in attempts(run)} == {("baseline", "accepted"), ("candidate", "accepted")}
-    # both replays ran at the same time: their starts differ by far less than one replay lasts sequentially
-    assert abs(t0(run, "baseline", 0) - t0(run, "candidate", 0)) < 2.0
+    assert [(a["arm"], a["repeat"], a["status"]) for a in attempts(run)] == [
+        ("baseline", 0, "accepted"), ("candidate", 0, "accepted"),
+        ("baseline", 1, "accepted"), ("candidate", 1, "accepted")]
+    for repeat in (0, 1):
+        # both replays ran at the same time: their starts differ by far less than one replay lasts
+        assert abs(t0(run, "baseline", repeat) - t0(run, "candidate", repeat)) < 2.0
+    # restart_per_repeat = false: each server was started once and served both repeats
+    assert sorted(p.name for p in (run.root / "servers").iterdir()) == ["baseline-r0.log", "candidate-r0.log"]
+    assert stray_servers() == {}
 
 
 def test_crashed_server_is_retried_and_every_attempt_kept(tmp_path: Path) -> None:
@@ -90,7 +96,8 @@ def test_crashed_server_is_retried_and_every_attempt_kept(tmp_path: Path) -> Non
     write_environment(run.env_json, collect_environment(config, ["test"]))
     ExperimentRunner(config, run).execute()
     candidate = [a for a in attempts(run) if a["arm"] == "candidate"]
-    assert [(a["attempt"], a["status"], a["final"]) for a in candidate] == [(1, "crashed", False), (2, "accepted", True)]
+    assert [(a["attempt"], a["status"], a["final"]) for a in candidate] == [
+        (1, "crashed", False), (2, "accepted", True)]
     assert "server exited with code" in str(candidate[0]["reason"])
     assert (run.root / "attempts/candidate-r0-a1.parquet").exists()  # the crashed attempt's rows are kept
     crashed, _ = read_results(run.root / "attempts/candidate-r0-a1.parquet")

@@ -100,3 +100,12 @@ def test_body_observer_gives_up_past_its_cap() -> None:
     observer.feed(b'{"usage": {"prompt_tokens": 3}}', 0.0)
     observer.close(0.0)
     assert observer.outcome.prompt_tokens is None
+
+
+def test_text_that_looks_like_sse_inside_json_is_left_alone() -> None:
+    chunk = {"choices": [{"index": 0, "text": "data: x\n\ndata: y", "finish_reason": None}], "usage": None}
+    stream = b"event: message\ndata: " + json.dumps(chunk).encode() + b"\n\n"
+    observer = SseObserver(strip_usage=True)
+    out = _run(observer, stream, 3)
+    expected = {k: v for k, v in chunk.items() if k != "usage"}
+    assert out == b"event: message\ndata: " + json.dumps(expected).encode() + b"\n\n"

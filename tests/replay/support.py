@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +14,10 @@ import pyarrow as pa
 from harness.records.result_io import read_results
 from harness.replay import ReplayOptions, ReplayOutcome, run_replay
 from harness.trace.model import Trace
+from tests.support.openai_server import REPO_ROOT
 
 FAST = {"request_timeout_s": 10.0, "read_timeout_s": 2.0}
+CLI = [sys.executable, "-c", "import sys; from harness.cli import app; sys.argv[0] = 'replaybench'; app()"]
 
 
 def make_trace(n: int = 6, gap_s: float = 0.02, api: str = "completions", prompt_tokens: int = 12,
@@ -35,3 +40,15 @@ def replay(trace: Trace, url: str, out: Path, **options: Any) -> tuple[ReplayOut
 
 def rows_by_id(table: pa.Table) -> dict[str, dict[str, Any]]:
     return {row["request_id"]: row for row in table.to_pylist()}
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """Run the real `replaybench` command line (exit codes and stderr are what a user sees)."""
+    return subprocess.run([*CLI, *map(str, args)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+
+
+def free_port_without_listener() -> int:
+    """A loopback port nobody listens on (connections to it are refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

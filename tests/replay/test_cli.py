@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness.records.result_io import read_results
-from tests.replay.support import make_trace
-from tests.replay.test_replay_results import free_port_without_listener
-from tests.support.openai_server import REPO_ROOT
-
-CLI = [sys.executable, "-c", "import sys; from harness.cli import app; sys.argv[0] = 'replaybench'; app()"]
-
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *map(str, args)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+from tests.replay.support import cli, free_port_without_listener, make_trace
 
 
 def test_replay_writes_results_and_prints_a_summary(ok_url: str, tmp_path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from harness.errors import UserError
 from harness.records.result_schema import META_ARM, META_COMPLETE, META_REPEAT, META_URL, RESULT_SCHEMA
 from harness.replay.result_row import ResultRow
-from tests.replay.support import make_trace, replay
+from tests.replay.support import free_port_without_listener, make_trace, replay
 from tests.support.openai_server import upstream
 
 
@@ -115,12 +114,6 @@ def test_slow_first_token_shows_in_ttft(tmp_path: Path) -> None:
     row = table.to_pylist()[0]
     assert row["error"] is None and row["ttft_s"] >= 0.3
     assert row["token_times"][-1] - row["token_times"][0] < row["ttft_s"]
-
-
-def free_port_without_listener() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_unreachable_server_is_one_clear_error(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from harness.records.result_io import read_results
 from harness.records.result_schema import META_COMPLETE
-from tests.replay.support import make_trace, replay
+from tests.replay.support import CLI, cli, make_trace, replay
 from tests.support.openai_server import REPO_ROOT, stop_process_group, upstream
 
 
@@ -35,13 +34,6 @@ def test_inflight_cap_queues_and_reports_client_queue(tmp_path: Path) -> None:
     assert (second["error"], second["sent_s"], second["status"]) == ("client_queue", None, None)
     assert outcome.errors == {"client_queue": 1}
     assert not outcome.fidelity.valid and outcome.fidelity.client_queue_errors == 1
-
-
-CLI = [sys.executable, "-c", "import sys; from harness.cli import app; sys.argv[0] = 'replaybench'; app()"]
-
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *map(str, args)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
 
 
 def start_cli_replay(trace_path: Path, url: str, out: Path) -> subprocess.Popen[bytes]:

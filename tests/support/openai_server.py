@@ -26,7 +26,8 @@ default 2), --fault-every N (fault only requests whose arrival number is a multi
 --natural-len N, --log FILE (JSONL, one line per generation request: `seq`, `path`, `recv_mono_ns`
 (time.monotonic_ns at handler entry; CLOCK_MONOTONIC is system-wide on Linux, so it is directly
 comparable with a client's time.monotonic on the same host), `recv_real_ns` (time.time_ns), `body` (the raw
-request body, decoded as UTF-8)).
+request body, decoded as UTF-8)), --procs N (N processes accept on one socket, for load benchmarks; fault
+counting (--fault-every, `seq`) is then per process).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -45,7 +47,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -103,7 +105,7 @@ def output_length(body: dict[str, Any], natural_len: int) -> tuple[int, str]:
 class Upstream:
     """Request handlers plus the JSONL request log."""
 
-    def __init__(self, behaviour: Behaviour, log: IO[str] | None) -> None:
+    def __init__(self, behaviour: Behaviour, log: int | None) -> None:
         self.behaviour = behaviour
         self.log = log
         self.seq = 0
@@ -116,10 +118,10 @@ class Upstream:
         seq = self.seq
         self.seq += 1
         raw = await request.read()
-        if self.log is not None:
-            self.log.write(json.dumps({"seq": seq, "path": request.path, "recv_mono_ns": recv_mono_ns,
-                                       "recv_real_ns": recv_real_ns, "body": raw.decode("utf-8")}) + "\n")
-            self.log.flush()
+        if self.log is not None:  # one O_APPEND write per line: whole lines even with --procs > 1
+            line = json.dumps({"seq": seq, "path": request.path, "recv_mono_ns": recv_mono_ns,
+                               "recv_real_ns": recv_real_ns, "body": raw.decode("utf-8")}) + "\n"
+            os.write(self.log, line.encode())
         try:
             body = json.loads(raw)
         except ValueError:
@@ -218,22 +220,22 @@ def build_app(upstream_: Upstream) -> web.Application:
     return app
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(args: argparse.Namespace, sock: socket.socket, primary: bool) -> None:
     behaviour = Behaviour(mode=args.mode, fault_after=args.fault_after, fault_every=args.fault_every,
                           token_delay=args.token_delay, first_token_delay=args.first_token_delay,
                           natural_len=args.natural_len)
-    log = open(args.log, "a", encoding="utf-8") if args.log else None  # noqa: SIM115 - lives as long as the server
+    log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if args.log else None
     runner = web.AppRunner(build_app(Upstream(behaviour, log)), access_log=None, handle_signals=False,
                            shutdown_timeout=0.5)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=4096)
-    await site.start()
-    port = runner.addresses[0][1]
-    if args.port_file:
+    await web.SockSite(runner, sock).start()
+    port = sock.getsockname()[1]
+    if primary and args.port_file:
         tmp = Path(f"{args.port_file}.tmp")
         tmp.write_text(str(port))
         tmp.replace(args.port_file)
-    print(f"listening on http://127.0.0.1:{port}", flush=True)
+    if primary:
+        print(f"listening on http://127.0.0.1:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -241,7 +243,22 @@ async def serve(args: argparse.Namespace) -> None:
     await stop.wait()
     await runner.cleanup()
     if log is not None:
-        log.close()
+        os.close(log)
+
+
+def main(args: argparse.Namespace) -> None:
+    """Bind once, then fork `--procs - 1` more server processes that accept on the same socket."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", args.port))
+    sock.listen(4096)
+    sock.setblocking(False)
+    primary = True
+    for _ in range(args.procs - 1):
+        if os.fork() == 0:
+            primary = False
+            break
+    asyncio.run(serve(args, sock, primary))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -255,20 +272,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--first-token-delay", type=float, default=0.0)
     parser.add_argument("--natural-len", type=int, default=8)
     parser.add_argument("--log")
+    parser.add_argument("--procs", type=int, default=1)
     return parser.parse_args(argv)
 
 
 @contextlib.contextmanager
 def upstream(mode: str = "ok", *, log: str | os.PathLike[str] | None = None, token_delay: float = 0.0,
              first_token_delay: float = 0.0, fault_after: int = 2, fault_every: int = 1, natural_len: int = 8,
-             start_timeout_s: float = 30.0) -> Iterator[str]:
+             procs: int = 1, start_timeout_s: float = 30.0) -> Iterator[str]:
     """Start the upstream in its own process group; yield its base URL; always stop it (TERM, then KILL)."""
     with tempfile.TemporaryDirectory(prefix="rb-upstream-") as tmp:
         port_file = Path(tmp) / "port"
         cmd = [sys.executable, "-m", "tests.support.openai_server", "--port", "0", "--port-file", str(port_file),
                "--mode", mode, "--token-delay", str(token_delay), "--first-token-delay", str(first_token_delay),
                "--fault-after", str(fault_after), "--fault-every", str(fault_every),
-               "--natural-len", str(natural_len)]
+               "--natural-len", str(natural_len), "--procs", str(procs)]
         if log is not None:
             cmd += ["--log", str(log)]
         env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
@@ -308,4 +326,4 @@ def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(parse_args()))
+    main(parse_args())

@@ -26,5 +26,11 @@ def write_jsonl(path: Path, objects: list[dict]) -> Path:
 def replaybench(*args: str | Path, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     """Run the real `replaybench` command line in a subprocess (so exit codes and stderr are the user's)."""
     code = "import sys; from harness.cli import app; sys.argv[0] = 'replaybench'; app()"
-    return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )

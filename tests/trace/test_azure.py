@@ -46,8 +46,15 @@ def test_conv_trace_has_the_documented_shape():
 
 
 def test_unsorted_rows_are_sorted_and_keep_their_source_row_ids(tmp_path):
-    src = write_lines(tmp_path / "t.csv", [HEADER, "2024-01-01 00:00:02.5000000,10,1",
-                                          "2024-01-01 00:00:01.0000000,20,2", "2024-01-01 00:00:03.0000000,30,3"])
+    src = write_lines(
+        tmp_path / "t.csv",
+        [
+            HEADER,
+            "2024-01-01 00:00:02.5000000,10,1",
+            "2024-01-01 00:00:01.0000000,20,2",
+            "2024-01-01 00:00:03.0000000,30,3",
+        ],
+    )
     result = import_trace("azure", src)
     table = result.trace.table
     assert table.column("request_id").to_pylist() == ["azure-t-000001", "azure-t-000000", "azure-t-000002"]
@@ -56,9 +63,22 @@ def test_unsorted_rows_are_sorted_and_keep_their_source_row_ids(tmp_path):
     assert result.reordered_rows == 2
 
 
+def test_bom_crlf_and_padded_header_are_accepted(tmp_path):
+    src = tmp_path / "t.csv"
+    src.write_bytes(
+        b"\xef\xbb\xbfTIMESTAMP, ContextTokens, GeneratedTokens\r\n"
+        b"2023-11-16 18:15:46.6805900, 3, 4\r\n2023-11-16 18:15:47.1805900,5,6\r\n"
+    )
+    trace = import_trace("azure", src).trace
+    assert trace.table.column("prompt_tokens").to_pylist() == [3, 5]
+    assert trace.arrivals.to_pylist() == [0.0, 0.5]
+
+
 def test_utc_offset_timestamps_of_the_2024_release_parse(tmp_path):
-    src = write_lines(tmp_path / "AzureLLMInferenceTrace_code_1week.csv",
-                      [HEADER, "2024-05-10 00:00:00.009453+00:00,5,6", "2024-05-10 00:00:01.509453+00:00,7,8"])
+    src = write_lines(
+        tmp_path / "AzureLLMInferenceTrace_code_1week.csv",
+        [HEADER, "2024-05-10 00:00:00.009453+00:00,5,6", "2024-05-10 00:00:01.509453+00:00,7,8"],
+    )
     trace = import_trace("azure", src).trace
     assert trace.arrivals.to_pylist() == [0.0, 1.5]
     assert trace.table.column("request_id")[0].as_py() == "azure-code-1week-000000"
@@ -68,17 +88,22 @@ def test_utc_offset_timestamps_of_the_2024_release_parse(tmp_path):
     ("lines", "expected"),
     [
         ([HEADER, "2023-11-16 18:15:46.6805900,1,2", "yesterday,3,4"], "TIMESTAMP has 'yesterday' at data row 2"),
-        ([HEADER, "2023-11-16 18:15:46.6805900,1,2", "2023-11-16 18:15:47.0,x,4"],
-         "ContextTokens has 'x' at data row 2"),
+        (
+            [HEADER, "2023-11-16 18:15:46.6805900,1,2", "2023-11-16 18:15:47.0,x,4"],
+            "ContextTokens has 'x' at data row 2",
+        ),
         ([HEADER, "2023-11-16 18:15:46.6805900,1,-2"], "GeneratedTokens is -2 at data row 1"),
         ([HEADER, "2023-11-16 18:15:46.6805900,1,"], "GeneratedTokens is empty at data row 1"),
-        (["TIMESTAMP,Context,GeneratedTokens", "2023-11-16 18:15:46.6805900,1,2"],
-         "missing column(s) ContextTokens (found: TIMESTAMP, Context, GeneratedTokens)"),
+        (
+            ["TIMESTAMP,Context,GeneratedTokens", "2023-11-16 18:15:46.6805900,1,2"],
+            "missing column(s) ContextTokens (found: TIMESTAMP, Context, GeneratedTokens)",
+        ),
         ([HEADER], "header but no rows"),
         ([HEADER, "2023-11-16 18:15:46.6805900,1"], "not a well-formed CSV"),
         ([HEADER, "2023-11-16 18:15:46.6805900,1,99999999999"], "between 0 and 2147483647"),
+        ([HEADER + ",GeneratedTokens", "2023-11-16 18:15:46.6805900,1,2,3"], "GeneratedTokens appear more than once"),
     ],
-    ids=["timestamp", "tokens-text", "negative", "empty-cell", "column", "header-only", "ragged", "overflow"],
+    ids=["timestamp", "tokens-text", "negative", "empty-cell", "column", "header-only", "ragged", "overflow", "twice"],
 )
 def test_malformed_azure_csv_is_one_clear_user_error(tmp_path, lines, expected):
     src = write_lines(tmp_path / "bad.csv", lines)
@@ -93,7 +118,11 @@ def test_missing_empty_directory_and_binary_sources_are_user_errors(tmp_path):
     empty.touch()
     binary = tmp_path / "binary.csv"
     binary.write_bytes(b"\xff\xfe\x00TIMESTAMP\x00\n\x81\x82")
-    for src, expected in [(tmp_path / "nope.csv", "no such file"), (empty, "the file is empty"),
-                          (tmp_path, "is a directory"), (binary, "not a UTF-8")]:
+    for src, expected in [
+        (tmp_path / "nope.csv", "no such file"),
+        (empty, "the file is empty"),
+        (tmp_path, "is a directory"),
+        (binary, "not a UTF-8"),
+    ]:
         with pytest.raises(UserError, match=expected):
             import_trace("azure", src)

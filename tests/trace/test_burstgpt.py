@@ -39,12 +39,15 @@ def test_real_slice_keeps_failed_rows_marked_and_counted():
 
 
 def test_v12_columns_fill_session_and_elapsed_time(tmp_path):
-    src = write_lines(tmp_path / "BurstGPT_v1.2.csv", [
-        V12_HEADER,
-        "100,sess-a,3.5,ChatGPT,10,20,30,Conversation log",
-        "101.25,sess-a,,GPT-4,11,0,11,API log",
-        "103,sess-b,1.25,ChatGPT,12,22,34,Conversation log",
-    ])
+    src = write_lines(
+        tmp_path / "BurstGPT_v1.2.csv",
+        [
+            V12_HEADER,
+            "100,sess-a,3.5,ChatGPT,10,20,30,Conversation log",
+            "101.25,sess-a,,GPT-4,11,0,11,API log",
+            "103,sess-b,1.25,ChatGPT,12,22,34,Conversation log",
+        ],
+    )
     result = import_trace("burstgpt", src)
     table = result.trace.table
     assert table.column("session_id").to_pylist() == ["sess-a", "sess-a", "sess-b"]

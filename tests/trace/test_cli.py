@@ -34,8 +34,21 @@ def test_import_writes_a_valid_trace_and_summarises(tmp_path):
 
 def test_import_slice_options(tmp_path):
     out = tmp_path / "slice.parquet"
-    result = replaybench("import", "azure", AZURE_CONV, "-o", out, "--start", "60", "--duration", "120",
-                         "--limit", "500", "--time-scale", "0.5")
+    result = replaybench(
+        "import",
+        "azure",
+        AZURE_CONV,
+        "-o",
+        out,
+        "--start",
+        "60",
+        "--duration",
+        "120",
+        "--limit",
+        "500",
+        "--time-scale",
+        "0.5",
+    )
     assert result.returncode == 0, result.stderr
     trace = Trace.read(out)
     full = import_trace("azure", AZURE_CONV).trace.arrivals.to_numpy()
@@ -85,8 +98,17 @@ def test_inspect_prints_the_load_and_writes_a_self_contained_page(tmp_path):
     page = tmp_path / "inspect.html"
     result = replaybench("inspect", trace, "--html", page)
     assert result.returncode == 0, result.stderr
-    for expected in ("requests", "400", "burstiness (CV of gaps)", "4.56", "recorded as failed", "17",
-                     "sessions / tenants / models", "redaction: drop", "peak minute"):
+    for expected in (
+        "requests",
+        "400",
+        "burstiness (CV of gaps)",
+        "4.56",
+        "recorded as failed",
+        "17",
+        "sessions / tenants / models",
+        "redaction: drop",
+        "peak minute",
+    ):
         assert expected in result.stdout
     html = page.read_text()
     assert html.count("data:image/png;base64,") == 3
@@ -116,7 +138,8 @@ def test_export_then_import_through_the_command_line(tmp_path):
 def test_bad_export_arguments_are_one_error_line(tmp_path):
     trace = tmp_path / "burst.parquet"
     assert replaybench("import", "burstgpt", BURSTGPT, "-o", trace).returncode == 0
-    assert_one_line_error(replaybench("export", trace, "--format", "csv", "-o", tmp_path / "x"),
-                          "unknown export format 'csv'")
+    assert_one_line_error(
+        replaybench("export", trace, "--format", "csv", "-o", tmp_path / "x"), "unknown export format 'csv'"
+    )
     assert_one_line_error(replaybench("export", trace, "-o", tmp_path / "x"), "no export format given")
     assert_one_line_error(replaybench("export", trace, "--format", "mooncake"), "no output file given")

@@ -6,7 +6,8 @@ import pytest
 
 from harness.errors import UserError
 from harness.records.trace_schema import META_BLOCK_SIZE, META_REDACTION
-from harness.trace.importers import ImportOptions, import_trace
+from harness.trace.importers import import_trace
+from harness.trace.importers.common import ImportOptions
 from tests.trace.support import write_jsonl, write_lines
 
 MOONCAKE_ROWS = [
@@ -30,8 +31,10 @@ def test_mooncake_milliseconds_blocks_and_block_size(tmp_path):
 
 
 def test_vllm_timed_seconds_default_16_token_blocks_and_override(tmp_path):
-    rows = [{"timestamp": 2.0, "input_length": 40, "output_length": 7, "hash_ids": [1, 2, 3]},
-            {"timestamp": 3.25, "input_length": 32.0, "output_length": 9}]
+    rows = [
+        {"timestamp": 2.0, "input_length": 40, "output_length": 7, "hash_ids": [1, 2, 3]},
+        {"timestamp": 3.25, "input_length": 32.0, "output_length": 9},
+    ]
     src = write_jsonl(tmp_path / "timed.jsonl", rows)
     trace = import_trace("vllm-timed", src).trace
     assert trace.arrivals.to_pylist() == [0.0, 1.25]
@@ -42,8 +45,9 @@ def test_vllm_timed_seconds_default_16_token_blocks_and_override(tmp_path):
 
 
 def test_unsigned_64_bit_block_hashes_keep_their_bits(tmp_path):
-    src = write_jsonl(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 16, "output_length": 1,
-                                              "hash_ids": [2**64 - 1, 5]}])
+    src = write_jsonl(
+        tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 16, "output_length": 1, "hash_ids": [2**64 - 1, 5]}]
+    )
     assert import_trace("vllm-timed", src).trace.table.column("prefix_block_ids").to_pylist() == [[-1, 5]]
 
 
@@ -51,7 +55,7 @@ def test_unsigned_64_bit_block_hashes_keep_their_bits(tmp_path):
     ("lines", "expected"),
     [
         (['{"timestamp": 0, "input_length": 1, "output_length": 1}', "{oops"], "t.jsonl:2: not valid JSON"),
-        (['[1, 2, 3]'], "t.jsonl:1: expected a JSON object, got list"),
+        (["[1, 2, 3]"], "t.jsonl:1: expected a JSON object, got list"),
         (['{"timestamp": 0, "output_length": 1}'], "missing field 'input_length'"),
         (['{"timestamp": "soon", "input_length": 1, "output_length": 1}'], "field 'timestamp' is 'soon'"),
         (['{"timestamp": 0, "input_length": -1, "output_length": 1}'], "field 'input_length' is -1"),

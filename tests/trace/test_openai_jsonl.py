@@ -11,11 +11,26 @@ from harness.records.trace_schema import META_REDACTION, META_TOKENIZER
 from harness.trace.importers import import_trace
 from tests.trace.support import write_jsonl
 
-CHAT = {"timestamp": "2024-05-10T12:00:01.5Z", "url": "/v1/chat/completions", "session_id": "s1",
-        "body": {"model": "m1", "messages": [{"role": "user", "content": "hi there"}], "temperature": 0.2,
-                 "max_tokens": 50}}
-COMPLETION = {"timestamp": "2024-05-10T12:00:00Z", "model": "m2", "prompt": "Once upon a time", "max_tokens": 20,
-              "stop": ["\n"], "usage": {"prompt_tokens": 4, "completion_tokens": 17}, "tenant": "acme"}
+CHAT = {
+    "timestamp": "2024-05-10T12:00:01.5Z",
+    "url": "/v1/chat/completions",
+    "session_id": "s1",
+    "body": {
+        "model": "m1",
+        "messages": [{"role": "user", "content": "hi there"}],
+        "temperature": 0.2,
+        "max_tokens": 50,
+    },
+}
+COMPLETION = {
+    "timestamp": "2024-05-10T12:00:00Z",
+    "model": "m2",
+    "prompt": "Once upon a time",
+    "max_tokens": 20,
+    "stop": ["\n"],
+    "usage": {"prompt_tokens": 4, "completion_tokens": 17},
+    "tenant": "acme",
+}
 
 
 def test_both_line_shapes_keep_text_model_params_and_counts(tmp_path):
@@ -37,8 +52,10 @@ def test_both_line_shapes_keep_text_model_params_and_counts(tmp_path):
 
 
 def test_numeric_timestamps_and_explicit_counts(tmp_path):
-    lines = [{"timestamp": 1700000000.25, "prompt": "a", "prompt_tokens": 3, "output_tokens": 4},
-             {"timestamp": 1700000001.0, "body": {"prompt": ["b"], "max_completion_tokens": 9}}]
+    lines = [
+        {"timestamp": 1700000000.25, "prompt": "a", "prompt_tokens": 3, "output_tokens": 4},
+        {"timestamp": 1700000001.0, "body": {"prompt": ["b"], "max_completion_tokens": 9}},
+    ]
     trace = import_trace("openai-jsonl", write_jsonl(tmp_path / "log.jsonl", lines)).trace
     assert trace.arrivals.to_pylist() == [0.0, 0.75]
     assert trace.table.column("output_tokens").to_pylist() == [4, 9]
@@ -67,8 +84,17 @@ def test_malformed_request_log_is_one_clear_user_error(tmp_path, line, expected)
     assert "log.jsonl:1:" in str(caught.value)
 
 
+def test_unpaired_surrogate_escape_is_a_user_error(tmp_path):
+    src = tmp_path / "log.jsonl"
+    src.write_text('{"timestamp": 0, "prompt": "a\\ud800b", "max_tokens": 3}\n')
+    with pytest.raises(UserError, match=r"log\.jsonl:1: the text holds an unpaired UTF-16 surrogate"):
+        import_trace("openai-jsonl", src)
+
+
 def test_mixed_timestamp_forms_are_rejected(tmp_path):
-    lines = [{"timestamp": 0, "prompt": "a", "max_tokens": 1}, {"timestamp": "2024-01-01T00:00:00", "prompt": "b",
-                                                                  "max_tokens": 1}]
+    lines = [
+        {"timestamp": 0, "prompt": "a", "max_tokens": 1},
+        {"timestamp": "2024-01-01T00:00:00", "prompt": "b", "max_tokens": 1},
+    ]
     with pytest.raises(UserError, match="mix numbers and ISO-8601"):
         import_trace("openai-jsonl", write_jsonl(tmp_path / "log.jsonl", lines))

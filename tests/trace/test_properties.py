@@ -45,13 +45,16 @@ def test_random_azure_rows_round_trip(rows):
 
 
 length_rows = st.lists(
-    st.fixed_dictionaries({
-        "timestamp": st.integers(min_value=0, max_value=10**9),
-        "input_length": tokens,
-        "output_length": tokens,
-        "hash_ids": st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=6),
-    }),
-    min_size=1, max_size=30,
+    st.fixed_dictionaries(
+        {
+            "timestamp": st.integers(min_value=0, max_value=10**9),
+            "input_length": tokens,
+            "output_length": tokens,
+            "hash_ids": st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=6),
+        }
+    ),
+    min_size=1,
+    max_size=30,
 )
 
 
@@ -68,17 +71,27 @@ def test_random_mooncake_rows_round_trip(rows):
     assert trace.arrivals.to_pylist() == [(r["timestamp"] - first) / 1000 for r in ordered]
 
 
+# any character, unpaired surrogates included (JSON can escape them in)
+short_text = st.text(alphabet=st.characters(exclude_categories=()), max_size=8)
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | short_text,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(short_text, children, max_size=4),
     max_leaves=12,
 )
 near_valid_objects = st.fixed_dictionaries(
     {},
     optional={
-        "timestamp": json_values, "input_length": json_values, "output_length": json_values,
-        "hash_ids": json_values, "prompt": json_values, "messages": json_values, "max_tokens": json_values,
-        "body": json_values, "usage": json_values, "url": json_values, "model": json_values,
+        "timestamp": json_values,
+        "input_length": json_values,
+        "output_length": json_values,
+        "hash_ids": json_values,
+        "prompt": json_values,
+        "messages": json_values,
+        "max_tokens": json_values,
+        "body": json_values,
+        "usage": json_values,
+        "url": json_values,
+        "model": json_values,
     },
 )
 
@@ -97,8 +110,9 @@ def test_random_bytes_never_raise_anything_but_user_error(fmt, data):
 
 
 @SETTINGS
-@given(st.sampled_from(["mooncake", "vllm-timed", "openai-jsonl"]),
-       st.lists(near_valid_objects, min_size=1, max_size=4))
+@given(
+    st.sampled_from(["mooncake", "vllm-timed", "openai-jsonl"]), st.lists(near_valid_objects, min_size=1, max_size=4)
+)
 def test_random_json_objects_never_raise_anything_but_user_error(fmt, objects):
     only_user_errors(fmt, "objects.jsonl", "\n".join(json.dumps(o) for o in objects).encode())
 
@@ -109,7 +123,75 @@ csv_cells = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\r
 @SETTINGS
 @given(st.sampled_from(["azure", "burstgpt"]), st.lists(st.lists(csv_cells, min_size=1, max_size=8), max_size=5))
 def test_random_csv_bodies_under_a_valid_header_never_raise_anything_but_user_error(fmt, rows):
-    header = ("TIMESTAMP,ContextTokens,GeneratedTokens" if fmt == "azure"
-              else "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type")
+    header = (
+        "TIMESTAMP,ContextTokens,GeneratedTokens"
+        if fmt == "azure"
+        else "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type"
+    )
     body = "\n".join([header, *(",".join(r) for r in rows)])
     only_user_errors(fmt, "cells.csv", body.encode())
+
+
+@SETTINGS
+@given(
+    st.sampled_from(["azure", "burstgpt"]),
+    st.lists(st.lists(csv_cells, min_size=1, max_size=4), min_size=1, max_size=4),
+)
+def test_random_csv_headers_and_bodies_never_raise_anything_but_user_error(fmt, rows):
+    only_user_errors(fmt, "any.csv", "\n".join(",".join(r) for r in rows).encode())
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(st.integers(min_value=0, max_value=10**8), tokens, tokens, st.sampled_from(["ChatGPT", "GPT-4"])),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_random_burstgpt_rows_round_trip(rows):
+    lines = ["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"]
+    lines += [f"{t},{model},{p},{o},{p + o},API log" for t, p, o, model in rows]
+    result = in_temp_file("b.csv", "\n".join(lines).encode(), lambda p: import_trace("burstgpt", p))
+    order = np.argsort([r[0] for r in rows], kind="stable")
+    ordered = [rows[i] for i in order]
+    table = result.trace.table
+    assert table.column("output_tokens").to_pylist() == [r[2] for r in ordered]
+    assert table.column("model").to_pylist() == [r[3] for r in ordered]
+    assert result.trace.arrivals.to_pylist() == [float(r[0] - ordered[0][0]) for r in ordered]
+    assert result.failed_rows == sum(r[2] == 0 for r in rows)
+
+
+request_text = st.text(max_size=40)
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(min_value=0, max_value=1e9, allow_nan=False),
+            st.booleans(),
+            request_text,
+            st.integers(min_value=0, max_value=4096),
+            st.floats(min_value=0, max_value=2, allow_nan=False),
+        ),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_random_openai_requests_round_trip(requests):
+    lines = []
+    for stamp, chat, text, max_tokens, temperature in requests:
+        body = {"model": "m", "max_tokens": max_tokens, "temperature": temperature}
+        body |= {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
+        lines.append(json.dumps({"timestamp": stamp, "body": body}))
+    trace = in_temp_file("o.jsonl", "\n".join(lines).encode(), lambda p: import_trace("openai-jsonl", p).trace)
+    order = np.argsort([r[0] for r in requests], kind="stable")
+    rows = trace.table.to_pylist()
+    for row, i in zip(rows, order, strict=True):
+        stamp, chat, text, max_tokens, temperature = requests[i]
+        assert row["api"] == ("chat" if chat else "completions")
+        content = json.loads(row["messages"])[0]["content"] if chat else row["prompt"]
+        assert content == text
+        assert row["output_tokens"] == max_tokens
+        assert json.loads(row["params"]) == {"max_tokens": max_tokens, "temperature": temperature}

@@ -16,8 +16,14 @@ from tests.trace.test_length_jsonl import MOONCAKE_ROWS
 
 def trace_with(arrivals, **columns):
     n = len(arrivals)
-    base = {"request_id": [f"r{i}" for i in range(n)], "arrival_s": arrivals, "api": ["completions"] * n,
-            "prompt_tokens": [100] * n, "output_tokens": [10] * n, "params": ["{}"] * n}
+    base = {
+        "request_id": [f"r{i}" for i in range(n)],
+        "arrival_s": arrivals,
+        "api": ["completions"] * n,
+        "prompt_tokens": [100] * n,
+        "output_tokens": [10] * n,
+        "params": ["{}"] * n,
+    }
     return Trace.from_columns(base | columns, {})
 
 
@@ -46,9 +52,14 @@ def test_short_trace_peak_uses_its_own_span():
 
 
 def test_sessions_tenants_failures_and_text_are_counted():
-    trace = trace_with([0.0, 1.0, 2.0, 3.0], session_id=["a", "a", "b", None], tenant=["t", None, None, None],
-                       prompt=["hi", None, None, None], status=[200, 503, None, None],
-                       finish_reason=[None, None, "error", "stop"])
+    trace = trace_with(
+        [0.0, 1.0, 2.0, 3.0],
+        session_id=["a", "a", "b", None],
+        tenant=["t", None, None, None],
+        prompt=["hi", None, None, None],
+        status=[200, 503, None, None],
+        finish_reason=[None, None, "error", "stop"],
+    )
     stats = compute_stats(trace)
     assert (stats.sessions, stats.tenants, stats.with_text, stats.failed) == (2, 1, 1, 2)
 

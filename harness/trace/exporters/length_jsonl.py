@@ -75,13 +75,18 @@ def export_length_jsonl(trace: Trace, path: Path, fmt: LengthJsonlFormat) -> Exp
         raise UserError(f"{path}: cannot write the export ({exc.strerror}); choose a writable path") from None
     result = ExportResult(path, len(trace), block_size, synthesised)
     if synthesised:
-        result.notes.append(f"{synthesised:,} request(s) had no prefix blocks: gave them unique blocks of "
-                            f"{block_size} tokens so consumers build prompts of the recorded length")
+        result.notes.append(
+            f"{synthesised:,} request(s) had no prefix blocks: gave them unique blocks of "
+            f"{block_size} tokens so consumers build prompts of the recorded length"
+        )
     if block_size != fmt.default_block_size:
-        result.notes.append(f"blocks are {block_size} tokens, not the format's usual {fmt.default_block_size}: "
-                            f"import back with --block-size {block_size}")
+        result.notes.append(
+            f"blocks are {block_size} tokens, not the format's usual {fmt.default_block_size}: "
+            f"import back with --block-size {block_size}"
+        )
     result.notes.append(
         f"replay with vLLM: vllm bench serve --dataset-name timed_trace --dataset-path {path} "
         f"--num-prompts {len(trace)} --self-timed --ignore-eos --timed-trace-chunk-hash-size {block_size} "
-        f"--timed-trace-sec-multiplier {1 / fmt.units_per_second:g}")
+        f"--timed-trace-sec-multiplier {1 / fmt.units_per_second:g}"
+    )
     return result

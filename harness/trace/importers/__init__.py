@@ -1,14 +1,18 @@
-"""Importers: one module per source format, each `import_<format>(path, options) -> ImportResult`."""
+"""Importers: one module per source format, each `import_<format>(path, options) -> ImportResult`.
+
+This registry is import-light (the CLI reads it at start-up); format modules load only when used.
+"""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from harness.trace.importers.common import ImportOptions, ImportResult
+if TYPE_CHECKING:
+    from harness.trace.importers.common import ImportOptions, ImportResult
 
-# format name on the command line -> (module, function); modules load only when used.
+# format name on the command line -> (module, function)
 IMPORTERS: dict[str, tuple[str, str]] = {
     "azure": ("azure", "import_azure"),
     "burstgpt": ("burstgpt", "import_burstgpt"),
@@ -17,14 +21,11 @@ IMPORTERS: dict[str, tuple[str, str]] = {
     "openai-jsonl": ("openai_jsonl", "import_openai_jsonl"),
 }
 
-Importer = Callable[[Path, ImportOptions], ImportResult]
 
+def import_trace(fmt: str, path: str | Path, options: ImportOptions | None = None) -> ImportResult:
+    """Import `path` in source format `fmt` (a key of `IMPORTERS`) into a validated trace."""
+    from harness.trace.importers.common import ImportOptions
 
-def importer(fmt: str) -> Importer:
     module, function = IMPORTERS[fmt]
-    return getattr(importlib.import_module(f"{__name__}.{module}"), function)
-
-
-def import_trace(fmt: str, path: Path, options: ImportOptions | None = None) -> ImportResult:
-    """Import `path` in source format `fmt` into a validated trace."""
-    return importer(fmt)(Path(path), options or ImportOptions())
+    importer = getattr(importlib.import_module(f"{__name__}.{module}"), function)
+    return importer(Path(path), options or ImportOptions())

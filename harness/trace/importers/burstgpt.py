@@ -31,14 +31,15 @@ from harness.trace.outcome import FAILED_FINISH_REASON
 WHAT = "a BurstGPT CSV (Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type)"
 REQUIRED = ["Timestamp", "Request tokens", "Response tokens"]
 SESSION_COLUMNS = ("Session ID", "SessionID")
-OPTIONAL = ["Model", "Log Type", *SESSION_COLUMNS, "Elapsed time"]
+OPTIONAL = ("Model", "Log Type", *SESSION_COLUMNS, "Elapsed time")
 
 
 def import_burstgpt(path: Path, options: ImportOptions) -> ImportResult:
     table = read_csv_strings(path, WHAT, REQUIRED, OPTIONAL)
     n = table.num_rows
-    seconds = convert(table.column("Timestamp"), pa.float64(), path, "Timestamp",
-                      "Timestamp is seconds since the start of the trace").to_numpy()
+    seconds = convert(
+        table.column("Timestamp"), pa.float64(), path, "Timestamp", "Timestamp is seconds since the start of the trace"
+    ).to_numpy()
     prompt = convert(table.column("Request tokens"), pa.int64(), path, "Request tokens", "use whole numbers")
     output = convert(table.column("Response tokens"), pa.int64(), path, "Response tokens", "use whole numbers")
     output_tokens = token_counts(output.to_numpy(), path, "Response tokens")
@@ -59,15 +60,23 @@ def import_burstgpt(path: Path, options: ImportOptions) -> ImportResult:
     if session:
         columns["session_id"] = pc.utf8_trim_whitespace(table.column(session).combine_chunks())
     if "Elapsed time" in names:
-        columns["e2e_s"] = convert(table.column("Elapsed time"), pa.float64(), path, "Elapsed time",
-                                   "Elapsed time is seconds", allow_empty=True)
+        columns["e2e_s"] = convert(
+            table.column("Elapsed time"),
+            pa.float64(),
+            path,
+            "Elapsed time",
+            "Elapsed time is seconds",
+            allow_empty=True,
+        )
     prefix = options.id_prefix or default_id_prefix("burstgpt", path)
     clock = f"{seconds.min():g} s after 00:00 of the trace's first day"
     trace, reordered = assemble(seconds, columns, prefix, {META_CLOCK: clock, META_REDACTION: "drop"}, path)
     version = "v1.2" if session or "Elapsed time" in names else "v1.1"
-    notes = [f"BurstGPT {version} columns, count-only: {n:,} requests, prompts are synthesised at replay",
-             f"{int(failed.sum()):,} failed request(s) (0 response tokens) kept, marked finish_reason="
-             f"{FAILED_FINISH_REASON!r}"]
+    notes = [
+        f"BurstGPT {version} columns, count-only: {n:,} requests, prompts are synthesised at replay",
+        f"{int(failed.sum()):,} failed request(s) (0 response tokens) kept, marked finish_reason="
+        f"{FAILED_FINISH_REASON!r}",
+    ]
     if reordered:
         notes.append(f"{reordered:,} rows were out of time order in the source and were sorted")
     return ImportResult(trace, notes, failed_rows=int(failed.sum()), reordered_rows=reordered)

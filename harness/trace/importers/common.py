@@ -58,19 +58,30 @@ def require_file(path: Path, what: str) -> None:
         raise UserError(f"{path}: the file is empty; give {what} with at least one request")
 
 
-def read_csv_strings(path: Path, what: str, required: list[str], optional: list[str] = ()) -> pa.Table:
+def read_csv_strings(path: Path, what: str, required: list[str], optional: tuple[str, ...] = ()) -> pa.Table:
     """Read the named columns of a CSV as strings; a missing column or a malformed file is one `UserError`."""
     require_file(path, what)
     present = _csv_header(path, what)
     missing = [c for c in required if c not in present]
     if missing:
-        raise UserError(f"{path}: missing column(s) {', '.join(missing)} (found: {', '.join(present) or 'none'}); "
-                        f"check the format name: this importer reads {what}")
+        raise UserError(
+            f"{path}: missing column(s) {', '.join(missing)} (found: {', '.join(present) or 'none'}); "
+            f"check the format name: this importer reads {what}"
+        )
     wanted = [c for c in [*required, *optional] if c in present]
+    repeated = [c for c in wanted if present.count(c) > 1]
+    if repeated:
+        raise UserError(f"{path}: column(s) {', '.join(repeated)} appear more than once in the header; keep one")
     try:
-        table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
-            column_types=dict.fromkeys(wanted, pa.string()), include_columns=wanted, strings_can_be_null=True))
-    except (pa.ArrowInvalid, UnicodeDecodeError, OSError) as exc:
+        table = pacsv.read_csv(
+            path,
+            # the header as parsed above (names trimmed), so " ContextTokens" still finds its column
+            read_options=pacsv.ReadOptions(column_names=present, skip_rows=1),
+            convert_options=pacsv.ConvertOptions(
+                column_types=dict.fromkeys(wanted, pa.string()), include_columns=wanted, strings_can_be_null=True
+            ),
+        )
+    except (pa.ArrowException, UnicodeDecodeError, OSError) as exc:
         raise UserError(f"{path}: not a well-formed CSV ({first_line(exc)}); give {what}") from None
     if table.num_rows == 0:
         raise UserError(f"{path}: the CSV has a header but no rows; give {what} with at least one request")
@@ -89,16 +100,27 @@ def convert(
     column: pa.Array | pa.ChunkedArray, to: pa.DataType, path: Path, name: str, fix: str, allow_empty: bool = False
 ) -> pa.Array:
     """Cast a string column to `to`; the first empty or unparsable value becomes one `UserError` with its row."""
-    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if column.null_count and not allow_empty:
-        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        row = int(np.flatnonzero(pc.is_null(column).to_numpy(zero_copy_only=False))[0])
         raise UserError(f"{path}: column {name} is empty at data row {row + 1}; {fix}")
     try:
-        return pc.cast(pc.utf8_trim_whitespace(column), to)
+        converted = _cast(column, to)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         row = _first_uncastable(column, to)
-        raise UserError(f"{path}: column {name} has {column[row].as_py()!r} at data row {row + 1}, "
-                        f"not a valid {_type_word(to)}; {fix}") from None
+        raise UserError(
+            f"{path}: column {name} has {column[row].as_py()!r} at data row {row + 1}, "
+            f"not a valid {_type_word(to)}; {fix}"
+        ) from None
+    return converted.combine_chunks() if isinstance(converted, pa.ChunkedArray) else converted
+
+
+def _cast(column: pa.Array | pa.ChunkedArray, to: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    """Cast as is; only when that fails pay for a whitespace-trimmed copy (`" 3"` is still 3)."""
+    try:
+        return pc.cast(column, to)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return pc.cast(pc.utf8_trim_whitespace(column), to)
 
 
 def _first_uncastable(column: pa.Array, to: pa.DataType) -> int:
@@ -107,7 +129,7 @@ def _first_uncastable(column: pa.Array, to: pa.DataType) -> int:
     while hi - lo > 1:
         mid = (lo + hi) // 2
         try:
-            pc.cast(pc.utf8_trim_whitespace(column.slice(lo, mid - lo)), to)
+            _cast(column.slice(lo, mid - lo), to)
             lo = mid
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             hi = mid
@@ -129,8 +151,10 @@ def token_counts(values: np.ndarray, path: Path, name: str) -> np.ndarray:
     bad = (values < 0) | (values > INT32_MAX)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise UserError(f"{path}: column {name} is {values[row]} at data row {row + 1}; "
-                        "token counts must be between 0 and 2147483647")
+        raise UserError(
+            f"{path}: column {name} is {values[row]} at data row {row + 1}; "
+            "token counts must be between 0 and 2147483647"
+        )
     return values.astype(np.int32)
 
 
@@ -146,11 +170,15 @@ def iter_jsonl(path: Path, what: str) -> Iterator[tuple[int, dict]]:
                 try:
                     obj = json.loads(line)
                 except (json.JSONDecodeError, RecursionError) as exc:
-                    raise UserError(f"{path}:{lineno}: not valid JSON ({first_line(exc)}); "
-                                    f"give {what} with one JSON object per line") from None
+                    raise UserError(
+                        f"{path}:{lineno}: not valid JSON ({first_line(exc)}); "
+                        f"give {what} with one JSON object per line"
+                    ) from None
                 if not isinstance(obj, dict):
-                    raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}; "
-                                    f"give {what} with one JSON object per line")
+                    raise UserError(
+                        f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}; "
+                        f"give {what} with one JSON object per line"
+                    )
                 seen = True
                 yield lineno, obj
     except UnicodeDecodeError:
@@ -162,8 +190,10 @@ def iter_jsonl(path: Path, what: str) -> Iterator[tuple[int, dict]]:
 def json_number(obj: dict, key: str, path: Path, lineno: int, *, integer: bool = False, signed: bool = False) -> float:
     """The finite number under `key` (>= 0 unless `signed`; a whole number when `integer`), or a `UserError`."""
     if key not in obj:
-        raise UserError(f"{path}:{lineno}: missing field {key!r} (found: {', '.join(map(str, obj)) or 'none'}); "
-                        f"add {key!r} to every line")
+        raise UserError(
+            f"{path}:{lineno}: missing field {key!r} (found: {', '.join(map(repr, obj)) or 'none'}); "
+            f"add {key!r} to every line"
+        )
     value = obj[key]
     ok = isinstance(value, int | float) and not isinstance(value, bool) and bool(np.isfinite(value))
     ok = ok and (signed or value >= 0)
@@ -181,7 +211,8 @@ def json_block_ids(obj: dict, key: str, path: Path, lineno: int) -> list[int] | 
     if value is None:
         return None
     if not isinstance(value, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**64 for v in value):
+        isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**64 for v in value
+    ):
         raise UserError(f"{path}:{lineno}: field {key!r} must be a list of integer block ids, got {value!r:.60}")
     # Unsigned 64-bit hashes keep their bit pattern in the signed int64 column.
     return [v - 2**64 if v >= 2**63 else v for v in value]
@@ -205,8 +236,9 @@ def default_id_prefix(fmt: str, path: Path, drop_words: tuple[str, ...] = ()) ->
 
 def constant_strings(value: str, n: int) -> pa.Array:
     """A string column holding `value` n times, built without a Python loop."""
-    return pc.cast(pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([value])),
-                   pa.string())
+    return pc.cast(
+        pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([value])), pa.string()
+    )
 
 
 def assemble(
@@ -227,8 +259,10 @@ def assemble(
     order = np.argsort(absolute_s, kind="stable")
     reordered = int(np.count_nonzero(order != np.arange(n)))
     ordered_times = absolute_s[order]
-    arrays: dict[str, object] = {"request_id": request_ids(id_prefix, order, n),
-                                 "arrival_s": ordered_times - ordered_times[0]}
+    arrays: dict[str, object] = {
+        "request_id": request_ids(id_prefix, order, n),
+        "arrival_s": ordered_times - ordered_times[0],
+    }
     take = pa.array(order)
     for name, values in columns.items():
         if isinstance(values, np.ndarray):

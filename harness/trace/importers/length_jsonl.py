@@ -71,13 +71,17 @@ def import_length_jsonl(path: Path, options: ImportOptions, fmt: LengthJsonlForm
         "params": constant_strings(EMPTY_PARAMS, n),
     }
     with_blocks = sum(b is not None for b in blocks)
-    metadata = {META_CLOCK: f"{stamps.min():g} {fmt.unit} on the source's clock",
-                META_REDACTION: "hash" if with_blocks else "drop", META_BLOCK_SIZE: str(block_size)}
+    metadata = {
+        META_CLOCK: f"{stamps.min():g} {fmt.unit} on the source's clock",
+        META_REDACTION: "hash" if with_blocks else "drop",
+        META_BLOCK_SIZE: str(block_size),
+    }
     prefix = options.id_prefix or default_id_prefix(fmt.name.split("-")[0], path)
     # re-base in source units before converting, so whole milliseconds map to the nearest float seconds
     trace, reordered = assemble((stamps - stamps.min()) / fmt.units_per_second, columns, prefix, metadata, path)
-    notes = [f"{n:,} requests, {with_blocks:,} with prefix blocks of {block_size} tokens; "
-             "prompts are synthesised at replay"]
+    notes = [
+        f"{n:,} requests, {with_blocks:,} with prefix blocks of {block_size} tokens; prompts are synthesised at replay"
+    ]
     if reordered:
         notes.append(f"{reordered:,} rows were out of time order in the source and were sorted")
     return ImportResult(trace, notes, reordered_rows=reordered)

@@ -64,8 +64,12 @@ def _timestamp(obj: dict, path: Path, lineno: int) -> float | dt.datetime:
         try:
             stamp = dt.datetime.fromisoformat(value.strip())
         except ValueError:
-            raise _fail(path, lineno, f"timestamp {value!r} is not an ISO-8601 datetime; "
-                                      "use e.g. 2024-05-10T12:00:00.123Z or seconds as a number") from None
+            raise _fail(
+                path,
+                lineno,
+                f"timestamp {value!r} is not an ISO-8601 datetime; "
+                "use e.g. 2024-05-10T12:00:00.123Z or seconds as a number",
+            ) from None
         return stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.UTC)
     return json_number(obj, "timestamp", path, lineno, signed=True)
 
@@ -91,8 +95,12 @@ def _content(body: dict, url: str | None, path: Path, lineno: int) -> tuple[str,
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     if not isinstance(prompt, str):
-        raise _fail(path, lineno, "a completions request needs a text 'prompt' (token-id and batched prompts "
-                                  "are not supported); give 'prompt' as a string or 'messages' for chat")
+        raise _fail(
+            path,
+            lineno,
+            "a completions request needs a text 'prompt' (token-id and batched prompts "
+            "are not supported); give 'prompt' as a string or 'messages' for chat",
+        )
     return "completions", prompt, None
 
 
@@ -104,7 +112,16 @@ def _token_count(obj: dict, key: str, usage_key: str, path: Path, lineno: int) -
     return None
 
 
+def _require_encodable(obj: dict, path: Path, lineno: int) -> None:
+    """JSON escapes can smuggle in unpaired surrogates (\\ud800) that no UTF-8 file can hold."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise _fail(path, lineno, "the text holds an unpaired UTF-16 surrogate escape; fix the logged text") from None
+
+
 def parse_line(obj: dict, path: Path, lineno: int) -> LoggedRequest:
+    _require_encodable(obj, path, lineno)
     timestamp = _timestamp(obj, path, lineno)
     body = obj.get("body", {k: v for k, v in obj.items() if k not in ENVELOPE_KEYS})
     if not isinstance(body, dict):
@@ -124,10 +141,17 @@ def parse_line(obj: dict, path: Path, lineno: int) -> LoggedRequest:
         text = prompt if prompt is not None else messages or ""
         prompt_tokens = math.ceil(len(text.encode()) / BYTES_PER_TOKEN_ESTIMATE)
     return LoggedRequest(
-        timestamp=timestamp, api=api, model=_optional_text(body, "model", path, lineno), prompt=prompt,
-        messages=messages, params=json.dumps(params, sort_keys=True, ensure_ascii=False),
-        prompt_tokens=prompt_tokens, output_tokens=output_tokens, prompt_estimated=estimated,
-        session_id=_optional_text(obj, "session_id", path, lineno), tenant=_optional_text(obj, "tenant", path, lineno),
+        timestamp=timestamp,
+        api=api,
+        model=_optional_text(body, "model", path, lineno),
+        prompt=prompt,
+        messages=messages,
+        params=json.dumps(params, sort_keys=True, ensure_ascii=False),
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        prompt_estimated=estimated,
+        session_id=_optional_text(obj, "session_id", path, lineno),
+        tenant=_optional_text(obj, "tenant", path, lineno),
     )
 
 
@@ -151,8 +175,10 @@ def import_openai_jsonl(path: Path, options: ImportOptions) -> ImportResult:
     columns["output_tokens"] = np.array([r.output_tokens for r in requests], dtype=np.int32)
     estimated = sum(r.prompt_estimated for r in requests)
     first = requests[0].timestamp
-    metadata = {META_CLOCK: first.isoformat() if isinstance(first, dt.datetime) else f"{first:g} s",
-                META_REDACTION: "none"}
+    metadata = {
+        META_CLOCK: first.isoformat() if isinstance(first, dt.datetime) else f"{first:g} s",
+        META_REDACTION: "none",
+    }
     if estimated:
         metadata[META_TOKENIZER] = ESTIMATED_TOKENIZER
     prefix = options.id_prefix or default_id_prefix("openai", path)
@@ -160,8 +186,10 @@ def import_openai_jsonl(path: Path, options: ImportOptions) -> ImportResult:
     chats = sum(r.api == "chat" for r in requests)
     notes = [f"{len(requests):,} requests with text ({chats:,} chat, {len(requests) - chats:,} completions)"]
     if estimated:
-        notes.append(f"{estimated:,} prompt length(s) estimated at {BYTES_PER_TOKEN_ESTIMATE} bytes per token "
-                     "(no prompt_tokens or usage logged)")
+        notes.append(
+            f"{estimated:,} prompt length(s) estimated at {BYTES_PER_TOKEN_ESTIMATE} bytes per token "
+            "(no prompt_tokens or usage logged)"
+        )
     if reordered:
         notes.append(f"{reordered:,} rows were out of time order in the source and were sorted")
     return ImportResult(trace, notes, reordered_rows=reordered)

@@ -1,0 +1,566 @@
+"""GPU benchmark of the ReplaySSM kernels against vLLM's own selective_state_update (Nemotron-H-8B shapes).
+
+    python -m replayssm_patch.gpu.kernel_bench --out DIR            # H200: finishes in under 3 minutes
+    python -m replayssm_patch.gpu.kernel_bench --out DIR --smoke    # tiny shapes; runs on CPU (Triton interpreter)
+
+(a) equivalence: 2,000 consecutive decode steps at batch 256 (128 heads x 64 head_dim x 128 state, 8 groups,
+    ring 16, realistic A and dt, rows joining at staggered steps so cursors differ), replay path vs vLLM's
+    selective_state_update (fp32 state); output relative error per step for an fp32 checkpoint (target
+    <= 1e-4) and split precision, plus the final state after folding what is left in the ring. Without vLLM
+    the fp64 reference recurrence is the baseline (said so in the output).
+(b) timing (CUDA graphs of back-to-back calls, CUDA events): baseline fp32 / bf16 state, replay kernel
+    (fp32 / bf16 checkpoint), flush (all rows, amortised over L) and a decode step (replay + the staggered
+    flush of 1/L of the rows) at batch 64/128/256, with bytes moved and the share of 4.3 TB/s HBM.
+Writes DIR/kernel_bench.json and DIR/kernel_bench.md, rewritten after each section so a crash keeps the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET must be decided first
+    import torch
+
+    from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
+
+HBM_BYTES_PER_S = 4.3e12
+TARGET_REL_ERR = 1e-4
+PAD = -1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Shapes and effort of one benchmark run."""
+
+    nheads: int = 128
+    head_dim: int = 64
+    d_state: int = 128
+    ngroups: int = 8
+    buffer_len: int = 16
+    eq_batch: int = 256
+    eq_steps: int = 2000
+    batches: tuple[int, ...] = (64, 128, 256)
+    warmup: int = 3
+    graph_calls: int = 20  # calls captured per CUDA graph
+    repeats: int = 5  # graph replays timed
+    # (block_p, num_warps); ptxas on sm_90 shows no spills for these (flush 32 x 4 and 64 x 4/8 spill)
+    replay_configs: tuple[tuple[int, int], ...] = ((4, 4), (8, 4), (16, 4), (32, 4), (8, 8), (16, 8), (32, 8))
+    flush_configs: tuple[tuple[int, int], ...] = ((16, 4), (16, 8), (32, 8))
+
+
+SMOKE_PLAN = Plan(
+    nheads=4, head_dim=8, d_state=16, ngroups=2, buffer_len=4, eq_batch=3, eq_steps=6, batches=(2,),
+    warmup=1, graph_calls=1, repeats=1, replay_configs=((16, 4),), flush_configs=((16, 4),),
+)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory for kernel_bench.json / .md")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, any device (CPU: Triton interpreter)")
+    parser.add_argument("--steps", type=int, help="equivalence steps (default 2000)")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the block-size sweep (use kernel defaults)")
+    args = parser.parse_args(argv)
+    plan = SMOKE_PLAN if args.smoke else Plan()
+    if args.steps:
+        plan = replace(plan, eq_steps=args.steps)
+    device = _pick_device(args.smoke)
+    if device is None:
+        print("error: no CUDA GPU visible; run the full benchmark on the GPU host, or use --smoke on CPU")
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = Report(args.out, {"meta": _meta(plan, device)})
+    baseline = Baseline.load().checked(plan, device)
+    report.data["meta"]["baseline"] = baseline.note
+    print(f"[kernel_bench] device={device} baseline: {baseline.note}", flush=True)
+    report.section("equivalence", lambda: run_equivalence(plan, device, baseline))
+    report.section("timing", lambda: run_timing(plan, device, baseline, sweep=not args.no_sweep))
+    print(f"[kernel_bench] wrote {report.json_path} and {report.md_path}", flush=True)
+    return 0
+
+
+def _pick_device(smoke: bool) -> str | None:
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if not smoke:
+        return None
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernel modules are imported, which happens after this
+    return "cpu"
+
+
+def _meta(plan: Plan, device: str) -> dict[str, Any]:
+    import torch
+    import triton
+
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)"
+    return {"plan": asdict(plan), "device": gpu, "torch": torch.__version__, "triton": triton.__version__}
+
+
+class Report:
+    """Collects section results; rewrites JSON + Markdown after each so partial runs still leave a record."""
+
+    def __init__(self, out_dir: Path, data: dict[str, Any]) -> None:
+        self.json_path, self.md_path, self.data = out_dir / "kernel_bench.json", out_dir / "kernel_bench.md", data
+
+    def section(self, name: str, run: Callable[[], dict[str, Any]]) -> None:
+        print(f"[kernel_bench] {name} ...", flush=True)
+        started = time.perf_counter()
+        try:
+            result = {"status": "ok", **run()}
+        except Exception as exc:  # one broken section must not lose the others
+            result = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            print(f"[kernel_bench] {name} FAILED: {result['error']}", flush=True)
+        result["seconds"] = round(time.perf_counter() - started, 1)
+        self.data[name] = result
+        self.json_path.write_text(json.dumps(self.data, indent=2, default=str))
+        self.md_path.write_text(render_markdown(self.data))
+        print(f"[kernel_bench] {name} {result['status']} in {result['seconds']} s", flush=True)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """vLLM's selective_state_update if importable, else None (the fp64 reference stands in for equivalence)."""
+
+    fn: Callable[..., Any] | None
+    note: str
+
+    @classmethod
+    def load(cls) -> Baseline:
+        try:
+            from vllm.model_executor.layers.mamba.ops.mamba_ssm import selective_state_update
+        except Exception as exc:
+            return cls(None, f"fp64 reference recurrence (vLLM selective_state_update not importable: {exc!r})")
+        import vllm
+
+        return cls(selective_state_update, f"vllm {vllm.__version__} selective_state_update")
+
+    def step(
+        self, state: torch.Tensor, inputs: StepInputs, layer: LayerParams, indices: torch.Tensor, out: torch.Tensor
+    ) -> None:
+        """One baseline decode step, called the way vLLM's MambaMixer2 calls it (head_dim-expanded A/dt/D)."""
+        assert self.fn is not None
+        P, N = inputs.x.shape[2], inputs.B.shape[2]
+        kwargs = {
+            "D": layer.D[:, None].expand(-1, P),
+            "z": None,
+            "dt_bias": layer.dt_bias[:, None].expand(-1, P),
+            "dt_softplus": True,
+            "state_batch_indices": indices,
+            "pad_slot_id": PAD,
+            "out": out,
+        }
+        params = inspect.signature(self.fn).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            kwargs = {k: v for k, v in kwargs.items() if k in params}  # tolerate renamed / dropped options
+        dt = inputs.dt[:, :, None].expand(-1, -1, P)
+        A = layer.A[:, None, None].expand(-1, P, N)
+        self.fn(state, inputs.x, dt, A, inputs.B, inputs.C, **kwargs)
+
+    def checked(self, plan: Plan, device: str) -> Baseline:
+        """This baseline if one call on a 2-row batch works, else the fp64 fallback saying why."""
+        if self.fn is None:
+            return self
+        import torch
+
+        from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
+
+        gen = torch.Generator(device).manual_seed(0)
+        layer = LayerParams.random(plan.nheads, gen, device)
+        inputs = StepInputs.random(
+            2, plan.nheads, plan.head_dim, plan.ngroups, plan.d_state, layer, gen, torch.bfloat16
+        )
+        state = torch.zeros(2, plan.nheads, plan.head_dim, plan.d_state, device=device)
+        try:
+            self.step(
+                state, inputs, layer, torch.arange(2, dtype=torch.int32, device=device), torch.empty_like(inputs.x)
+            )
+        except Exception as exc:
+            return Baseline(None, f"fp64 reference recurrence ({self.note} failed on a probe call: {exc!r})")
+        return self
+
+
+# ----------------------------------------------------------------------------------------------- equivalence
+
+
+def run_equivalence(plan: Plan, device: str, baseline: Baseline) -> dict[str, Any]:
+    import torch
+
+    from replayssm_patch.kernels import ReplayCache, decode_flush_len, flush_ring, replay_decode_step, ring_shapes
+    from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
+    from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
+
+    H, P, N, G, L, batch = plan.nheads, plan.head_dim, plan.d_state, plan.ngroups, plan.buffer_len, plan.eq_batch
+    gen = torch.Generator(device).manual_seed(1234)
+    layer = LayerParams.random(H, gen, device)
+    slots = batch + 8
+    slot_of_row = torch.randperm(slots, generator=gen, device=device)[:batch].to(torch.int32)
+    start = torch.arange(batch, device=device) % L  # row r joins at step r % L: every cursor position occurs
+    h0 = torch.randn(batch, H, P, N, generator=gen, device=device)
+    modes = {}
+    for mode, split in (("fp32", False), ("split", True)):
+        spec = ring_shapes(H, P, G, N, L, split_precision=split)
+        modes[mode] = ReplayCache.allocate(slots, spec, model_dtype=torch.bfloat16, device=device, ring_fill=math.nan)
+        modes[mode].set_checkpoint(slot_of_row, h0)
+    use_vllm = baseline.fn is not None
+    base_state = h0.clone() if use_vllm else h0.double()
+    rows = torch.arange(batch, device=device, dtype=torch.int32)
+    base_out = torch.zeros(batch, H, P, device=device)
+    outs = {mode: torch.zeros(batch, H, P, device=device) for mode in modes}
+    errors: dict[str, list[torch.Tensor]] = {mode: [] for mode in modes}
+    all_active_from = int(start.max()) + 1
+
+    for t in range(plan.eq_steps):
+        inputs = StepInputs.random(batch, H, P, G, N, layer, gen, torch.bfloat16)
+        active = start <= t
+        write_pos = ((t - start).clamp_min(0) % L).to(torch.int32)
+        flush_len = torch.where(active, decode_flush_len(write_pos, L), 0).to(torch.int32)
+        if use_vllm:
+            baseline.step(base_state, inputs, layer, torch.where(active, rows, PAD), base_out)
+            y_base = base_out.double()
+        else:
+            y_base = _fp64_step(recurrence_step_fp64, base_state, inputs, layer, active, t >= all_active_from)
+        y_base = torch.where(active[:, None, None], y_base, 0.0)
+        for mode, cache in modes.items():
+            replay_decode_step(
+                inputs.x, inputs.dt, layer.A, inputs.B, inputs.C, cache.ssm_state, cache.ring_x, cache.ring_B,
+                cache.ring_dt, torch.where(active, slot_of_row, PAD).to(torch.int32), write_pos, flush_len,
+                state_bf16=cache.state_bf16, D=layer.D, dt_bias=layer.dt_bias, out=outs[mode],
+            )  # fmt: skip
+            diff = torch.where(active[:, None, None], outs[mode].double() - y_base, 0.0)
+            errors[mode].append(torch.stack([diff.abs().max() / y_base.abs().max(), diff.norm() / y_base.norm()]))
+        if t % 500 == 0 or t == plan.eq_steps - 1:
+            print(f"[kernel_bench]   step {t + 1}/{plan.eq_steps}", flush=True)
+
+    in_ring = ((plan.eq_steps - start) % L).to(torch.int32)  # entries each row still holds in its ring
+    result: dict[str, Any] = {
+        "baseline": baseline.note,
+        "batch": batch,
+        "steps": plan.eq_steps,
+        "target": TARGET_REL_ERR,
+    }
+    for mode, cache in modes.items():
+        per_step = torch.stack(errors[mode]).cpu()
+        master = cache.ssm_state.clone()
+        flush_ring(master, cache.ring_x, cache.ring_B, cache.ring_dt, layer.A, slot_of_row, in_ring)
+        final = master[slot_of_row.long()].double()
+        result[mode] = {
+            "max_rel_err": per_step[:, 0].max().item(),
+            "worst_step": int(per_step[:, 0].argmax()),
+            "max_rel_err_norm": per_step[:, 1].max().item(),
+            "last_step_rel_err": per_step[-1, 0].item(),
+            "final_state_rel_err": ((final - base_state.double()).abs().max() / base_state.abs().max()).item(),
+            "finite": bool(torch.isfinite(per_step).all()),
+        }
+    result["fp32_within_target"] = result["fp32"]["max_rel_err"] <= TARGET_REL_ERR
+    return result
+
+
+def _fp64_step(
+    step_fn: Callable[..., torch.Tensor],
+    state: torch.Tensor,
+    inputs: StepInputs,
+    layer: LayerParams,
+    active: torch.Tensor,
+    all_active: bool,
+) -> torch.Tensor:
+    """Advance only the active rows of the fp64 baseline state; returns y for every row (0 where inactive)."""
+    import torch
+
+    kwargs = {"D": layer.D, "dt_bias": layer.dt_bias}
+    if all_active:
+        return step_fn(state, inputs.x, inputs.dt, layer.A, inputs.B, inputs.C, **kwargs)
+    idx = active.nonzero().squeeze(1)
+    picked = inputs.rows(idx)
+    h = state[idx]
+    y_active = step_fn(h, picked.x, picked.dt, layer.A, picked.B, picked.C, **kwargs)
+    state[idx] = h
+    y = torch.zeros(state.shape[:3], dtype=torch.float64, device=state.device)
+    y[idx] = y_active
+    return y
+
+
+# ---------------------------------------------------------------------------------------------------- timing
+
+
+def run_timing(plan: Plan, device: str, baseline: Baseline, sweep: bool) -> dict[str, Any]:
+    result: dict[str, Any] = {"method": _timing_method(device), "rows": []}
+    largest = max(plan.batches)
+    replay_cfg = {"fp32": None, "split": None}
+    flush_cfg = {"fp32": None, "split": None}
+    if sweep:
+        bench = KernelSetup(plan, device, largest)
+        result["sweep"] = bench.sweep()
+        replay_cfg = {mode: result["sweep"]["replay"][mode]["best"] for mode in replay_cfg}
+        flush_cfg = {mode: result["sweep"]["flush"][mode]["best"] for mode in flush_cfg}
+    result["configs"] = {"replay": replay_cfg, "flush": flush_cfg}
+    for batch in plan.batches:
+        print(f"[kernel_bench]   timing batch {batch}", flush=True)
+        bench = KernelSetup(plan, device, batch)
+        result["rows"].extend(bench.table(baseline, replay_cfg, flush_cfg))
+    return result
+
+
+def _timing_method(device: str) -> str:
+    if device == "cuda":
+        return "CUDA graph of back-to-back calls, timed with CUDA events over several replays"
+    return "wall clock on CPU under the Triton interpreter (meaningless as speed; checks the code path only)"
+
+
+class KernelSetup:
+    """Caches and inputs for one batch size, with every timed call as a closure."""
+
+    def __init__(self, plan: Plan, device: str, batch: int) -> None:
+        import torch
+
+        from replayssm_patch.kernels import ReplayCache, ring_shapes
+        from replayssm_patch.kernels.common import softplus_reference
+        from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
+
+        self.plan, self.device, self.batch = plan, device, batch
+        H, P, N, G, L = plan.nheads, plan.head_dim, plan.d_state, plan.ngroups, plan.buffer_len
+        gen = torch.Generator(device).manual_seed(batch)
+        self.layer = LayerParams.random(H, gen, device)
+        self.inputs = StepInputs.random(batch, H, P, G, N, self.layer, gen, torch.bfloat16)
+        self.caches = {}
+        for mode, split in (("fp32", False), ("split", True)):
+            cache = ReplayCache.allocate(
+                batch, ring_shapes(H, P, G, N, L, split), model_dtype=torch.bfloat16, device=device
+            )
+            cache.set_checkpoint(torch.arange(batch, device=device), torch.randn(batch, H, P, N, device=device))
+            cache.ring_x.normal_(generator=gen)
+            cache.ring_B.normal_(generator=gen)
+            cache.ring_dt.copy_(
+                softplus_reference(torch.rand(cache.ring_dt.shape, generator=gen, device=device) * 5 - 5)
+            )
+            self.caches[mode] = cache
+        rows = torch.arange(batch, device=device)
+        self.indices = rows.to(torch.int32)
+        self.write_pos = (rows % L).to(torch.int32)  # staggered cursors: on average (L-1)/2 earlier entries
+        self.flush_all = torch.full((batch,), L, dtype=torch.int32, device=device)
+        self.flush_staggered = torch.where(rows % L == 0, L, 0).to(torch.int32)
+        self.out = torch.empty(batch, H, P, dtype=torch.bfloat16, device=device)
+        self.base_state = {
+            "fp32": torch.randn(batch, H, P, N, device=device),
+            "bf16": torch.randn(batch, H, P, N, device=device).to(torch.bfloat16),
+        }
+
+    # -- calls ---------------------------------------------------------------------------------------------
+    def replay(self, mode: str, cfg: tuple[int, int] | None) -> Callable[[], Any]:
+        from replayssm_patch.kernels import replay_decode
+
+        cache, s, layer = self.caches[mode], self.inputs, self.layer
+        read = cache.state_bf16 if mode == "split" else cache.ssm_state
+        tuning = {} if cfg is None else {"block_p": cfg[0], "num_warps": cfg[1]}
+        return lambda: replay_decode(
+            s.x, s.dt, layer.A, s.B, s.C, read, cache.ring_x, cache.ring_B, cache.ring_dt, self.indices,
+            self.write_pos, D=layer.D, dt_bias=layer.dt_bias, out=self.out, **tuning,
+        )  # fmt: skip
+
+    def flush(self, mode: str, cfg: tuple[int, int] | None, flush_len: torch.Tensor) -> Callable[[], Any]:
+        from replayssm_patch.kernels import flush_ring
+
+        cache, A = self.caches[mode], self.layer.A
+        tuning = {} if cfg is None else {"block_p": cfg[0], "num_warps": cfg[1]}
+        return lambda: flush_ring(
+            cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt, A, self.indices, flush_len,
+            state_bf16=cache.state_bf16, **tuning,
+        )  # fmt: skip
+
+    def baseline(self, baseline: Baseline, state_dtype: str) -> Callable[[], Any]:
+        return lambda: baseline.step(self.base_state[state_dtype], self.inputs, self.layer, self.indices, self.out)
+
+    # -- measurements --------------------------------------------------------------------------------------
+    def sweep(self) -> dict[str, Any]:
+        """Best (block_p, num_warps) per kernel and mode at this batch size."""
+        found: dict[str, Any] = {"replay": {}, "flush": {}}
+        for mode in ("fp32", "split"):
+            for kernel, configs in (("replay", self.plan.replay_configs), ("flush", self.plan.flush_configs)):
+                timings = {}
+                for cfg in configs:
+                    call = self.replay(mode, cfg) if kernel == "replay" else self.flush(mode, cfg, self.flush_all)
+                    timings[f"{cfg[0]}x{cfg[1]}"] = seconds_per_call(call, self.plan, self.device) * 1e6
+                best = min(timings, key=timings.__getitem__)
+                found[kernel][mode] = {"us": timings, "best": tuple(int(v) for v in best.split("x"))}
+                print(f"[kernel_bench]   sweep {kernel} {mode}: best {best} ({timings[best]:.1f} us)", flush=True)
+        return found
+
+    def table(self, baseline: Baseline, replay_cfg: dict, flush_cfg: dict) -> list[dict[str, Any]]:
+        L, model = self.plan.buffer_len, TrafficModel(self.plan, self.batch)
+        measured: dict[str, tuple[float, float]] = {}  # name -> (seconds, bytes)
+
+        def measure(name: str, call: Callable[[], Any], nbytes: float) -> None:
+            try:
+                measured[name] = (seconds_per_call(call, self.plan, self.device), nbytes)
+            except Exception as exc:  # keep the other rows
+                print(f"[kernel_bench]   {name} failed: {exc!r}", flush=True)
+
+        if baseline.fn is not None:
+            measure("baseline fp32 state", self.baseline(baseline, "fp32"), model.baseline(4))
+            measure("baseline bf16 state", self.baseline(baseline, "bf16"), model.baseline(2))
+        for mode, state_bytes in (("fp32", 4), ("split", 2)):
+            measure(f"replay {mode}", self.replay(mode, replay_cfg[mode]), model.replay(state_bytes))
+            copy = 2 if mode == "split" else 0
+            measure(f"flush all rows {mode}", self.flush(mode, flush_cfg[mode], self.flush_all), model.flush(1.0, copy))
+            staggered = self.flush(mode, flush_cfg[mode], self.flush_staggered)
+            measure(f"flush 1/L rows {mode}", staggered, model.flush(1.0 / L, copy))
+
+        rows = []
+        base = measured.get("baseline fp32 state", (math.nan, 0))[0]
+        for name, (secs, nbytes) in measured.items():
+            rows.append(self._row(name, secs, nbytes, base))
+            if name.startswith("flush all rows"):
+                rows.append(self._row(f"{name} / L (amortised)", secs / L, nbytes / L, base))
+        for mode in ("fp32", "split"):
+            parts = [measured.get(f"replay {mode}"), measured.get(f"flush 1/L rows {mode}")]
+            if all(parts):
+                secs, nbytes = sum(p[0] for p in parts), sum(p[1] for p in parts)
+                rows.append(self._row(f"decode step {mode} (replay + 1/L flush)", secs, nbytes, base))
+        return rows
+
+    def _row(self, name: str, secs: float, nbytes: float, base_secs: float) -> dict[str, Any]:
+        return {
+            "batch": self.batch,
+            "kernel": name,
+            "us": secs * 1e6,
+            "bytes": nbytes,
+            "GB_per_s": nbytes / secs / 1e9,
+            "hbm_share": nbytes / secs / HBM_BYTES_PER_S,
+            "speedup_vs_baseline_fp32": base_secs / secs,
+        }
+
+
+@dataclass(frozen=True)
+class TrafficModel:
+    """Bytes each kernel must move from/to HBM (bf16 activations and ring, fp32 ring dt)."""
+
+    plan: Plan
+    batch: int
+
+    @property
+    def _state_elems(self) -> int:
+        return self.batch * self.plan.nheads * self.plan.head_dim * self.plan.d_state
+
+    @property
+    def _entry_bytes(self) -> int:  # one ring entry of one sequence: x, B (per group) and dt
+        p = self.plan
+        return p.nheads * p.head_dim * 2 + p.ngroups * p.d_state * 2 + p.nheads * 4
+
+    @property
+    def _io_bytes(self) -> int:  # x in, y out, B and C in, dt in
+        p = self.plan
+        return self.batch * (2 * p.nheads * p.head_dim * 2 + 2 * p.ngroups * p.d_state * 2 + p.nheads * 4)
+
+    def baseline(self, state_bytes: int) -> float:
+        return self._io_bytes + 2 * self._state_elems * state_bytes
+
+    def replay(self, state_bytes: int) -> float:
+        earlier = (self.plan.buffer_len - 1) / 2  # mean ring entries read with staggered cursors
+        return self._io_bytes + self._state_elems * state_bytes + self.batch * (earlier + 1) * self._entry_bytes
+
+    def flush(self, share: float, copy_bytes: int) -> float:
+        ring = self.batch * self.plan.buffer_len * self._entry_bytes
+        return share * (ring + self._state_elems * (4 + 4 + copy_bytes))
+
+
+def seconds_per_call(call: Callable[[], Any], plan: Plan, device: str) -> float:
+    """Mean seconds per call: on CUDA a graph of `graph_calls` back-to-back calls, replayed and event-timed."""
+    import torch
+
+    for _ in range(plan.warmup):  # compiles the Triton kernel outside any capture
+        call()
+    if device != "cuda":
+        started = time.perf_counter()
+        for _ in range(plan.repeats):
+            call()
+        return (time.perf_counter() - started) / plan.repeats
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(plan.graph_calls):
+            call()
+    graph.replay()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(plan.repeats):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3 / (plan.repeats * plan.graph_calls)
+
+
+# -------------------------------------------------------------------------------------------------- markdown
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    meta = data.get("meta", {})
+    lines = [
+        "# ReplaySSM kernel benchmark",
+        "",
+        f"Device: {meta.get('device')}; torch {meta.get('torch')}, triton {meta.get('triton')}.",
+        f"Baseline: {meta.get('baseline', 'n/a')}.",
+        "",
+    ]
+    eq = data.get("equivalence")
+    if eq:
+        lines += ["## Layer-level equivalence", ""]
+        if eq["status"] != "ok":
+            lines += [f"FAILED: {eq['error']}", ""]
+        else:
+            lines += [
+                f"{eq['steps']} consecutive decode steps, batch {eq['batch']}, vs {eq['baseline']}. "
+                f"Relative error = max |y - y_base| / max |y_base| per step (target <= {eq['target']:g} for fp32).",
+                "",
+                "| checkpoint | worst step rel. err | at step | worst normwise | last step | final state | finite |",
+                "| --- | --- | --- | --- | --- | --- | --- |",
+            ]
+            for mode in ("fp32", "split"):
+                m = eq[mode]
+                lines.append(
+                    f"| {mode} | {m['max_rel_err']:.2e} | {m['worst_step']} | {m['max_rel_err_norm']:.2e} | "
+                    f"{m['last_step_rel_err']:.2e} | {m['final_state_rel_err']:.2e} | {m['finite']} |"
+                )
+            lines += ["", f"fp32 within target: **{eq['fp32_within_target']}** ({eq['seconds']} s)", ""]
+    timing = data.get("timing")
+    if timing:
+        lines += ["## Kernel timing", ""]
+        if timing["status"] != "ok":
+            lines += [f"FAILED: {timing['error']}", ""]
+        else:
+            lines += [
+                f"Method: {timing['method']}. Block configs (block_p, num_warps): {timing['configs']}.",
+                "",
+                "| batch | kernel | us | MB moved | GB/s | share of 4.3 TB/s | speedup vs baseline fp32 |",
+                "| --- | --- | --- | --- | --- | --- | --- |",
+            ]
+            for r in timing["rows"]:
+                lines.append(
+                    f"| {r['batch']} | {r['kernel']} | {r['us']:.1f} | {r['bytes'] / 1e6:.1f} | "
+                    f"{r['GB_per_s']:.0f} | {r['hbm_share']:.0%} | {_speedup(r['speedup_vs_baseline_fp32'])} |"
+                )
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _speedup(ratio: float) -> str:
+    return "n/a" if math.isnan(ratio) else f"{ratio:.2f}x"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
