@@ -31,6 +31,9 @@ BODY = {"model": "m", "prompt": PROMPT, "max_tokens": 128, "min_tokens": 128, "i
 REPLAY_SLICE = {"start_s": 600.0, "duration_s": 120.0}
 REPLAY_TIME_SCALE = 0.5
 LATE_S = 1e-3
+COLUMNS = ("part", "streams", "tokens_per_s", "steps", "lateness_p50_ms", "lateness_p99_ms", "lateness_max_ms",
+           "steps_late_over_1ms_pct", "delivery_lag_p50_ms", "delivery_lag_p99_ms", "sustained", "errors",
+           "client_lag_p99_ms")
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -173,7 +176,8 @@ def main() -> None:
         "with `replaybench replay`; 'streams' there is the request count.",
         "Everything measured here is the SIMULATED engine.",
     ])
-    write_results("bench_sim", "serve-sim (SIMULATED engine): load one process sustains", rows, notes)
+    table = [{column: row.get(column, "") for column in COLUMNS} for row in rows]
+    write_results("bench_sim", "serve-sim (SIMULATED engine): load one process sustains", table, notes)
 
 
 if __name__ == "__main__":

@@ -23,14 +23,31 @@ COMMAND_MODULES = (
 
 
 class _ReplaybenchApp(typer.Typer):
-    """Typer app that turns a `UserError` into one clear line on stderr and exit code 2, never a traceback."""
+    """Typer app whose every user error (bad option, `UserError`) is one line on stderr and exit code 2.
+
+    Click would print a multi-line usage box; a command's `typer.Exit(code)` keeps its code (e.g. `gate`).
+    """
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        try:
+        if "standalone_mode" in kwargs:
             return super().__call__(*args, **kwargs)
+        try:
+            outcome = super().__call__(*args, standalone_mode=False, **kwargs)
+        except typer.TyperException as usage:  # typer's (vendored click) usage errors
+            context = getattr(usage, "ctx", None)
+            if type(usage).__name__ == "NoArgsIsHelpError" and context is not None:
+                print(context.get_help())
+                sys.exit(0)
+            command = context.command_path if context is not None else "replaybench"
+            print(f"error: {usage.format_message()} (see `{command} --help`)", file=sys.stderr)
+            sys.exit(2)
+        except typer.Abort:
+            print("error: interrupted", file=sys.stderr)
+            sys.exit(130)
         except UserError as error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(error.exit_code)
+        sys.exit(outcome if isinstance(outcome, int) else 0)
 
 
 app = _ReplaybenchApp(

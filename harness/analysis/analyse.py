@@ -6,6 +6,7 @@ This is the public entry point of the analysis layer (`analyse_run_dir`); it nev
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,8 +32,9 @@ class PlotData:
     """Arrays the report draws; kept out of summary.json."""
 
     histograms: dict[str, np.ndarray]  # arm -> (latency kind, BINS) counts summed over valid repeats
-    attainment: dict[str, np.ndarray]  # arm -> (blocks,) SLO attainment per time block, mean over repeats
-    block_starts_s: np.ndarray
+    attainment: dict[str, np.ndarray]  # arm -> SLO attainment per plotting window, mean over repeats
+    window_starts_s: np.ndarray
+    window_s: float
     lags_s: dict[str, np.ndarray]  # arm -> send lags of the valid runs
 
 
@@ -113,18 +115,35 @@ def _run_row(run: RunMetrics) -> RunRow:
                   output_mismatches=f.output_mismatches, duration_s=run.duration_s, simulated=run.simulated)
 
 
+def _attainment_windows(runs: list[RunMetrics], blocks: TimeBlocks) -> tuple[np.ndarray, float]:
+    """Plotting windows over the trace span: ~25 requests each on average, between 5 and 60 windows."""
+    requests = max((len(r.requests) for r in runs), default=0)
+    count = int(np.clip(requests // 25, 5, 60))
+    width = max(blocks.block_s * blocks.count / count, 1e-9)
+    return blocks.start_s + width * np.arange(count), width
+
+
+def _attainment(run: RunMetrics, starts: np.ndarray, width: float) -> np.ndarray:
+    index = np.clip(((run.requests["intended_s"].to_numpy() - starts[0]) // width).astype(np.int64), 0, len(starts) - 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (np.bincount(index, run.requests["slo_met"].to_numpy(float), len(starts))
+                / np.bincount(index, minlength=len(starts)))
+
+
 def _plot_data(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks) -> PlotData:
+    starts, width = _attainment_windows([run for pair in pairs for run in pair], blocks)
     histograms, attainment, lags = {}, {}, {}
     for index, arm in enumerate(ARMS):
         runs = [pair[index] for pair in pairs]
         histograms[arm] = (sum(r.histograms.sum(axis=1, dtype=np.int64) for r in runs) if runs
                            else np.zeros((4, 1), np.int64))
-        per_run = [r.requests.groupby("block")["slo_met"].mean().reindex(range(blocks.count)).to_numpy()
-                   for r in runs]
-        attainment[arm] = np.nanmean(per_run, axis=0) if per_run else np.full(blocks.count, np.nan)
+        per_run = [_attainment(r, starts, width) for r in runs]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # an empty window is NaN in every run
+            attainment[arm] = np.nanmean(per_run, axis=0) if per_run else np.full(len(starts), np.nan)
         lags[arm] = np.concatenate([r.requests["lag_s"].to_numpy() for r in runs]) if runs else np.empty(0)
-    return PlotData(histograms=histograms, attainment=attainment,
-                    block_starts_s=blocks.start_s + blocks.block_s * np.arange(blocks.count), lags_s=lags)
+    return PlotData(histograms=histograms, attainment=attainment, window_starts_s=starts, window_s=width,
+                    lags_s=lags)
 
 
 def analyse_run_dir(root: Path) -> RunAnalysis:
@@ -145,10 +164,12 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
                           [c.metrics["cost_per_success"] for _, c in pairs], config.cost)
     review_requests, review_windows = review_tables(pairs, blocks)
     summary = Summary(
-        run_dir=str(inputs.run.root), experiment=inputs.experiment, decision=decision, comparisons=comparisons,
+        run_dir=str(inputs.run.root), experiment=inputs.experiment, mode=inputs.mode, decision=decision,
+        comparisons=comparisons,
         runs=[_run_row(runs[key]) for key in sorted(runs, key=lambda k: (k[1], k[0]))], quality=quality, cost=cost,
         capacity=inputs.capacity, review_requests=review_requests, review_windows=review_windows,
-        environment=inputs.environment, simulated=any(r.simulated for r in runs.values()),
+        environment=inputs.environment, failed_attempts=[a for a in inputs.attempts if a.status != "accepted"],
+        simulated=any(r.simulated for r in runs.values()),
         notes=inputs.notes + ([quality.note] if quality.note else []), alpha=config.decision.alpha,
     )
     return RunAnalysis(summary=summary, plots=_plot_data(pairs, blocks), config=config)

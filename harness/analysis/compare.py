@@ -53,8 +53,8 @@ def compare_metrics(pairs: list[tuple[RunMetrics, RunMetrics]], decision: Decisi
     ] + [(name, "exploratory", None, METRIC_DIRECTIONS[name]) for name in decision.exploratory]
     names = [name for name, *_ in roles]
     n = len(pairs)
-    baseline = np.array([[b.metrics[m] for b, _ in pairs] for m in names]).reshape(len(names), n)
-    candidate = np.array([[c.metrics[m] for _, c in pairs] for m in names]).reshape(len(names), n)
+    baseline = np.array([[b.comparable[m] for b, _ in pairs] for m in names]).reshape(len(names), n)
+    candidate = np.array([[c.comparable[m] for _, c in pairs] for m in names]).reshape(len(names), n)
     lower = np.array([better == "lower" for *_, better in roles])
     with np.errstate(divide="ignore", invalid="ignore"):
         w = np.where(lower[:, None], 1, -1) * (np.log(candidate) - np.log(baseline))
@@ -86,7 +86,7 @@ def compare_metrics(pairs: list[tuple[RunMetrics, RunMetrics]], decision: Decisi
         boot_ci = boot.get(name, (None, None))
         out.append(MetricComparison(
             metric=name, role=role, better=better, margin=margin,
-            baseline=[float(v) for v in baseline[i]], candidate=[float(v) for v in candidate[i]],
+            baseline=[b.metrics[name] for b, _ in pairs], candidate=[c.metrics[name] for _, c in pairs],
             ratio=to_ratio(mean[i], lower[i]) if ok else None,
             ci_low=_maybe(math.exp(lo)) if ok else None, ci_high=_maybe(math.exp(hi)) if ok else None,
             verdict=(str(verdict[i]) if ok else "INCONCLUSIVE") if role != "exploratory" else None,

@@ -1,8 +1,9 @@
 """From comparisons, validity and quality to KEEP / REJECT / INCONCLUSIVE / INVALID with a one-sentence reason.
 
-Precedence: INVALID (no pre-declared rule, too few valid repeat pairs, required quality missing, a decision
-metric undefined) > REJECT (a Holm-flagged regression beyond its margin, or a broken quality limit) >
-KEEP (target improved beyond its margin and every decision metric non-inferior) > INCONCLUSIVE.
+Precedence: INVALID (no pre-declared rule, too few valid repeat pairs, required quality missing) > REJECT
+(a Holm-flagged regression beyond its margin, or a broken quality limit) > INVALID (a decision metric is
+undefined, e.g. a run without any successful request) > KEEP (target improved beyond its margin and every
+decision metric non-inferior) > INCONCLUSIVE.
 The gate family and rule are exactly those of `gate_rule.gate_outcomes`.
 """
 
@@ -60,9 +61,6 @@ def decide(*, comparisons: list[MetricComparison], decision: DecisionConfig, qua
                                        f"needed ({named}).")
     if quality_limits.required and not quality.measured:
         return result(Outcome.INVALID, f"quality results are required but missing ({quality.note}).")
-    undefined = [c.metric for c in deciding if c.ratio is None]
-    if undefined:
-        return result(Outcome.INVALID, f"decision metric(s) {', '.join(undefined)} undefined in some repeat.")
     flagged = sorted((c for c in deciding if c.regression_flag), key=lambda c: c.p_regression or 0.0)
     if flagged:
         worst = flagged[0]
@@ -70,6 +68,10 @@ def decide(*, comparisons: list[MetricComparison], decision: DecisionConfig, qua
                                       + (f" (and {len(flagged) - 1} more)" if len(flagged) > 1 else "") + ".")
     if quality.violations:
         return result(Outcome.REJECT, f"quality limit broken: {quality.violations[0]}.")
+    undefined = [c.metric for c in deciding if c.ratio is None]
+    if undefined:
+        return result(Outcome.INVALID, f"decision metric(s) {', '.join(undefined)} undefined in some repeat "
+                                       "(no successful request in a run).")
     target = deciding[0]
     not_shown = [c for c in deciding if not c.non_inferior]
     if target.verdict == "IMPROVEMENT" and not not_shown:

@@ -11,11 +11,10 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
-from harness.analysis.model import CapacityEntry
+from harness.analysis.model import Attempt, CapacityEntry
 from harness.errors import UserError
 from harness.records.decision_config import AnalysisConfig, analysis_config_from_mapping
 from harness.records.run_dir import RunDir
@@ -26,17 +25,6 @@ RESULT_NAME = re.compile(r"^(?P<arm>baseline|candidate)-r(?P<repeat>\d+)\.parque
 
 class UnusableRunDir(UserError):
     """The directory cannot be analysed at all (missing, not a run directory, or without results)."""
-
-
-class Attempt(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    arm: str
-    repeat: int
-    attempt: int = 0
-    status: Literal["accepted", "retried", "crashed", "invalid"]
-    reason: str = ""
-    path: str | None = None
-    final: bool | None = None  # True: this attempt's result is results/<arm>-r<k>.parquet
 
 
 def final_attempt(attempts: list[Attempt], arm: str, repeat: int) -> Attempt | None:
@@ -52,6 +40,7 @@ class RunInputs:
     config: AnalysisConfig
     declared: bool  # the decision rule came from a readable experiment.toml
     experiment: str
+    mode: str | None  # "A/A" or "A/B" as the experiment layer derived it
     environment: dict[str, object]
     attempts: list[Attempt]
     results: dict[tuple[str, int], Path]
@@ -70,20 +59,20 @@ def _json(path: Path, notes: list[str], what: str) -> object | None:
         return None
 
 
-def _config(run: RunDir, notes: list[str]) -> tuple[AnalysisConfig, bool, str]:
+def _config(run: RunDir, notes: list[str]) -> tuple[AnalysisConfig, bool, str, str | None]:
+    """(config, declared, experiment name, mode); defaults and a note when experiment.toml is unusable."""
     path = run.experiment_toml
     if not path.exists():
         notes.append("no experiment.toml: analysed with default SLOs and decision rule, so no decision is made")
-        return AnalysisConfig(), False, run.root.name
+        return AnalysisConfig(), False, run.root.name, None
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
         config = analysis_config_from_mapping(data, path.name)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, UserError) as error:
         notes.append(f"experiment.toml is unusable ({error}); analysed with defaults, so no decision is made")
-        return AnalysisConfig(), False, run.root.name
-    section = data.get("experiment")
-    name = data.get("name") or (section.get("name") if isinstance(section, dict) else None)
-    return config, True, str(name or run.root.name)
+        return AnalysisConfig(), False, run.root.name, None
+    mode = data.get("mode")
+    return config, True, str(data.get("name") or run.root.name), str(mode) if mode else None
 
 
 def _attempts(run: RunDir, notes: list[str]) -> list[Attempt]:
@@ -125,8 +114,8 @@ def read_inputs(root: Path) -> RunInputs:
     if not results:
         raise UnusableRunDir(f"{run.root}: no result files in results/; not a run directory, or the run "
                              "never finished a repeat — re-run `replaybench run`")
-    config, declared, experiment = _config(run, notes)
+    config, declared, experiment, mode = _config(run, notes)
     environment = _json(run.env_json, notes, "environment")
-    return RunInputs(run=run, config=config, declared=declared, experiment=experiment,
+    return RunInputs(run=run, config=config, declared=declared, experiment=experiment, mode=mode,
                      environment=environment if isinstance(environment, dict) else {},
                      attempts=_attempts(run, notes), results=results, capacity=_capacity(run, notes), notes=notes)

@@ -73,6 +73,19 @@ class RunRow(_Record):
     simulated: bool
 
 
+class Attempt(BaseModel):
+    """One entry of attempts.json (written by the experiment runner)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    arm: str
+    repeat: int
+    attempt: int = 0
+    status: Literal["accepted", "retried", "crashed", "invalid"]
+    reason: str = ""
+    path: str | None = None
+    final: bool | None = None  # True: this attempt's result is results/<arm>-r<k>.parquet
+
+
 class ExcludedRepeat(_Record):
     repeat: int
     reasons: list[str]
@@ -158,6 +171,7 @@ class Summary(_Record):
 
     run_dir: str
     experiment: str
+    mode: str | None  # "A/A" (candidate = baseline: calibrates the noise floor) or "A/B"
     decision: Decision
     comparisons: list[MetricComparison]
     runs: list[RunRow]
@@ -167,6 +181,7 @@ class Summary(_Record):
     review_requests: list[ReviewRequest]
     review_windows: list[ReviewWindow]
     environment: dict[str, object]
+    failed_attempts: list[Attempt]  # every retried, crashed or invalid attempt, for the record
     simulated: bool
     notes: list[str]
     alpha: float

@@ -47,7 +47,10 @@ class RunMetrics:
     simulated: bool
     time_scale: float | None
     requests: pd.DataFrame  # one row per request, with derived tpot_s, max_itl_s, ok, slo_met, block
-    metrics: dict[str, float]
+    metrics: dict[str, float]  # true values, as shown
+    # The same, but a zero count taken as half a request so log-ratios stay finite: an arm that meets no SLO
+    # is a regression, not an undefined one. Equal to `metrics` whenever every count is at least one.
+    comparable: dict[str, float]
     failures: dict[str, int]
     fidelity: Fidelity
     duration_s: float
@@ -122,6 +125,19 @@ def _quantile_metrics(name: str, values: np.ndarray) -> dict[str, float]:
     return {f"{name}_{q}": float(v) for q, v in zip(QUANTILES, points, strict=True)}
 
 
+def _count_metrics(met: int, successes: int, n: int, duration: float, gpu_cost: float,
+                   zero_as: float) -> dict[str, float]:
+    """Metrics built from request counts; a zero count is replaced by `zero_as` (see `RunMetrics.comparable`)."""
+
+    def count(value: int) -> float:
+        return float(value) if value > 0 else zero_as
+
+    cost_per_success = gpu_cost / count(successes) if count(successes) else math.nan
+    return {"slo_attainment": count(met) / max(n, 1), "goodput": count(met) / duration,
+            "throughput": count(successes) / duration, "failure_rate": count(n - successes) / max(n, 1),
+            "cost_per_success": cost_per_success}
+
+
 def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionConfig,
              cost: CostConfig) -> RunMetrics:
     """Read one accepted result file and reduce it to `RunMetrics`."""
@@ -150,16 +166,12 @@ def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionC
         **{f"itl_{q}": float(v) for q, v in zip(QUANTILES, itl_points, strict=True)},
         **_quantile_metrics("tpot", tpot),
         **_quantile_metrics("e2e", e2e),
-        "slo_attainment": float(met.mean()) if n else math.nan,
-        "goodput": float(met.sum() / duration),
-        "throughput": float(successes / duration),
-        # Half a failure keeps the log-ratio finite when an arm has none (both arms get the same offset).
-        "failure_rate": float(((n - successes) + 0.5) / max(n, 1)),
-        "cost_per_success": float(gpu_hours * cost.gpu_hour_price / successes) if successes else math.nan,
     }
+    counts = (int(met.sum()), successes, n, duration, gpu_hours * cost.gpu_hour_price)
     failures = {str(k): int(v) for k, v in frame.loc[~ok, "error"].fillna("bad_status").value_counts().items()}
     return RunMetrics(arm=meta[META_ARM], repeat=int(meta[META_REPEAT]), path=path,
                       simulated=meta.get(META_SIMULATED, "").lower() == "true",
                       time_scale=float(meta[META_TIME_SCALE]) if meta.get(META_TIME_SCALE) else None,
-                      requests=frame, metrics=metrics, failures=failures, fidelity=fidelity,
+                      requests=frame, metrics=metrics | _count_metrics(*counts, zero_as=0.0),
+                      comparable=metrics | _count_metrics(*counts, zero_as=0.5), failures=failures, fidelity=fidelity,
                       duration_s=duration, histograms=histograms)

@@ -92,7 +92,8 @@ def _ports(config: ExperimentConfig) -> list[Finding]:
     return []
 
 
-def _gpus(config: ExperimentConfig, gpus: list[GpuInfo] | None) -> list[Finding]:
+def gpu_findings(config: ExperimentConfig, gpus: list[GpuInfo] | None) -> list[Finding]:
+    """Both arms must see GPUs that exist, of one model and memory size; a CPU box runs the embedded engine."""
     wanted = {arm: config.arm(arm).gpus for arm in ARMS}
     if gpus is None:
         if any(wanted.values()):
@@ -111,8 +112,12 @@ def _gpus(config: ExperimentConfig, gpus: list[GpuInfo] | None) -> list[Finding]
     if all(models.values()) and models["baseline"] != models["candidate"]:
         found.append(Finding("fail", "gpus", f"the arms get different GPUs ({models['baseline']} vs "
                                              f"{models['candidate']}); give both arms the same GPU model"))
-    if config.order == "simultaneous" and set(wanted["baseline"]) & set(wanted["candidate"]):
+    shared = set(wanted["baseline"]) & set(wanted["candidate"])
+    if config.order == "simultaneous" and shared:
         found.append(Finding("fail", "gpus", "simultaneous arms share a GPU; give each arm its own GPU"))
+    elif shared and not config.restart_per_repeat:
+        found.append(Finding("warn", "gpus", f"restart_per_repeat = false keeps both servers up at once, and they "
+                                             f"share GPU(s) {sorted(shared)}; give each arm its own GPUs"))
     if not found:
         names = ", ".join(f"{g.index}: {g.name} {g.memory_mib} MiB" for g in gpus)
         found.append(Finding("ok", "gpus", f"{len(gpus)} GPU(s) visible ({names})"))
@@ -193,5 +198,5 @@ def run_checks(config: ExperimentConfig) -> list[Finding]:
         if label == "candidate" and config.arms.candidate == "baseline":
             continue
         found += _launch(label, arm) if arm.launched else _attached(label, arm)
-    return found + _ports(config) + _gpus(config, query_gpus()) + _architecture(config) + _declarations(config) \
+    return found + _ports(config) + gpu_findings(config, query_gpus()) + _architecture(config) + _declarations(config) \
         + _policy(config)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from harness.experiment.check import Finding
     from harness.experiment.config import ExperimentConfig
+    from harness.records.run_dir import RunDir
 
 _LEVEL_STYLE = {"ok": "[green]ok  [/]", "warn": "[yellow]WARN[/]", "fail": "[red]FAIL[/]"}
 _OUTCOME_STYLE = {"KEEP": "green", "REJECT": "red", "INCONCLUSIVE": "yellow", "INVALID": "magenta"}
@@ -96,6 +97,7 @@ def print_summary(console: Console, root: Path) -> None:
 
 def run(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="experiment .toml")] = None,
+    # accepted so the documented `replaybench run --paired` works; every run is paired (A/B or A/A)
     paired: Annotated[bool, typer.Option("--paired", help="run baseline and candidate (always on; explicit)")] = True,
     repeats: Annotated[int | None, typer.Option("--repeats", min=1, help="override the config's repeats")] = None,
     resume: Annotated[Path | None, typer.Option("--resume", help="continue an interrupted run directory")] = None,
@@ -110,17 +112,12 @@ def run(
     print_summary(console, root)
 
 
-def execute_run(console: Console, config_path: Path | None, repeats: int | None, resume: Path | None,
-                save_outputs: bool, output_dir: Path) -> Path:
-    """Check, freeze, run every repeat, build the report; returns the run directory. Used by the demo too."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+def _open_run(console: Console, config_path: Path | None, repeats: int | None, resume: Path | None,
+              save_outputs: bool, output_dir: Path) -> tuple[ExperimentConfig, RunDir]:
+    """A resumed run directory, or a new one with the checked config frozen and env.json written."""
     from harness.experiment.config import load_config, with_ports
     from harness.experiment.environment import collect_environment, write_environment
     from harness.experiment.rundir import freeze_config, load_frozen, new_run_dir
-    from harness.experiment.runner import ExperimentRunner
-    from harness.report.build import build_report
-    from harness.servers.cleanup import Terminated
 
     if resume is not None:
         config, run_dir = load_frozen(resume)
@@ -128,21 +125,34 @@ def execute_run(console: Console, config_path: Path | None, repeats: int | None,
             raise UserError(f"--repeats {repeats} differs from the frozen run ({config.repeats}); "
                             "a resumed run keeps its declared settings: drop --repeats")
         _preflight(console, config)
-    else:
-        if config_path is None:
-            raise UserError("give --config EXPERIMENT.toml (or --resume RUN_DIR); see configs/demo.toml")
-        config = load_config(config_path)
-        updates: dict[str, object] = {}
-        if repeats is not None:
-            updates["repeats"] = repeats
-        if save_outputs:
-            updates["replay"] = config.replay.model_copy(update={"save_outputs": True})
-        config = config.model_copy(update=updates)
-        _preflight(console, config)
-        config = with_ports(config)
-        run_dir = new_run_dir(output_dir, config.name)
-        freeze_config(config, run_dir)
-        write_environment(run_dir.env_json, collect_environment(config, sys.argv))
+        return config, run_dir
+    if config_path is None:
+        raise UserError("give --config EXPERIMENT.toml (or --resume RUN_DIR); see configs/demo.toml")
+    config = load_config(config_path)
+    updates: dict[str, object] = {}
+    if repeats is not None:
+        updates["repeats"] = repeats
+    if save_outputs:
+        updates["replay"] = config.replay.model_copy(update={"save_outputs": True})
+    config = config.model_copy(update=updates)
+    _preflight(console, config)
+    config = with_ports(config)
+    run_dir = new_run_dir(output_dir, config.name)
+    freeze_config(config, run_dir)
+    write_environment(run_dir.env_json, collect_environment(config, sys.argv))
+    return config, run_dir
+
+
+def execute_run(console: Console, config_path: Path | None, repeats: int | None, resume: Path | None,
+                save_outputs: bool, output_dir: Path) -> Path:
+    """Check, freeze, run every repeat, build the report; returns the run directory. Used by the demo too."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from harness.experiment.runner import ExperimentRunner
+    from harness.report.build import build_report
+    from harness.servers.cleanup import Terminated
+
+    config, run_dir = _open_run(console, config_path, repeats, resume, save_outputs, output_dir)
     console.print(f"run directory: {run_dir.root}")
     steps = 2 * config.repeats + (1 if config.quality_tasks else 0)
     columns = (TextColumn("{task.description:<32}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

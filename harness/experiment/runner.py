@@ -26,6 +26,7 @@ from harness.experiment.simultaneous import ReplayJob, replay_together
 from harness.records.result_schema import META_SIMULATED
 from harness.records.run_dir import RunDir
 from harness.replay import ReplayOptions, ReplayOutcome
+from harness.replay.segments import partial_dir
 from harness.servers import ServerStartError, scrape_metrics
 from harness.servers.cleanup import termination_signals_raise
 from harness.trace.model import Trace
@@ -95,7 +96,7 @@ class ExperimentRunner:
     def _run_arm(self, arm: str, repeat: int) -> None:
         for tries in range(1, self.config.max_attempts + 1):
             self._progress(f"{arm} r{repeat} attempt {tries}", 0)
-            attempt = self.log.next_attempt(arm, repeat)
+            attempt = self._next_attempt(arm, repeat)
             output = self.run.attempt(arm, repeat, attempt)
             verdict, outcome = self._attempt(arm, repeat, attempt, output)
             final = verdict.status == "accepted" or tries == self.config.max_attempts
@@ -121,7 +122,7 @@ class ExperimentRunner:
         """Both arms at once against one shared start; a failure of either re-runs the pair."""
         for tries in range(1, self.config.max_attempts + 1):
             self._progress(f"both arms r{repeat} attempt {tries}", 0)
-            attempts = {arm: self.log.next_attempt(arm, repeat) for arm in ARMS}
+            attempts = {arm: self._next_attempt(arm, repeat) for arm in ARMS}
             verdicts, outcomes = self._pair_attempt(repeat, attempts)
             last = tries == self.config.max_attempts
             ok = all(v.status == "accepted" for v in verdicts.values())
@@ -159,6 +160,18 @@ class ExperimentRunner:
         return verdicts, outcomes
 
     # ---- one arm's pieces -----------------------------------------------------------------------------
+    def _next_attempt(self, arm: str, repeat: int) -> int:
+        """The next attempt number; an attempt that replaybench died in (SIGKILL, power loss) is listed first."""
+        attempt = self.log.next_attempt(arm, repeat)
+        while partial_dir(self.run.attempt(arm, repeat, attempt)).exists():
+            orphan = partial_dir(self.run.attempt(arm, repeat, attempt))
+            self.log.add(Attempt(arm=arm, repeat=repeat, attempt=attempt, status="retried",
+                                 reason="replaybench died during this attempt; its finished rows can be recovered "
+                                        "with `replaybench replay-recover`",
+                                 path=str(orphan.relative_to(self.run.root)), final=False))
+            attempt += 1
+        return attempt
+
     def _ensure_started(self, arm: str, repeat: int) -> Verdict | None:
         """Start (or restart) the arm's server when needed and warm it up; a failure is a crashed attempt."""
         server = self.servers[arm]

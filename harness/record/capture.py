@@ -48,9 +48,9 @@ class Capturer:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
 
     async def _record(self, request_id: str, exchange: Exchange) -> None:
-        self._recording.append(await self.row(request_id, exchange))
+        self._recording.append(await self._row(request_id, exchange))
 
-    async def row(self, request_id: str, exchange: Exchange) -> RecordedRow:
+    async def _row(self, request_id: str, exchange: Exchange) -> RecordedRow:
         body, outcome = exchange.request.body, exchange.outcome
         redacted = await self._redactor.redact(body)
         streamed = exchange.request.streaming

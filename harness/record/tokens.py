@@ -48,7 +48,7 @@ def fallback_tokens(body: dict[str, Any]) -> list[int]:
 class Tokenizer:
     """Tokenises request bodies with the upstream's `/tokenize`, or with the fallback when it has none."""
 
-    def __init__(self, session: aiohttp.ClientSession | None, upstream: URL, use_upstream: bool) -> None:
+    def __init__(self, session: aiohttp.ClientSession, upstream: URL, use_upstream: bool) -> None:
         self._session = session
         self._url = upstream / "tokenize"
         self.upstream = use_upstream
@@ -67,7 +67,7 @@ class Tokenizer:
 
     async def tokens(self, body: dict[str, Any]) -> list[int] | None:
         """Token ids of the request's prompt; None if the upstream could not tokenise it."""
-        if not self.upstream or self._session is None:
+        if not self.upstream:
             return fallback_tokens(body)
         query = {k: body[k] for k in ("model", "prompt", "messages") if k in body}
         try:

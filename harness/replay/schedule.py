@@ -3,7 +3,8 @@
 asyncio's timer wakes up to ~1 ms late (epoll has millisecond resolution), so we sleep coarsely until
 ~1 ms before the deadline, then yield to the loop (so in-flight streams keep being read) until ~50 µs
 before it, then spin. The blocking spin is kept short: at thousands of requests/s the gaps are a few
-hundred µs and a longer spin would starve the streams the loop should be reading. CLOCK_MONOTONIC is system-wide on Linux, so every worker process shares one t0.
+hundred µs and a longer spin would starve the streams the loop should be reading. CLOCK_MONOTONIC is
+system-wide on Linux, so every worker process shares one t0.
 """
 
 from __future__ import annotations

@@ -112,7 +112,8 @@ def latency_ecdfs(plots: PlotData) -> str:
         axis.set_title(LATENCY_TITLES[kind], fontsize=9)
         axis.set_ylim(0, 1.01)
     axes[0].set_ylabel("fraction of requests")
-    axes[0].legend(loc="lower right", frameon=False)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(loc="lower right", frameon=False)
     figure.tight_layout()
     return _data_uri(figure)
 
@@ -120,7 +121,8 @@ def latency_ecdfs(plots: PlotData) -> str:
 def attainment_over_time(plots: PlotData, target: float) -> str:
     figure, axis = plt.subplots(figsize=(7.2, 2.6))
     for arm, values in plots.attainment.items():
-        axis.plot(plots.block_starts_s, values * 100, drawstyle="steps-post", color=ARM_COLOURS.get(arm),
+        axis.plot(np.append(plots.window_starts_s, plots.window_starts_s[-1] + plots.window_s),
+                  np.append(values, values[-1]) * 100, drawstyle="steps-post", color=ARM_COLOURS.get(arm),
                   label=arm, lw=1.4)
     axis.axhline(target * 100, color="#cf222e", lw=0.8, ls="--", label=f"target {target:.0%}")
     axis.set_xlabel("trace time (s)")

@@ -72,12 +72,11 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
         "lag": figures.lag_histogram(plots, lag_budget_s),
         "rate": figures.rate_fidelity(s.runs),
     }
-    block_s = float(np.diff(plots.block_starts_s[:2])[0]) if len(plots.block_starts_s) > 1 else 0.0
     return _ENV.get_template("index.html.j2").render(
         s=s, fig=fig, arms=ARMS, failures=failures, repeat_metrics=REPEAT_TABLE_METRICS,
-        environment=_flatten(s.environment), slo_text=_slo_text(slo), block_s=block_s,
+        environment=_flatten(s.environment), slo_text=_slo_text(slo), window_s=plots.window_s,
         generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        pct=pct, num=_num, secs=_secs, value=_value,
+        pct=lambda ratio: "—" if ratio is None else pct(ratio), num=_num, secs=_secs, value=_value,
         mean=lambda xs: float(np.exp(np.mean(np.log(xs)))) if xs and all(x > 0 for x in xs) else None,
         ci=lambda low, high: "—" if low is None else pct_interval(low, high),
         money=lambda v: "—" if v is None else f"{v:.3g} {s.cost.currency}",

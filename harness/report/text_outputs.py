@@ -28,6 +28,9 @@ def summary_markdown(summary: Summary) -> str:
              d.reason, ""]
     if summary.simulated:
         lines += ["> Results come from the **simulated engine**, not real servers.", ""]
+    if summary.mode == "A/A":
+        lines += ["> **A/A run** (both arms serve identically): a KEEP or REJECT here is a false alarm, "
+                  f"expected at most {summary.alpha:.0%} of the time.", ""]
     lines += ["| metric | role | change | 95% CI | margin | verdict |", "|---|---|---|---|---|---|"]
     for c in summary.comparisons:
         verdict = c.verdict or (f"q={c.q_value:.3f}" if c.q_value is not None else "—")

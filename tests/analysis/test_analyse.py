@@ -204,3 +204,16 @@ def test_output_length_mismatches_are_counted(tmp_path: Path) -> None:
     rows = {(r.arm, r.repeat): r for r in analyse_run_dir(run.root).summary.runs}
     assert rows[("candidate", 0)].output_mismatches == rows[("candidate", 0)].successes
     assert rows[("baseline", 0)].output_mismatches == 0
+
+
+def test_a_candidate_failing_every_request_is_rejected(tmp_path: Path) -> None:
+    run = make_run(tmp_path, repeats=3, seed=13)
+    for repeat in range(3):
+        table, meta = read_results(run.result("candidate", repeat))
+        errors = pa.array(["connect"] * table.num_rows, pa.string())
+        table = table.set_column(table.schema.get_field_index("error"), "error", errors)
+        write_results(run.result("candidate", repeat), table, meta)
+    summary = analyse_run_dir(run.root).summary
+    assert next(c for c in summary.comparisons if c.metric == "slo_attainment").verdict == "REGRESSION"
+    assert summary.decision.outcome is Outcome.REJECT
+    assert summary.runs[1].failures == {"connect": summary.runs[1].requests}

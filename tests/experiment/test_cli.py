@@ -12,8 +12,6 @@ import time
 import tomllib
 from pathlib import Path
 
-import pytest
-
 from harness.records.result_io import read_results
 from tests.conftest import stray_servers, wait_for_no_strays
 from tests.experiment.support import config_dict, sim_command, tiny_trace, write_config
@@ -144,17 +142,32 @@ def test_ctrl_c_then_resume_continues_from_the_last_complete_repeat(tmp_path: Pa
     assert (run / "index.html").is_file()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_sigterm_or_sigkill_of_replaybench_leaves_no_server(tmp_path: Path, sig: int) -> None:
+def test_sigterm_of_replaybench_leaves_no_server(tmp_path: Path) -> None:
     process, _ = _start_run(tmp_path, repeats=3)
     try:
         _wait_for(lambda: bool(stray_servers()), process)
-        process.send_signal(sig)  # only replaybench itself, as a supervisor or the OOM killer would
+        process.send_signal(signal.SIGTERM)  # only replaybench itself, as a supervisor would
         process.wait(timeout=60)
     finally:
         process.kill()
         process.communicate()
-    if sig == signal.SIGTERM:
-        assert process.returncode in (130, 143) and stray_servers() == {}
-    else:  # nothing in replaybench runs after SIGKILL: the watchdog and PDEATHSIG stop the server
-        assert wait_for_no_strays(15.0) == {}
+    assert process.returncode in (130, 143) and stray_servers() == {}
+
+
+def test_sigkill_mid_replay_leaves_no_server_and_resume_lists_the_lost_attempt(tmp_path: Path) -> None:
+    process, output = _start_run(tmp_path, repeats=1)
+    try:
+        _wait_for(lambda: any(output.glob("*/attempts/*.partial")), process)
+        process.kill()  # nothing in replaybench runs after SIGKILL: the watchdog and PDEATHSIG stop the server
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+        process.communicate()
+    assert wait_for_no_strays(15.0) == {}
+    run = only_run_dir(output)
+    result = replaybench("run", "--resume", str(run))
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = json.loads((run / "attempts.json").read_text())
+    lost = [a for a in log if "replaybench died during this attempt" in a["reason"]]
+    assert len(lost) == 1 and lost[0]["attempt"] == 1 and str(lost[0]["path"]).endswith("-a1.parquet.partial")
+    assert sorted((a["arm"], a["repeat"]) for a in log if a["final"]) == [("baseline", 0), ("candidate", 0)]

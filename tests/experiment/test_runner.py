@@ -107,7 +107,8 @@ def test_crashed_server_is_retried_and_every_attempt_kept(tmp_path: Path) -> Non
 
 
 def test_invalid_runs_are_retried_then_kept_and_labelled(tmp_path: Path) -> None:
-    config, run = start_run(tmp_path, repeats=1, max_attempts=2, decision={"lag_budget_s": 1e-9, "min_repeats": 2})
+    config, run = start_run(tmp_path, repeats=1, max_attempts=2, restart_per_repeat=False,
+                            decision={"lag_budget_s": 1e-9, "min_repeats": 2})
     ExperimentRunner(config, run).execute()
     baseline = [a for a in attempts(run) if a["arm"] == "baseline"]
     assert [(a["status"], a["final"]) for a in baseline] == [("invalid", False), ("invalid", True)]

@@ -30,6 +30,8 @@ from harness.trace.model import Trace
 
 @dataclass
 class ExportResult:
+    """What was written, and what the user must know to replay it elsewhere (`notes`)."""
+
     path: Path
     rows: int
     block_size: int
