@@ -128,7 +128,8 @@ def main() -> None:
         cores = os.cpu_count() or 1
         machine = (f"Measured on a shared {cores}-core machine with ~8 other engineers building and testing at the "
                    "same time: the client, the upstream and their neighbours compete for the cores, so every figure "
-                   "here is pessimistic." if cores <= 4 else
+                   "here is pessimistic. The same benchmark on an otherwise idle 16-core host (no other load) is in "
+                   "bench/results/bench_replay-16core-host.md." if cores <= 4 else
                    f"Measured on an otherwise idle {cores}-core host (the GPU host of the device lease).")
         notes = "\n\n".join([
             "Send lag = actual - intended send time. `client_*` is what the replay records (time.monotonic() just "

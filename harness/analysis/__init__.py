@@ -1,1 +1,3 @@
-"""analysis package (DESIGN §1)."""
+"""Per-run metrics, paired statistics over repeats, and the KEEP / REJECT / INCONCLUSIVE / INVALID decision
+(DESIGN §7). Entry point: `harness.analysis.analyse.analyse_run_dir(run_dir)`; the statistics core
+(`paired_stats`, `gate_rule`, `block_bootstrap`) works on plain arrays so it can be tested on simulations."""

@@ -112,7 +112,8 @@ def _run_row(run: RunMetrics) -> RunRow:
                   requests=len(run.requests), successes=int(run.requests["ok"].sum()), metrics=run.metrics,
                   failures=run.failures, lag_p50_ms=ms(f.lag_p50_s), lag_p99_ms=ms(f.lag_p99_s),
                   lag_max_ms=ms(f.lag_max_s), offered_rate=f.offered_rate, achieved_rate=f.achieved_rate,
-                  output_mismatches=f.output_mismatches, duration_s=run.duration_s, simulated=run.simulated)
+                  output_mismatches=f.output_mismatches, duration_s=run.duration_s, time_scale=run.time_scale,
+                  simulated=run.simulated)
 
 
 def _attainment_windows(runs: list[RunMetrics], blocks: TimeBlocks) -> tuple[np.ndarray, float]:

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import typer
 
-GATE_HELP = """Decide KEEP / REJECT / INCONCLUSIVE / INVALID for a run directory and exit with it.
-
-Exit status: 0 KEEP, 1 REJECT, 2 INCONCLUSIVE, 3 INVALID (also for a missing or unusable run directory).
-Note: typer also exits 2 on a usage error (e.g. a misspelt option); those print `Usage:` on stderr, the gate
-prints its one-line verdict on stdout. Never needs the servers: it re-reads the result files."""
+GATE_HELP = (
+    "Decide KEEP / REJECT / INCONCLUSIVE / INVALID for a run directory and exit with it.\n\n"
+    "Exit status: 0 KEEP, 1 REJECT, 2 INCONCLUSIVE, 3 INVALID (also for a missing or unusable run directory).\n\n"
+    "Note: the CLI also exits 2 on a usage error such as a misspelt option; those print `Usage:` or `error:` "
+    "on stderr, while the gate always prints its one-line verdict on stdout.\n\n"
+    "Never needs the servers: it re-reads the result files."
+)
 
 
 def gate(run_dir: Path = typer.Argument(..., help="Run directory written by `replaybench run`.")) -> None:

@@ -45,12 +45,19 @@ def _bootstrap_cis(pairs: list[tuple[RunMetrics, RunMetrics]], metrics: list[str
     return out
 
 
+def _roles(decision: DecisionConfig) -> list[tuple[str, Role, float | None, str]]:
+    """(metric, role, margin, better) for the target, then the gate family, then the exploratory metrics."""
+    return [(rule.metric, "target" if i == 0 else "gate", rule.margin, rule.better)
+            for i, rule in enumerate(decision.decision_rules)] + [
+        (name, "exploratory", None, METRIC_DIRECTIONS[name]) for name in decision.exploratory]
+
+
 def compare_metrics(pairs: list[tuple[RunMetrics, RunMetrics]], decision: DecisionConfig) -> list[MetricComparison]:
-    """Target, gate and exploratory comparisons (in that order) over the valid (baseline, candidate) pairs."""
-    roles: list[tuple[str, Role, float | None, str]] = [
-        (rule.metric, "target" if i == 0 else "gate", rule.margin, rule.better)
-        for i, rule in enumerate(decision.decision_rules)
-    ] + [(name, "exploratory", None, METRIC_DIRECTIONS[name]) for name in decision.exploratory]
+    """Target, gate and exploratory comparisons (in that order) over the valid (baseline, candidate) pairs.
+
+    Log-ratios use `RunMetrics.comparable` (zero counts as half a request); the values shown are the true ones.
+    """
+    roles = _roles(decision)
     names = [name for name, *_ in roles]
     n = len(pairs)
     baseline = np.array([[b.comparable[m] for b, _ in pairs] for m in names]).reshape(len(names), n)

@@ -34,8 +34,8 @@ class MetricComparison(_Record):
     role: Role
     better: Literal["lower", "higher"]
     margin: float | None  # δ for target/gate metrics
-    baseline: list[float]  # one value per valid repeat
-    candidate: list[float]
+    baseline: list[float | None]  # one value per valid repeat (None: undefined, e.g. no successful request)
+    candidate: list[float | None]
     ratio: float | None  # exp(mean paired log-ratio)
     ci_low: float | None
     ci_high: float | None
@@ -61,7 +61,7 @@ class RunRow(_Record):
     reasons: list[str]
     requests: int
     successes: int
-    metrics: dict[str, float]
+    metrics: dict[str, float | None]
     failures: dict[str, int]
     lag_p50_ms: float | None
     lag_p99_ms: float | None
@@ -70,6 +70,7 @@ class RunRow(_Record):
     achieved_rate: float | None
     output_mismatches: int
     duration_s: float
+    time_scale: float | None  # trace time compression the run replayed at (< 1: faster than recorded)
     simulated: bool
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -27,17 +28,19 @@ def _paired_frame(pairs: list[tuple[RunMetrics, RunMetrics]]) -> pd.DataFrame:
 
 def _outputs(run: RunMetrics, request_ids: list[str]) -> dict[str, str | None]:
     """Saved output text of a few requests, read from the result file only when the review needs it."""
+    if not request_ids:
+        return {}
     try:
         table = pq.read_table(run.path, columns=["request_id", "output_text"],
-                              filters=pc.field("request_id").isin(request_ids))
-    except (OSError, ValueError):
+                              filters=pc.field("request_id").isin(pa.array(request_ids, pa.string())))
+    except (OSError, ValueError, pa.ArrowException):
         return {}
     return dict(zip(table.column("request_id").to_pylist(), table.column("output_text").to_pylist(), strict=True))
 
 
 def review_tables(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks,
                   top: int = 10) -> tuple[list[ReviewRequest], list[ReviewWindow]]:
-    """Top `top` requests by paired E2E regression and top windows by paired TTFT regression."""
+    """Top `top` requests by paired E2E regression and top windows by paired TTFT regression (slower ones only)."""
     frame = _paired_frame(pairs)
     if frame.empty:
         return [], []
@@ -49,6 +52,7 @@ def review_tables(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks
                    .agg(log_e2e=("log_e2e", "mean"), e2e_b=("e2e_s_b", "median"), e2e_c=("e2e_s_c", "median"),
                         prompt_tokens=("prompt_tokens", "first"), output_tokens=("output_tokens", "first"))
                    .nlargest(top, "log_e2e"))
+    per_request = per_request[per_request["log_e2e"] > 0]  # only requests that really got slower
     worst = list(per_request.index)
     last_pair = pairs[-1]
     base_text, cand_text = _outputs(last_pair[0], worst), _outputs(last_pair[1], worst)
@@ -64,6 +68,7 @@ def review_tables(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks
     per_window = (frame.groupby("block")
                   .agg(log_ttft=("log_ttft", "mean"), log_e2e=("log_e2e", "mean"), requests=("request_id", "nunique"))
                   .nlargest(min(top, 5), "log_ttft"))
+    per_window = per_window[(per_window["log_ttft"] > 0) | (per_window["log_e2e"] > 0)]
     windows = [ReviewWindow(start_s=blocks.start_s + block * blocks.block_s,
                             end_s=blocks.start_s + (block + 1) * blocks.block_s,
                             requests=int(row.requests), ttft_ratio=float(np.exp(row.log_ttft)),

@@ -7,7 +7,7 @@ list offsets, and only histograms of them are kept (a run can hold tens of milli
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,15 +55,14 @@ class RunMetrics:
     fidelity: Fidelity
     duration_s: float
     histograms: np.ndarray  # int32 (len(LATENCY_METRICS), blocks, BINS)
-    notes: list[str] = field(default_factory=list)
 
 
-def _column(table: pa.Table, name: str) -> np.ndarray:
-    return table.column(name).to_numpy(zero_copy_only=False)
-
-
-def _float_column(table: pa.Table, name: str) -> np.ndarray:
-    return pc.fill_null(table.column(name).cast(pa.float64()), math.nan).to_numpy(zero_copy_only=False)
+def _numpy_column(table: pa.Table, name: str) -> np.ndarray:
+    """Numbers as float64 with NaN for null (so integer columns with nulls vectorise); anything else as is."""
+    column = table.column(name)
+    if pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
+        column = pc.fill_null(column.cast(pa.float64()), math.nan)
+    return column.to_numpy(zero_copy_only=False)
 
 
 def inter_token_gaps(token_times: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
@@ -99,9 +98,7 @@ def slo_met(frame: pd.DataFrame, slo: SloConfig) -> np.ndarray:
 
 def _request_frame(table: pa.Table, slo: SloConfig) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
     """Per-request frame with derived metrics; also returns the ITL gaps of successful requests and their rows."""
-    frame = pd.DataFrame({name: (_float_column(table, name) if pa.types.is_integer(table.schema.field(name).type)
-                                 or pa.types.is_floating(table.schema.field(name).type) else _column(table, name))
-                          for name in REQUEST_COLUMNS})
+    frame = pd.DataFrame({name: _numpy_column(table, name) for name in REQUEST_COLUMNS})
     status = frame["status"].to_numpy()
     ok = (frame["error"].isna().to_numpy() & np.isfinite(frame["e2e_s"].to_numpy())
           & ~((status < 200) | (status >= 300)))

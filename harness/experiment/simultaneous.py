@@ -1,10 +1,13 @@
 """Replay both arms at the same time (order = "simultaneous"): one process per arm, released together.
 
-`run_replay` forks its own sender processes and wants no threads around, so each arm's replay runs in a
-forked child; a barrier releases both at once. Both replays then start their clocks when their request
-preparation ends, so the two t0 differ by at most the difference in preparation time (prompt synthesis
-against each server), not by a whole run. Ctrl-C reaches both children (same process group); SIGTERM to
-replaybench is forwarded to them, and each keeps the rows it finished.
+`run_replay` starts its own sender processes and wants no threads around, so each arm's replay runs in a
+child process of its own; a barrier releases both at once. The children are *spawned* (fresh
+interpreters), not forked: a forked child would inherit this process's multiprocessing state (e.g. a
+forkserver it does not own) and could not start the replay's workers.
+Both replays start their clocks when their request preparation ends, so the two t0 differ by at most
+the difference in preparation time (prompt synthesis against each server), not by a whole run. Ctrl-C
+reaches both children (same process group); SIGTERM to replaybench is forwarded to them, and each keeps
+the rows it finished.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def _child(trace: Trace, job: ReplayJob, barrier: mp.synchronize.Barrier, result
 
 def replay_together(trace: Trace, jobs: list[ReplayJob]) -> dict[str, ReplayOutcome]:
     """Run every job concurrently; returns outcomes by arm. A `UserError` in either child is raised here."""
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(len(jobs)), ctx.Queue()
     children = [ctx.Process(target=_child, args=(trace, job, barrier, results), name=f"replay-{job.arm}")
                 for job in jobs]

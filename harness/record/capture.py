@@ -23,7 +23,7 @@ class Exchange:
     finished_at: float
     status: int
     outcome: ResponseOutcome
-    session_id: str | None
+    session_id: str | None  # header values as sent: scrubbed when the row is built, off the request path
     tenant: str | None
 
 
@@ -67,14 +67,18 @@ class Capturer:
             else (redacted.prompt_token_count or 0),
             output_tokens=output_tokens,
             params=redacted.params,
-            session_id=exchange.session_id,
+            session_id=_scrubbed(exchange.session_id),
             model=scrub_text(model) if isinstance(model, str) else None,
             prompt=redacted.prompt,
             messages=redacted.messages,
             prefix_block_ids=redacted.prefix_block_ids,
-            tenant=exchange.tenant,
+            tenant=_scrubbed(exchange.tenant),
             status=exchange.status,
             ttft_s=ttft,
             e2e_s=exchange.finished_at - exchange.arrived_at,
             finish_reason=outcome.finish_reason,
         )
+
+
+def _scrubbed(header_value: str | None) -> str | None:
+    return scrub_text(header_value) if header_value else None

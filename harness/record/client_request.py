@@ -50,5 +50,8 @@ class ClientRequest:
         """What goes upstream: the client's bytes, unless usage has to be asked for."""
         if not self.needs_usage_injected:
             return self.raw
+        if "stream_options" not in self.body:  # insert the member after the opening brace: no re-serialising
+            brace = self.raw.index(b"{") + 1
+            return self.raw[:brace] + b'"stream_options":{"include_usage":true},' + self.raw[brace:]
         options = dict(self.body.get("stream_options") or {}) | {"include_usage": True}
         return json.dumps(self.body | {"stream_options": options}, ensure_ascii=False).encode()

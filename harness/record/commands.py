@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from harness.record.options import RecordOptions
 
 NON_TTY_STATUS_EVERY_S = 60.0
+MAX_WORKERS = 64
 
 
 def record(
@@ -34,6 +35,8 @@ def record(
     block_size: int = typer.Option(DEFAULT_BLOCK_SIZE, "--block-size", help="Tokens per prefix block (hash mode)."),
     drain: str = typer.Option("10s", "--drain", help="On shutdown, wait this long for requests in flight."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow listening on a non-loopback address."),
+    workers: int = typer.Option(1, "--workers", help="Proxy processes sharing the port (SO_REUSEPORT); each writes "
+                                                     "its own parts, OUT-w1-0001.parquet, OUT-w2-0001.parquet, ..."),
     recover: Path = typer.Option(None, "--recover", help="Turn segments left in DIR by a killed recorder into "
                                                          "Parquet parts, then exit."),
 ) -> None:
@@ -42,12 +45,13 @@ def record(
         _recover(recover)
         return
     options = _options(upstream, listen, output, redact, rotate, max_body, session_header, tenant_header,
-                       block_size, drain, allow_remote)
+                       block_size, drain, allow_remote, workers)
     _run(options)
 
 
 def _options(upstream: str | None, listen: str, output: Path | None, redact: str, rotate: str, max_body: str,
-             session_header: str, tenant_header: str, block_size: int, drain: str, allow_remote: bool) -> RecordOptions:
+             session_header: str, tenant_header: str, block_size: int, drain: str, allow_remote: bool,
+             workers: int) -> RecordOptions:
     from harness.record.options import (
         RecordOptions,
         check_header_name,
@@ -63,23 +67,24 @@ def _options(upstream: str | None, listen: str, output: Path | None, redact: str
                         "replaybench record --upstream http://127.0.0.1:8000 -o traces/prod.parquet")
     if block_size < 1:
         raise UserError(f"--block-size must be at least 1 (got {block_size}); 16 matches vLLM's KV block")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise UserError(f"--workers must be between 1 and {MAX_WORKERS} (got {workers}); about one per free core")
     host, port = parse_listen(listen, allow_remote)
     return RecordOptions(
         upstream=parse_upstream(upstream), host=host, port=port, output=output, redact=check_redaction(redact),
         rotate_s=parse_duration(rotate), max_body=parse_size(max_body),
         session_header=check_header_name(session_header, "--session-header"),
         tenant_header=check_header_name(tenant_header, "--tenant-header"), block_size=block_size,
-        drain_s=parse_duration(drain, "--drain"))
+        drain_s=parse_duration(drain, "--drain"), workers=workers)
 
 
 def _run(options: RecordOptions) -> None:
-    import asyncio
-
     from rich.console import Console
     from rich.live import Live
     from rich.text import Text
 
-    from harness.record.service import record as run_recorder
+    from harness.record.service import run_recorder
+    from harness.record.workers import run_workers
 
     err = Console(stderr=True, highlight=False)
     live = Live(Text(""), console=err, transient=True, auto_refresh=False) if err.is_terminal else None
@@ -98,16 +103,19 @@ def _run(options: RecordOptions) -> None:
             last_plain[0] = time.monotonic()
             print(line, file=sys.stderr, flush=True)
 
-    if live is not None:
-        live.start()
-    try:
-        stats = asyncio.run(run_recorder(options, announce, report, show_status))
-    finally:
+    if options.workers > 1:  # no live status line: each worker's counters reach the parent when it finishes
+        stats = run_workers(options, announce, report)
+    else:
         if live is not None:
-            live.stop()
+            live.start()
+        try:
+            stats = run_recorder(options, announce, report, show_status)
+        finally:
+            if live is not None:
+                live.stop()
     for line in stats.summary_lines():
         print(line, flush=True)
-    if stats.rows_lost or stats.segments_kept:
+    if stats.rows_lost or stats.segments_kept or stats.worker_deaths:
         raise typer.Exit(1)  # data was lost or still needs `--recover`: let scripts notice
 
 

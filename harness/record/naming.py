@@ -31,6 +31,10 @@ class PartNaming:
         name = output.name.removesuffix(PART_SUFFIX)
         return cls(output.parent, name or DIRECTORY_STEM)
 
+    def for_worker(self, worker: int) -> PartNaming:
+        """Worker `worker` of `--workers N` writes `<stem>-w<worker>-NNNN.parquet`: no two workers share a file."""
+        return PartNaming(self.directory, f"{self.stem}-w{worker}")
+
     def part(self, index: int) -> Path:
         return self.directory / f"{self.stem}-{index:04d}{PART_SUFFIX}"
 

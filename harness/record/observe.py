@@ -78,16 +78,14 @@ class SseObserver:
         return kept if self._strip else b""
 
     def _process(self, data: bytes, now: float) -> bytes:
+        """Observe each event of `data`; when stripping, return the events as the client must see them."""
         out: list[bytes] = []
-        whole_events = list(events(data)) or [data]
-        for event in whole_events:
+        for event in events(data) or [data]:
             obj = json_payload(event)
-            if obj is None:
-                out.append(event)
-                continue
-            self.outcome.observe(obj, now)
+            if obj is not None:
+                self.outcome.observe(obj, now)
             if self._strip:
-                out.append(self._without_usage(event, obj))
+                out.append(event if obj is None else self._without_usage(event, obj))
         return b"".join(out)
 
     def _without_usage(self, event: bytes, obj: dict[str, Any]) -> bytes:

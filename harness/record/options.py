@@ -36,6 +36,7 @@ class RecordOptions:
     tenant_header: str = DEFAULT_TENANT_HEADER
     block_size: int = DEFAULT_BLOCK_SIZE
     drain_s: float = 10.0
+    workers: int = 1
 
 
 def _quantity(text: str, units: dict[str, float], what: str, example: str) -> float:

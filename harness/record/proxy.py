@@ -21,7 +21,6 @@ from harness.record.capture import Capturer, Exchange
 from harness.record.client_request import ClientRequest, recorded_api
 from harness.record.headers import CLIENT_AUTO_HEADERS, end_to_end, upstream_request_headers
 from harness.record.observe import BodyObserver, SseObserver
-from harness.record.secrets import scrub_text
 from harness.record.stats import RecorderStats
 
 CLIENT_CLOSED_STATUS = 499  # recorded when the client went away before the response ended
@@ -107,14 +106,9 @@ class RecordingProxy:
         self._capturer.submit(Exchange(
             request=client_request, arrived_at=arrived_at, finished_at=relayed.finished_at,
             status=CLIENT_CLOSED_STATUS if relayed.client_gone else relayed.status, outcome=observer.outcome,
-            session_id=self._header(request, self._settings.session_header),
-            tenant=self._header(request, self._settings.tenant_header)))
+            session_id=request.headers.get(self._settings.session_header),
+            tenant=request.headers.get(self._settings.tenant_header)))
         return response
-
-    @staticmethod
-    def _header(request: web.Request, name: str) -> str | None:
-        value = request.headers.get(name)
-        return scrub_text(value) if value else None
 
     async def _relay(self, request: web.Request, body: bytes | AsyncIterator[bytes] | None, replaced: bool,
                      observer: Observer | None, relayed: _Relayed) -> web.StreamResponse:

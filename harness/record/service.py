@@ -9,6 +9,7 @@ import secrets
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -31,6 +32,20 @@ from harness.records.trace_schema import (
 )
 
 META_UPSTREAM = "replaybench.record.upstream"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One of `--workers` processes: its number names its files; all share the port and the hash-mode key (so
+    prefix block ids are comparable across the workers' parts)."""
+
+    index: int
+    key: bytes
+
+
+def naming_for(options: RecordOptions, shard: Shard | None) -> PartNaming:
+    naming = PartNaming.from_output(options.output)
+    return naming.for_worker(shard.index) if shard is not None else naming
 
 
 def shown_url(options: RecordOptions) -> str:
@@ -61,29 +76,47 @@ async def _rotate_forever(recording: Recording, every_s: float) -> None:
         await recording.rotate()
 
 
-async def _start_site(runner: web.AppRunner, options: RecordOptions) -> str:
-    site = web.TCPSite(runner, options.host, options.port, backlog=4096)
+def listen_error(options: RecordOptions, exc: OSError) -> UserError:
+    hint = "choose another --listen port" if exc.errno == errno.EADDRINUSE else "check the --listen address"
+    return UserError(f"cannot listen on {options.host}:{options.port} ({exc.strerror or exc}); {hint}")
+
+
+async def _start_site(runner: web.AppRunner, options: RecordOptions, reuse_port: bool) -> str:
+    site = web.TCPSite(runner, options.host, options.port, backlog=4096, reuse_port=reuse_port)
     try:
         await site.start()
     except OSError as exc:
-        hint = "choose another --listen port" if exc.errno == errno.EADDRINUSE else "check the --listen address"
-        raise UserError(f"cannot listen on {options.host}:{options.port} ({exc.strerror or exc}); {hint}") from None
+        raise listen_error(options, exc) from None
     host, port = runner.addresses[0][:2]
     return f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
 
 
+def run_recorder(options: RecordOptions, announce: Callable[[str], None], report: Callable[[str], None],
+                 show_status: Callable[[str], None], shard: Shard | None = None) -> RecorderStats:
+    """`record` on uvloop when installed (it cuts the proxy's CPU per request), else on asyncio's own loop."""
+    try:
+        from uvloop import new_event_loop
+    except ImportError:
+        new_event_loop = None
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(record(options, announce, report, show_status, shard))
+
+
 async def record(options: RecordOptions, announce: Callable[[str], None], report: Callable[[str], None],
-                 show_status: Callable[[str], None]) -> RecorderStats:
+                 show_status: Callable[[str], None], shard: Shard | None = None) -> RecorderStats:
     """Run until SIGINT/SIGTERM; `announce` gets the listening line, `report` error lines, `show_status` the
-    status line once a second. Returns the counters for the summary."""
+    status line once a second. Returns the counters for the summary. A `shard` (one of `--workers`) joins the
+    port with SO_REUSEPORT and writes its own parts."""
     started_at, started_wall = time.monotonic(), dt.datetime.now(dt.UTC)
     stats = RecorderStats()
     stop = _stop_on_signals()
     async with _client_session() as session:
         tokenizer = await Tokenizer.probe(session, options.upstream) if options.redact == "hash" else None
         metadata = _metadata(options, tokenizer, started_wall)
-        recording = Recording(PartNaming.from_output(options.output), metadata, stats, report)
-        redactor = Redactor(options.redact, tokenizer, options.block_size, key=secrets.token_bytes(32))
+        naming = naming_for(options, shard)
+        recording = Recording(naming, metadata, stats, report)
+        key = shard.key if shard is not None else secrets.token_bytes(32)
+        redactor = Redactor(options.redact, tokenizer, options.block_size, key=key)
         capturer = Capturer(secrets.token_hex(4), started_at, redactor, recording)
         settings = ProxySettings(options.upstream, options.max_body, options.session_header, options.tenant_header)
         app = web.Application()
@@ -92,10 +125,10 @@ async def record(options: RecordOptions, announce: Callable[[str], None], report
         await runner.setup()
         background: list[asyncio.Task[None]] = []
         try:
-            url = await _start_site(runner, options)
+            url = await _start_site(runner, options, reuse_port=shard is not None)
             recording.open()
             announce(f"listening on {url} -> {shown_url(options)}; recording {options.redact!r} to "
-                     f"{PartNaming.from_output(options.output).pattern}")
+                     f"{naming.pattern}")
             background += [asyncio.create_task(recording.sync_forever()),
                            asyncio.create_task(_status_forever(stats, recording, show_status))]
             if options.rotate_s > 0:

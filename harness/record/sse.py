@@ -7,11 +7,8 @@ byte-for-byte what the upstream sent.
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterator
 from typing import Any
 
-_EVENT = re.compile(rb"(.*?)(\r?\n\r?\n)", re.DOTALL)
 _WHITESPACE = b" \t\r\n"
 _DECODER = json.JSONDecoder()
 
@@ -22,14 +19,30 @@ def complete_prefix_end(data: bytes) -> int:
     return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
 
 
-def events(data: bytes) -> Iterator[bytes]:
-    """The whole events in `data` (which must end at an event boundary), each with its terminator."""
-    for match in _EVENT.finditer(data):
-        yield match.group(0)
+def events(data: bytes) -> list[bytes]:
+    """The whole events in `data`, each with its terminator (a blank line: LF or CRLF line ends); any unterminated
+    rest is left out. A find() loop: an event is nearly always one line, and a regex costs ten times more here."""
+    found: list[bytes] = []
+    start = pos = 0
+    while (newline := data.find(b"\n", pos)) >= 0:
+        if data[newline + 1:newline + 2] == b"\n":
+            end = newline + 2
+        elif data[newline + 1:newline + 3] == b"\r\n":
+            end = newline + 3
+        else:
+            pos = newline + 1
+            continue
+        found.append(data[start:end])
+        start = pos = end
+    return found
 
 
 def data_payload(event: bytes) -> bytes | None:
     """The event's `data:` field (lines joined by newlines), or None if it has none."""
+    if event.startswith(b"data: "):  # the usual one-line event, without splitting it into lines
+        payload = event[6:].rstrip(_WHITESPACE)
+        if b"\n" not in payload:
+            return payload
     parts = [line[5:].removeprefix(b" ") for line in event.rstrip(_WHITESPACE).split(b"\n")
              if line.startswith(b"data:")]
     if not parts:
@@ -42,7 +55,7 @@ def json_payload(event: bytes) -> dict[str, Any] | None:
     if payload is None or payload == b"[DONE]":
         return None
     try:
-        value = json.loads(payload)
+        value = json.loads(payload.decode())  # a str skips json's encoding detection for bytes
     except ValueError:
         return None
     return value if isinstance(value, dict) else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 
@@ -26,10 +26,20 @@ class RecorderStats:
     not_json: int = 0  # generation request whose body is not a JSON object: forwarded, not recorded
     upstream_failures: int = 0  # upstream unreachable or broken mid-response
     client_disconnects: int = 0
+    worker_deaths: int = 0  # `--workers` processes that died: their last segment needs `--recover`
     bad_lines: int = 0  # torn/unreadable segment lines skipped while writing parts
     parts: list[Path] = field(default_factory=list)
     rows_in_parts: int = 0
     segments_kept: list[Path] = field(default_factory=list)  # could not become parts: use --recover
+
+    @classmethod
+    def added_up(cls, many: list[RecorderStats]) -> RecorderStats:
+        """The counters of several workers as one recording's: numbers summed, lists joined."""
+        total = cls()
+        for one in many:
+            for name in (f.name for f in fields(cls)):
+                setattr(total, name, getattr(total, name) + getattr(one, name))
+        return total
 
     @property
     def not_recorded(self) -> int:
@@ -48,7 +58,8 @@ class RecorderStats:
         losses = {"rows lost to write errors": self.rows_lost, "unfinished at shutdown": self.unfinished,
                   "bodies over --max-body": self.too_large, "bodies not JSON": self.not_json,
                   "torn segment lines": self.bad_lines, "upstream failures": self.upstream_failures,
-                  "client disconnects": self.client_disconnects}
+                  "client disconnects": self.client_disconnects,
+                  "workers that died (run --recover)": self.worker_deaths}
         shown = [f"{label}: {count}" for label, count in losses.items() if count]
         lines.append("not recorded / incidents: " + ("; ".join(shown) if shown else "none"))
         lines += [f"kept segment {segment}; convert it with `replaybench record --recover {segment.parent}`"

@@ -11,8 +11,8 @@ Public API (used by `replaybench replay` and by the paired experiment runner):
     outcome.complete      # False when interrupted (Ctrl-C / SIGTERM): the file keeps every finished request
     outcome.interrupted   # True after Ctrl-C / SIGTERM; the caller should stop too
 
-- `run_replay` is synchronous; it forks `options.workers` sender processes (call it from a process without
-  running threads it would mind forking, and not from inside a running event loop).
+- `run_replay` is synchronous (do not call it from inside a running event loop); it starts
+  `options.workers` sender processes through a multiprocessing forkserver, so callers may have threads.
 - `trace` is a `harness.trace.model.Trace` already sliced by the caller (`trace.slice(start, duration, limit)`);
   `options.time_scale` is applied here. Request bodies depend only on (trace rows, seed, model, api, server
   tokenizer), so two arms serving the same model receive byte-identical bodies.

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
+if TYPE_CHECKING:
+    from harness.replay.options import ReplayOutcome
 
-def _print_summary(outcome: object) -> None:
+
+def _print_summary(outcome: ReplayOutcome) -> None:
     from rich.console import Console
 
     from harness.records.result_io import read_results
     from harness.replay.summary import render_summary
 
-    table, _ = read_results(outcome.path)  # type: ignore[attr-defined]
-    Console().print(render_summary(outcome, table))  # type: ignore[arg-type]
+    table, _ = read_results(outcome.path)
+    Console().print(render_summary(outcome, table))
 
 
 def register(app: typer.Typer) -> None:

@@ -6,8 +6,8 @@ moment old, which is all a progress bar needs.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from dataclasses import dataclass
+from multiprocessing.context import BaseContext
 
 FIELDS = ("sent", "done", "errors", "inflight", "lag_s")
 SENT, DONE, ERRORS, INFLIGHT, LAG = range(len(FIELDS))
@@ -25,9 +25,8 @@ class Totals:
 class WorkerCounters:
     """A block of `len(FIELDS)` shared doubles per worker."""
 
-    def __init__(self, workers: int) -> None:
-        self.workers = workers
-        self._values = mp.get_context("fork").Array("d", workers * len(FIELDS), lock=False)
+    def __init__(self, workers: int, context: BaseContext) -> None:
+        self._values = context.Array("d", workers * len(FIELDS), lock=False)
 
     def add(self, worker: int, field: int, delta: float) -> None:
         self._values[worker * len(FIELDS) + field] += delta

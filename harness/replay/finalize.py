@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from harness.errors import UserError
 from harness.records.fidelity import Fidelity, replay_fidelity
 from harness.records.result_io import results_table, write_results
 from harness.records.result_schema import META_COMPLETE
@@ -28,11 +29,6 @@ META_T0_UNIX = "replaybench.t0_unix"  # the same instant on the wall clock (time
 META_INVALID_REASONS = "replaybench.invalid_reasons"
 
 
-def fidelity_of(table: pa.Table, meta: dict[str, str]) -> Fidelity:
-    return replay_fidelity(table, lag_budget_s=float(meta[META_LAG_BUDGET_S]),
-                           rate_tolerance=float(meta[META_RATE_TOLERANCE]))
-
-
 def error_counts(table: pa.Table) -> dict[str, int]:
     return dict(Counter(e for e in table.column("error").to_pylist() if e is not None))
 
@@ -43,9 +39,14 @@ def finalize(directory: Path, output: Path, complete: bool) -> tuple[pa.Table, F
     rows = sorted(read_rows(directory), key=lambda r: (r["intended_s"], r["request_id"]))
     table = results_table(rows)
     complete = complete and len(rows) == int(meta[META_SCHEDULED])
-    fidelity = fidelity_of(table, meta)
+    fidelity = replay_fidelity(table, lag_budget_s=float(meta[META_LAG_BUDGET_S]),
+                               rate_tolerance=float(meta[META_RATE_TOLERANCE]))
     meta |= {META_COMPLETE: str(complete).lower(), META_VALID: str(fidelity.valid and complete).lower(),
              META_INVALID_REASONS: "; ".join(fidelity.reasons + (() if complete else ("run incomplete",)))}
-    write_results(output, table, meta)
+    try:
+        write_results(output, table, meta)
+    except OSError as exc:
+        raise UserError(f"cannot write {output} ({exc.strerror}); the finished rows are safe in {directory}: "
+                        f"make the path writable and run `replaybench replay-recover {output}`") from None
     shutil.rmtree(directory)
     return table, fidelity

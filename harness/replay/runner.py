@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -102,11 +103,34 @@ def _stop_workers(processes: list[mp.Process]) -> None:
             process.join()
 
 
+def _await_ready(processes: list[mp.Process], signals: StartSignals) -> str | None:
+    """Wait until every worker is ready; the reason they are not, if one died or they are too slow."""
+    deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+    ready = 0
+    while ready < len(processes):
+        if signals.ready.acquire(timeout=POLL_S):
+            ready += 1
+        elif any(p.exitcode not in (None, 0) for p in processes):
+            return "a replay worker died while starting"
+        elif time.monotonic() > deadline:
+            return f"replay workers did not start within {WORKER_START_TIMEOUT_S:g} s (machine overloaded?)"
+    return None
+
+
+@dataclass(frozen=True)
+class WorkersEnd:
+    interrupted: bool  # Ctrl-C / SIGTERM
+    failed: tuple[str, ...]  # "worker K exited with code C" for each worker that died on its own
+
+
 def _run_workers(requests: list[PreparedRequest], url: str, arm: str, repeat: int, options: ReplayOptions,
-                 directory: Path, progress: bool) -> bool:
-    """Run the schedule on `options.workers` processes; True if the run was cut short."""
-    ctx = mp.get_context("fork")
-    counters = WorkerCounters(options.workers)
+                 directory: Path, progress: bool) -> WorkersEnd:
+    """Run the schedule on `options.workers` processes until they finish or the run is interrupted."""
+    # forkserver, not fork: the caller may have threads (a fork would copy their held locks), and a clean
+    # server process that has imported the worker code once starts each worker in milliseconds.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["harness.replay.worker"])
+    counters = WorkerCounters(options.workers, ctx)
     signals = StartSignals(ready=ctx.Semaphore(0), go=ctx.Event(), stop=ctx.Event(), t0=ctx.Value("d", 0.0))
     processes = []
     for k in range(options.workers):
@@ -120,9 +144,9 @@ def _run_workers(requests: list[PreparedRequest], url: str, arm: str, repeat: in
         try:
             for process in processes:
                 process.start()
-            for _ in processes:
-                if not signals.ready.acquire(timeout=WORKER_START_TIMEOUT_S):
-                    raise UserError("replay workers did not start within a minute; the machine is overloaded")
+            not_started = _await_ready(processes, signals)
+            if not_started:
+                return WorkersEnd(interrupted=False, failed=(not_started,))
             signals.t0.value = t0 = time.monotonic() + START_DELAY_S
             t0_unix = time.time() + START_DELAY_S
             update_meta(directory, {fin.META_T0_MONOTONIC: repr(t0), fin.META_T0_UNIX: repr(t0_unix)})
@@ -130,14 +154,16 @@ def _run_workers(requests: list[PreparedRequest], url: str, arm: str, repeat: in
             with progress_display(len(requests), progress) as update:
                 while any(p.is_alive() for p in processes):
                     update(counters.totals())
-                    processes[0].join(POLL_S) if processes[0].is_alive() else time.sleep(POLL_S)
+                    time.sleep(POLL_S)
                 update(counters.totals())
         except KeyboardInterrupt:
             interrupted = True
         finally:
             signals.stop.set()
             _stop_workers(processes)
-    return interrupted or any(p.exitcode != 0 for p in processes)
+    failed = () if interrupted else tuple(f"worker {k} exited with code {p.exitcode}"
+                                          for k, p in enumerate(processes) if p.exitcode not in (0, None))
+    return WorkersEnd(interrupted=interrupted, failed=failed)
 
 
 def _outcome(output: Path, directory: Path, complete: bool, interrupted: bool) -> ReplayOutcome:
@@ -146,6 +172,16 @@ def _outcome(output: Path, directory: Path, complete: bool, interrupted: bool) -
     return ReplayOutcome(path=output, fidelity=fidelity, complete=complete and table.num_rows == scheduled,
                          interrupted=interrupted, requests=table.num_rows, scheduled=scheduled,
                          errors=fin.error_counts(table))
+
+
+def _check_writable(output: Path) -> None:
+    """Fail before any request is sent if the result file could not be written."""
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create {output.parent} ({exc.strerror}); choose a writable -o path") from None
+    if not os.access(output.parent, os.W_OK) or output.is_dir():
+        raise UserError(f"cannot write {output}; choose a writable -o path (a file, not a directory)")
 
 
 def run_replay(trace: Trace, url: str, options: ReplayOptions, output: str | os.PathLike[str],
@@ -157,11 +193,16 @@ def run_replay(trace: Trace, url: str, options: ReplayOptions, output: str | os.
     if directory.exists():
         raise UserError(f"{directory} holds an interrupted replay; run `replaybench replay-recover {output}` "
                         "to keep its rows, or delete it")
+    _check_writable(output)
     scaled = trace.slice(time_scale=options.time_scale) if options.time_scale != 1.0 else trace
     requests = asyncio.run(_prepare(scaled, url, options))
     write_meta(directory, _run_meta(trace, url, options, arm, repeat, requests))
-    interrupted = _run_workers(requests, url, arm, repeat, options, directory, progress)
-    return _outcome(output, directory, complete=not interrupted, interrupted=interrupted)
+    end = _run_workers(requests, url, arm, repeat, options, directory, progress)
+    outcome = _outcome(output, directory, complete=not (end.interrupted or end.failed), interrupted=end.interrupted)
+    if end.failed:
+        raise UserError(f"the replay failed ({'; '.join(end.failed)}); its {outcome.requests} finished requests "
+                        f"are in {output}, marked incomplete")
+    return outcome
 
 
 def recover_replay(output: str | os.PathLike[str]) -> ReplayOutcome:

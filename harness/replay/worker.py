@@ -72,8 +72,19 @@ def fast_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+def _parent_alive(pid: int) -> bool:
+    """Whether the replay's parent still runs (workers are children of the forkserver, not of it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def _stopping(job: WorkerJob, signals: StartSignals) -> bool:
-    return signals.stop.is_set() or os.getppid() != job.parent_pid
+    return signals.stop.is_set() or not _parent_alive(job.parent_pid)
 
 
 async def _worker(job: WorkerJob, counters: WorkerCounters, signals: StartSignals) -> None:

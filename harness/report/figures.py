@@ -67,6 +67,11 @@ def forest_plot(comparisons: list[MetricComparison]) -> str:
     """Ratio (candidate / baseline) with its CI per metric, coloured by verdict, the ±δ band shaded grey."""
     shown = [c for c in comparisons if c.ratio is not None]
     figure, axis = plt.subplots(figsize=(7.2, 0.38 * max(len(shown), 2) + 0.9))
+    if not shown:
+        axis.set_axis_off()
+        axis.text(0.5, 0.5, "no metric could be compared: see the verdict", ha="center", va="center",
+                  color="#59636e", transform=axis.transAxes)
+        return _data_uri(figure)
     for row, c in enumerate(reversed(shown)):
         colour = VERDICT_COLOURS.get(c.verdict, VERDICT_COLOURS[None])
         axis.plot([c.ci_low, c.ci_high], [row, row], color=colour, lw=2.4, solid_capstyle="round")
@@ -125,6 +130,8 @@ def attainment_over_time(plots: PlotData, target: float) -> str:
                   np.append(values, values[-1]) * 100, drawstyle="steps-post", color=ARM_COLOURS.get(arm),
                   label=arm, lw=1.4)
     axis.axhline(target * 100, color="#cf222e", lw=0.8, ls="--", label=f"target {target:.0%}")
+    lowest = min([float(np.nanmin(v)) * 100 for v in plots.attainment.values() if np.isfinite(v).any()] + [100.0])
+    axis.set_ylim(max(0.0, min(lowest, target * 100) - 2), 100.5)
     axis.set_xlabel("trace time (s)")
     axis.set_ylabel("SLO attainment (%)")
     axis.legend(frameon=False, ncols=3, loc="lower left")

@@ -45,11 +45,22 @@ def _value(metric: str, value: float | None) -> str:
     return _secs(value)
 
 
+def _geometric_mean(values: list[float | None]) -> float | None:
+    usable = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    return float(np.exp(np.mean(np.log(usable)))) if usable and len(usable) == len(values) else None
+
+
 def _flatten(data: object, prefix: str = "") -> list[tuple[str, str]]:
     if isinstance(data, dict):
         return [item for key, value in data.items() for item in _flatten(value, f"{prefix}{key}.")]
-    text = data if isinstance(data, str) else json.dumps(data)
+    text = data if isinstance(data, str) else "—" if data is None else json.dumps(data)
     return [(prefix.rstrip("."), text[:300])]
+
+
+def _environment(env: dict[str, object]) -> tuple[list[tuple[str, str]], dict[str, list[tuple[str, str]]]]:
+    """Short entries for the key-value list; long tables (e.g. every installed package) to fold away."""
+    folded = {key: _flatten(value) for key, value in env.items() if isinstance(value, dict) and len(value) > 12}
+    return _flatten({k: v for k, v in env.items() if k not in folded}), folded
 
 
 def _slo_text(slo: SloConfig) -> str:
@@ -74,10 +85,10 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
     }
     return _ENV.get_template("index.html.j2").render(
         s=s, fig=fig, arms=ARMS, failures=failures, repeat_metrics=REPEAT_TABLE_METRICS,
-        environment=_flatten(s.environment), slo_text=_slo_text(slo), window_s=plots.window_s,
+        environment=_environment(s.environment), slo_text=_slo_text(slo), window_s=plots.window_s,
         generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         pct=lambda ratio: "—" if ratio is None else pct(ratio), num=_num, secs=_secs, value=_value,
-        mean=lambda xs: float(np.exp(np.mean(np.log(xs)))) if xs and all(x > 0 for x in xs) else None,
+        mean=_geometric_mean,
         ci=lambda low, high: "—" if low is None else pct_interval(low, high),
         money=lambda v: "—" if v is None else f"{v:.3g} {s.cost.currency}",
         pct0=lambda v: "—" if v is None else f"{v:.0%}",

@@ -14,7 +14,7 @@ OUTCOME_ICONS = {"KEEP": "✅", "REJECT": "❌", "INCONCLUSIVE": "⚠️", "INVA
 def decision_json(summary: Summary) -> str:
     payload = summary.decision.model_dump(mode="json") | {"exit_code": summary.decision.exit_code,
                                                           "experiment": summary.experiment}
-    return json.dumps(payload, indent=1) + "\n"
+    return json.dumps(payload, indent=1, ensure_ascii=False) + "\n"
 
 
 def summary_json(summary: Summary) -> str:

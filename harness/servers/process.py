@@ -112,10 +112,14 @@ class ServerProcess:
             stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
             log.write(f"{LOG_HEADER}{stamp}: {shlex.join(spec.argv)}\n".encode())
             log.flush()
-            self._popen = subprocess.Popen(
-                list(spec.argv), env=spec.child_env(), cwd=spec.cwd, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_pdeathsig_preexec(),
-            )
+            try:
+                self._popen = subprocess.Popen(
+                    list(spec.argv), env=spec.child_env(), cwd=spec.cwd, stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_pdeathsig_preexec(),
+                )
+            except OSError as error:
+                raise UserError(f"arm {spec.label}: cannot start {spec.argv[0]!r} ({error.strerror}); fix "
+                                f"arms.{spec.label}.command or its cwd") from None
         Watchdog.guard(self._popen.pid)
         cleanup.track(self)
 

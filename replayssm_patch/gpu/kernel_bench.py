@@ -55,7 +55,7 @@ class Plan:
     graph_calls: int = 20  # calls captured per CUDA graph
     repeats: int = 5  # graph replays timed
     # (block_p, num_warps); ptxas on sm_90 shows no spills for these (flush 32 x 4 and 64 x 4/8 spill)
-    replay_configs: tuple[tuple[int, int], ...] = ((4, 4), (8, 4), (16, 4), (32, 4), (8, 8), (16, 8), (32, 8))
+    replay_configs: tuple[tuple[int, int], ...] = ((4, 4), (8, 4), (16, 4), (32, 4), (64, 4), (16, 8), (32, 8), (64, 8))
     flush_configs: tuple[tuple[int, int], ...] = ((16, 4), (16, 8), (32, 8))
 
 

@@ -33,6 +33,10 @@ After a flush the sequence's next write_pos is 0. Entries at positions >= write_
 reused slot needs no ring reset (stale or non-finite values cannot leak); a new sequence must start at
 write_pos 0 with a checkpoint its prefill wrote (and, in split precision, ``copy_state_to_bf16`` after it).
 
+Prefill that reads stored state (chunked prefill, resumed sequence): first ``flush_ring`` with flush_len =
+the row's ring count (materialise), let vLLM's prefill read/write ssm_state, then ``copy_state_to_bf16``
+for those slots (split precision) and restart the row at write_pos 0.
+
 Entry points (Triton on CUDA or under TRITON_INTERPRET=1; each has a ``*_reference`` twin in plain
 PyTorch with the same signature):
     replay_decode(...)      append x/B/dt at write_pos and return y for every row. Writes the ring only.
@@ -40,6 +44,9 @@ PyTorch with the same signature):
     replay_decode_step(...) both, in the order a decode step needs (replay first, then flush).
     copy_state_to_bf16(...) refresh the bf16 copy of given slots (after prefill wrote the master).
     decode_flush_len(write_pos, L) -> flush_len for a plain decode step (L where write_pos == L-1).
+
+Checks: ``python -m replayssm_patch.kernels.compile_check`` compiles every default variant for sm_90 on
+any machine; ``python -m replayssm_patch.gpu.kernel_bench --out DIR`` measures them against vLLM on a GPU.
 """
 
 from replayssm_patch.kernels.decode_step import replay_decode_step, replay_decode_step_reference

@@ -19,7 +19,7 @@ from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head,
 @triton.jit
 def _flush_kernel(
     A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr,
-    head_dim, d_state, heads_per_group, pad_slot_id,
+    head_dim, d_state, ring_len, heads_per_group, pad_slot_id,
     ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n,
     srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h,
     HAS_BF16: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -28,7 +28,7 @@ def _flush_kernel(
     head = tl.program_id(1)
     pblock = tl.program_id(2)
     slot = tl.load(slot_ptr + row).to(tl.int64)
-    count = tl.load(len_ptr + row)
+    count = tl.minimum(tl.load(len_ptr + row), ring_len)
     if (slot == pad_slot_id) | (slot < 0) | (count <= 0):
         return
     group = head // heads_per_group
@@ -80,10 +80,11 @@ def flush_ring(
     """Fold ring entries [0, flush_len) of each row into ssm_state in place (and into state_bf16 if given).
 
     ssm_state [slots, nheads, head_dim, d_state] is the master (any float dtype; fp32 for split precision);
-    flush_len int [batch]: 0 = leave the row alone. Padding rows are skipped. The ring itself is not
-    cleared: the caller restarts the row's write_pos at 0. ``block_p`` (head_dim rows per program, default
-    16, at least 16 for tl.dot) and ``num_warps`` are GPU tuning knobs only; the fp32 FMA dot is register
-    hungry (ptxas: 16 x 8 warps fits in ~150 registers without spills, 64 x 4 warps spills).
+    flush_len int [batch]: 0 = leave the row alone (values above L count as L). Padding rows are skipped.
+    The ring itself is not cleared: the caller restarts the row's write_pos at 0. ``block_p`` (head_dim
+    rows per program, default 16, at least 16 for tl.dot) and ``num_warps`` are GPU tuning knobs only;
+    the fp32 FMA dot is register hungry (ptxas: 16 x 8 warps fits in ~150 registers without spills,
+    64 x 4 warps spills).
     """
     check_launchable(ssm_state, ring_x)
     nheads, head_dim, d_state = ssm_state.shape[1:]
@@ -96,7 +97,7 @@ def flush_ring(
     copy = state_bf16 if state_bf16 is not None else ssm_state
     _flush_kernel[(batch, nheads, triton.cdiv(head_dim, BLOCK_P))](
         A, ssm_state, copy, ring_x, ring_B, ring_dt, state_indices, flush_len,
-        head_dim, d_state, nheads // ngroups, pad_slot_id,
+        head_dim, d_state, ring_x.shape[1], nheads // ngroups, pad_slot_id,
         *ssm_state.stride(), *copy.stride(), *ring_x.stride(), *ring_B.stride(), *ring_dt.stride(),
         HAS_BF16=state_bf16 is not None,
         BLOCK_L=block_size(ring_x.shape[1], floor=16), BLOCK_P=BLOCK_P, BLOCK_N=block_size(d_state, floor=16),
@@ -125,7 +126,7 @@ def flush_ring_reference(
     rows = (valid_rows(state_indices, pad_slot_id) & (flush_len > 0)).nonzero().squeeze(1)
     if rows.numel() == 0:
         return
-    slots, count = state_indices[rows].long(), flush_len[rows].long()
+    slots, count = state_indices[rows].long(), flush_len[rows].long().clamp(max=ring_x.shape[1])
     live = torch.arange(ring_x.shape[1], device=ring_x.device)[None, :] < count[:, None]  # [R, L]
     dt = torch.where(live[:, :, None], ring_dt[slots].float(), 0.0)  # [R, L, H]
     weight = torch.where(live[:, :, None], torch.exp(A * decay_sum_after_reference(dt, 1)) * dt, 0.0)

@@ -27,7 +27,7 @@ from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head,
 def _replay_decode_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr,
     state_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, pos_ptr, out_ptr,
-    head_dim, d_state, heads_per_group, pad_slot_id,
+    head_dim, d_state, ring_len, heads_per_group, pad_slot_id,
     sx_b, sx_h, sx_p, sdt_b, sdt_h, sB_b, sB_g, sB_n, sC_b, sC_g, sC_n,
     ss_slot, ss_h, ss_p, ss_n,
     srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h,
@@ -39,15 +39,20 @@ def _replay_decode_kernel(
     head = tl.program_id(1)
     pblock = tl.program_id(2)
     slot = tl.load(slot_ptr + row).to(tl.int64)
-    if (slot == pad_slot_id) | (slot < 0):
-        return
     pos = tl.load(pos_ptr + row).to(tl.int64)
+    if (slot == pad_slot_id) | (slot < 0) | (pos < 0) | (pos >= ring_len):  # padding, or a cursor off the ring
+        return
     group = head // heads_per_group
     offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
     offs_l = tl.arange(0, BLOCK_L)
     mask_p = offs_p < head_dim
     mask_n = offs_n < d_state
+    # The checkpoint tile is the one big read: issue it first so its latency hides behind the ring math.
+    h = tl.load(
+        state_ptr + slot * ss_slot + head * ss_h + offs_p[:, None] * ss_p + offs_n[None, :] * ss_n,
+        mask=mask_p[:, None] & mask_n[None, :], other=0.0,
+    ).to(tl.float32)  # fmt: skip
 
     x_raw = tl.load(x_ptr + row * sx_b + head * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
     x = x_raw.to(tl.float32)
@@ -87,10 +92,6 @@ def _replay_decode_kernel(
     ).to(tl.float32)  # fmt: skip
     y = tl.sum(coef[:, None] * ring_x, axis=0) + dt * tl.sum(B_raw.to(tl.float32) * C, axis=0) * x
 
-    h = tl.load(
-        state_ptr + slot * ss_slot + head * ss_h + offs_p[:, None] * ss_p + offs_n[None, :] * ss_n,
-        mask=mask_p[:, None] & mask_n[None, :], other=0.0,
-    ).to(tl.float32)  # fmt: skip
     y += tl.exp(A * total) * tl.sum(h * C[None, :], axis=1)
     if HAS_D:
         y += tl.load(D_ptr + head).to(tl.float32) * x
@@ -125,7 +126,8 @@ def replay_decode(
     state [slots, nheads, head_dim, d_state] is the checkpoint to READ (the bf16 copy in split precision,
     else the master); ring tensors as in the package docstring; state_indices / write_pos int [batch].
     The checkpoint is never written. Padding rows (slot == pad_slot_id or < 0) are skipped and their
-    ``out`` rows are left as they were. ``block_p`` (head_dim rows per program, default 16) and
+    ``out`` rows are left as they were; so are rows whose write_pos is off the ring (a metadata bug must not
+    write into another slot). ``block_p`` (head_dim rows per program, default 16) and
     ``num_warps`` are GPU tuning knobs only.
     """
     check_launchable(x, state)
@@ -141,7 +143,7 @@ def replay_decode(
     _replay_decode_kernel[grid](
         x, dt, A, B, C, D if D is not None else A, dt_bias if dt_bias is not None else A,
         state, ring_x, ring_B, ring_dt, state_indices, write_pos, out,
-        head_dim, d_state, nheads // ngroups, pad_slot_id,
+        head_dim, d_state, ring_x.shape[1], nheads // ngroups, pad_slot_id,
         *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *state.stride(),
         *ring_x.stride(), *ring_B.stride(), *ring_dt.stride(), *out.stride(),
         HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus,
@@ -178,7 +180,8 @@ def replay_decode_reference(
     dt = per_head_dt(dt)
     A, D, dt_bias = per_head(A, nheads), per_head(D, nheads), per_head(dt_bias, nheads)
     out = torch.empty_like(x) if out is None else out
-    rows = valid_rows(state_indices, pad_slot_id).nonzero().squeeze(1)
+    on_ring = (write_pos >= 0) & (write_pos < ring_x.shape[1])
+    rows = (valid_rows(state_indices, pad_slot_id) & on_ring).nonzero().squeeze(1)
     if rows.numel() == 0:
         return out
     slots, pos = state_indices[rows].long(), write_pos[rows].long()

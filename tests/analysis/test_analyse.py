@@ -217,3 +217,10 @@ def test_a_candidate_failing_every_request_is_rejected(tmp_path: Path) -> None:
     assert next(c for c in summary.comparisons if c.metric == "slo_attainment").verdict == "REGRESSION"
     assert summary.decision.outcome is Outcome.REJECT
     assert summary.runs[1].failures == {"connect": summary.runs[1].requests}
+
+
+def test_review_lists_only_requests_that_got_slower(improved: RunDir, tmp_path: Path) -> None:
+    summary = analyse_run_dir(improved.root).summary
+    assert summary.review_requests and all(r.ratio > 1 for r in summary.review_requests)
+    faster = analyse_run_dir(make_run(tmp_path, ttft_factor=0.3, itl_factor=0.3, repeats=2, seed=14).root).summary
+    assert faster.review_requests == [] and faster.review_windows == []

@@ -44,3 +44,13 @@ def test_bad_options_are_one_line_exit_2(tmp_path: Path) -> None:
     assert done.returncode == 2 and "not an http(s) URL" in done.stderr
     done = cli("replay-recover", tmp_path / "r.pq")
     assert done.returncode == 2 and "nothing to recover" in done.stderr
+
+
+def test_unwritable_output_fails_before_sending(ok_url: str, tmp_path: Path) -> None:
+    trace = make_trace(n=2).write(tmp_path / "t.parquet")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    done = cli("replay", trace, "--url", ok_url, "-o", blocker / "r.parquet")
+    assert done.returncode == 2 and done.stderr.startswith("error: cannot create") and "Traceback" not in done.stderr
+    done = cli("replay", trace, "--url", ok_url, "-o", tmp_path)
+    assert done.returncode == 2 and "not a directory" in done.stderr

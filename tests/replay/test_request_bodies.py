@@ -56,3 +56,14 @@ def test_recorded_text_is_sent_verbatim_with_forced_length(tmp_path: Path) -> No
     assert bodies[2] == {"model": "test-model", "prompt": "be brief\n\nhi there"} | forced | {"stream": False}
     assert bodies[3] == {"model": "test-model", "prompt": "plain text prompt"} | forced | {"stream": False}
     assert [entry["path"] for entry in read_log(log)] == ["/v1/chat/completions"] * 2 + ["/v1/completions"] * 2
+
+
+def test_without_tokenize_prompts_fall_back_to_one_word_per_token(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    with upstream("ok", log=log, tokenize=False) as url:
+        _, completions, _ = replay(make_trace(n=1, prompt_tokens=9), url, tmp_path / "c.parquet")
+        _, chat, _ = replay(make_trace(n=1, prompt_tokens=9, api="chat"), url, tmp_path / "h.parquet")
+    bodies = received_bodies(log)
+    assert len(bodies[0]["prompt"].split()) == 9 and len(bodies[1]["messages"][0]["content"].split()) == 9
+    assert completions.column("prompt_tokens_server").to_pylist() == [9]
+    assert chat.column("prompt_tokens_server").to_pylist() == [11]  # the template's 2 tokens were not known

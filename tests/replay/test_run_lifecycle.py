@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -34,6 +35,16 @@ def test_inflight_cap_queues_and_reports_client_queue(tmp_path: Path) -> None:
     assert (second["error"], second["sent_s"], second["status"]) == ("client_queue", None, None)
     assert outcome.errors == {"client_queue": 1}
     assert not outcome.fidelity.valid and outcome.fidelity.client_queue_errors == 1
+
+
+def test_inflight_cap_sends_late_instead_of_concurrently(tmp_path: Path) -> None:
+    with upstream("ok", token_delay=0.05) as url:
+        outcome, table, _ = replay(make_trace(n=3, gap_s=0.0), url, tmp_path / "r.parquet", max_inflight=1)
+    rows = table.to_pylist()
+    assert outcome.errors == {} and [r["output_tokens"] for r in rows] == [4, 4, 4]
+    for before, after in itertools.pairwise(rows):  # each waits for the previous one to finish
+        assert after["sent_s"] >= before["sent_s"] + before["e2e_s"]
+    assert rows[2]["lag_s"] > outcome.fidelity.lag_budget_s and not outcome.fidelity.valid
 
 
 def start_cli_replay(trace_path: Path, url: str, out: Path) -> subprocess.Popen[bytes]:

@@ -115,3 +115,18 @@ def test_report_without_experiment_config_still_renders(tmp_path: Path) -> None:
     run.experiment_toml.unlink()
     assert build_report(run.root).outcome.value == "INVALID"
     assert "no experiment.toml" in run.index_html.read_text()
+
+
+def test_aa_runs_are_labelled(tmp_path: Path) -> None:
+    run = write_run_dir(tmp_path, Scenario(repeats=3, requests=300,
+                                           config=json.loads(json.dumps(CONFIG)) | {"mode": "A/A"}))
+    build_report(run.root)
+    assert "A/A run" in run.index_html.read_text()
+    assert "**A/A run**" in run.summary_md.read_text()
+
+
+def test_report_builds_when_nothing_got_slower(tmp_path: Path) -> None:
+    run = write_run_dir(tmp_path, Scenario(repeats=3, requests=300, ttft_factor=0.3, itl_factor=0.3, with_text=True,
+                                           config=json.loads(json.dumps(CONFIG))))
+    assert build_report(run.root).outcome.value == "KEEP"
+    assert "No request was slower" in run.index_html.read_text()

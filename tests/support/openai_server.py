@@ -27,7 +27,8 @@ default 2), --fault-every N (fault only requests whose arrival number is a multi
 (time.monotonic_ns at handler entry; CLOCK_MONOTONIC is system-wide on Linux, so it is directly
 comparable with a client's time.monotonic on the same host), `recv_real_ns` (time.time_ns), `body` (the raw
 request body, decoded as UTF-8)), --procs N (N processes accept on one socket, for load benchmarks; fault
-counting (--fault-every, `seq`) is then per process).
+counting (--fault-every, `seq`) is then per process), --no-tokenize (no /tokenize route: a server like
+most non-vLLM ones).
 """
 
 from __future__ import annotations
@@ -210,11 +211,12 @@ class Upstream:
         return web.Response(text="ok")
 
 
-def build_app(upstream_: Upstream) -> web.Application:
+def build_app(upstream_: Upstream, tokenize: bool = True) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/completions", upstream_.generate)
     app.router.add_post("/v1/chat/completions", upstream_.generate)
-    app.router.add_post("/tokenize", upstream_.tokenize)
+    if tokenize:
+        app.router.add_post("/tokenize", upstream_.tokenize)
     app.router.add_get("/v1/models", upstream_.models)
     app.router.add_get("/health", upstream_.health)
     return app
@@ -225,8 +227,8 @@ async def serve(args: argparse.Namespace, sock: socket.socket, primary: bool) ->
                           token_delay=args.token_delay, first_token_delay=args.first_token_delay,
                           natural_len=args.natural_len)
     log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if args.log else None
-    runner = web.AppRunner(build_app(Upstream(behaviour, log)), access_log=None, handle_signals=False,
-                           shutdown_timeout=0.5)
+    app = build_app(Upstream(behaviour, log), tokenize=not args.no_tokenize)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
     await runner.setup()
     await web.SockSite(runner, sock).start()
     port = sock.getsockname()[1]
@@ -273,20 +275,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--natural-len", type=int, default=8)
     parser.add_argument("--log")
     parser.add_argument("--procs", type=int, default=1)
+    parser.add_argument("--no-tokenize", action="store_true")
     return parser.parse_args(argv)
 
 
 @contextlib.contextmanager
 def upstream(mode: str = "ok", *, log: str | os.PathLike[str] | None = None, token_delay: float = 0.0,
              first_token_delay: float = 0.0, fault_after: int = 2, fault_every: int = 1, natural_len: int = 8,
-             procs: int = 1, start_timeout_s: float = 30.0) -> Iterator[str]:
+             procs: int = 1, tokenize: bool = True, start_timeout_s: float = 30.0) -> Iterator[str]:
     """Start the upstream in its own process group; yield its base URL; always stop it (TERM, then KILL)."""
     with tempfile.TemporaryDirectory(prefix="rb-upstream-") as tmp:
         port_file = Path(tmp) / "port"
         cmd = [sys.executable, "-m", "tests.support.openai_server", "--port", "0", "--port-file", str(port_file),
                "--mode", mode, "--token-delay", str(token_delay), "--first-token-delay", str(first_token_delay),
                "--fault-after", str(fault_after), "--fault-every", str(fault_every),
-               "--natural-len", str(natural_len), "--procs", str(procs)]
+               "--natural-len", str(natural_len), "--procs", str(procs)] + ([] if tokenize else ["--no-tokenize"])
         if log is not None:
             cmd += ["--log", str(log)]
         env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),

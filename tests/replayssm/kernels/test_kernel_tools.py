@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from replayssm_patch.gpu.kernel_bench import SMOKE_PLAN, Baseline, render_markdown, run_equivalence, run_timing
+from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -66,3 +69,43 @@ def test_kernels_compile_for_hopper() -> None:
     done = run_module("replayssm_patch.kernels.compile_check", interpret=False)
     assert done.returncode == 0, done.stdout
     assert done.stdout.count(": ok") == 4
+
+
+def selective_state_update_stand_in(
+    state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, state_batch_indices=None,
+    pad_slot_id=-1, out=None,
+):  # fmt: skip
+    """vLLM's selective_state_update contract (shapes it asserts, pad rows keep their state), in fp64.
+
+    Stands in for vLLM, which this venv lacks, so the benchmark's vLLM code path (argument plumbing, padding,
+    error bookkeeping) runs on CPU; the GPU run uses the real one.
+    """
+    _, nheads, head_dim = x.shape
+    d_state = state.shape[-1]
+    assert dt.shape == x.shape and A.shape == (nheads, head_dim, d_state) and B.shape == C.shape
+    assert D.shape == dt_bias.shape == (nheads, head_dim) and z is None and out.shape == x.shape
+    rows = (state_batch_indices != pad_slot_id).nonzero().squeeze(1)
+    slots = state_batch_indices[rows].long()
+    h = state[slots].double()
+    y = recurrence_step_fp64(
+        h, x[rows], dt[rows, :, 0], A[:, 0, 0], B[rows], C[rows], D=D[:, 0], dt_bias=dt_bias[:, 0],
+        dt_softplus=dt_softplus,
+    )  # fmt: skip
+    state[slots] = h.to(state.dtype)
+    out[rows] = y.to(out.dtype)
+
+
+def test_kernel_bench_vllm_path_with_a_stand_in(tmp_path: Path) -> None:
+    baseline = Baseline(selective_state_update_stand_in, "stand-in").checked(SMOKE_PLAN, "cpu")
+    assert baseline.fn is not None, baseline.note
+    eq = run_equivalence(SMOKE_PLAN, "cpu", baseline)
+    assert eq["fp32"]["max_rel_err"] <= 2e-5 and eq["fp32"]["final_state_rel_err"] <= 2e-5
+    assert eq["split"]["max_rel_err"] <= 2e-2 and eq["fp32_within_target"]
+    timing = run_timing(SMOKE_PLAN, "cpu", baseline, sweep=False)
+    rows = {row["kernel"]: row for row in timing["rows"]}
+    assert rows["baseline fp32 state"]["speedup_vs_baseline_fp32"] == pytest.approx(1.0)
+    assert rows["baseline bf16 state"]["bytes"] < rows["baseline fp32 state"]["bytes"]
+    assert rows["replay split"]["bytes"] < rows["replay fp32"]["bytes"] < rows["baseline fp32 state"]["bytes"]
+    markdown = render_markdown({"meta": {}, "equivalence": {"status": "ok", "seconds": 0, **eq}, "timing": {
+        "status": "ok", **timing}})  # fmt: skip
+    assert "| 2 | baseline fp32 state |" in markdown and "1.00x" in markdown

@@ -358,6 +358,31 @@ def test_strided_views_into_one_page_buffer() -> None:
     assert page[:, 0].isnan().all() and page[:, 2].isnan().all(), "bytes outside the view must stay untouched"
 
 
+@pytest.mark.parametrize("pair", [(replay_decode, flush_ring), (replay_decode_reference, flush_ring_reference)])
+def test_bad_cursors_never_write_outside_the_row(pair) -> None:
+    """A write_pos off the ring skips the row (no write into a neighbour slot); flush_len > L folds L."""
+    replay, flush = pair
+    shape = SHAPES[0]
+    gen = seeded("bad-cursors")
+    layer = make_layer(shape, gen)
+    indices, slots = layout_rows(shape, gen, -1)
+    cache = make_cache(shape, slots, False, gen)
+    fill_ring(shape, cache, indices[:-1].long(), torch.full((shape.batch - 1,), shape.ring_len), gen)
+    before = cache.clone()
+    out = torch.full((shape.batch, shape.nheads, shape.head_dim), 7.0)
+    off_ring = torch.tensor([shape.ring_len, -1, 0], dtype=torch.int32)
+    replay(*step_args(make_step(shape, layer, gen), layer, cache), indices, off_ring, out=out)
+    assert (out == 7.0).all()
+    for now, then in ((cache.ring_x, before.ring_x), (cache.ring_B, before.ring_B), (cache.ring_dt, before.ring_dt)):
+        torch.testing.assert_close(now, then, rtol=0, atol=0, equal_nan=True)
+
+    over, exact = cache.clone(), cache.clone()
+    for run, length in ((over, shape.ring_len + 5), (exact, shape.ring_len)):
+        flush_len = torch.full((shape.batch,), length, dtype=torch.int32)
+        flush(run.ssm_state, run.ring_x, run.ring_B, run.ring_dt, layer.A, indices, flush_len)
+    assert torch.equal(over.ssm_state, exact.ssm_state)
+
+
 def test_copy_state_to_bf16_refreshes_real_slots_only() -> None:
     master = torch.randn(5, 2, 3, 4)
     copy = torch.zeros(5, 2, 3, 4, dtype=torch.bfloat16)
