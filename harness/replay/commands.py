@@ -43,6 +43,8 @@ def register(app: typer.Typer) -> None:
         repeat: int = typer.Option(0, "--repeat", help="Repeat number stored in the results."),
         request_timeout: float = typer.Option(600.0, "--request-timeout", help="Seconds before a request times out."),
         read_timeout: float = typer.Option(60.0, "--read-timeout", help="Seconds of silence = timeout."),
+        queue_timeout: float | None = typer.Option(None, "--queue-timeout",
+                                                   help="Longest wait for a --max-inflight slot."),
         api_key: str | None = typer.Option(None, "--api-key", envvar="REPLAYBENCH_API_KEY",
                                            help="Bearer token for the server (never stored)."),
     ) -> None:
@@ -54,7 +56,7 @@ def register(app: typer.Typer) -> None:
         options = ReplayOptions(api=api, time_scale=time_scale, workers=workers, max_inflight=max_inflight,
                                 seed=seed, model=model, stream=stream, lag_budget_s=lag_budget_ms / 1e3,
                                 save_outputs=save_outputs, request_timeout_s=request_timeout,
-                                read_timeout_s=read_timeout, api_key=api_key)
+                                read_timeout_s=read_timeout, queue_timeout_s=queue_timeout, api_key=api_key)
         loaded = Trace.read(trace)
         if start or duration is not None or limit is not None:
             loaded = loaded.slice(start, duration, limit)

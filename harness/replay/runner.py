@@ -194,7 +194,7 @@ def run_replay(trace: Trace, url: str, options: ReplayOptions, output: str | os.
         raise UserError(f"{directory} holds an interrupted replay; run `replaybench replay-recover {output}` "
                         "to keep its rows, or delete it")
     _check_writable(output)
-    scaled = trace.slice(time_scale=options.time_scale) if options.time_scale != 1.0 else trace
+    scaled = trace.slice(time_scale=options.time_scale)  # also re-bases: the first request is due at t0
     requests = asyncio.run(_prepare(scaled, url, options))
     write_meta(directory, _run_meta(trace, url, options, arm, repeat, requests))
     end = _run_workers(requests, url, arm, repeat, options, directory, progress)

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from tests.support.openai_server import stop_process_group
 
-REPLAYBENCH = str(Path(sys.executable).parent / "replaybench")
+_SCRIPT = Path(sys.executable).parent / "replaybench"
+# The console script of this venv; where there is none (a bare host running the benchmark), the same app via -c.
+REPLAYBENCH = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-c", "from harness.cli import app; app()"]
 _LISTENING = re.compile(r"listening on (http://\S+) ->")
 
 
@@ -41,7 +43,7 @@ class Recorder:
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([REPLAYBENCH, *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([*REPLAYBENCH, *args], capture_output=True, text=True, timeout=timeout)
 
 
 @contextlib.contextmanager
@@ -50,7 +52,7 @@ def recorder(upstream_url: str, output: Path, *args: str, logs: Path, listen: st
     """Start `replaybench record --upstream URL --listen LISTEN -o OUTPUT ARGS`; yield once it listens."""
     logs.mkdir(parents=True, exist_ok=True)
     stdout, stderr = logs / "recorder.stdout", logs / "recorder.stderr"
-    cmd = [REPLAYBENCH, "record", "--upstream", upstream_url, "--listen", listen, "-o", str(output), *args]
+    cmd = [*REPLAYBENCH, "record", "--upstream", upstream_url, "--listen", listen, "-o", str(output), *args]
     with open(stdout, "wb") as out, open(stderr, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True, preexec_fn=preexec)
     try:

@@ -5,11 +5,15 @@
 #   serve ARM GPU PORT [EXTRA...]   start a vLLM server detached (setsid); ARM names the log/pid files
 #   wait TIMEOUT_S PORT...          poll /health of each port until ready (exit 1 on timeout or death)
 #   stop ARM      kill a server started by `serve` (its whole session)
-# Logs and pids live in /tmp/gpu (survives between calls while the host is kept); copy what matters to $OUT.
+#   pack NAME     copy server logs into the results and tar them to $OUT/NAME.tgz (one file comes back)
+#   decode PORT NAME C...           closed-loop decode timing with `vllm bench serve` (prompt 1024, output 256,
+#                                   2C requests at concurrency C, as in the calibration file) -> results NAME-cC.json
+# Logs and pids live in /tmp/gpu (survives between calls while the host is kept); `pack` sends the results back.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 STATE=/tmp/gpu
-mkdir -p "$STATE" /tmp/pkg
+RES=$STATE/out  # everything worth keeping; `pack` tars it into $OUT
+mkdir -p "$STATE" "$RES" /tmp/pkg
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 MODEL=/tmp/model
@@ -61,6 +65,24 @@ stop() {
   kill -TERM -- "-$pid" 2>/dev/null; sleep 5; kill -KILL -- "-$pid" 2>/dev/null; echo "stopped $1"
 }
 
+decode() {
+  local port=$1 name=$2; shift 2
+  for c in "$@"; do
+    timeout 300 python3 -m vllm.entrypoints.cli.main bench serve --backend vllm --base-url "http://127.0.0.1:$port" \
+      --model m --tokenizer "$MODEL" --dataset-name random --random-input-len 1024 --random-output-len 256 \
+      --num-prompts $((2 * c < 8 ? 8 : 2 * c)) --max-concurrency "$c" --ignore-eos --percentile-metrics ttft,tpot,itl,e2el \
+      --save-result --result-dir "$RES" --result-filename "$name-c$c.json" > "$STATE/$name-c$c.log" 2>&1
+    python3 -c "import json; d = json.load(open('$RES/$name-c$c.json')); \
+print('$name c=$c', 'itl_p50_ms', round(d['median_itl_ms'], 2), 'tok/s', round(d['output_throughput'], 1))" \
+      || tail -5 "$STATE/$name-c$c.log"
+  done
+}
+
+pack() {
+  cp "$STATE"/*.log "$RES/" 2>/dev/null
+  tar czf "$OUT/${1:-results}.tgz" -C "$STATE" out && ls -la "$OUT"
+}
+
 cmd=$1; shift
 case $cmd in
   recv) recv "$@" ;;
@@ -68,5 +90,7 @@ case $cmd in
   serve) serve "$@" ;;
   wait) wait_ready "$@" ;;
   stop) stop "$@" ;;
+  decode) decode "$@" ;;
+  pack) pack "$@" ;;
   *) echo "unknown stage $cmd"; exit 2 ;;
 esac
