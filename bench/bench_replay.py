@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from bench.report import write_results
 from harness.records.result_io import read_results
 from harness.replay import ReplayOptions, run_replay
 from harness.replay.finalize import META_T0_MONOTONIC
+from harness.replay.prompts import VOCABULARY
 from harness.trace.model import Trace
 from tests.support.openai_server import read_log, upstream
 
@@ -85,33 +87,81 @@ def chunk_throughput(tmp: Path) -> str:
             "bound for the client.")
 
 
-def peer_note(trace: Trace, tmp: Path) -> str:
-    """Run vLLM's timed_trace client on the same trace if a vLLM venv can be had; else say why not."""
+# vLLM's benchmark client, run from the CPU-only vLLM venv (tools/vllm_venv.sh has no `vllm` CLI deps).
+VLLM_BENCH_SERVE = ("import argparse, sys; from vllm.benchmarks.serve import add_cli_args, main; "
+                    "p = argparse.ArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+# A word-level HF tokenizer over the synthesis vocabulary, built offline, so the peer needs no model download.
+WORD_TOKENIZER = """
+import sys
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+vocab = {"[UNK]": 0} | {w: i + 1 for i, w in enumerate(sys.argv[2].split(","))}
+tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+tok.decoder = decoders.WordPiece(prefix="##")
+PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(sys.argv[1])
+"""
+REPLAYBENCH_CLI = [sys.executable, "-c", "import sys; from harness.cli import app; sys.argv[0] = 'replaybench'; app()"]
+
+
+def vllm_python() -> tuple[Path | None, str]:
+    """The vLLM venv's python (built by tools/vllm_venv.sh), or None and why not."""
     script = REPO / "tools" / "vllm_venv.sh"
     if not script.exists():
-        return "Peer (`vllm bench serve --dataset-name timed_trace`): not run - tools/vllm_venv.sh does not exist yet."
-    try:
-        venv = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=900,
-                              check=True).stdout.strip().splitlines()[-1]
-    except (subprocess.SubprocessError, IndexError) as exc:
-        return f"Peer: not run - tools/vllm_venv.sh failed ({type(exc).__name__})."
-    vllm = Path(venv) / "bin" / "vllm"
-    if not vllm.exists():
-        return f"Peer: not run - no vllm executable in {venv}."
-    exported = tmp / "trace.vllm.jsonl"
-    trace_file = trace.write(tmp / "peer.parquet")
-    export = subprocess.run([str(REPO / ".venv/bin/replaybench"), "export", str(trace_file), "--format", "vllm-timed",
-                             "-o", str(exported)], capture_output=True, text=True, timeout=300)
-    if export.returncode != 0:
-        return f"Peer: not run - exporting the trace failed: {export.stderr.strip()}"
-    with upstream("ok") as url:
-        run = subprocess.run([str(vllm), "bench", "serve", "--backend", "openai", "--base-url", url,
-                              "--model", "test-model", "--dataset-name", "timed_trace",
-                              "--dataset-path", str(exported), "--num-prompts", str(len(trace))],
-                             capture_output=True, text=True, timeout=600, env=os.environ | {"HF_HUB_OFFLINE": "1"})
-    tail = (run.stdout + run.stderr).strip().splitlines()[-15:]
-    lines = "\n    ".join(tail)
-    return f"Peer `vllm bench serve --dataset-name timed_trace` (exit {run.returncode}):\n\n    {lines}"
+        return None, "tools/vllm_venv.sh does not exist"
+    built = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=1800)
+    lines = built.stdout.strip().splitlines()
+    if built.returncode != 0 or not lines:
+        return None, f"tools/vllm_venv.sh failed: {built.stderr.strip()[-300:]}"
+    return Path(lines[-1]) / "bin" / "python", ""
+
+
+def server_jitter(log: Path, intended: list[float]) -> list[float]:
+    """Server-side receive time minus intended time, both sorted, less the smallest such offset (ms).
+
+    The peer's start time is unknown to the server, so both clients are aligned on their best request.
+    """
+    received = sorted(e["recv_mono_ns"] / 1e9 for e in read_log(log))[-len(intended):]
+    offsets = np.array(received) - np.array(sorted(intended))
+    offsets -= offsets.min()
+    return [round(float(np.quantile(offsets, q)) * 1e3, 3) for q in (0.5, 0.99, 1.0)]
+
+
+def peer_comparison(trace: Trace, tmp: Path) -> str:
+    """Replay `trace` with `vllm bench serve --dataset-name timed_trace` and with us, each against a fresh
+    logging upstream, and compare the send jitter the server saw."""
+    python, why = vllm_python()
+    if python is None:
+        return f"Peer (`vllm bench serve --dataset-name timed_trace`): not run - {why}."
+    words = ",".join(VOCABULARY)
+    subprocess.run([str(python), "-c", WORD_TOKENIZER, str(tmp / "tokenizer"), words], check=True, timeout=300,
+                   capture_output=True)
+    subprocess.run([*REPLAYBENCH_CLI, "export", str(trace.write(tmp / "peer.parquet")), "--format", "vllm-timed",
+                    "-o", str(tmp / "peer.jsonl")], check=True, timeout=300, capture_output=True, cwd=REPO)
+    peer_cmd = ["--backend", "openai", "--model", "test-model", "--tokenizer", str(tmp / "tokenizer"),
+                "--dataset-name", "timed_trace", "--dataset-path", str(tmp / "peer.jsonl"),
+                "--num-prompts", str(len(trace))]
+    with upstream("ok", log=tmp / "peer-server.jsonl", procs=UPSTREAM_PROCS) as url:
+        peer = subprocess.run([str(python), "-c", VLLM_BENCH_SERVE, "--base-url", url, *peer_cmd],
+                              capture_output=True, text=True, timeout=600, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    if peer.returncode != 0:
+        return f"Peer: `vllm bench serve` failed (exit {peer.returncode}): {peer.stderr.strip()[-400:]}"
+    with upstream("ok", log=tmp / "ours-server.jsonl", procs=UPSTREAM_PROCS) as url:
+        run_replay(trace, url, ReplayOptions(request_timeout_s=60), tmp / "ours.parquet", progress=False)
+    intended = trace.table.column("arrival_s").to_pylist()
+    rate = len(trace) / trace.duration_s
+    lines = [f"Peer comparison on the same {len(trace)}-request Poisson trace ({rate:,.0f} req/s), same upstream "
+             "(fresh process each), send jitter as the server saw it (receive - intended, both sorted, less the "
+             "smallest offset, because the peer's start time is not known to the server):", "",
+             "| client | jitter p50 ms | jitter p99 ms | jitter max ms |", "|---|---|---|---|"]
+    for name, log in (("replaybench replay (1 worker)", "ours-server.jsonl"),
+                      ("vllm bench serve --dataset-name timed_trace (vllm 0.24.0)", "peer-server.jsonl")):
+        lines.append(f"| {name} | " + " | ".join(map(str, server_jitter(tmp / log, intended))) + " |")
+    lines += ["", "Peer command: `vllm bench serve " + " ".join(peer_cmd).replace(str(tmp) + "/", "")
+              + " --base-url URL` (run as `python -c` from the tools/vllm_venv.sh venv, with a word-level "
+              "tokenizer built offline over the prompt vocabulary; trace exported with "
+              "`replaybench export TRACE --format vllm-timed`)."]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -140,7 +190,7 @@ def main() -> None:
             "Targets (issue 3): p99 |lag| <= 1 ms at 1,000 req/s with one worker, <= 5 ms at 5,000 req/s.",
             throughput,
             f"The upstream ran as {UPSTREAM_PROCS} process(es) on one socket. {machine}",
-            peer_note(poisson_trace(1000, 3.0), tmp),
+            peer_comparison(poisson_trace(1000, 3.0, seed=2), tmp),
         ])
         write_results("bench_replay", "Replay timing accuracy (measured at the server) and streaming throughput",
                       rows, notes)

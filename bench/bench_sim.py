@@ -25,7 +25,7 @@ from harness.trace.model import Trace
 
 REPO = Path(__file__).resolve().parents[1]
 LEVELS = (16, 64, 128, 256, 512)
-WARMUP_S, MEASURE_S = 3.0, 10.0
+WARMUP_S, MEASURE_S = 3.0, 8.0
 PROMPT = " ".join(f"t{i}" for i in range(64))
 BODY = {"model": "m", "prompt": PROMPT, "max_tokens": 128, "min_tokens": 128, "ignore_eos": True, "stream": True}
 REPLAY_SLICE = {"start_s": 600.0, "duration_s": 120.0}

@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "harness.replay.commands",
     "harness.sim.commands",
     "harness.experiment.commands",
+    "harness.experiment.capacity_commands",
     "harness.analysis.commands",
     "harness.report.commands",
 )

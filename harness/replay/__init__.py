@@ -12,7 +12,8 @@ Public API (used by `replaybench replay` and by the paired experiment runner):
     outcome.interrupted   # True after Ctrl-C / SIGTERM; the caller should stop too
 
 - `run_replay` is synchronous (do not call it from inside a running event loop); it starts
-  `options.workers` sender processes through a multiprocessing forkserver, so callers may have threads.
+  `options.workers` sender processes through a multiprocessing forkserver, so callers may have threads,
+  and a script that calls it needs the usual `if __name__ == "__main__":` guard (multiprocessing rule).
 - `trace` is a `harness.trace.model.Trace` already sliced by the caller (`trace.slice(start, duration, limit)`);
   `options.time_scale` is applied here. Request bodies depend only on (trace rows, seed, model, api, server
   tokenizer), so two arms serving the same model receive byte-identical bodies.

@@ -3,7 +3,9 @@
 Bodies are canonical JSON bytes that depend only on (trace row, seed, model, api, server tokenizer), so two
 arms serving the same model get byte-identical requests. Output length is forced to the trace's:
 `max_tokens = min_tokens = output_tokens`, `ignore_eos: true`; recorded stop strings are dropped (they would
-end generation early) and only sampling parameters are kept from the recorded `params`.
+end generation early) and only sampling parameters are kept from the recorded `params`. Rows recorded with
+0 prompt or output tokens (requests that failed in production) are sent with at least one word and one
+output token, because servers reject empty prompts and `max_tokens = 0`; their load is kept.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ class PromptSynthesizer:
             return synthetic_content(api, prompt_words(self.seed, request_id, block_ids, self.block_size, n))
 
         if self.tokenizer is None:
-            return build(prompt_tokens)
+            return build(max(1, prompt_tokens))
         tokenizer = self.tokenizer
 
         async def count(n: int) -> int:
@@ -140,10 +142,10 @@ async def prepare_requests(trace: Trace, url: str, options: ReplayOptions, serve
                 content = await synthesizers[model].content(api, cols["request_id"][i],
                                                             cols["prefix_block_ids"][i] or [],
                                                             cols["prompt_tokens"][i])
-        body = generation_body(model, content, sampling_params(cols["params"][i]), cols["output_tokens"][i],
-                               options.stream)
+        output_tokens = max(1, cols["output_tokens"][i])
+        body = generation_body(model, content, sampling_params(cols["params"][i]), output_tokens, options.stream)
         return PreparedRequest(index=i, request_id=cols["request_id"][i], intended_s=cols["arrival_s"][i],
                                path=API_PATHS[api], body=body, prompt_tokens=cols["prompt_tokens"][i],
-                               expected_output_tokens=cols["output_tokens"][i])
+                               expected_output_tokens=output_tokens)
 
     return list(await asyncio.gather(*(prepare(i) for i in range(trace.table.num_rows))))

@@ -94,6 +94,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 def _stop_workers(processes: list[mp.Process]) -> None:
+    processes = [p for p in processes if p.pid is not None]  # a failed start leaves some never started
     deadline = time.monotonic() + WORKER_STOP_GRACE_S
     for process in processes:
         process.join(max(0.0, deadline - time.monotonic()))

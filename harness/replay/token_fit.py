@@ -49,15 +49,16 @@ async def calibrate(count: CountWords) -> Calibration:
 
 
 async def fit_word_count(count: CountWords, target: int, calibration: Calibration) -> int:
-    """The word count whose prompt is exactly (or, failing that, closest to) `target` server tokens."""
-    words = max(0, round((target - calibration.overhead) / calibration.tokens_per_word))
+    """The word count (at least 1: servers reject empty prompts) whose prompt is exactly, or else closest to,
+    `target` server tokens."""
+    words = max(1, round((target - calibration.overhead) / calibration.tokens_per_word))
     seen: dict[int, int] = {}
     for _ in range(MAX_ROUNDS):
         seen[words] = tokens = await count(words)
         if tokens == target:
             return words
         step = round((target - tokens) / calibration.tokens_per_word) or (1 if target > tokens else -1)
-        words = max(0, words + step)
+        words = max(1, words + step)
         if words in seen:
             break
     return min(seen, key=lambda n: (abs(seen[n] - target), n))

@@ -31,6 +31,9 @@ from harness.replay.segments import FLUSH_PERIOD_S, SegmentWriter
 
 WATCHDOG_PERIOD_S = FLUSH_PERIOD_S
 WARM_CONNECTIONS = 32  # opened before t0 so the first requests do not pay for TCP connects
+# Idle keep-alive connections are closed by us before the server does (vLLM/uvicorn: after 5 s): a POST sent
+# on a connection the server is closing at that moment would fail as a broken stream through no fault of it.
+KEEPALIVE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ async def _worker(job: WorkerJob, counters: WorkerCounters, signals: StartSignal
     timeout = aiohttp.ClientTimeout(total=options.request_timeout_s, sock_connect=options.read_timeout_s,
                                     sock_read=options.read_timeout_s)
     writer = SegmentWriter(job.segment)
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=KEEPALIVE_S)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
         await _warm_pool(session, job.url, min(WARM_CONNECTIONS, len(job.requests)), headers)
         gc.freeze()  # the prepared requests never die: keep them out of every later collection's scan

@@ -21,7 +21,7 @@ import numpy as np
 
 from harness.atomic import atomic_path
 from harness.errors import UserError
-from harness.sim.cost_model import CostModel, FittedFactors
+from harness.sim.cost_model import FittedFactors
 from harness.sim.engine_core import EngineCore
 from harness.sim.engine_spec import EngineSpec
 from harness.sim.gpus import Gpu
@@ -131,7 +131,7 @@ class _FitCase:
 def _fit_case(cal: Calibration, shape: ModelShape, gpu: Gpu, point: CalibrationPoint) -> _FitCase:
     spec = calibration_spec(cal, shape, gpu, point.ssm_dtype, FittedFactors())
     run = closed_loop_run(spec, point.concurrency, cal.prompt_tokens, cal.output_tokens)
-    cost = CostModel(shape, gpu, spec.policy, spec.factors)
+    cost = spec.cost_model()
     feats = [cost.features(w) for w in run.step_works]
     features = np.array([[f.weights_s, f.flops_s, f.traffic_s, f.seqs] for f in feats])
     pairs = [(a, b) for t in run.requests for a, b in zip(t.token_steps, t.token_steps[1:], strict=False)]

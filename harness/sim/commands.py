@@ -10,9 +10,10 @@ import typer
 
 from harness.errors import UserError
 
-DEFAULT_MODEL = Path("configs/models/nemotron-h-8b.json")
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "configs" / "models" / "nemotron-h-8b.json"
 
-ModelConfig = Annotated[Path, typer.Option("--model-config", help="HF-style config.json (configs/models/)")]
+ModelConfig = Annotated[Path | None, typer.Option(
+    "--model-config", help="HF-style config.json [configs/models/nemotron-h-8b.json of this checkout]")]
 GpuName = Annotated[str, typer.Option("--gpu", help="h200, h100, a100, l40s or rtx4090")]
 Policy = Annotated[str, typer.Option("--policy", help="baseline or replayssm")]
 SsmDtype = Annotated[str, typer.Option("--ssm-dtype", help="SSM state dtype: float32 or bfloat16")]
@@ -22,21 +23,23 @@ MaxNumSeqs = Annotated[int, typer.Option("--max-num-seqs", help="running-sequenc
 MaxBatchedTokens = Annotated[int, typer.Option("--max-num-batched-tokens", help="token budget per step")]
 MaxModelLen = Annotated[int | None, typer.Option("--max-model-len", help="context limit [config's]")]
 Calibration = Annotated[Path | None, typer.Option("--calibration", help="fitted factors JSON [H200 fit]")]
+TensorParallel = Annotated[int, typer.Option("--tensor-parallel-size", help="GPUs the model is split over")]
 
 
-def _spec(model_config: Path, gpu: str, policy: str, ssm_dtype: str, buffer_len: int, split_precision: bool,
-          max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int | None, calibration: Path | None):
+def _spec(model_config: Path | None, gpu: str, policy: str, ssm_dtype: str, buffer_len: int, split_precision: bool,
+          max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int | None, calibration: Path | None,
+          tensor_parallel_size: int):
     from harness.sim.engine_spec import build_spec
     from harness.sim.state_policy import StatePolicy
 
     state_policy = StatePolicy(policy, ssm_dtype, buffer_len, split_precision)  # type: ignore[arg-type]
-    return build_spec(model_config, gpu, state_policy, max_num_seqs, max_num_batched_tokens, max_model_len,
-                      calibration)
+    return build_spec(model_config or DEFAULT_MODEL, gpu, state_policy, max_num_seqs, max_num_batched_tokens,
+                      max_model_len, calibration, tensor_parallel_size)
 
 
 def serve_sim(
     port: Annotated[int, typer.Option("--port", help="TCP port; 0 picks a free one and logs it")],
-    model_config: ModelConfig = DEFAULT_MODEL,
+    model_config: ModelConfig = None,
     gpu: GpuName = "h200",
     policy: Policy = "baseline",
     ssm_dtype: SsmDtype = "float32",
@@ -46,6 +49,7 @@ def serve_sim(
     max_num_batched_tokens: MaxBatchedTokens = 8192,
     max_model_len: MaxModelLen = None,
     calibration: Calibration = None,
+    tensor_parallel_size: TensorParallel = 1,
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     seed: Annotated[int, typer.Option("--seed", help="seed of the generated text and of injected faults")] = 0,
     served_model_name: Annotated[str | None, typer.Option("--served-model-name", help="[config file stem]")] = None,
@@ -63,7 +67,7 @@ def serve_sim(
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be 0-65535 (got {port}); 0 picks a free port and logs it")
     spec = _spec(model_config, gpu, policy, ssm_dtype, buffer_len, split_precision, max_num_seqs,
-                 max_num_batched_tokens, max_model_len, calibration)
+                 max_num_batched_tokens, max_model_len, calibration, tensor_parallel_size)
     faults = FaultConfig(fail_rate, stall_after_tokens, crash_after_requests, startup_delay)
     serve(ServeOptions(spec=spec, host=host, port=port, seed=seed,
                        model_name=served_model_name or spec.shape.name, faults=faults))
@@ -72,7 +76,7 @@ def serve_sim(
 def simulate(
     trace: Annotated[Path, typer.Argument(help="trace .parquet")],
     output: Annotated[Path, typer.Option("-o", "--output", help="result .parquet to write")],
-    model_config: ModelConfig = DEFAULT_MODEL,
+    model_config: ModelConfig = None,
     gpu: GpuName = "h200",
     policy: Policy = "baseline",
     ssm_dtype: SsmDtype = "float32",
@@ -82,6 +86,7 @@ def simulate(
     max_num_batched_tokens: MaxBatchedTokens = 8192,
     max_model_len: MaxModelLen = None,
     calibration: Calibration = None,
+    tensor_parallel_size: TensorParallel = 1,
     time_scale: Annotated[float, typer.Option("--time-scale", help="<1 compresses the trace (0.5 = 2x rate)")] = 1.0,
     arm: Annotated[str | None, typer.Option("--arm", help="arm name in the result [policy label]")] = None,
     repeat: Annotated[int, typer.Option("--repeat")] = 1,
@@ -97,7 +102,7 @@ def simulate(
     if time_scale <= 0:
         raise UserError(f"--time-scale must be > 0 (got {time_scale}); use 0.5 to double the rate")
     spec = _spec(model_config, gpu, policy, ssm_dtype, buffer_len, split_precision, max_num_seqs,
-                 max_num_batched_tokens, max_model_len, calibration)
+                 max_num_batched_tokens, max_model_len, calibration, tensor_parallel_size)
     loaded = Trace.read(trace)
     started = time.perf_counter()
     with Progress(transient=True) as bar:
@@ -112,7 +117,7 @@ def simulate(
 def sim_calibrate(
     calibration_file: Annotated[Path, typer.Argument(help="measured calibration JSON (configs/calibration/)")],
     output: Annotated[Path, typer.Option("-o", "--output", help="fitted factors JSON to write")],
-    model_config: ModelConfig = DEFAULT_MODEL,
+    model_config: ModelConfig = None,
     gpu: GpuName = "h200",
 ) -> None:
     """Fit the SIMULATED engine's cost-model factors to measured vLLM runs and show the reproduction."""
@@ -124,6 +129,7 @@ def sim_calibrate(
     from harness.sim.model_config import load_model_shape
 
     cal = read_calibration(calibration_file)
+    model_config = model_config or DEFAULT_MODEL
     shape, device = load_model_shape(model_config), get_gpu(gpu)
     factors = fit_factors(cal, shape, device)
     rows = reproduce(cal, shape, device, factors)

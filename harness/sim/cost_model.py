@@ -18,7 +18,7 @@ import numpy as np
 
 from harness.errors import UserError
 from harness.sim.gpus import Gpu
-from harness.sim.model_config import ModelShape
+from harness.sim.model_config import BF16_BYTES, ModelShape
 from harness.sim.state_policy import StatePolicy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -52,6 +52,7 @@ class StepFeatures:
     flops_s: float
     traffic_s: float
     seqs: int
+    comm_s: float = 0.0  # tensor-parallel all-reduces, at peak interconnect bandwidth (not fitted)
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,10 @@ class FittedFactors:
     flop_eff: float = 0.5
     memory_reserve_bytes: int = 2 << 30  # activations, CUDA graphs, allocator slack outside the KV/state pool
 
-    def combine(self, weights_s: Any, flops_s: Any, traffic_s: Any, seqs: Any) -> Any:
+    def combine(self, weights_s: Any, flops_s: Any, traffic_s: Any, seqs: Any, comm_s: Any = 0.0) -> Any:
         """Step seconds from peak-rate parts; works on floats and on numpy arrays (used by the fit)."""
         gemm = np.maximum(weights_s / self.weight_bw_eff, flops_s / self.flop_eff)
-        return self.overhead_s + self.per_seq_s * seqs + gemm + traffic_s / self.traffic_bw_eff
+        return self.overhead_s + self.per_seq_s * seqs + gemm + traffic_s / self.traffic_bw_eff + comm_s
 
     def to_json(self) -> dict[str, float]:
         return asdict(self)
@@ -88,10 +89,18 @@ def load_factors(path: str | os.PathLike[str] | None = None) -> FittedFactors:
 
 
 class CostModel:
-    """Maps a step's work to its duration for one model, GPU and state policy."""
+    """Maps a step's work to its duration for one model, GPU (x tensor-parallel size) and state policy.
 
-    def __init__(self, shape: ModelShape, gpu: Gpu, policy: StatePolicy, factors: FittedFactors) -> None:
-        self.shape, self.gpu, self.policy, self.factors = shape, gpu, policy, factors
+    Tensor parallelism splits weights, FLOPs, KV and state evenly over `tp` GPUs and adds two ring
+    all-reduces of the hidden state per layer (after the mixer and after the MLP).
+    """
+
+    def __init__(self, shape: ModelShape, gpu: Gpu, policy: StatePolicy, factors: FittedFactors,
+                 tp: int = 1) -> None:
+        self.shape, self.gpu, self.policy, self.factors, self.tp = shape, gpu, policy, factors, tp
+        layers = shape.attention.layers + (shape.recurrent.layers if shape.recurrent else 0) + shape.mlp.layers
+        ring = 2 * (tp - 1) / tp
+        self._allreduce_s_per_token = layers * shape.hidden * BF16_BYTES * ring / gpu.interconnect_bandwidth
         attention = shape.attention
         self._attention_flops_per_pair = 4 * attention.layers * attention.heads * attention.head_dim
         self._decode_state_bytes = policy.decode_bytes_per_seq(shape.recurrent)
@@ -104,15 +113,16 @@ class CostModel:
         traffic = (work.context_tokens * shape.kv_bytes_per_token
                    + work.decode_seqs * self._decode_state_bytes
                    + work.prefill_seqs * self._prefill_state_bytes)
-        return StepFeatures(weights_s=shape.weight_bytes_read(work.tokens) / gpu.memory_bandwidth,
-                            flops_s=flops / gpu.bf16_flops, traffic_s=traffic / gpu.memory_bandwidth,
-                            seqs=work.seqs)
+        per_gpu_bandwidth = gpu.memory_bandwidth * self.tp
+        return StepFeatures(weights_s=shape.weight_bytes_read(work.tokens) / per_gpu_bandwidth,
+                            flops_s=flops / (gpu.bf16_flops * self.tp), traffic_s=traffic / per_gpu_bandwidth,
+                            seqs=work.seqs, comm_s=work.tokens * self._allreduce_s_per_token)
 
     def step_time(self, work: StepWork) -> float:
         f = self.features(work)
-        return float(self.factors.combine(f.weights_s, f.flops_s, f.traffic_s, f.seqs))
+        return float(self.factors.combine(f.weights_s, f.flops_s, f.traffic_s, f.seqs, f.comm_s))
 
     def pool_bytes(self, gpu_memory_utilization: float) -> int:
-        """Memory left for KV blocks and SSM state, as vLLM computes it at start-up."""
-        budget = int(self.gpu.memory_bytes * gpu_memory_utilization)
-        return budget - self.shape.weight_bytes - self.factors.memory_reserve_bytes
+        """Memory left for KV blocks and SSM state over all `tp` GPUs, as vLLM computes it at start-up."""
+        per_gpu = int(self.gpu.memory_bytes * gpu_memory_utilization) - self.factors.memory_reserve_bytes
+        return self.tp * per_gpu - self.shape.weight_bytes

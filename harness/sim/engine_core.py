@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.sim.cost_model import CostModel, StepWork
+from harness.sim.cost_model import StepWork
 from harness.sim.engine_spec import EngineSpec
 from harness.sim.scheduler import MemoryPool, Scheduler, Sequence
 
@@ -32,7 +32,7 @@ def context_length_message(max_model_len: int, prompt_tokens: int, output_tokens
 class EngineCore:
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
-        self.cost = CostModel(spec.shape, spec.gpu, spec.policy, spec.factors)
+        self.cost = spec.cost_model()
         pool = MemoryPool(capacity_bytes=self.cost.pool_bytes(spec.gpu_memory_utilization),
                           block_tokens=spec.block_tokens,
                           block_bytes=spec.block_tokens * spec.shape.kv_bytes_per_token,

@@ -42,7 +42,7 @@ def describe(core: EngineCore) -> list[str]:
         "replaybench serve-sim - timings come from a calibrated cost model, NOT a GPU",
         f"model {shape.name}: {shape.total_params / 1e9:.2f}B params ({shape.active_params_per_token / 1e9:.2f}B "
         f"active), {shape.attention.layers} attention + {rec.layers if rec else 0} {rec.kind if rec else ''} layers",
-        f"gpu {spec.gpu.name} (simulated); policy {spec.policy.label}; state "
+        f"gpu {spec.tensor_parallel_size} x {spec.gpu.name} (simulated); policy {spec.policy.label}; state "
         f"{spec.policy.memory_bytes_per_seq(rec) / (1 << 20):.1f} MiB/seq; KV {shape.kv_bytes_per_token} B/token",
         f"memory pool {core.pool.capacity_bytes / GIB:.2f} GiB; max-num-seqs {spec.limits.max_num_seqs}; "
         f"max-num-batched-tokens {spec.limits.max_num_batched_tokens}; max-model-len {spec.max_model_len}; "

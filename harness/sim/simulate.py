@@ -68,11 +68,12 @@ def result_table(run: VirtualRun, arm: str, repeat: int) -> pa.Table:
 def write_simulated_results(out: str | os.PathLike[str], run: VirtualRun, spec: EngineSpec, trace_path: Path,
                             arm: str, repeat: int, time_scale: float) -> Path:
     span = max((t.spec.arrival_s for t in run.requests), default=0.0)
+    gpus = f"{spec.tensor_parallel_size} x {spec.gpu.name}"
     metadata = {
         META_ARM: arm, META_REPEAT: str(repeat), META_COMPLETE: "true", META_SIMULATED: "true",
-        META_URL: f"sim://{spec.policy.label}@{spec.gpu.name}", META_TIME_SCALE: str(time_scale),
+        META_URL: f"sim://{spec.policy.label}@{gpus}", META_TIME_SCALE: str(time_scale),
         META_OFFERED_RATE: f"{len(run.requests) / span:.6f}" if span > 0 else "0",
-        META_TRACE_SOURCE: str(trace_path), META_SIM_POLICY: spec.policy.label, META_SIM_GPU: spec.gpu.name,
+        META_TRACE_SOURCE: str(trace_path), META_SIM_POLICY: spec.policy.label, META_SIM_GPU: gpus,
         META_SIM_MODEL: spec.shape.name, META_SIM_PREEMPTIONS: str(run.preemptions),
     }
     return write_results(out, result_table(run, arm, repeat), metadata)

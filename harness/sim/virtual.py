@@ -31,7 +31,6 @@ class RequestTiming:
     spec: RequestSpec
     token_steps: list[int] = field(default_factory=list)  # index of the step that emitted each token
     rejected: str | None = None
-    preemptions: int = 0
 
 
 @dataclass
@@ -73,7 +72,7 @@ def run_virtual(core: EngineCore, arrivals: Iterable[RequestSpec], closed_loop: 
         heapq.heappush(pending, (spec.arrival_s, order, spec))
         order += 1
     timings: list[RequestTiming] = []
-    by_seq: dict[int, RequestTiming] = {}
+    by_seq: dict[Sequence, RequestTiming] = {}
     starts: list[float] = []
     durations: list[float] = []
     works: list[StepWork] = []
@@ -89,8 +88,10 @@ def run_virtual(core: EngineCore, arrivals: Iterable[RequestSpec], closed_loop: 
                 seq = core.new_sequence(spec.request_id, spec.prompt_tokens, spec.output_tokens)
             except RequestRejected as rejected:
                 timing.rejected = str(rejected)
+                if progress:
+                    progress(1)
                 continue
-            by_seq[id(seq)] = timing
+            by_seq[seq] = timing
         result = core.step()
         if result is None:
             if not pending:
@@ -103,11 +104,11 @@ def run_virtual(core: EngineCore, arrivals: Iterable[RequestSpec], closed_loop: 
         works.append(result.work)
         now += result.duration_s
         for seq in result.emitted:
-            by_seq[id(seq)].token_steps.append(step_index)
+            by_seq[seq].token_steps.append(step_index)
         if progress and result.finished:
             progress(len(result.finished))
         for seq in result.finished:
-            _finish(by_seq.pop(id(seq)), seq)
+            del by_seq[seq]
             follow_up = closed_loop.next_request(now) if closed_loop else None
             if follow_up is not None:
                 heapq.heappush(pending, (follow_up.arrival_s, order, follow_up))
@@ -115,6 +116,3 @@ def run_virtual(core: EngineCore, arrivals: Iterable[RequestSpec], closed_loop: 
     return VirtualRun(requests=timings, step_starts=starts, step_durations=durations, step_works=works,
                       preemptions=core.scheduler.preemptions)
 
-
-def _finish(timing: RequestTiming, seq: Sequence) -> None:
-    timing.preemptions = seq.preemptions

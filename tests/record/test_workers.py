@@ -83,6 +83,20 @@ def test_workers_stop_by_themselves_when_the_parent_is_killed(tmp_path: Path) ->
     assert sorted(_prompts_in(sorted(out.glob("*.parquet")))) == sorted(prompts)
 
 
+def test_workers_share_the_hash_key(tmp_path: Path) -> None:
+    """Block ids of one prompt must match across the workers' parts, or prefix sharing is lost between them."""
+    out = tmp_path / "out"
+    prompt = " ".join(f"word{i}" for i in range(40))  # two full 16-token blocks
+    with upstream() as base, recorder(base, out / "prod.parquet", "--workers", "2", "--redact", "hash",
+                                      logs=tmp_path / "logs") as rec:
+        assert _send_all(rec.url, [prompt] * 30) == [200] * 30
+        assert rec.stop() == 0, rec.output
+    ids = {part.name: {tuple(i) for i in Trace.read(part).table.column("prefix_block_ids").to_pylist()}
+           for part in sorted(out.glob("*.parquet"))}
+    assert len(ids) == 2 and len({ids_ for part_ids in ids.values() for ids_ in part_ids}) == 1, ids
+    assert len(next(iter(ids["prod-w1-0001.parquet"]))) == 2
+
+
 def test_workers_option_is_checked() -> None:
     result = run_cli("record", "--upstream", "http://127.0.0.1:9", "-o", "x.parquet", "--workers", "0")
     assert result.returncode == 2 and result.stderr.startswith("error: --workers must be between 1 and 64")

@@ -67,3 +67,14 @@ def test_without_tokenize_prompts_fall_back_to_one_word_per_token(tmp_path: Path
     assert len(bodies[0]["prompt"].split()) == 9 and len(bodies[1]["messages"][0]["content"].split()) == 9
     assert completions.column("prompt_tokens_server").to_pylist() == [9]
     assert chat.column("prompt_tokens_server").to_pylist() == [11]  # the template's 2 tokens were not known
+
+
+def test_rows_that_failed_in_production_still_send_a_valid_request(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    with upstream("ok", log=log) as url:
+        outcome, table, _ = replay(make_trace(n=1, prompt_tokens=0, output_tokens=0), url, tmp_path / "r.parquet")
+    body = received_bodies(log)[0]
+    assert len(body["prompt"].split()) == 1 and (body["max_tokens"], body["min_tokens"]) == (1, 1)
+    row = table.to_pylist()[0]
+    assert (row["error"], row["output_tokens"], row["expected_output_tokens"], row["prompt_tokens"]) == (None, 1, 1, 0)
+    assert outcome.fidelity.output_mismatches == 0

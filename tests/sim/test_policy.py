@@ -71,3 +71,16 @@ def test_invalid_policy_settings_are_user_errors() -> None:
         StatePolicy("baseline", split_precision=True)
     with pytest.raises(UserError, match="--buffer-len"):
         StatePolicy("replayssm", buffer_len=1)
+
+
+def test_tensor_parallel_makes_qwen3_next_fit_and_speeds_up_decode() -> None:
+    from harness.sim.engine_spec import build_spec
+
+    config = REPO / "configs/models/qwen3-next-80b-a3b.json"
+    with pytest.raises(UserError, match="--tensor-parallel-size"):
+        build_spec(config, "h200", StatePolicy())
+    two, four = (build_spec(config, "h200", StatePolicy(), tensor_parallel_size=tp) for tp in (2, 4))
+    assert EngineCore(four).pool.capacity_bytes > EngineCore(two).pool.capacity_bytes > 0
+    work = StepWork(decode_seqs=64, context_tokens=64 * 2000, attention_pairs=64 * 2000)
+    assert four.cost_model().step_time(work) < two.cost_model().step_time(work)
+    assert four.cost_model().features(work).comm_s > two.cost_model().features(work).comm_s > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -29,16 +30,9 @@ def test_every_startup_log_line_says_simulated(sim: SimProcess) -> None:
 
 
 def test_models_entry_says_simulated(sim: SimProcess) -> None:
-    _, body = post_json_get(sim.url + "/v1/models")
+    body = json.loads(get(sim.url + "/v1/models")[1])
     entry = body["data"][0]
     assert entry["id"] == "m" and "simulated" in entry["owned_by"] and entry["simulated"] is True
-
-
-def post_json_get(url: str) -> tuple[int, dict]:
-    import json
-
-    status, text = get(url)
-    return status, json.loads(text)
 
 
 def test_health_is_ready(sim: SimProcess) -> None:
@@ -118,3 +112,19 @@ def test_decode_timing_follows_the_cost_model(sim: SimProcess) -> None:
     started = time.monotonic()
     post_json(sim.url + "/v1/completions", completion_body())
     assert time.monotonic() - started > 0.05
+
+
+def test_client_disconnect_aborts_the_sequence(sim: SimProcess) -> None:
+    """A client that leaves mid-stream must not keep a running sequence (and its memory) in the engine."""
+    import time
+
+    body = {"prompt": PROMPT, "max_tokens": 3000, "min_tokens": 3000, "ignore_eos": True}
+    events = stream_events(sim.url + "/v1/completions", body)
+    assert next(events)["choices"]
+    assert metric_value(get(sim.url + "/metrics")[1], "vllm:num_requests_running") == 1
+    events.close()  # closes the HTTP response and its socket
+    deadline = time.monotonic() + 10
+    while metric_value(get(sim.url + "/metrics")[1], "vllm:num_requests_running") != 0:
+        assert time.monotonic() < deadline, "the aborted sequence is still running"
+        time.sleep(0.05)
+    assert metric_value(get(sim.url + "/metrics")[1], "vllm:kv_cache_usage_perc") == 0

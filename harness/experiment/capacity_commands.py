@@ -1,0 +1,137 @@
+"""`replaybench capacity`: per arm, the largest trace time compression held within the SLO, and its cost.
+
+This is the CLI layer: like `run`, it may use analysis (to score each probe's result file exactly as the report
+scores a repeat); the search (`capacity.py`) and the probes (`capacity_probe.py`) never import it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from harness.errors import UserError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from harness.experiment.capacity import Capacity
+    from harness.experiment.capacity_probe import Score
+    from harness.experiment.config import ExperimentConfig
+    from harness.records.run_dir import RunDir
+
+
+def score_result(config: ExperimentConfig) -> Score:
+    """SLO attainment and cost per successful request of one result file, as `replaybench report` computes them."""
+    from harness.analysis.run_metrics import TimeBlocks, load_run
+
+    def score(path: Path) -> tuple[float, float]:
+        metrics = load_run(path, TimeBlocks(0.0, 1.0, 1), config.slo, config.decision, config.cost).metrics
+        return metrics["slo_attainment"], metrics["cost_per_success"]
+
+    return score
+
+
+def _open_run(console: Console, config_path: Path | None, run_dir: Path | None,
+              output_dir: Path) -> tuple[ExperimentConfig, RunDir]:
+    """The experiment (checked, ports fixed) and the run directory capacity.json goes into."""
+    from harness.experiment.check import run_checks
+    from harness.experiment.config import load_config, with_ports
+    from harness.experiment.rundir import freeze_config, load_frozen, new_run_dir
+    from harness.records.run_dir import RunDir
+
+    if config_path is None and run_dir is None:
+        raise UserError("give --config EXPERIMENT.toml (or --run-dir RUN_DIR of a `replaybench run`); "
+                        "see configs/demo.toml")
+    if run_dir is not None and not run_dir.is_dir():
+        raise UserError(f"--run-dir {run_dir}: no such directory; give a run directory made by `replaybench run`")
+    config = load_config(config_path) if config_path is not None else load_frozen(run_dir)[0]
+    failed = [finding for finding in run_checks(config) if finding.level == "fail"]
+    if failed:
+        raise UserError(f"preflight check failed ({len(failed)} problem(s)), first: {failed[0].message} "
+                        "(see `replaybench check`)")
+    config = with_ports(config)
+    if run_dir is not None:
+        return config, RunDir(run_dir)
+    run = new_run_dir(output_dir, f"{config.name}-capacity")
+    freeze_config(config, run)
+    console.print(f"run directory: {run.root}")
+    return config, run
+
+
+def _print_summary(console: Console, config: ExperimentConfig, found: dict[str, Capacity], written: Path) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    target = config.slo.attainment_target
+    table = Table(title=f"capacity: largest time compression with every repeat at >= {target:.0%} SLO attainment",
+                  title_justify="left")
+    for column in ("arm", "max compression", "time scale", f"cost / success ({config.cost.currency})", "probes",
+                   "search"):
+        table.add_column(column, justify="right" if column != "arm" and column != "search" else "left")
+    for arm, capacity in found.items():
+        compression = capacity.max_time_compression
+        cost = capacity.cost_per_success_at_capacity
+        shown = "-" if compression is None else f"{'>= ' if capacity.limit == 'at_least' else ''}{compression:.2f}x"
+        table.add_row(arm, shown, "-" if compression is None else f"{1 / compression:.3f}",
+                      "-" if cost is None else f"{cost:.3g}", str(len(capacity.probes)), escape(capacity.note))
+    console.print(table)
+    console.print(f"capacity.json: {written}")
+
+
+def capacity(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="experiment .toml")] = None,
+    run_dir: Annotated[Path | None, typer.Option(
+        "--run-dir", help="add capacity.json to this run directory (its experiment.toml unless --config)")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="replays per probe; all must pass")] = 2,
+    min_scale: Annotated[float, typer.Option("--min-scale", help="heaviest load tried (time scale)")] = 0.1,
+    max_scale: Annotated[float, typer.Option("--max-scale", help="lightest load tried (time scale)")] = 1.0,
+    tolerance: Annotated[float, typer.Option("--tolerance", help="stop when pass/fail scales are this close")] = 0.05,
+    output_dir: Annotated[Path, typer.Option("--output-dir", help="where a new run directory goes")] = Path("reports"),
+) -> None:
+    """Per arm, the largest trace time compression (1 / time scale) at which SLO attainment stays at the config's
+    attainment_target (bisection, repeats per probe) and the cost per successful request there -> capacity.json."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from harness.atomic import atomic_path
+    from harness.experiment.capacity import SearchBounds, find_capacity
+    from harness.experiment.capacity_probe import ArmProber, CapacityFiles
+    from harness.experiment.config import ARMS
+    from harness.experiment.runner import load_trace
+    from harness.servers.cleanup import Terminated, termination_signals_raise
+
+    bounds = SearchBounds(min_scale, max_scale, tolerance)
+    console = Console()
+    experiment, run = _open_run(console, config, run_dir, output_dir)
+    files = CapacityFiles(run.root)
+    trace = load_trace(experiment)
+    per_arm = bounds.max_probes * repeats
+    found: dict[str, Capacity] = {}
+    columns = (TextColumn("{task.description:<26}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=console) as progress, termination_signals_raise():
+            task = progress.add_task("starting", total=len(ARMS) * per_arm)
+            for index, arm in enumerate(ARMS):
+                prober = ArmProber(experiment, arm, trace, files, repeats, score_result(experiment),
+                                   lambda what, done: progress.update(task, description=what, advance=done))
+                try:
+                    found[arm] = find_capacity(prober.probe, bounds)
+                finally:
+                    prober.close()
+                progress.update(task, completed=(index + 1) * per_arm)  # a search may end before its worst case
+    except (KeyboardInterrupt, Terminated) as stop:
+        console.print(f"[yellow]interrupted[/]: no capacity.json written; the probes so far are in "
+                      f"{files.root / 'capacity'}")
+        raise SystemExit(128 + getattr(stop, "signum", signal.SIGINT)) from None
+    target = experiment.slo.attainment_target
+    with atomic_path(files.capacity_json) as tmp:
+        tmp.write_text(json.dumps({arm: c.to_json(target) for arm, c in found.items()}, indent=2) + "\n")
+    _print_summary(console, experiment, found, files.capacity_json)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("capacity")(capacity)

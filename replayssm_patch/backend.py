@@ -1,0 +1,109 @@
+"""Mamba-2 attention backend whose metadata builder plans the ReplaySSM ring for every step.
+
+Why in the builder: it runs on the CPU before every step, including steps that replay a captured CUDA
+graph, so it is where cursors can advance. It writes each decode row's write position and flush length
+into persistent buffers (fixed addresses the graph reads) and, for steps with a prefill, the ring entry
+counts the layer must fold into the checkpoint first. CUDA-graph capture builds (dummy batches) write
+zeros and never advance real cursors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from vllm.v1.attention.backends.mamba2_attn import (
+    Mamba2AttentionBackend,
+    Mamba2AttentionMetadata,
+    Mamba2AttentionMetadataBuilder,
+)
+
+from replayssm_patch.config import replayssm_config_of
+from replayssm_patch.cursors import CursorTable
+
+
+@dataclass
+class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
+    # Decode-only steps: one row per state_indices_tensor_d row (graph padding rows get 0).
+    replay_write_pos: torch.Tensor | None = None
+    replay_flush_len: torch.Tensor | None = None
+    # Steps with a prefill: ring entries per row (decode rows, then prefill rows) to fold in first.
+    replay_pending: torch.Tensor | None = None
+
+
+class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
+    metadata_cls = ReplayMamba2AttentionMetadata
+    # Cursor tables are per builder (per KV-cache group): every group must run its own build().
+    supports_update_block_table = False
+
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.buffer_len = replayssm_config_of(vllm_config).buffer_len
+        max_rows = vllm_config.scheduler_config.max_num_seqs
+        self.write_pos = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self.flush_len = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self.cursors: CursorTable | None = None  # sized at the first build, once the KV cache is bound
+        self._capturing = False
+
+    def _cursor_table(self) -> CursorTable:
+        if self.cursors is None:
+            layer = self.vllm_config.compilation_config.static_forward_context[self.layer_names[0]]
+            num_blocks = layer.kv_cache[1].shape[0]
+            self.cursors = CursorTable(num_blocks, self.buffer_len, self.write_pos.device)
+        return self.cursors
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: Any) -> ReplayMamba2AttentionMetadata:
+        self._capturing = True
+        try:
+            return super().build_for_cudagraph_capture(common_attn_metadata)
+        finally:
+            self._capturing = False
+
+    def build(
+        self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False, **kwargs: Any
+    ) -> ReplayMamba2AttentionMetadata:
+        metadata = super().build(common_prefix_len, common_attn_metadata, fast_build, **kwargs)
+        return plan_ring(metadata, self._cursor_table, self.write_pos, self.flush_len, dry_run=self._capturing)
+
+
+def plan_ring(
+    metadata: ReplayMamba2AttentionMetadata,
+    cursor_table: Any,
+    write_pos_buffer: torch.Tensor,
+    flush_len_buffer: torch.Tensor,
+    *,
+    dry_run: bool,
+) -> ReplayMamba2AttentionMetadata:
+    """Attach this step's ring plan to ``metadata`` (``cursor_table`` is called only when cursors move)."""
+    if metadata.num_prefills == 0:
+        if metadata.state_indices_tensor_d is None:
+            return metadata
+        rows = metadata.state_indices_tensor_d.shape[0]
+        write_pos, flush_len = write_pos_buffer[:rows], flush_len_buffer[:rows]
+        write_pos.zero_()
+        flush_len.zero_()
+        if not dry_run:
+            real = metadata.num_decodes
+            slots = metadata.state_indices_tensor_d[:real, 0]
+            cursor_table().decode_step(slots, write_pos[:real], flush_len[:real])
+        return replace(metadata, replay_write_pos=write_pos, replay_flush_len=flush_len)
+    slots_p = metadata.state_indices_tensor_p
+    parts_slots = [slots_p]
+    parts_state = [metadata.has_initial_states_p]
+    if metadata.num_decodes:
+        slots_d = metadata.state_indices_tensor_d[: metadata.num_decodes, 0]
+        parts_slots.insert(0, slots_d)
+        parts_state.insert(0, torch.ones_like(slots_d, dtype=torch.bool))
+    pending = cursor_table().take_pending(torch.cat(parts_slots), torch.cat(parts_state))
+    return replace(metadata, replay_pending=pending)
+
+
+class ReplayMamba2AttentionBackend(Mamba2AttentionBackend):
+    @staticmethod
+    def get_name() -> str:
+        return "REPLAYSSM_MAMBA2_ATTN"
+
+    @staticmethod
+    def get_builder_cls() -> type[ReplayMamba2AttentionMetadataBuilder]:
+        return ReplayMamba2AttentionMetadataBuilder

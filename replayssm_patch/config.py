@@ -1,0 +1,64 @@
+"""The plugin's knobs, read from vLLM's ``--additional-config '{"replayssm": {...}}'`` and validated.
+
+Why here and not at ``register()``: vLLM loads general plugins before it has parsed the server's config,
+so the knobs are read at the first hook that receives a ``VllmConfig`` (model-class methods, layer init).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+CONFIG_KEY = "replayssm"
+MIN_BUFFER_LEN = 2
+MAX_BUFFER_LEN = 64
+
+
+class ReplaySSMConfigError(ValueError):
+    """A bad ``replayssm`` entry in ``--additional-config``; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class ReplaySSMConfig:
+    enable: bool = False
+    buffer_len: int = 16
+    split_precision: bool = False
+
+
+DISABLED = ReplaySSMConfig()
+_FIELDS = {"enable": bool, "buffer_len": int, "split_precision": bool}
+
+
+def parse_replayssm_config(additional_config: Any) -> ReplaySSMConfig:
+    """Validate ``additional_config["replayssm"]``; absent means disabled (vLLM's own behaviour)."""
+    if not additional_config or CONFIG_KEY not in additional_config:
+        return DISABLED
+    raw = additional_config[CONFIG_KEY]
+    if not isinstance(raw, dict):
+        raise ReplaySSMConfigError(
+            f"--additional-config {CONFIG_KEY!r} must be an object such as "
+            '{"enable": true, "buffer_len": 16, "split_precision": false}, got ' + repr(raw)
+        )
+    unknown = sorted(set(raw) - set(_FIELDS))
+    if unknown:
+        raise ReplaySSMConfigError(
+            f"unknown {CONFIG_KEY} option(s) {unknown}; allowed: {sorted(_FIELDS)}"
+        )
+    for name, kind in _FIELDS.items():
+        # bool is a subclass of int: reject true/false for buffer_len explicitly.
+        if name in raw and (type(raw[name]) is not kind):
+            raise ReplaySSMConfigError(
+                f"{CONFIG_KEY}.{name} must be a JSON {'boolean' if kind is bool else 'integer'}, got {raw[name]!r}"
+            )
+    config = ReplaySSMConfig(**raw)
+    if not MIN_BUFFER_LEN <= config.buffer_len <= MAX_BUFFER_LEN:
+        raise ReplaySSMConfigError(
+            f"{CONFIG_KEY}.buffer_len must be between {MIN_BUFFER_LEN} and {MAX_BUFFER_LEN}, got "
+            f"{config.buffer_len}; 16 is the tested default"
+        )
+    return config
+
+
+def replayssm_config_of(vllm_config: Any) -> ReplaySSMConfig:
+    """The knobs of a ``VllmConfig`` (anything with ``additional_config``)."""
+    return parse_replayssm_config(getattr(vllm_config, "additional_config", None))

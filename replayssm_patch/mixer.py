@@ -1,0 +1,132 @@
+"""The Mamba-2 layer with ReplaySSM state management (vLLM ``MambaMixer2`` out-of-tree replacement).
+
+Decode-only steps (the CUDA-graph path) run vLLM's causal-conv update, then the ReplaySSM decode step:
+append x/B/dt to the ring, answer from checkpoint + ring, and fold the ring into the checkpoint on the
+step that fills it. Any step with a prefill first folds every row's pending ring entries into the
+checkpoint (materialise-before-prefill), then runs vLLM's own path, which leaves each row's checkpoint
+current and its ring empty; with split precision the bf16 copy of those rows is refreshed afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.config import get_current_vllm_config
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.custom_op import PluggableLayer, op_registry_oot
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
+
+from replayssm_patch.backend import ReplayMamba2AttentionBackend, ReplayMamba2AttentionMetadata
+from replayssm_patch.config import replayssm_config_of
+from replayssm_patch.cursors import NULL_BLOCK_ID
+from replayssm_patch.state_layout import RING_B, RING_DT, RING_X, STATE_BF16, replay_state_dtypes, replay_state_shapes
+
+
+class ReplayMambaMixer2(MambaMixer2):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.replayssm = replayssm_config_of(get_current_vllm_config())
+        if not self.replayssm.enable:
+            # Registration is process-wide; a model built without the knob gets vLLM's exact layer.
+            self.__class__ = MambaMixer2
+
+    def get_state_shape(self) -> tuple[tuple[int, ...], ...]:
+        return replay_state_shapes(super().get_state_shape(), self.replayssm, is_conv_state_dim_first())
+
+    def get_state_dtype(self) -> tuple[torch.dtype, ...]:
+        assert self.model_config is not None
+        return replay_state_dtypes(super().get_state_dtype(), self.model_config.dtype, self.replayssm)
+
+    def get_attn_backend(self) -> type[ReplayMamba2AttentionBackend]:
+        return ReplayMamba2AttentionBackend
+
+    def conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.Tensor) -> None:
+        raw = get_forward_context().attn_metadata
+        metadata = raw[self.prefix] if isinstance(raw, dict) else None
+        if metadata is None:  # profile run: vLLM's warm-up path
+            super().conv_ssm_forward(projected_states=projected_states, output=output)
+            return
+        assert isinstance(metadata, ReplayMamba2AttentionMetadata)
+        if metadata.num_prefills == 0:
+            if metadata.num_decodes:
+                self._replay_decode(projected_states, output, metadata)
+            return
+        slots = self._batch_slots(metadata)
+        self._materialise(slots, metadata.replay_pending)
+        super().conv_ssm_forward(projected_states=projected_states, output=output)
+        if self.replayssm.split_precision:
+            from replayssm_patch.kernels import copy_state_to_bf16
+
+            copy_state_to_bf16(self.kv_cache[1], self.kv_cache[STATE_BF16], slots, pad_slot_id=NULL_BLOCK_ID)
+
+    @staticmethod
+    def _batch_slots(metadata: ReplayMamba2AttentionMetadata) -> torch.Tensor:
+        """State slot of every row, decode rows first (vLLM's batch order)."""
+        parts = [metadata.state_indices_tensor_p]
+        if metadata.num_decodes:
+            parts.insert(0, metadata.state_indices_tensor_d[: metadata.num_decodes, 0])
+        return torch.cat(parts).to(torch.int32)
+
+    def _materialise(self, slots: torch.Tensor, pending: torch.Tensor | None) -> None:
+        """Fold pending ring entries into the fp32 checkpoint so vLLM's prefill/decode read current state."""
+        from replayssm_patch.kernels import flush_ring
+
+        assert pending is not None
+        cache = self.kv_cache
+        flush_ring(
+            cache[1], cache[RING_X], cache[RING_B], cache[RING_DT], self.A, slots, pending, pad_slot_id=NULL_BLOCK_ID
+        )
+
+    def _replay_decode(
+        self, projected_states: torch.Tensor, output: torch.Tensor, metadata: ReplayMamba2AttentionMetadata
+    ) -> None:
+        from replayssm_patch.kernels import replay_decode_step
+
+        n = metadata.num_decode_tokens
+        hidden_states_B_C, dt = torch.split(
+            projected_states[:n, self.tped_intermediate_size :], [self.tped_conv_size, self.tped_dt_size], dim=-1
+        )
+        cache = self.kv_cache
+        conv_state = cache[0] if is_conv_state_dim_first() else cache[0].transpose(-1, -2)
+        slots_2d = metadata.state_indices_tensor_d
+        hidden_states_B_C = causal_conv1d_update(
+            hidden_states_B_C,
+            conv_state,
+            self.conv_weights,
+            self.conv1d.bias,
+            self.activation,
+            conv_state_indices=slots_2d,
+            query_start_loc=metadata.query_start_loc_d,
+            max_query_len=slots_2d.size(-1),
+        )
+        x, B, C = self.split_hidden_states_B_C_fn(hidden_states_B_C)
+        heads, groups = self.num_heads // self.tp_size, self.n_groups // self.tp_size
+        replay_decode_step(
+            x.view(n, heads, self.head_dim),
+            dt,
+            self.A,
+            B.view(n, groups, self.ssm_state_size),
+            C.view(n, groups, self.ssm_state_size),
+            cache[1],
+            cache[RING_X],
+            cache[RING_B],
+            cache[RING_DT],
+            slots_2d[:n, 0],
+            metadata.replay_write_pos[:n],
+            metadata.replay_flush_len[:n],
+            state_bf16=cache[STATE_BF16] if self.replayssm.split_precision else None,
+            D=self.D,
+            dt_bias=self.dt_bias,
+            dt_softplus=True,
+            pad_slot_id=NULL_BLOCK_ID,
+            out=output[:n].view(n, heads, self.head_dim),
+        )
+
+
+def install_replay_mixer() -> None:
+    """Make vLLM build ``ReplayMambaMixer2`` wherever a model asks for ``MambaMixer2`` (once per process)."""
+    if op_registry_oot.get(MambaMixer2.__name__) is not ReplayMambaMixer2:
+        PluggableLayer.register_oot(ReplayMambaMixer2, name=MambaMixer2.__name__)

@@ -1,0 +1,79 @@
+"""Knob parsing and the refusal rules (pure Python; vLLM configs stood in by their public field names)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from replayssm_patch.config import DISABLED, ReplaySSMConfig, ReplaySSMConfigError, parse_replayssm_config
+from replayssm_patch.refusals import ReplaySSMRefused, refuse_unsupported, unsupported_settings
+
+
+def test_absent_or_empty_config_is_disabled():
+    assert parse_replayssm_config(None) == DISABLED
+    assert parse_replayssm_config({}) == DISABLED
+    assert parse_replayssm_config({"other_plugin": 1}).enable is False
+
+
+def test_full_config_parses():
+    got = parse_replayssm_config({"replayssm": {"enable": True, "buffer_len": 8, "split_precision": True}})
+    assert got == ReplaySSMConfig(enable=True, buffer_len=8, split_precision=True)
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ("yes", "must be an object"),
+        ({"enable": True, "bufer_len": 16}, "unknown replayssm option(s) ['bufer_len']"),
+        ({"enable": "true"}, "replayssm.enable must be a JSON boolean"),
+        ({"buffer_len": 16.0}, "replayssm.buffer_len must be a JSON integer"),
+        ({"buffer_len": True}, "replayssm.buffer_len must be a JSON integer"),
+        ({"buffer_len": 1}, "between 2 and 64"),
+        ({"buffer_len": 65}, "between 2 and 64"),
+    ],
+)
+def test_bad_config_names_the_problem(raw, needle):
+    with pytest.raises(ReplaySSMConfigError) as info:
+        parse_replayssm_config({"replayssm": raw})
+    assert needle in str(info.value)
+
+
+def _vllm_config(**overrides):
+    fields = {
+        "cache_config": SimpleNamespace(mamba_cache_mode="none", mamba_ssm_cache_dtype="float32"),
+        "kv_transfer_config": None,
+        "mamba_config": SimpleNamespace(backend=SimpleNamespace(name="TRITON")),
+        "use_v2_model_runner": False,
+        "speculative_config": None,
+    }
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+def test_supported_config_passes():
+    assert unsupported_settings(_vllm_config(), split_precision=True) == []
+    refuse_unsupported(_vllm_config(), split_precision=False)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "split", "needle"),
+    [
+        ({"cache_config": SimpleNamespace(mamba_cache_mode="align", mamba_ssm_cache_dtype="float32")}, False,
+         "mamba prefix caching mode 'align'"),
+        ({"cache_config": SimpleNamespace(mamba_cache_mode="all", mamba_ssm_cache_dtype="float32")}, False,
+         "mamba prefix caching mode 'all'"),
+        ({"kv_transfer_config": object()}, False, "drop --kv-transfer-config"),
+        ({"mamba_config": SimpleNamespace(backend=SimpleNamespace(name="FLASHINFER"))}, False,
+         "FLASHINFER mamba backend"),
+        ({"use_v2_model_runner": True}, False, "unset VLLM_USE_V2_MODEL_RUNNER"),
+        ({"speculative_config": object()}, False, "speculative decoding"),
+        ({"cache_config": SimpleNamespace(mamba_cache_mode="none", mamba_ssm_cache_dtype="bfloat16")}, True,
+         "--mamba-ssm-cache-dtype float32"),
+    ],
+)  # fmt: skip
+def test_each_unsupported_setting_is_refused_with_one_line(overrides, split, needle, caplog):
+    with pytest.raises(ReplaySSMRefused) as info:
+        refuse_unsupported(_vllm_config(**overrides), split_precision=split)
+    assert needle in str(info.value)
+    assert str(info.value).startswith("ReplaySSM refused: ")
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "\n" not in errors[0].getMessage()

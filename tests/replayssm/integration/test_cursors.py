@@ -1,0 +1,62 @@
+"""Ring cursors: advance, flush at L-1, reset before prefill, null block untouched (pure torch on CPU)."""
+
+import torch
+
+from replayssm_patch.cursors import NULL_BLOCK_ID, CursorTable
+
+L = 4
+
+
+def _step(table, slots):
+    slots = torch.tensor(slots, dtype=torch.int32)
+    write_pos = torch.full_like(slots, -7)
+    flush_len = torch.full_like(slots, -7)
+    table.decode_step(slots, write_pos, flush_len)
+    return write_pos.tolist(), flush_len.tolist()
+
+
+def test_cursor_advances_and_flushes_on_the_step_that_fills_the_ring():
+    table = CursorTable(num_blocks=8, buffer_len=L, device="cpu")
+    seen = [_step(table, [3]) for _ in range(2 * L + 1)]
+    assert [w[0] for w, _ in seen] == [0, 1, 2, 3, 0, 1, 2, 3, 0]
+    assert [f[0] for _, f in seen] == [0, 0, 0, L, 0, 0, 0, L, 0]
+
+
+def test_rows_are_independent():
+    table = CursorTable(num_blocks=8, buffer_len=L, device="cpu")
+    _step(table, [1])
+    _step(table, [1])
+    write_pos, flush_len = _step(table, [5, 1])
+    assert write_pos == [0, 2]
+    assert flush_len == [0, 0]
+    assert table.positions.tolist() == [0, 3, 0, 0, 0, 1, 0, 0]
+
+
+def test_null_block_never_moves_and_gets_no_flush():
+    table = CursorTable(num_blocks=4, buffer_len=L, device="cpu")
+    for _ in range(L + 2):
+        write_pos, flush_len = _step(table, [2, NULL_BLOCK_ID, NULL_BLOCK_ID])
+        assert write_pos[1:] == [0, 0] and flush_len[1:] == [0, 0]
+    assert table.positions[NULL_BLOCK_ID].item() == 0
+    assert table.positions[2].item() == (L + 2) % L
+
+
+def test_take_pending_returns_ring_counts_and_resets():
+    table = CursorTable(num_blocks=8, buffer_len=L, device="cpu")
+    for _ in range(3):
+        _step(table, [2, 6])
+    _step(table, [6])
+    pending = table.take_pending(torch.tensor([2, 6], dtype=torch.int32))
+    assert pending.tolist() == [3, 0]  # slot 6 flushed on its 4th step: ring empty
+    assert table.positions[2].item() == 0 and table.positions[6].item() == 0
+    assert _step(table, [2])[0] == [0]  # decode after the prefill starts a fresh ring
+
+
+def test_fresh_sequence_in_a_reused_slot_reads_nothing_of_the_old_ring():
+    table = CursorTable(num_blocks=8, buffer_len=L, device="cpu")
+    _step(table, [4])
+    _step(table, [4])
+    has_state = torch.tensor([False, True])
+    pending = table.take_pending(torch.tensor([4, NULL_BLOCK_ID], dtype=torch.int32), has_state)
+    assert pending.tolist() == [0, 0]
+    assert table.positions[4].item() == 0
