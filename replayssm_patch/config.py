@@ -41,9 +41,7 @@ def parse_replayssm_config(additional_config: Any) -> ReplaySSMConfig:
         )
     unknown = sorted(set(raw) - set(_FIELDS))
     if unknown:
-        raise ReplaySSMConfigError(
-            f"unknown {CONFIG_KEY} option(s) {unknown}; allowed: {sorted(_FIELDS)}"
-        )
+        raise ReplaySSMConfigError(f"unknown {CONFIG_KEY} option(s) {unknown}; allowed: {sorted(_FIELDS)}")
     for name, kind in _FIELDS.items():
         # bool is a subclass of int: reject true/false for buffer_len explicitly.
         if name in raw and (type(raw[name]) is not kind):

@@ -89,7 +89,7 @@ def simulate(
     tensor_parallel_size: TensorParallel = 1,
     time_scale: Annotated[float, typer.Option("--time-scale", help="<1 compresses the trace (0.5 = 2x rate)")] = 1.0,
     arm: Annotated[str | None, typer.Option("--arm", help="arm name in the result [policy label]")] = None,
-    repeat: Annotated[int, typer.Option("--repeat")] = 1,
+    repeat: Annotated[int, typer.Option("--repeat", help="repeat number stored in the results")] = 0,
 ) -> None:
     """Run a trace through the SIMULATED engine in virtual time and write a (simulated) result file."""
     from rich.console import Console

@@ -42,7 +42,7 @@ def test_simulate_writes_a_valid_simulated_result_file(azure_slice: Path, tmp_pa
     expected = {r["request_id"]: r for r in trace}
     for row in rows:
         source = expected[row["request_id"]]
-        assert row["arm"] == "baseline" and row["repeat"] == 1 and row["status"] == 200 and row["error"] is None
+        assert row["arm"] == "baseline" and row["repeat"] == 0 and row["status"] == 200 and row["error"] is None
         assert row["intended_s"] == pytest.approx(source["arrival_s"] * 0.5)
         assert row["output_tokens"] == row["expected_output_tokens"] == source["output_tokens"]
         times = np.array(row["token_times"])
