@@ -70,13 +70,23 @@ def read_calibration(path: str | os.PathLike[str]) -> Calibration:
         for dtype, key in DTYPE_KEYS.items():
             column = {name: i for i, name in enumerate(payload["columns"])}
             for row in payload[key]:
-                points.append(CalibrationPoint(dtype, int(row[column["concurrency"]]), LoadMetrics(
-                    row[column["itl_p50_ms"]], row[column["itl_p99_ms"]], row[column["ttft_p50_s"]],
-                    row[column["output_tokens_per_s"]])))
+                points.append(
+                    CalibrationPoint(
+                        dtype,
+                        int(row[column["concurrency"]]),
+                        LoadMetrics(
+                            row[column["itl_p50_ms"]],
+                            row[column["itl_p99_ms"]],
+                            row[column["ttft_p50_s"]],
+                            row[column["output_tokens_per_s"]],
+                        ),
+                    )
+                )
         available = int(payload["server_log_facts"]["available_kv_cache_gib"] * GIB)
     except FileNotFoundError:
-        raise UserError(f"{path}: no such calibration file; give e.g. "
-                        "configs/calibration/h200-vllm-0.24.0-nemotron-h-8b.json") from None
+        raise UserError(
+            f"{path}: no such calibration file; give e.g. configs/calibration/h200-vllm-0.24.0-nemotron-h-8b.json"
+        ) from None
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise UserError(f"{path}: not a calibration file in the expected layout ({exc!r})") from None
     return Calibration(points=points, available_kv_bytes=available)
@@ -84,8 +94,14 @@ def read_calibration(path: str | os.PathLike[str]) -> Calibration:
 
 def calibration_spec(cal: Calibration, shape: ModelShape, gpu: Gpu, dtype: str, factors: FittedFactors) -> EngineSpec:
     """The engine the calibration measured: baseline policy, vLLM's default 8192-token budget."""
-    return EngineSpec(shape=shape, gpu=gpu, policy=StatePolicy("baseline", dtype), factors=factors,
-                      limits=SchedulerLimits(max_num_seqs=cal.max_num_seqs), max_model_len=cal.max_model_len)
+    return EngineSpec(
+        shape=shape,
+        gpu=gpu,
+        policy=StatePolicy("baseline", dtype),
+        factors=factors,
+        limits=SchedulerLimits(max_num_seqs=cal.max_num_seqs),
+        max_model_len=cal.max_model_len,
+    )
 
 
 def closed_loop_run(spec: EngineSpec, concurrency: int, prompt_tokens: int, output_tokens: int) -> VirtualRun:
@@ -106,10 +122,12 @@ def load_metrics(run: VirtualRun) -> LoadMetrics:
         ttfts.append(times[0] - timing.spec.arrival_s)
         gaps.extend(np.diff(times))
         last, tokens = max(last, times[-1]), tokens + len(times)
-    return LoadMetrics(itl_p50_ms=float(np.percentile(gaps, 50)) * 1e3 if gaps else 0.0,
-                       itl_p99_ms=float(np.percentile(gaps, 99)) * 1e3 if gaps else 0.0,
-                       ttft_p50_s=float(np.median(ttfts)) if ttfts else 0.0,
-                       output_tokens_per_s=tokens / last if last else 0.0)
+    return LoadMetrics(
+        itl_p50_ms=float(np.percentile(gaps, 50)) * 1e3 if gaps else 0.0,
+        itl_p99_ms=float(np.percentile(gaps, 99)) * 1e3 if gaps else 0.0,
+        ttft_p50_s=float(np.median(ttfts)) if ttfts else 0.0,
+        output_tokens_per_s=tokens / last if last else 0.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -155,8 +173,10 @@ def fit_factors(cal: Calibration, shape: ModelShape, gpu: Gpu) -> FittedFactors:
         out = []
         for case in cases:
             p50, p99 = case.itl_quantiles_ms(factors)
-            out += [np.log(p50 / case.point.measured.itl_p50_ms),
-                    P99_WEIGHT * np.log(p99 / case.point.measured.itl_p99_ms)]
+            out += [
+                np.log(p50 / case.point.measured.itl_p50_ms),
+                P99_WEIGHT * np.log(p99 / case.point.measured.itl_p99_ms),
+            ]
         return np.array(out)
 
     start = FittedFactors()
@@ -188,8 +208,9 @@ def reproduce(cal: Calibration, shape: ModelShape, gpu: Gpu, factors: FittedFact
     return rows
 
 
-def write_fit(out: str | os.PathLike[str], factors: FittedFactors, rows: list[ReproductionRow],
-              sources: dict[str, str]) -> Path:
+def write_fit(
+    out: str | os.PathLike[str], factors: FittedFactors, rows: list[ReproductionRow], sources: dict[str, str]
+) -> Path:
     payload = {
         "what": "cost-model factors of replaybench's SIMULATED engine, fitted by `replaybench sim-calibrate`",
         "fitted_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -197,9 +218,15 @@ def write_fit(out: str | os.PathLike[str], factors: FittedFactors, rows: list[Re
         "method": (__doc__ or "").strip(),
         "factors": factors.to_json(),
         "reproduction": [
-            {"ssm_dtype": r.ssm_dtype, "concurrency": r.concurrency,
-             "measured": asdict(r.measured), "modelled": {k: round(v, 4) for k, v in asdict(r.modelled).items()},
-             "itl_p50_error_pct": round(100 * r.itl_p50_error, 2)} for r in rows],
+            {
+                "ssm_dtype": r.ssm_dtype,
+                "concurrency": r.concurrency,
+                "measured": asdict(r.measured),
+                "modelled": {k: round(v, 4) for k, v in asdict(r.modelled).items()},
+                "itl_p50_error_pct": round(100 * r.itl_p50_error, 2),
+            }
+            for r in rows
+        ],
     }
     out = Path(out)
     with atomic_path(out) as tmp:

@@ -12,8 +12,10 @@ from harness.errors import UserError
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "configs" / "models" / "nemotron-h-8b.json"
 
-ModelConfig = Annotated[Path | None, typer.Option(
-    "--model-config", help="HF-style config.json [configs/models/nemotron-h-8b.json of this checkout]")]
+ModelConfig = Annotated[
+    Path | None,
+    typer.Option("--model-config", help="HF-style config.json [configs/models/nemotron-h-8b.json of this checkout]"),
+]
 GpuName = Annotated[str, typer.Option("--gpu", help="h200, h100, a100, l40s or rtx4090")]
 Policy = Annotated[str, typer.Option("--policy", help="baseline or replayssm")]
 SsmDtype = Annotated[str, typer.Option("--ssm-dtype", help="SSM state dtype: float32 or bfloat16")]
@@ -26,15 +28,33 @@ Calibration = Annotated[Path | None, typer.Option("--calibration", help="fitted 
 TensorParallel = Annotated[int, typer.Option("--tensor-parallel-size", help="GPUs the model is split over")]
 
 
-def _spec(model_config: Path | None, gpu: str, policy: str, ssm_dtype: str, buffer_len: int, split_precision: bool,
-          max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int | None, calibration: Path | None,
-          tensor_parallel_size: int):
+def _spec(
+    model_config: Path | None,
+    gpu: str,
+    policy: str,
+    ssm_dtype: str,
+    buffer_len: int,
+    split_precision: bool,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    max_model_len: int | None,
+    calibration: Path | None,
+    tensor_parallel_size: int,
+):
     from harness.sim.engine_spec import build_spec
     from harness.sim.state_policy import StatePolicy
 
     state_policy = StatePolicy(policy, ssm_dtype, buffer_len, split_precision)  # type: ignore[arg-type]
-    return build_spec(model_config or DEFAULT_MODEL, gpu, state_policy, max_num_seqs, max_num_batched_tokens,
-                      max_model_len, calibration, tensor_parallel_size)
+    return build_spec(
+        model_config or DEFAULT_MODEL,
+        gpu,
+        state_policy,
+        max_num_seqs,
+        max_num_batched_tokens,
+        max_model_len,
+        calibration,
+        tensor_parallel_size,
+    )
 
 
 def serve_sim(
@@ -54,10 +74,12 @@ def serve_sim(
     seed: Annotated[int, typer.Option("--seed", help="seed of the generated text and of injected faults")] = 0,
     served_model_name: Annotated[str | None, typer.Option("--served-model-name", help="[config file stem]")] = None,
     fail_rate: Annotated[float, typer.Option("--fail-rate", help="fraction of requests answered HTTP 500")] = 0.0,
-    stall_after_tokens: Annotated[int | None, typer.Option("--stall-after-tokens",
-                                                           help="streams stop after N tokens")] = None,
-    crash_after_requests: Annotated[int | None, typer.Option("--crash-after-requests",
-                                                             help="exit hard when request N+1 arrives")] = None,
+    stall_after_tokens: Annotated[
+        int | None, typer.Option("--stall-after-tokens", help="streams stop after N tokens")
+    ] = None,
+    crash_after_requests: Annotated[
+        int | None, typer.Option("--crash-after-requests", help="exit hard when request N+1 arrives")
+    ] = None,
     startup_delay: Annotated[float, typer.Option("--startup-delay", help="seconds of 503 before ready")] = 0.0,
 ) -> None:
     """Serve the OpenAI API from the SIMULATED engine (calibrated cost model; no GPU needed)."""
@@ -66,11 +88,25 @@ def serve_sim(
 
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be 0-65535 (got {port}); 0 picks a free port and logs it")
-    spec = _spec(model_config, gpu, policy, ssm_dtype, buffer_len, split_precision, max_num_seqs,
-                 max_num_batched_tokens, max_model_len, calibration, tensor_parallel_size)
+    spec = _spec(
+        model_config,
+        gpu,
+        policy,
+        ssm_dtype,
+        buffer_len,
+        split_precision,
+        max_num_seqs,
+        max_num_batched_tokens,
+        max_model_len,
+        calibration,
+        tensor_parallel_size,
+    )
     faults = FaultConfig(fail_rate, stall_after_tokens, crash_after_requests, startup_delay)
-    serve(ServeOptions(spec=spec, host=host, port=port, seed=seed,
-                       model_name=served_model_name or spec.shape.name, faults=faults))
+    serve(
+        ServeOptions(
+            spec=spec, host=host, port=port, seed=seed, model_name=served_model_name or spec.shape.name, faults=faults
+        )
+    )
 
 
 def simulate(
@@ -101,8 +137,19 @@ def simulate(
 
     if time_scale <= 0:
         raise UserError(f"--time-scale must be > 0 (got {time_scale}); use 0.5 to double the rate")
-    spec = _spec(model_config, gpu, policy, ssm_dtype, buffer_len, split_precision, max_num_seqs,
-                 max_num_batched_tokens, max_model_len, calibration, tensor_parallel_size)
+    spec = _spec(
+        model_config,
+        gpu,
+        policy,
+        ssm_dtype,
+        buffer_len,
+        split_precision,
+        max_num_seqs,
+        max_num_batched_tokens,
+        max_model_len,
+        calibration,
+        tensor_parallel_size,
+    )
     loaded = Trace.read(trace)
     started = time.perf_counter()
     with Progress(transient=True) as bar:
@@ -133,14 +180,20 @@ def sim_calibrate(
     shape, device = load_model_shape(model_config), get_gpu(gpu)
     factors = fit_factors(cal, shape, device)
     rows = reproduce(cal, shape, device, factors)
-    write_fit(output, factors, rows, {"calibration": str(calibration_file), "model_config": str(model_config),
-                                      "gpu": gpu})
+    write_fit(
+        output, factors, rows, {"calibration": str(calibration_file), "model_config": str(model_config), "gpu": gpu}
+    )
     table = Table(title=f"simulated vs measured decode ITL p50 ({output})")
     for column in ("state", "C", "measured ms", "modelled ms", "error"):
         table.add_column(column)
     for r in rows:
-        table.add_row(r.ssm_dtype, str(r.concurrency), f"{r.measured.itl_p50_ms:.2f}", f"{r.modelled.itl_p50_ms:.2f}",
-                      f"{100 * r.itl_p50_error:+.1f}%")
+        table.add_row(
+            r.ssm_dtype,
+            str(r.concurrency),
+            f"{r.measured.itl_p50_ms:.2f}",
+            f"{r.modelled.itl_p50_ms:.2f}",
+            f"{100 * r.itl_p50_error:+.1f}%",
+        )
     Console().print(table)
     Console().print(", ".join(f"{k}={v:.4g}" for k, v in factors.to_json().items()))
 

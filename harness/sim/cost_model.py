@@ -82,8 +82,9 @@ def load_factors(path: str | os.PathLike[str] | None = None) -> FittedFactors:
         payload = json.loads(path.read_text())
         return FittedFactors(**payload["factors"])
     except FileNotFoundError:
-        raise UserError(f"{path}: no fitted cost-model factors; run `replaybench sim-calibrate` or give "
-                        "--calibration FILE") from None
+        raise UserError(
+            f"{path}: no fitted cost-model factors; run `replaybench sim-calibrate` or give --calibration FILE"
+        ) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{path}: not a fitted-factors file ({exc}); re-run `replaybench sim-calibrate`") from None
 
@@ -95,8 +96,7 @@ class CostModel:
     all-reduces of the hidden state per layer (after the mixer and after the MLP).
     """
 
-    def __init__(self, shape: ModelShape, gpu: Gpu, policy: StatePolicy, factors: FittedFactors,
-                 tp: int = 1) -> None:
+    def __init__(self, shape: ModelShape, gpu: Gpu, policy: StatePolicy, factors: FittedFactors, tp: int = 1) -> None:
         self.shape, self.gpu, self.policy, self.factors, self.tp = shape, gpu, policy, factors, tp
         layers = shape.attention.layers + (shape.recurrent.layers if shape.recurrent else 0) + shape.mlp.layers
         ring = 2 * (tp - 1) / tp
@@ -108,15 +108,22 @@ class CostModel:
 
     def features(self, work: StepWork) -> StepFeatures:
         shape, gpu = self.shape, self.gpu
-        flops = (2.0 * shape.active_params_per_token * work.tokens
-                 + self._attention_flops_per_pair * work.attention_pairs)
-        traffic = (work.context_tokens * shape.kv_bytes_per_token
-                   + work.decode_seqs * self._decode_state_bytes
-                   + work.prefill_seqs * self._prefill_state_bytes)
+        flops = (
+            2.0 * shape.active_params_per_token * work.tokens + self._attention_flops_per_pair * work.attention_pairs
+        )
+        traffic = (
+            work.context_tokens * shape.kv_bytes_per_token
+            + work.decode_seqs * self._decode_state_bytes
+            + work.prefill_seqs * self._prefill_state_bytes
+        )
         per_gpu_bandwidth = gpu.memory_bandwidth * self.tp
-        return StepFeatures(weights_s=shape.weight_bytes_read(work.tokens) / per_gpu_bandwidth,
-                            flops_s=flops / (gpu.bf16_flops * self.tp), traffic_s=traffic / per_gpu_bandwidth,
-                            seqs=work.seqs, comm_s=work.tokens * self._allreduce_s_per_token)
+        return StepFeatures(
+            weights_s=shape.weight_bytes_read(work.tokens) / per_gpu_bandwidth,
+            flops_s=flops / (gpu.bf16_flops * self.tp),
+            traffic_s=traffic / per_gpu_bandwidth,
+            seqs=work.seqs,
+            comm_s=work.tokens * self._allreduce_s_per_token,
+        )
 
     def step_time(self, work: StepWork) -> float:
         f = self.features(work)

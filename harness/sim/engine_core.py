@@ -24,19 +24,23 @@ class RequestRejected(ValueError):
 
 def context_length_message(max_model_len: int, prompt_tokens: int, output_tokens: int) -> str:
     """vLLM's wording, so clients that parse it behave the same against the simulated engine."""
-    return (f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{prompt_tokens + output_tokens} tokens ({prompt_tokens} in the messages, {output_tokens} in the "
-            "completion). Please reduce the length of the messages or completion.")
+    return (
+        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+        f"{prompt_tokens + output_tokens} tokens ({prompt_tokens} in the messages, {output_tokens} in the "
+        "completion). Please reduce the length of the messages or completion."
+    )
 
 
 class EngineCore:
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
         self.cost = spec.cost_model()
-        pool = MemoryPool(capacity_bytes=self.cost.pool_bytes(spec.gpu_memory_utilization),
-                          block_tokens=spec.block_tokens,
-                          block_bytes=spec.block_tokens * spec.shape.kv_bytes_per_token,
-                          state_bytes=spec.policy.memory_bytes_per_seq(spec.shape.recurrent))
+        pool = MemoryPool(
+            capacity_bytes=self.cost.pool_bytes(spec.gpu_memory_utilization),
+            block_tokens=spec.block_tokens,
+            block_bytes=spec.block_tokens * spec.shape.kv_bytes_per_token,
+            state_bytes=spec.policy.memory_bytes_per_seq(spec.shape.recurrent),
+        )
         self.pool = pool
         self.scheduler = Scheduler(spec.limits, pool)
 
@@ -59,8 +63,13 @@ class EngineCore:
             return None
         duration = self.cost.step_time(scheduled.work)
         outcome = self.scheduler.complete(scheduled)
-        return StepResult(duration_s=duration, work=scheduled.work, emitted=outcome.emitted,
-                          finished=outcome.finished, preempted=scheduled.preempted)
+        return StepResult(
+            duration_s=duration,
+            work=scheduled.work,
+            emitted=outcome.emitted,
+            finished=outcome.finished,
+            preempted=scheduled.preempted,
+        )
 
     @property
     def max_concurrent_sequences(self) -> int:

@@ -29,9 +29,16 @@ class EngineSpec:
         return CostModel(self.shape, self.gpu, self.policy, self.factors, self.tensor_parallel_size)
 
 
-def build_spec(model_config: Path, gpu: str, policy: StatePolicy, max_num_seqs: int = 256,
-               max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
-               calibration: Path | None = None, tensor_parallel_size: int = 1) -> EngineSpec:
+def build_spec(
+    model_config: Path,
+    gpu: str,
+    policy: StatePolicy,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 8192,
+    max_model_len: int | None = None,
+    calibration: Path | None = None,
+    tensor_parallel_size: int = 1,
+) -> EngineSpec:
     """Validate user-given engine settings; every bad value is a one-line `UserError` naming the fix."""
     if max_num_seqs < 1:
         raise UserError(f"--max-num-seqs must be at least 1 (got {max_num_seqs}); vLLM's default is 256")
@@ -43,9 +50,15 @@ def build_spec(model_config: Path, gpu: str, policy: StatePolicy, max_num_seqs: 
     length = max_model_len or shape.max_model_len
     if length < 2:
         raise UserError(f"--max-model-len must be at least 2 (got {length})")
-    spec = EngineSpec(shape=shape, gpu=get_gpu(gpu), policy=policy, factors=load_factors(calibration),
-                      limits=SchedulerLimits(max_num_seqs, max_num_batched_tokens), max_model_len=length,
-                      tensor_parallel_size=tensor_parallel_size)
+    spec = EngineSpec(
+        shape=shape,
+        gpu=get_gpu(gpu),
+        policy=policy,
+        factors=load_factors(calibration),
+        limits=SchedulerLimits(max_num_seqs, max_num_batched_tokens),
+        max_model_len=length,
+        tensor_parallel_size=tensor_parallel_size,
+    )
     _require_memory_left(spec)
     return spec
 
@@ -55,6 +68,8 @@ def _require_memory_left(spec: EngineSpec) -> None:
     if spec.cost_model().pool_bytes(spec.gpu_memory_utilization) <= 0:
         gib = 1 << 30
         offered = spec.tensor_parallel_size * spec.gpu.memory_bytes * spec.gpu_memory_utilization / gib
-        raise UserError(f"{spec.shape.name} needs {spec.shape.weight_bytes / gib:.0f} GiB of bf16 weights but "
-                        f"{spec.tensor_parallel_size} x {spec.gpu.name} offer {offered:.0f} GiB for the whole "
-                        "engine; raise --tensor-parallel-size or choose a bigger --gpu")
+        raise UserError(
+            f"{spec.shape.name} needs {spec.shape.weight_bytes / gib:.0f} GiB of bf16 weights but "
+            f"{spec.tensor_parallel_size} x {spec.gpu.name} offer {offered:.0f} GiB for the whole "
+            "engine; raise --tensor-parallel-size or choose a bigger --gpu"
+        )

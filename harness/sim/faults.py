@@ -31,10 +31,12 @@ class FaultConfig:
             raise UserError(f"--startup-delay must be >= 0 seconds (got {self.startup_delay_s})")
 
     def describe(self) -> str:
-        parts = [f"fail-rate={self.fail_rate}" if self.fail_rate else "",
-                 f"stall-after-tokens={self.stall_after_tokens}" if self.stall_after_tokens is not None else "",
-                 f"crash-after-requests={self.crash_after_requests}" if self.crash_after_requests is not None else "",
-                 f"startup-delay={self.startup_delay_s}s" if self.startup_delay_s else ""]
+        parts = [
+            f"fail-rate={self.fail_rate}" if self.fail_rate else "",
+            f"stall-after-tokens={self.stall_after_tokens}" if self.stall_after_tokens is not None else "",
+            f"crash-after-requests={self.crash_after_requests}" if self.crash_after_requests is not None else "",
+            f"startup-delay={self.startup_delay_s}s" if self.startup_delay_s else "",
+        ]
         return ", ".join(p for p in parts if p) or "none"
 
 
@@ -55,8 +57,9 @@ class FaultInjector:
         self._requests += 1
         limit = self.config.crash_after_requests
         if limit is not None and self._requests > limit:
-            print(f"SIMULATED ENGINE: crashing on purpose (--crash-after-requests {limit})", file=sys.stderr,
-                  flush=True)
+            print(
+                f"SIMULATED ENGINE: crashing on purpose (--crash-after-requests {limit})", file=sys.stderr, flush=True
+            )
             os._exit(CRASH_EXIT_CODE)
 
     def should_fail(self) -> bool:

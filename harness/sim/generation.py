@@ -36,13 +36,20 @@ class OutputPlan:
         return FIRST_WORD_ID + _mix(self.key + index) % (self.vocab_size - FIRST_WORD_ID)
 
 
-def plan_output(server_seed: int, request_seed: int | None, prompt: str, max_tokens: int, min_tokens: int,
-                ignore_eos: bool, vocab_size: int) -> OutputPlan:
+def plan_output(
+    server_seed: int,
+    request_seed: int | None,
+    prompt: str,
+    max_tokens: int,
+    min_tokens: int,
+    ignore_eos: bool,
+    vocab_size: int,
+) -> OutputPlan:
     """With `ignore_eos` the output is exactly `max_tokens`; otherwise a seeded natural length, clipped."""
     key = _mix(zlib.crc32(prompt.encode()) ^ (server_seed << 32) ^ _mix(request_seed or 0))
     if ignore_eos:
         return OutputPlan(key, max_tokens, "length", vocab_size)
     fraction = (_mix(key ^ 0xE05) >> 11) / float(1 << 53)
-    natural = int(NATURAL_MIN * NATURAL_SPAN ** fraction)
+    natural = int(NATURAL_MIN * NATURAL_SPAN**fraction)
     length = min(max(natural, min_tokens, 1), max_tokens)
     return OutputPlan(key, length, "length" if length >= max_tokens else "stop", vocab_size)

@@ -67,8 +67,10 @@ class LagTracker:
             f"# HELP {name}_quantile_seconds {help_text} Quantiles over the last {LATENESS_WINDOW} samples.",
             f"# TYPE {name}_quantile_seconds gauge",
             *(f'{name}_quantile_seconds{{quantile="{q}"}} {self.quantile(q):.9f}' for q in (0.5, 0.9, 0.99)),
-            f"# TYPE {name}_max_seconds gauge", f"{name}_max_seconds {self.max_s:.9f}",
-            f"# TYPE {name}_over_1ms_total counter", f"{name}_over_1ms_total {self.over_threshold}",
+            f"# TYPE {name}_max_seconds gauge",
+            f"{name}_max_seconds {self.max_s:.9f}",
+            f"# TYPE {name}_over_1ms_total counter",
+            f"{name}_over_1ms_total {self.over_threshold}",
         ]
 
 
@@ -89,15 +91,22 @@ class EngineMetrics:
         label = f'{{model_name="{self.model_name}"}}'
         lines = [
             "# HELP replaybench_simulated 1: this server is replaybench's SIMULATED engine, not a real GPU server.",
-            "# TYPE replaybench_simulated gauge", "replaybench_simulated 1",
-            "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{label} {running}",
-            "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{label} {waiting}",
-            "# TYPE vllm:kv_cache_usage_perc gauge", f"vllm:kv_cache_usage_perc{label} {memory_usage:.6f}",
+            "# TYPE replaybench_simulated gauge",
+            "replaybench_simulated 1",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{label} {running}",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{label} {waiting}",
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f"vllm:kv_cache_usage_perc{label} {memory_usage:.6f}",
             "# TYPE vllm:generation_tokens_total counter",
             f"vllm:generation_tokens_total{label} {self.generation_tokens}",
-            "# TYPE vllm:prompt_tokens_total counter", f"vllm:prompt_tokens_total{label} {self.prompt_tokens}",
-            "# TYPE vllm:num_preemptions_total counter", f"vllm:num_preemptions_total{label} {preemptions}",
-            "# TYPE vllm:request_success_total counter", f"vllm:request_success_total{label} {self.requests_finished}",
+            "# TYPE vllm:prompt_tokens_total counter",
+            f"vllm:prompt_tokens_total{label} {self.prompt_tokens}",
+            "# TYPE vllm:num_preemptions_total counter",
+            f"vllm:num_preemptions_total{label} {preemptions}",
+            "# TYPE vllm:request_success_total counter",
+            f"vllm:request_success_total{label} {self.requests_finished}",
             "# TYPE replaybench_sim_requests_rejected_total counter",
             f"replaybench_sim_requests_rejected_total {self.requests_rejected}",
             "# TYPE replaybench_sim_injected_failures_total counter",
@@ -105,9 +114,12 @@ class EngineMetrics:
             "# TYPE replaybench_sim_injected_stalls_total counter",
             f"replaybench_sim_injected_stalls_total {self.injected_stalls}",
             *self.step_duration.render("replaybench_sim_step_duration_seconds", "Modelled duration of engine steps."),
-            *self.lateness.render("replaybench_sim_step_lateness",
-                                  "How late the step loop woke after each step's absolute deadline."),
-            *self.delivery.render("replaybench_sim_token_delivery_lag",
-                                  "How long after its step's deadline each token chunk was written to the socket."),
+            *self.lateness.render(
+                "replaybench_sim_step_lateness", "How late the step loop woke after each step's absolute deadline."
+            ),
+            *self.delivery.render(
+                "replaybench_sim_token_delivery_lag",
+                "How long after its step's deadline each token chunk was written to the socket.",
+            ),
         ]
         return "\n".join(lines) + "\n"

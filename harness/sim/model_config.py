@@ -128,8 +128,9 @@ def load_model_shape(path: str | os.PathLike[str]) -> ModelShape:
     try:
         config = json.loads(path.read_text())
     except FileNotFoundError:
-        raise UserError(f"{path}: no such model config; give an HF-style config.json, e.g. "
-                        "configs/models/nemotron-h-8b.json") from None
+        raise UserError(
+            f"{path}: no such model config; give an HF-style config.json, e.g. configs/models/nemotron-h-8b.json"
+        ) from None
     except (OSError, ValueError) as exc:
         raise UserError(f"{path}: not a readable JSON model config ({exc}); fix the file") from None
     try:
@@ -145,22 +146,30 @@ def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
         return _nemotron_h(config, name)
     if model_type == "qwen3_next":
         return _qwen3_next(config, name)
-    raise UserError(f"model_type {model_type!r} is not supported by the simulated engine; "
-                    "use a nemotron_h or qwen3_next config")
+    raise UserError(
+        f"model_type {model_type!r} is not supported by the simulated engine; use a nemotron_h or qwen3_next config"
+    )
 
 
 def _attention(config: dict[str, Any], layers: int) -> AttentionShape:
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    return AttentionShape(layers=layers, heads=heads, kv_heads=config.get("num_key_value_heads", heads),
-                          head_dim=head_dim, hidden=config["hidden_size"])
+    return AttentionShape(
+        layers=layers,
+        heads=heads,
+        kv_heads=config.get("num_key_value_heads", heads),
+        head_dim=head_dim,
+        hidden=config["hidden_size"],
+    )
 
 
 def _nemotron_h(config: dict[str, Any], name: str) -> ModelShape:
     pattern = config["hybrid_override_pattern"]
     if len(pattern) != config["num_hidden_layers"]:
-        raise UserError(f"hybrid_override_pattern has {len(pattern)} layers but num_hidden_layers is "
-                        f"{config['num_hidden_layers']}; make them agree")
+        raise UserError(
+            f"hybrid_override_pattern has {len(pattern)} layers but num_hidden_layers is "
+            f"{config['num_hidden_layers']}; make them agree"
+        )
     hidden = config["hidden_size"]
     heads, head_dim = config["mamba_num_heads"], config["mamba_head_dim"]
     d_state, groups, d_conv = config["ssm_state_size"], config["mamba_n_groups"], config["mamba_d_conv"]
@@ -177,32 +186,50 @@ def _nemotron_h(config: dict[str, Any], name: str) -> ModelShape:
         params_per_layer=mamba_params,
     )
     gated = config.get("mlp_hidden_act", "relu2") in ("silu", "swiglu")
-    mlp = MlpShape(layers=pattern.count("-"),
-                   dense_params_per_layer=(3 if gated else 2) * hidden * config["intermediate_size"] + hidden)
-    return ModelShape(name=name, vocab_size=config["vocab_size"], hidden=hidden,
-                      max_model_len=config.get("max_position_embeddings", 4096),
-                      attention=_attention(config, pattern.count("*")), recurrent=recurrent, mlp=mlp)
+    mlp = MlpShape(
+        layers=pattern.count("-"),
+        dense_params_per_layer=(3 if gated else 2) * hidden * config["intermediate_size"] + hidden,
+    )
+    return ModelShape(
+        name=name,
+        vocab_size=config["vocab_size"],
+        hidden=hidden,
+        max_model_len=config.get("max_position_embeddings", 4096),
+        attention=_attention(config, pattern.count("*")),
+        recurrent=recurrent,
+        mlp=mlp,
+    )
 
 
 def _qwen3_next_layer_types(config: dict[str, Any]) -> list[str]:
     if config.get("layer_types"):
         return list(config["layer_types"])
     interval = config["full_attention_interval"]
-    return ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
-            for i in range(config["num_hidden_layers"])]
+    return [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(config["num_hidden_layers"])
+    ]
 
 
 def _qwen3_next(config: dict[str, Any], name: str) -> ModelShape:
     hidden = config["hidden_size"]
     types = _qwen3_next_layer_types(config)
     k_heads, v_heads = config["linear_num_key_heads"], config["linear_num_value_heads"]
-    k_dim, v_dim, kernel = config["linear_key_head_dim"], config["linear_value_head_dim"], config[
-        "linear_conv_kernel_dim"]
+    k_dim, v_dim, kernel = (
+        config["linear_key_head_dim"],
+        config["linear_value_head_dim"],
+        config["linear_conv_kernel_dim"],
+    )
     key_width, value_width = k_heads * k_dim, v_heads * v_dim
     conv_channels = 2 * key_width + value_width
     # q, k, v, z projections + beta and g (a) per value head; conv; norm; output projection.
-    deltanet_params = (hidden * (2 * key_width + 2 * value_width + 2 * v_heads) + conv_channels * kernel
-                       + 2 * v_heads + v_dim + value_width * hidden + hidden)
+    deltanet_params = (
+        hidden * (2 * key_width + 2 * value_width + 2 * v_heads)
+        + conv_channels * kernel
+        + 2 * v_heads
+        + v_dim
+        + value_width * hidden
+        + hidden
+    )
     recurrent = RecurrentShape(
         kind="gated_deltanet",
         layers=types.count("linear_attention"),
@@ -214,9 +241,19 @@ def _qwen3_next(config: dict[str, Any], name: str) -> ModelShape:
     attention = _attention(config, types.count("full_attention"))
     expert = 3 * hidden * config["moe_intermediate_size"]
     shared = 3 * hidden * config.get("shared_expert_intermediate_size", 0)
-    mlp = MlpShape(layers=len(types), dense_params_per_layer=shared + hidden * config["num_experts"] + hidden,
-                   experts=config["num_experts"], experts_per_token=config["num_experts_per_tok"],
-                   params_per_expert=expert)
-    return ModelShape(name=name, vocab_size=config["vocab_size"], hidden=hidden,
-                      max_model_len=config.get("max_position_embeddings", 4096),
-                      attention=attention, recurrent=recurrent, mlp=mlp)
+    mlp = MlpShape(
+        layers=len(types),
+        dense_params_per_layer=shared + hidden * config["num_experts"] + hidden,
+        experts=config["num_experts"],
+        experts_per_token=config["num_experts_per_tok"],
+        params_per_expert=expert,
+    )
+    return ModelShape(
+        name=name,
+        vocab_size=config["vocab_size"],
+        hidden=hidden,
+        max_model_len=config.get("max_position_embeddings", 4096),
+        attention=attention,
+        recurrent=recurrent,
+        mlp=mlp,
+    )

@@ -75,22 +75,32 @@ def parse_generation(body: Any, api: str, max_model_len: int) -> GenerationReque
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise BadRequest(f"'seed' must be an integer (got {seed!r})")
     options = body.get("stream_options") or {}
-    return GenerationRequest(api=api, prompt_text=text, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-                             min_tokens=min_tokens, ignore_eos=bool(body.get("ignore_eos", False)),
-                             stream=bool(body.get("stream", False)),
-                             include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
-                             seed=seed)
+    return GenerationRequest(
+        api=api,
+        prompt_text=text,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        ignore_eos=bool(body.get("ignore_eos", False)),
+        stream=bool(body.get("stream", False)),
+        include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+        seed=seed,
+    )
 
 
 def error_body(message: str, status: int) -> dict[str, Any]:
-    kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(status,
-                                                                                            "InternalServerError")
+    kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(
+        status, "InternalServerError"
+    )
     return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 _TEXT_SLOT, _FINISH_SLOT = "\x00text\x00", "\x00finish\x00"
@@ -140,7 +150,8 @@ class ResponseFormatter:
     def full_response(self, text: str, finish: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         obj = "text_completion" if self.api == COMPLETIONS else "chat.completion"
         return self._envelope(obj, [self._choice(text, finish, delta=False)]) | {
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens)
+        }
 
 
 DONE = b"data: [DONE]\n\n"

@@ -33,8 +33,9 @@ class RealtimeEngine:
         self._streams: dict[Sequence, asyncio.Queue[TokenTick]] = {}
         self._wake = asyncio.Event()
 
-    def submit(self, request_id: str, prompt_tokens: int,
-               output_tokens: int) -> tuple[Sequence, asyncio.Queue[TokenTick]]:
+    def submit(
+        self, request_id: str, prompt_tokens: int, output_tokens: int
+    ) -> tuple[Sequence, asyncio.Queue[TokenTick]]:
         """Enqueue a request; its queue gets a `TokenTick` after every step that emits one of its tokens."""
         seq = self.core.new_sequence(request_id, prompt_tokens, output_tokens)
         queue: asyncio.Queue[TokenTick] = asyncio.Queue()
@@ -62,7 +63,7 @@ class RealtimeEngine:
                 await asyncio.sleep(0)
                 continue
             deadline = start + result.duration_s
-            await _sleep_until(deadline)
+            await sleep_until(deadline)
             self.metrics.lateness.observe(time.monotonic() - deadline)
             self.metrics.step_duration.observe(result.duration_s)
             self.metrics.generation_tokens += len(result.emitted)
@@ -75,7 +76,7 @@ class RealtimeEngine:
                 self._streams.pop(seq, None)
 
 
-async def _sleep_until(deadline: float) -> None:
+async def sleep_until(deadline: float) -> None:
     remaining = deadline - time.monotonic()
     if remaining > SPIN_S:
         await asyncio.sleep(remaining - SPIN_S)

@@ -202,5 +202,10 @@ def _work_of(chunks: list[tuple[Sequence, int]]) -> StepWork:
         else:
             prefill_seqs += 1
             prefill_tokens += tokens
-    return StepWork(decode_seqs=decode, prefill_seqs=prefill_seqs, prefill_tokens=prefill_tokens,
-                    context_tokens=context, attention_pairs=pairs)
+    return StepWork(
+        decode_seqs=decode,
+        prefill_seqs=prefill_seqs,
+        prefill_tokens=prefill_tokens,
+        context_tokens=context,
+        attention_pairs=pairs,
+    )

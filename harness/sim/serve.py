@@ -61,8 +61,14 @@ async def _serve(options: ServeOptions) -> None:
     metrics = EngineMetrics(model_name=options.model_name)
     engine = RealtimeEngine(core, metrics)
     faults = FaultInjector(options.faults, options.seed)
-    state = ServerState(engine=engine, metrics=metrics, faults=faults, model_name=options.model_name,
-                        seed=options.seed, ids=itertools.count())
+    state = ServerState(
+        engine=engine,
+        metrics=metrics,
+        faults=faults,
+        model_name=options.model_name,
+        seed=options.seed,
+        ids=itertools.count(),
+    )
     for line in describe(core):
         log(line)
     log(f"fault injection: {options.faults.describe()}")
@@ -72,8 +78,9 @@ async def _serve(options: ServeOptions) -> None:
         await web.TCPSite(runner, options.host, options.port, backlog=1024).start()
     except OSError as exc:
         await runner.cleanup()
-        raise UserError(f"cannot listen on {options.host}:{options.port} ({exc.strerror}); "
-                        "choose a free --port") from None
+        raise UserError(
+            f"cannot listen on {options.host}:{options.port} ({exc.strerror}); choose a free --port"
+        ) from None
     port = runner.addresses[0][1]
     log(f"listening on http://{options.host}:{port} (port {port}); served model name {options.model_name!r}")
     loop = asyncio.get_running_loop()
@@ -93,6 +100,8 @@ async def _serve(options: ServeOptions) -> None:
         await engine_task
     await runner.cleanup()
     lat, lag = metrics.lateness, metrics.delivery
-    log(f"stopped after {metrics.step_duration.count} steps; step lateness p50 {lat.quantile(0.5) * 1e3:.3f} ms, "
+    log(
+        f"stopped after {metrics.step_duration.count} steps; step lateness p50 {lat.quantile(0.5) * 1e3:.3f} ms, "
         f"p99 {lat.quantile(0.99) * 1e3:.3f} ms, max {lat.max_s * 1e3:.3f} ms; token delivery lag p99 "
-        f"{lag.quantile(0.99) * 1e3:.3f} ms")
+        f"{lag.quantile(0.99) * 1e3:.3f} ms"
+    )

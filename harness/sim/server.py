@@ -75,16 +75,27 @@ async def health(_: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    entry = {"id": state.model_name, "object": "model", "created": 0, "owned_by": OWNED_BY,
-             "root": state.model_name, "max_model_len": state.max_model_len, "simulated": True}
+    entry = {
+        "id": state.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": OWNED_BY,
+        "root": state.model_name,
+        "max_model_len": state.max_model_len,
+        "simulated": True,
+    }
     return web.json_response({"object": "list", "data": [entry]})
 
 
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
     core = state.engine.core
-    text = state.metrics.render(running=len(core.scheduler.running), waiting=len(core.scheduler.waiting),
-                                memory_usage=core.pool.usage, preemptions=core.scheduler.preemptions)
+    text = state.metrics.render(
+        running=len(core.scheduler.running),
+        waiting=len(core.scheduler.waiting),
+        memory_usage=core.pool.usage,
+        preemptions=core.scheduler.preemptions,
+    )
     return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
 
@@ -98,8 +109,9 @@ async def tokenize(request: web.Request) -> web.Response:
     except (ValueError, KeyError, TypeError) as exc:
         return _error(f"send {{'prompt': TEXT}} or {{'messages': [...]}} ({exc})", 400)
     tokens = encode(text, state.vocab_size)
-    return web.json_response({"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens,
-                              "token_strs": None})
+    return web.json_response(
+        {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens, "token_strs": None}
+    )
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -121,8 +133,15 @@ async def _generate(request: web.Request, api: str) -> web.StreamResponse:
     if state.faults.should_fail():
         state.metrics.injected_failures += 1
         return _error("injected failure (--fail-rate)", 500)
-    plan = plan_output(state.seed, parsed.seed, parsed.prompt_text, parsed.max_tokens, parsed.min_tokens,
-                       parsed.ignore_eos, state.vocab_size)
+    plan = plan_output(
+        state.seed,
+        parsed.seed,
+        parsed.prompt_text,
+        parsed.max_tokens,
+        parsed.min_tokens,
+        parsed.ignore_eos,
+        state.vocab_size,
+    )
     request_id = f"{'cmpl' if api == COMPLETIONS else 'chatcmpl'}-sim{next(state.ids)}"
     try:
         seq, queue = state.engine.submit(request_id, parsed.prompt_tokens, plan.length)
@@ -138,8 +157,15 @@ async def _generate(request: web.Request, api: str) -> web.StreamResponse:
         state.engine.abort(seq)
 
 
-async def _stream(request: web.Request, state: ServerState, parsed: GenerationRequest, plan: OutputPlan,
-                  seq: Sequence, queue: asyncio.Queue[TokenTick], formatter: ResponseFormatter) -> web.StreamResponse:
+async def _stream(
+    request: web.Request,
+    state: ServerState,
+    parsed: GenerationRequest,
+    plan: OutputPlan,
+    seq: Sequence,
+    queue: asyncio.Queue[TokenTick],
+    formatter: ResponseFormatter,
+) -> web.StreamResponse:
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
     try:
@@ -168,8 +194,15 @@ async def _stream(request: web.Request, state: ServerState, parsed: GenerationRe
     return response
 
 
-async def _collect(request: web.Request, state: ServerState, parsed: GenerationRequest, plan: OutputPlan,
-                   seq: Sequence, queue: asyncio.Queue[TokenTick], formatter: ResponseFormatter) -> web.StreamResponse:
+async def _collect(
+    request: web.Request,
+    state: ServerState,
+    parsed: GenerationRequest,
+    plan: OutputPlan,
+    seq: Sequence,
+    queue: asyncio.Queue[TokenTick],
+    formatter: ResponseFormatter,
+) -> web.StreamResponse:
     produced = 0
     while produced < plan.length:
         if state.faults.stalls_at(produced):

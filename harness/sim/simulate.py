@@ -36,44 +36,76 @@ META_SIM_PREEMPTIONS = "replaybench.sim.preemptions"
 
 def trace_requests(trace: Trace, time_scale: float) -> list[RequestSpec]:
     columns = trace.table.select(["request_id", "arrival_s", "prompt_tokens", "output_tokens"]).to_pydict()
-    specs = [RequestSpec(rid, arrival * time_scale, max(prompt, 1), out) for rid, arrival, prompt, out in
-             zip(columns["request_id"], columns["arrival_s"], columns["prompt_tokens"], columns["output_tokens"],
-                 strict=True)]
+    specs = [
+        RequestSpec(rid, arrival * time_scale, max(prompt, 1), out)
+        for rid, arrival, prompt, out in zip(
+            columns["request_id"], columns["arrival_s"], columns["prompt_tokens"], columns["output_tokens"], strict=True
+        )
+    ]
     return sorted(specs, key=lambda s: s.arrival_s)
 
 
-def simulate_trace(trace: Trace, spec: EngineSpec, time_scale: float = 1.0,
-                   progress: Callable[[int], None] | None = None) -> VirtualRun:
+def simulate_trace(
+    trace: Trace, spec: EngineSpec, time_scale: float = 1.0, progress: Callable[[int], None] | None = None
+) -> VirtualRun:
     return run_virtual(EngineCore(spec), trace_requests(trace, time_scale), progress=progress)
 
 
 def _row(run: VirtualRun, timing: RequestTiming, arm: str, repeat: int) -> dict[str, object]:
     spec = timing.spec
-    row: dict[str, object] = {"request_id": spec.request_id, "arm": arm, "repeat": repeat,
-                              "intended_s": spec.arrival_s, "sent_s": spec.arrival_s, "lag_s": 0.0,
-                              "expected_output_tokens": spec.output_tokens, "prompt_tokens": spec.prompt_tokens,
-                              "worker": 0}
+    row: dict[str, object] = {
+        "request_id": spec.request_id,
+        "arm": arm,
+        "repeat": repeat,
+        "intended_s": spec.arrival_s,
+        "sent_s": spec.arrival_s,
+        "lag_s": 0.0,
+        "expected_output_tokens": spec.output_tokens,
+        "prompt_tokens": spec.prompt_tokens,
+        "worker": 0,
+    }
     if timing.rejected:
         return row | {"status": 400, "error": "http_4xx", "output_tokens": 0}
     times = [t - spec.arrival_s for t in run.token_times(timing)]
-    return row | {"status": 200, "ttft_s": times[0], "e2e_s": times[-1], "token_times": times,
-                  "output_tokens": len(times), "output_tokens_usage": len(times),
-                  "prompt_tokens_server": spec.prompt_tokens, "finish_reason": "length"}
+    return row | {
+        "status": 200,
+        "ttft_s": times[0],
+        "e2e_s": times[-1],
+        "token_times": times,
+        "output_tokens": len(times),
+        "output_tokens_usage": len(times),
+        "prompt_tokens_server": spec.prompt_tokens,
+        "finish_reason": "length",
+    }
 
 
 def result_table(run: VirtualRun, arm: str, repeat: int) -> pa.Table:
     return results_table(_row(run, t, arm, repeat) for t in run.requests)
 
 
-def write_simulated_results(out: str | os.PathLike[str], run: VirtualRun, spec: EngineSpec, trace_path: Path,
-                            arm: str, repeat: int, time_scale: float) -> Path:
+def write_simulated_results(
+    out: str | os.PathLike[str],
+    run: VirtualRun,
+    spec: EngineSpec,
+    trace_path: Path,
+    arm: str,
+    repeat: int,
+    time_scale: float,
+) -> Path:
     span = max((t.spec.arrival_s for t in run.requests), default=0.0)
     gpus = f"{spec.tensor_parallel_size} x {spec.gpu.name}"
     metadata = {
-        META_ARM: arm, META_REPEAT: str(repeat), META_COMPLETE: "true", META_SIMULATED: "true",
-        META_URL: f"sim://{spec.policy.label}@{gpus}", META_TIME_SCALE: str(time_scale),
+        META_ARM: arm,
+        META_REPEAT: str(repeat),
+        META_COMPLETE: "true",
+        META_SIMULATED: "true",
+        META_URL: f"sim://{spec.policy.label}@{gpus}",
+        META_TIME_SCALE: str(time_scale),
         META_OFFERED_RATE: f"{len(run.requests) / span:.6f}" if span > 0 else "0",
-        META_TRACE_SOURCE: str(trace_path), META_SIM_POLICY: spec.policy.label, META_SIM_GPU: gpus,
-        META_SIM_MODEL: spec.shape.name, META_SIM_PREEMPTIONS: str(run.preemptions),
+        META_TRACE_SOURCE: str(trace_path),
+        META_SIM_POLICY: spec.policy.label,
+        META_SIM_GPU: gpus,
+        META_SIM_MODEL: spec.shape.name,
+        META_SIM_PREEMPTIONS: str(run.preemptions),
     }
     return write_results(out, result_table(run, arm, repeat), metadata)

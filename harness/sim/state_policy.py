@@ -33,8 +33,10 @@ class StatePolicy:
         if self.buffer_len < 2:
             raise UserError(f"--buffer-len must be at least 2 (got {self.buffer_len}); the default is 16")
         if self.split_precision and (self.name != "replayssm" or self.ssm_dtype != "float32"):
-            raise UserError("--split-precision needs --policy replayssm and --ssm-dtype float32 "
-                            "(it keeps an fp32 master plus a bf16 copy)")
+            raise UserError(
+                "--split-precision needs --policy replayssm and --ssm-dtype float32 "
+                "(it keeps an fp32 master plus a bf16 copy)"
+            )
 
     @property
     def label(self) -> str:
@@ -70,8 +72,9 @@ class StatePolicy:
             per_layer = 2 * state + 2 * conv
         else:
             length = self.buffer_len
-            read_checkpoint = ((length - 1) * rec.state_elements * BF16_BYTES + state) / length \
-                if self.split_precision else state
+            read_checkpoint = (
+                ((length - 1) * rec.state_elements * BF16_BYTES + state) / length if self.split_precision else state
+            )
             write_checkpoint = (state + (rec.state_elements * BF16_BYTES if self.split_precision else 0)) / length
             ring_read = (length - 1) / 2 * rec.step_input_bytes
             per_layer = read_checkpoint + write_checkpoint + ring_read + rec.step_input_bytes + 2 * conv

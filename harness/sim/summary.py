@@ -26,12 +26,14 @@ def summarise(run: VirtualRun, spec: EngineSpec, arm: str, path: Path, wall_s: f
     def pct(values: list[float], q: float, scale: float) -> str:
         return f"{np.percentile(values, q) * scale:.1f}" if values else "-"
 
-    return "\n".join([
-        f"[bold]SIMULATED ENGINE[/bold] result ({spec.policy.label} on {spec.tensor_parallel_size} x "
-        f"{spec.gpu.name}, model {spec.shape.name})",
-        f"  arm {arm}: {served} requests served, {rejected} rejected (too long), {run.preemptions} preemptions",
-        f"  virtual span {end:.1f} s simulated in {wall_s:.1f} s wall ({len(run.step_durations)} steps)",
-        f"  TTFT p50 {pct(ttft, 50, 1e3)} ms, p99 {pct(ttft, 99, 1e3)} ms; "
-        f"ITL p50 {pct(gaps, 50, 1e3)} ms, p99 {pct(gaps, 99, 1e3)} ms",
-        f"  wrote {path} (metadata replaybench.simulated=true)",
-    ])
+    return "\n".join(
+        [
+            f"[bold]SIMULATED ENGINE[/bold] result ({spec.policy.label} on {spec.tensor_parallel_size} x "
+            f"{spec.gpu.name}, model {spec.shape.name})",
+            f"  arm {arm}: {served} requests served, {rejected} rejected (too long), {run.preemptions} preemptions",
+            f"  virtual span {end:.1f} s simulated in {wall_s:.1f} s wall ({len(run.step_durations)} steps)",
+            f"  TTFT p50 {pct(ttft, 50, 1e3)} ms, p99 {pct(ttft, 99, 1e3)} ms; "
+            f"ITL p50 {pct(gaps, 50, 1e3)} ms, p99 {pct(gaps, 99, 1e3)} ms",
+            f"  wrote {path} (metadata replaybench.simulated=true)",
+        ]
+    )

@@ -63,8 +63,12 @@ class ClosedLoop:
         return [r for r in (self.next_request(0.0) for _ in range(self.concurrency)) if r is not None]
 
 
-def run_virtual(core: EngineCore, arrivals: Iterable[RequestSpec], closed_loop: ClosedLoop | None = None,
-                progress: Callable[[int], None] | None = None) -> VirtualRun:
+def run_virtual(
+    core: EngineCore,
+    arrivals: Iterable[RequestSpec],
+    closed_loop: ClosedLoop | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> VirtualRun:
     """Run until every request finished; `arrivals` must be sorted. `progress` gets the finished count."""
     pending: list[tuple[float, int, RequestSpec]] = []
     order = 0
@@ -113,6 +117,10 @@ def run_virtual(core: EngineCore, arrivals: Iterable[RequestSpec], closed_loop: 
             if follow_up is not None:
                 heapq.heappush(pending, (follow_up.arrival_s, order, follow_up))
                 order += 1
-    return VirtualRun(requests=timings, step_starts=starts, step_durations=durations, step_works=works,
-                      preemptions=core.scheduler.preemptions)
-
+    return VirtualRun(
+        requests=timings,
+        step_starts=starts,
+        step_durations=durations,
+        step_works=works,
+        preemptions=core.scheduler.preemptions,
+    )

@@ -53,8 +53,15 @@ def start_sim(*args: str, mark_child: bool = True) -> SimProcess:
     server, which its fixture stops in a `finally`.
     """
     env = os.environ | {"PYTHONUNBUFFERED": "1"} | ({CHILD_MARKER: "1"} if mark_child else {})
-    process = subprocess.Popen([sys.executable, "-m", "harness.sim", "--port", "0", *args], cwd=REPO, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "harness.sim", "--port", "0", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     sim = SimProcess(process, url="")
     deadline = time.monotonic() + 60
     assert process.stdout is not None
@@ -69,8 +76,6 @@ def start_sim(*args: str, mark_child: bool = True) -> SimProcess:
             return sim
     sim.stop()
     raise AssertionError("serve-sim did not start listening within 60 s")
-
-
 
 
 def post_json(url: str, body: dict[str, Any], timeout: float = 30) -> tuple[int, dict[str, Any]]:
@@ -92,8 +97,9 @@ def get(url: str, timeout: float = 30) -> tuple[int, str]:
 
 def stream_events(url: str, body: dict[str, Any], timeout: float = 30) -> Iterator[dict[str, Any] | str]:
     """POST with stream=true and yield each SSE `data:` payload (parsed JSON, or the string "[DONE]")."""
-    request = urllib.request.Request(url, data=json.dumps(body | {"stream": True}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body | {"stream": True}).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         for raw in response:
             line = raw.decode().strip()

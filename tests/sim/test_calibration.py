@@ -32,7 +32,8 @@ def test_decode_itl_p50_within_15_percent(rows, dtype: str) -> None:
     for row in (r for r in rows if r.ssm_dtype == dtype):
         assert abs(row.itl_p50_error) <= TOLERANCE, (
             f"{dtype} C={row.concurrency}: modelled {row.modelled.itl_p50_ms:.2f} ms vs "
-            f"measured {row.measured.itl_p50_ms:.2f} ms")
+            f"measured {row.measured.itl_p50_ms:.2f} ms"
+        )
 
 
 def test_fp32_state_is_slower_than_bf16_at_batch_256(rows) -> None:

@@ -56,20 +56,33 @@ def test_port_in_use_is_one_clear_error() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "harness.sim", "--port", str(port)], cwd=REPO,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "harness.sim", "--port", str(port)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]  # one line, no traceback
     assert "choose a free --port" in done.stderr
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--fail-rate", "2"], "--fail-rate"),
-    (["--policy", "fancy"], "--policy"),
-    (["--gpu", "tpu"], "--gpu"),
-    (["--model-config", "nope.json"], "no such model config"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--fail-rate", "2"], "--fail-rate"),
+        (["--policy", "fancy"], "--policy"),
+        (["--gpu", "tpu"], "--gpu"),
+        (["--model-config", "nope.json"], "no such model config"),
+    ],
+)
 def test_bad_options_are_one_clear_error(args: list[str], needle: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "harness.sim", "--port", "0", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.sim", "--port", "0", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and needle in done.stderr and "Traceback" not in done.stderr

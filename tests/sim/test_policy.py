@@ -29,14 +29,16 @@ def test_replayssm_decode_step_is_faster_than_baseline_at_batch_256(dtype: str) 
 
 
 def test_replayssm_saves_more_with_fp32_state() -> None:
-    saving = {d: step_ms(StatePolicy("baseline", d)) - step_ms(StatePolicy("replayssm", d))
-              for d in ("float32", "bfloat16")}
+    saving = {
+        d: step_ms(StatePolicy("baseline", d)) - step_ms(StatePolicy("replayssm", d)) for d in ("float32", "bfloat16")
+    }
     assert saving["float32"] > 1.5 * saving["bfloat16"] > 0
 
 
 def test_split_precision_reads_less_than_fp32_replay() -> None:
     assert step_ms(StatePolicy("replayssm", "float32", split_precision=True)) < step_ms(
-        StatePolicy("replayssm", "float32"))
+        StatePolicy("replayssm", "float32")
+    )
 
 
 def test_longer_ring_amortises_flushes_but_reads_more_ring() -> None:

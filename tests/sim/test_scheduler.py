@@ -9,8 +9,12 @@ BLOCK_BYTES = 100
 
 
 def make(limits: SchedulerLimits, capacity_blocks: int, state_blocks: int = 0) -> Scheduler:
-    pool = MemoryPool(capacity_bytes=capacity_blocks * BLOCK_BYTES, block_tokens=16, block_bytes=BLOCK_BYTES,
-                      state_bytes=state_blocks * BLOCK_BYTES)
+    pool = MemoryPool(
+        capacity_bytes=capacity_blocks * BLOCK_BYTES,
+        block_tokens=16,
+        block_bytes=BLOCK_BYTES,
+        state_bytes=state_blocks * BLOCK_BYTES,
+    )
     return Scheduler(limits, pool)
 
 
@@ -65,8 +69,7 @@ def run_to_end_after(scheduler: Scheduler, step) -> list[StepWork]:
 
 def test_admission_waits_for_memory_including_ssm_state() -> None:
     # each sequence: 1 KV block (<= 16 tokens) + 3 blocks of state; 8 blocks fit two sequences
-    scheduler = make(SchedulerLimits(max_num_seqs=10, max_num_batched_tokens=1000), capacity_blocks=8,
-                     state_blocks=3)
+    scheduler = make(SchedulerLimits(max_num_seqs=10, max_num_batched_tokens=1000), capacity_blocks=8, state_blocks=3)
     for i in range(3):
         scheduler.add(Sequence(f"r{i}", 8, 2))
     step = scheduler.schedule()

@@ -40,8 +40,7 @@ def test_health_is_ready(sim: SimProcess) -> None:
 
 
 def test_streamed_completion_has_exact_length_and_usage(sim: SimProcess) -> None:
-    events = list(stream_events(sim.url + "/v1/completions",
-                                completion_body(stream_options={"include_usage": True})))
+    events = list(stream_events(sim.url + "/v1/completions", completion_body(stream_options={"include_usage": True})))
     assert events[-1] == "[DONE]"
     token_chunks = [e for e in events[:-1] if e["choices"]]
     assert len(token_chunks) == 12
@@ -53,8 +52,14 @@ def test_streamed_completion_has_exact_length_and_usage(sim: SimProcess) -> None
 
 
 def test_streamed_chat_opens_with_role_and_counts_tokens(sim: SimProcess) -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 5,
-            "min_tokens": 5, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 5,
+        "min_tokens": 5,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
     events = list(stream_events(sim.url + "/v1/chat/completions", body))
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
     contents = [e["choices"][0]["delta"]["content"] for e in events[1:-2]]

@@ -60,8 +60,13 @@ def test_simulate_rejects_a_missing_trace_with_one_line(tmp_path: Path) -> None:
 
 
 def itl_p50(policy: StatePolicy, trace: Trace) -> float:
-    spec = EngineSpec(shape=load_model_shape(REPO / "configs/models/nemotron-h-8b.json"), gpu=get_gpu("h200"),
-                      policy=policy, factors=load_factors(), max_model_len=8192)
+    spec = EngineSpec(
+        shape=load_model_shape(REPO / "configs/models/nemotron-h-8b.json"),
+        gpu=get_gpu("h200"),
+        policy=policy,
+        factors=load_factors(),
+        max_model_len=8192,
+    )
     run = simulate_trace(trace, spec, time_scale=0.05)
     gaps = [g for t in run.requests for g in np.diff(run.token_times(t))]
     return float(np.median(gaps))

@@ -18,7 +18,8 @@ import pytest
 
 from replayssm_patch.plugin_site import plugin_pythonpath
 
-pytestmark = pytest.mark.vllm
+# The first run builds the cached venv (about a minute, longer on a busy machine) inside the fixture.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
