@@ -18,8 +18,10 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
 
 from harness.errors import UserError
 from harness.record.options import RecordOptions
@@ -33,14 +35,28 @@ def _reserve_port(options: RecordOptions) -> socket.socket:
     """A bound, never-listening SO_REUSEPORT socket that holds the port (and picks one for port 0) while the
     workers, which bind it the same way, run; it receives no connections itself."""
     family, kind, proto, _, address = socket.getaddrinfo(options.host, options.port, type=socket.SOCK_STREAM)[0]
-    holder = socket.socket(family, kind, proto)
-    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    # A plain bind first: it fails if anything listens there, even another `--workers` recorder (which would
+    # otherwise silently share the port and split the traffic with this one).
+    _bound(options, socket.socket(family, kind, proto), socket.SO_REUSEADDR, address).close()
+    return _bound(options, socket.socket(family, kind, proto), socket.SO_REUSEPORT, address)
+
+
+def _bound(options: RecordOptions, sock: socket.socket, option: int, address: tuple) -> socket.socket:
+    sock.setsockopt(socket.SOL_SOCKET, option, 1)
     try:
-        holder.bind(address)
+        sock.bind(address)
     except OSError as exc:
-        holder.close()
+        sock.close()
         raise listen_error(options, exc) from None
-    return holder
+    return sock
+
+
+@dataclass
+class _Worker:
+    process: BaseProcess
+    results: Connection  # the worker sends ("listening", url), then ("stats", RecorderStats) or ("error", line)
+    lifeline: Connection  # never written: the worker sees end of file when the parent is gone
+    directory: Path
 
 
 def run_workers(options: RecordOptions, announce: Callable[[str], None],
@@ -50,7 +66,7 @@ def run_workers(options: RecordOptions, announce: Callable[[str], None],
     with _reserve_port(options) as holder:
         shared = replace(options, port=holder.getsockname()[1])
         key = secrets.token_bytes(32)
-        workers: list[tuple[multiprocessing.process.BaseProcess, Connection, Connection]] = []
+        workers: list[_Worker] = []
         for index in range(1, options.workers + 1):
             results, child_results = context.Pipe(duplex=False)
             child_lifeline, lifeline = context.Pipe(duplex=False)
@@ -59,7 +75,7 @@ def run_workers(options: RecordOptions, announce: Callable[[str], None],
             process.start()
             child_results.close()
             child_lifeline.close()
-            workers.append((process, results, lifeline))
+            workers.append(_Worker(process, results, lifeline, naming_for(shared, Shard(index, key)).directory))
         previous = {sig: signal.signal(sig, lambda *_: _stop_all(workers)) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             url = _await_listening(workers)
@@ -71,22 +87,23 @@ def run_workers(options: RecordOptions, announce: Callable[[str], None],
             _stop_all(workers)
             raise
         finally:
-            for process, _, _ in workers:
-                process.join()
+            for worker in workers:
+                worker.process.join()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
 
-def _stop_all(workers: list[tuple[multiprocessing.process.BaseProcess, Connection, Connection]]) -> None:
-    for process, _, _ in workers:
-        if process.is_alive():
-            process.terminate()  # SIGTERM: the worker drains and writes its last part
+def _stop_all(workers: list[_Worker]) -> None:
+    for worker in workers:
+        if worker.process.is_alive():
+            worker.process.terminate()  # SIGTERM: the worker drains and writes its last part
 
 
-def _await_listening(workers: list[tuple[multiprocessing.process.BaseProcess, Connection, Connection]]) -> str:
+def _await_listening(workers: list[_Worker]) -> str:
     """The URL once every worker listens; UserError (after stopping the others) if one cannot start."""
     url = ""
-    for _, results, _ in workers:
+    for worker in workers:
+        results = worker.results
         if not results.poll(_START_TIMEOUT_S):
             raise UserError(f"a recorder worker did not start within {_START_TIMEOUT_S:.0f}s; the machine may be "
                             "overloaded - try fewer --workers")
@@ -100,19 +117,18 @@ def _await_listening(workers: list[tuple[multiprocessing.process.BaseProcess, Co
     return url
 
 
-def _collect(workers: list[tuple[multiprocessing.process.BaseProcess, Connection, Connection]],
-             report: Callable[[str], None]) -> list[RecorderStats]:
+def _collect(workers: list[_Worker], report: Callable[[str], None]) -> list[RecorderStats]:
     """Each worker's final counters (sent when it has written its last part); a worker that died reports a line."""
-    waiting = {results: index for index, (_, results, _) in enumerate(workers, 1)}
+    waiting = {worker.results: (index, worker) for index, worker in enumerate(workers, 1)}
     collected: list[RecorderStats] = []
     while waiting:
         for ready in wait(list(waiting)):
-            index = waiting.pop(ready)  # type: ignore[call-overload]
+            index, worker = waiting.pop(ready)  # type: ignore[call-overload]
             try:
-                _, stats = ready.recv()  # type: ignore[union-attr]
+                _, stats = worker.results.recv()
             except EOFError:
                 report(f"error: recorder worker {index} died; its rows are in its segment - run "
-                       f"`replaybench record --recover DIR` on the output directory")
+                       f"`replaybench record --recover {worker.directory}`")
                 stats = RecorderStats(worker_deaths=1)
             collected.append(stats)
     return collected
@@ -123,7 +139,7 @@ def _worker_main(options: RecordOptions, shard: Shard, results: Connection, life
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent forwards the terminal's Ctrl-C as SIGTERM
     threading.Thread(target=_stop_when_parent_gone, args=(lifeline,), daemon=True).start()
 
-    def announce(line: str) -> None:
+    def announce(line: str) -> None:  # "listening on URL -> ...": the parent prints one line for all
         results.send(("listening", line.split()[2]))
 
     def report(line: str) -> None:

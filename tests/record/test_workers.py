@@ -97,6 +97,15 @@ def test_workers_share_the_hash_key(tmp_path: Path) -> None:
     assert len(next(iter(ids["prod-w1-0001.parquet"]))) == 2
 
 
+def test_a_second_recorder_cannot_join_the_port(tmp_path: Path) -> None:
+    with upstream() as base, recorder(base, tmp_path / "a" / "prod.parquet", "--workers", "2",
+                                      logs=tmp_path / "logs") as rec:
+        port = rec.url.rsplit(":", 1)[1]
+        second = run_cli("record", "--upstream", base, "--listen", f"127.0.0.1:{port}", "-o",
+                         str(tmp_path / "b" / "prod.parquet"), "--workers", "2")
+    assert second.returncode == 2 and second.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}")
+
+
 def test_workers_option_is_checked() -> None:
     result = run_cli("record", "--upstream", "http://127.0.0.1:9", "-o", "x.parquet", "--workers", "0")
     assert result.returncode == 2 and result.stderr.startswith("error: --workers must be between 1 and 64")

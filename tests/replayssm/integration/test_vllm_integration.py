@@ -46,14 +46,16 @@ def checks(tmp_path_factory) -> dict:
     assert built.returncode == 0, f"tools/vllm_venv.sh failed: {built.stderr.strip()}"
     venv = Path(built.stdout.strip().splitlines()[-1])
     root = tmp_path_factory.mktemp("vllm")
-    model = root / "model"
-    model.mkdir()
-    shutil.copy(HERE / "nemotron_h_8b_config.json", model / "config.json")
+    models = []
+    for name in ("nemotron_h_8b", "nemotron_h_tiny"):
+        (root / name).mkdir()
+        shutil.copy(HERE / f"{name}_config.json", root / name / "config.json")
+        models.append(str(root / name))
     result = root / "result.json"
     env = {**os.environ, "PYTHONPATH": plugin_pythonpath(root / "site"), "VLLM_CACHE_ROOT": str(root / "cache"),
            "VLLM_LOGGING_LEVEL": "WARNING"}  # fmt: skip
     env.pop("VLLM_PLUGINS", None)
-    ran = _run([str(venv / "bin" / "python"), str(HERE / "vllm_checks.py"), str(model), str(result)], 600, env)
+    ran = _run([str(venv / "bin" / "python"), str(HERE / "vllm_checks.py"), *models, str(result)], 600, env)
     assert ran.returncode == 0 and result.exists(), f"vllm_checks.py failed:\n{ran.stdout[-3000:]}{ran.stderr[-3000:]}"
     return json.loads(result.read_text())
 
@@ -90,14 +92,23 @@ def test_enabled_spec_appends_ring_and_bf16_copy_for_nemotron_h_8b(checks):
     assert got["page_size_bytes"] == stock["page_size_bytes"] + extra
 
 
-def test_builder_plan_capture_decode_and_prefill(checks):
-    steps = checks["ring_plan"]["steps"]
-    assert steps[0] == {"after_capture": [0] * 16, "write_pos": [0, 0, 0, 0]}  # capture moved nothing
-    assert [s["write_pos"] for s in steps[1:5]] == [[0, 0, 0, 0], [1, 1, 0, 0], [2, 2, 0, 0], [3, 3, 0, 0]]
-    assert [s["flush_len"] for s in steps[1:5]] == [[0] * 4, [0] * 4, [0] * 4, [4, 4, 0, 0]]
-    # mixed step: decode slot 5 has 1 pending entry, slot 9 flushed, fresh slot 11 reads nothing stale
-    assert steps[5]["pending"] == [1, 0, 0]
-    assert steps[5]["after_prefill"] == [0] * 16
+def test_enabled_model_builds_replay_layers_everywhere(checks):
+    tiny = checks["tiny_model"]
+    assert tiny["mixer_classes"] == ["ReplayMambaMixer2"] and tiny["mixers"] == 2  # pattern "M*M"
+
+
+def test_real_builder_plans_capture_decode_and_prefill(checks):
+    steps = checks["tiny_model"]["steps"]
+    assert steps[0] == {"capture_write_pos": [0, 0], "table_allocated": False}  # capture touched no cursor
+    assert [s["write_pos"] for s in steps[1:6]] == [[0, 0], [1, 1], [2, 2], [3, 3], [0, 0]]  # L=4
+    assert [s["flush_len"] for s in steps[1:6]] == [[0, 0], [0, 0], [0, 0], [4, 4], [0, 0]]
+    # decode row (block 3) has 1 entry to fold; the fresh prompt in reused block 6 reads none of its 2 stale
+    assert steps[6] == {"decodes": 1, "prefills": 1, "pending": [1, 0], "after": [0, 0, 0, 0, 0, 1, 0, 0]}
+
+
+def test_prefix_caching_is_refused_from_a_real_config(checks):
+    refused = checks["tiny_model"]["refused_prefix_caching"]
+    assert refused.startswith("ReplaySSMRefused: ReplaySSM refused: mamba prefix caching mode 'all'")
 
 
 def test_main_venv_stays_free_of_vllm():

@@ -1,0 +1,136 @@
+"""Layer-level equivalence on CPU: ReplayMambaMixer2 vs vLLM's MambaMixer2 through their real builders.
+
+Run by test_vllm_integration.py in the cached vllm venv with TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES=""
+(vLLM then keeps Triton on, and its causal-conv update and the ReplaySSM kernels run in the interpreter).
+vLLM's selective_state_update does not run in the interpreter, so the baseline layer's SSU backend is the
+fp64 sequential recurrence (replayssm_patch.kernels.ground_truth). vLLM's prefill conv kernel does not run
+there either, so materialise-before-prefill is checked on the state the layer's fold leaves.
+Args: tiny model dir (float32), result file. Writes one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import torch
+import vllm.platforms as platforms
+from vllm.platforms.cpu import CpuPlatform
+
+platforms.current_platform = CpuPlatform()
+import vllm.utils.torch_utils as torch_utils  # noqa: E402
+
+torch_utils.PIN_MEMORY = False
+from vllm.config import set_current_vllm_config  # noqa: E402
+from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment  # noqa: E402
+from vllm.forward_context import set_forward_context  # noqa: E402
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2  # noqa: E402
+from vllm.model_executor.layers.mamba.ops import ssu_dispatch  # noqa: E402
+from vllm_checks import common_metadata, vllm_config  # noqa: E402
+
+from replayssm_patch.kernels.ground_truth import recurrence_step_fp64  # noqa: E402
+from replayssm_patch.mixer import install_replay_mixer  # noqa: E402
+
+NUM_BLOCKS, BUFFER_LEN, DECODE_STEPS = 6, 4, 9
+SLOTS = [1, 2, 3]
+
+
+class Fp64SSUBackend(ssu_dispatch.MambaSSUBackend):
+    """vLLM SSU backend interface over the fp64 recurrence (single-token decode rows only)."""
+
+    name = "fp64-reference"
+
+    def __call__(self, state, x, dt, A, B, C, D, dt_bias, z=None, dt_softplus=False, state_batch_indices=None,
+                 dst_state_batch_indices=None, null_block_id=0, out=None, **unused):  # fmt: skip
+        h = state[state_batch_indices.reshape(-1).long()].double()
+        y = recurrence_step_fp64(h, x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus)
+        state[dst_state_batch_indices.reshape(-1).long()] = h.to(state.dtype)
+        out.copy_(y.to(out.dtype))
+
+
+def make_layer(config, prefix: str) -> MambaMixer2:
+    hf = config.model_config.hf_config
+    with set_current_vllm_config(config):
+        return MambaMixer2(
+            hidden_size=hf.hidden_size, ssm_state_size=hf.ssm_state_size, conv_kernel_size=hf.conv_kernel,
+            intermediate_size=hf.mamba_num_heads * hf.mamba_head_dim, use_conv_bias=True, use_bias=False,
+            n_groups=hf.n_groups, num_heads=hf.mamba_num_heads, head_dim=hf.mamba_head_dim,
+            model_config=config.model_config, cache_config=config.cache_config, prefix=prefix,
+        )  # fmt: skip
+
+
+def with_cache_and_builder(layer: MambaMixer2, config):
+    spec = layer.get_kv_cache_spec(config)
+    layer.kv_cache = [torch.zeros((NUM_BLOCKS, *s), dtype=d) for s, d in zip(spec.shapes, spec.dtypes, strict=True)]
+    return layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device("cpu"))
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+def scenario(tiny: Path, split: bool, gen: torch.Generator) -> dict:
+    """Decode DECODE_STEPS steps on both layers (flushes at L-1), then fold the ring as before a prefill."""
+    base_cfg = vllm_config(None, tiny, max_model_len=512)
+    knobs = {"enable": True, "buffer_len": BUFFER_LEN, "split_precision": split}
+    rep_cfg = vllm_config({"replayssm": knobs}, tiny, max_model_len=512)
+    tag = "split" if split else "fp32"
+    base, rep = make_layer(base_cfg, f"base_{tag}.mixer"), make_layer(rep_cfg, f"rep_{tag}.mixer")
+    heads = base.num_heads
+    with torch.no_grad():
+        base.A.copy_(-torch.exp(torch.rand(heads, generator=gen) * torch.log(torch.tensor(16.0))))
+        base.dt_bias.copy_(torch.rand(heads, generator=gen) * 5 - 5)  # softplus(dt) spans ~0.01..0.7
+        base.D.copy_(torch.randn(heads, generator=gen))
+        base.conv1d.weight.copy_(torch.randn(base.conv1d.weight.shape, generator=gen) * 0.5)
+        base.conv1d.bias.copy_(torch.randn(base.conv1d.bias.shape, generator=gen) * 0.1)
+        rep.load_state_dict(base.state_dict())
+    builders = {"base": with_cache_and_builder(base, base_cfg), "rep": with_cache_and_builder(rep, rep_cfg)}
+    conv0 = torch.randn(base.kv_cache[0].shape, generator=gen)
+    ssm0 = torch.randn(base.kv_cache[1].shape, generator=gen) * 0.5
+    for layer in (base, rep):
+        layer.kv_cache[0].copy_(conv0)
+        layer.kv_cache[1].copy_(ssm0)
+    if split:
+        rep.kv_cache[5].copy_(ssm0.to(torch.bfloat16))  # a prefill leaves the bf16 copy in step with the master
+    width = 2 * base.intermediate_size + 2 * base.n_groups * base.ssm_state_size + heads
+    errors, cursors = [], []
+    for step in range(DECODE_STEPS):
+        projected = torch.randn(len(SLOTS), width, generator=gen)
+        outs = {}
+        for name, layer, config in (("base", base, base_cfg), ("rep", rep, rep_cfg)):
+            seq_lens = [20 + 10 * i + step for i in range(len(SLOTS))]
+            md = builders[name].build(0, common_metadata([1] * len(SLOTS), seq_lens, SLOTS, [False] * len(SLOTS)))
+            outs[name] = torch.zeros(len(SLOTS), base.intermediate_size)
+            with set_forward_context({layer.prefix: md}, config), torch.no_grad():
+                layer.conv_ssm_forward(projected, outs[name])
+        errors.append(rel(outs["rep"], outs["base"]))
+        cursors.append(builders["rep"].cursors.positions[SLOTS].tolist())
+    # a step with a prefill: the decode rows' pending entries are folded into the checkpoint first
+    plan = builders["rep"].build(0, common_metadata([1, 1, 1, 5], [40, 50, 60, 5], [*SLOTS, 4], [False] * 3 + [True]))
+    with torch.no_grad():
+        rep._materialise(rep._batch_slots(plan), plan.replay_pending)
+    return {"output_rel_err": errors, "cursors": cursors, "pending": plan.replay_pending.tolist(),
+            "state_rel_err_after_fold": rel(rep.kv_cache[1][SLOTS], base.kv_cache[1][SLOTS]),
+            "conv_state_equal": bool(torch.equal(rep.kv_cache[0][SLOTS], base.kv_cache[0][SLOTS]))}  # fmt: skip
+
+
+def main(tiny: Path, result_file: Path) -> None:
+    config = vllm_config(None, tiny, max_model_len=512)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(config):
+        init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
+        ensure_model_parallel_initialized(1, 1)
+    ssu_dispatch._mamba_ssu_backend = Fp64SSUBackend(config.mamba_config)  # baseline SSU on CPU
+    install_replay_mixer()
+    torch.set_grad_enabled(False)
+    gen = torch.Generator().manual_seed(0)
+    result = {"fp32": scenario(tiny, False, gen), "split": scenario(tiny, True, gen)}
+    result_file.write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
