@@ -9,7 +9,8 @@
 # wheels) plus flashinfer, cutlass and other CUDA-only packages. The pinned list beside this script is the
 # small set that imports vllm's Python modules (config, model classes, Mamba layers, attention backends)
 # on a CPU torch; everything is installed with --no-deps. vllm's compiled ops (vllm._C) do not load
-# without CUDA, so only pure-Python paths work here.
+# without CUDA; Triton kernels run in the interpreter (TRITON_INTERPRET=1 with CUDA_VISIBLE_DEVICES="").
+# First build: about 1.5 min and 2.7 GB (measured on a 2-core machine).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REQ=$HERE/vllm-0.24.0-cpu.txt

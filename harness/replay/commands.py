@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from harness.trace.slice_options import DurationOption, LimitOption, StartOption, slice_if_asked
+
 if TYPE_CHECKING:
     from harness.replay.options import ReplayOutcome
 
@@ -36,9 +38,9 @@ def register(app: typer.Typer) -> None:
         lag_budget_ms: float = typer.Option(2.0, "--lag-budget-ms", help="p99 send lag budget of a valid run."),
         save_outputs: bool = typer.Option(False, "--save-outputs", help="Keep the generated text in the results."),
         stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream responses (needed for TTFT and ITL)."),
-        start: float = typer.Option(0.0, "--start", help="Replay from this trace second."),
-        duration: float | None = typer.Option(None, "--duration", help="Replay this many trace seconds."),
-        limit: int | None = typer.Option(None, "--limit", help="Replay at most this many requests."),
+        start: StartOption = 0.0,
+        duration: DurationOption = None,
+        limit: LimitOption = None,
         arm: str = typer.Option("replay", "--arm", help="Arm name stored in the results."),
         repeat: int = typer.Option(0, "--repeat", help="Repeat number stored in the results."),
         request_timeout: float = typer.Option(600.0, "--request-timeout", help="Seconds before a request times out."),
@@ -57,9 +59,7 @@ def register(app: typer.Typer) -> None:
                                 seed=seed, model=model, stream=stream, lag_budget_s=lag_budget_ms / 1e3,
                                 save_outputs=save_outputs, request_timeout_s=request_timeout,
                                 read_timeout_s=read_timeout, queue_timeout_s=queue_timeout, api_key=api_key)
-        loaded = Trace.read(trace)
-        if start or duration is not None or limit is not None:
-            loaded = loaded.slice(start, duration, limit)
+        loaded = slice_if_asked(Trace.read(trace), start, duration, limit)
         outcome = run_replay(loaded, url, options, output, arm=arm, repeat=repeat, progress=True)
         _print_summary(outcome)
         if outcome.interrupted:

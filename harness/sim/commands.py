@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from harness.errors import UserError
+from harness.trace.slice_options import DurationOption, LimitOption, StartOption, slice_if_asked
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "configs" / "models" / "nemotron-h-8b.json"
 
@@ -126,6 +127,9 @@ def simulate(
     time_scale: Annotated[float, typer.Option("--time-scale", help="<1 compresses the trace (0.5 = 2x rate)")] = 1.0,
     arm: Annotated[str | None, typer.Option("--arm", help="arm name in the result [policy label]")] = None,
     repeat: Annotated[int, typer.Option("--repeat", help="repeat number stored in the results")] = 0,
+    start: StartOption = 0.0,
+    duration: DurationOption = None,
+    limit: LimitOption = None,
 ) -> None:
     """Run a trace through the SIMULATED engine in virtual time and write a (simulated) result file."""
     from rich.console import Console
@@ -150,7 +154,7 @@ def simulate(
         calibration,
         tensor_parallel_size,
     )
-    loaded = Trace.read(trace)
+    loaded = slice_if_asked(Trace.read(trace), start, duration, limit)
     started = time.perf_counter()
     with Progress(transient=True) as bar:
         task = bar.add_task("simulating (virtual time)", total=len(loaded))

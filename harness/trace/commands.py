@@ -8,8 +8,10 @@ from typing import Annotated
 import typer
 
 from harness.errors import UserError
+from harness.trace import edit_commands
 from harness.trace.exporters import EXPORT_FORMATS
 from harness.trace.importers import IMPORTERS
+from harness.trace.slice_options import DurationOption, LimitOption, StartOption, TimeScaleOption, slice_if_asked
 
 IMPORT_FORMATS = tuple(IMPORTERS)
 
@@ -30,10 +32,10 @@ def import_command(
     fmt: Annotated[str, typer.Argument(metavar="FORMAT", help=f"source format: {', '.join(IMPORT_FORMATS)}")],
     src: Annotated[Path, typer.Argument(help="the source file (CSV or JSONL)")],
     out: Annotated[Path | None, typer.Option("-o", "--output", help="trace to write (.parquet); required")] = None,
-    start: Annotated[float, typer.Option(help="keep requests from this second of the source on")] = 0.0,
-    duration: Annotated[float | None, typer.Option(help="keep this many seconds from --start")] = None,
-    limit: Annotated[int | None, typer.Option(help="keep at most this many requests")] = None,
-    time_scale: Annotated[float, typer.Option(help="multiply arrival times (0.5 = twice the rate)")] = 1.0,
+    start: StartOption = 0.0,
+    duration: DurationOption = None,
+    limit: LimitOption = None,
+    time_scale: TimeScaleOption = 1.0,
     block_size: Annotated[
         int | None, typer.Option(help="tokens per prefix block (mooncake: 512, vllm-timed: 16 by default)")
     ] = None,
@@ -48,16 +50,12 @@ def import_command(
 
     _choice(fmt, IMPORT_FORMATS, "import format")
     out = _require_output(out, "trace.parquet")
-    if start < 0 or (duration is not None and duration <= 0):
-        raise UserError("--start must be >= 0 and --duration > 0 seconds")
     if out.resolve() == src.resolve():
         raise UserError(f"{out}: the output would overwrite the source; choose another -o path")
     console = Console(soft_wrap=True)
     with console.status(f"importing {src} ({fmt})"):
         result = import_trace(fmt, src, ImportOptions(id_prefix=id_prefix, block_size=block_size))
-        trace = result.trace
-        if start or duration is not None or limit is not None or time_scale != 1.0:
-            trace = trace.slice(start, duration, limit, time_scale)
+        trace = slice_if_asked(result.trace, start, duration, limit, time_scale)
         trace.write(out)
     stats = compute_stats(trace)
     console.print(f"[bold]imported[/] {len(trace):,} requests from {src} -> {out}")
@@ -125,3 +123,4 @@ def register(app: typer.Typer) -> None:
     app.command("import")(import_command)
     app.command("export")(export_command)
     app.command("inspect")(inspect_command)
+    edit_commands.register(app)  # merge, slice
