@@ -1,10 +1,13 @@
-"""The KV-cache layout the plugin declares matches the kernels' layout (shapes, dtypes, bytes, alignment)."""
+"""The KV-cache layout the plugin declares matches the kernels' layout (shapes, dtypes, bytes, alignment).
+
+``replayssm_patch.kernels`` is imported inside the tests, not at collection: tests/replayssm/kernels/conftest.py
+must be the first to import it (it imports the kernels in Triton's interpreter mode).
+"""
 
 import pytest
 import torch
 
 from replayssm_patch.config import ReplaySSMConfig
-from replayssm_patch.kernels import ring_shapes
 from replayssm_patch.state_layout import (
     RING_B,
     RING_DT,
@@ -29,6 +32,8 @@ def _stock(nheads, head_dim, ngroups, d_state, conv_kernel, dim_first):
 @pytest.mark.parametrize("dim_first", [False, True])
 @pytest.mark.parametrize("split", [False, True])
 def test_extra_tensors_are_the_kernel_layout(dims, dim_first, split):
+    from replayssm_patch.kernels import ring_shapes
+
     nheads, head_dim, ngroups, d_state, _ = dims
     config = ReplaySSMConfig(enable=True, buffer_len=16, split_precision=split)
     stock = _stock(*dims, dim_first=dim_first)
@@ -42,6 +47,8 @@ def test_extra_tensors_are_the_kernel_layout(dims, dim_first, split):
 
 @pytest.mark.parametrize("split", [False, True])
 def test_extra_bytes_match_the_kernels_and_offsets_stay_aligned(split):
+    from replayssm_patch.kernels import ring_shapes
+
     config = ReplaySSMConfig(enable=True, buffer_len=16, split_precision=split)
     stock = _stock(*DIMS[0], dim_first=False)
     shapes = replay_state_shapes(stock, config, False)
