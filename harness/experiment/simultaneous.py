@@ -4,8 +4,8 @@
 child process of its own; a barrier releases both at once. The children are *spawned* (fresh
 interpreters), not forked: a forked child would inherit this process's multiprocessing state (e.g. a
 forkserver it does not own) and could not start the replay's workers.
-Both replays start their clocks when their request preparation ends, so the two t0 differ by at most
-the difference in preparation time (prompt synthesis against each server), not by a whole run. Ctrl-C
+Both replays prepare their requests and start their workers, then meet at a barrier; the first one through
+picks t0 on `time.monotonic()` (shared by every process of the host) and both schedules run from it. Ctrl-C
 reaches both children (same process group); SIGTERM to replaybench is forwarded to them, and each keeps
 the rows it finished.
 """
@@ -13,7 +13,11 @@ the rows it finished.
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.sharedctypes
+import multiprocessing.synchronize
 import queue
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,13 +35,28 @@ class ReplayJob:
     options: ReplayOptions
 
 
-def _child(trace: Trace, job: ReplayJob, barrier: mp.synchronize.Barrier, results: mp.Queue) -> None:
+SHARED_START_DELAY_S = 0.2  # t0 lies this far after both arms are ready
+READY_TIMEOUT_S = 600.0  # preparing a long trace's prompts against a slow /tokenize can take minutes
+
+
+def _shared_t0(barrier: mp.synchronize.Barrier, t0: mp.sharedctypes.Synchronized) -> float:
+    """Wait for every arm to be ready; one of them sets t0, all return it."""
+    try:
+        if barrier.wait(timeout=READY_TIMEOUT_S) == 0:
+            t0.value = time.monotonic() + SHARED_START_DELAY_S
+        barrier.wait(timeout=READY_TIMEOUT_S)
+    except threading.BrokenBarrierError:
+        raise UserError("the other arm failed before the shared start; see its error") from None
+    return float(t0.value)
+
+
+def _child(trace: Trace, job: ReplayJob, barrier: mp.synchronize.Barrier, t0: mp.sharedctypes.Synchronized,
+           results: mp.Queue) -> None:
     from harness.replay import run_replay
 
     try:
-        barrier.wait(timeout=120)
         results.put((job.arm, run_replay(trace, job.url, job.options, job.output, arm=job.arm, repeat=job.repeat,
-                                         progress=False)))
+                                         progress=False, start_gate=lambda: _shared_t0(barrier, t0))))
     except UserError as error:
         results.put((job.arm, UserError(str(error))))
 
@@ -45,8 +64,8 @@ def _child(trace: Trace, job: ReplayJob, barrier: mp.synchronize.Barrier, result
 def replay_together(trace: Trace, jobs: list[ReplayJob]) -> dict[str, ReplayOutcome]:
     """Run every job concurrently; returns outcomes by arm. A `UserError` in either child is raised here."""
     ctx = mp.get_context("spawn")
-    barrier, results = ctx.Barrier(len(jobs)), ctx.Queue()
-    children = [ctx.Process(target=_child, args=(trace, job, barrier, results), name=f"replay-{job.arm}")
+    barrier, t0, results = ctx.Barrier(len(jobs)), ctx.Value("d", 0.0), ctx.Queue()
+    children = [ctx.Process(target=_child, args=(trace, job, barrier, t0, results), name=f"replay-{job.arm}")
                 for job in jobs]
     outcomes: dict[str, ReplayOutcome | UserError] = {}
     try:
@@ -58,8 +77,12 @@ def replay_together(trace: Trace, jobs: list[ReplayJob]) -> dict[str, ReplayOutc
             try:
                 arm, outcome = results.get(timeout=0.5)
             except queue.Empty:
+                if any(child.exitcode not in (0, None) for child in children):
+                    barrier.abort()  # a crashed arm will never reach the shared start
                 continue
             outcomes[arm] = outcome
+            if isinstance(outcome, UserError):
+                barrier.abort()  # release the other arm if it is still waiting for this one
     except BaseException:
         for child in children:
             if child.is_alive():

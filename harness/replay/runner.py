@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -39,6 +39,7 @@ from harness.replay.worker import StartSignals, WorkerJob, worker_main
 from harness.trace.model import Trace
 
 START_DELAY_S = 0.2  # t0 lies this far after every worker is ready
+StartGate = Callable[[], float]  # returns the shared t0 on time.monotonic()
 WORKER_START_TIMEOUT_S = 60.0
 WORKER_STOP_GRACE_S = 10.0
 POLL_S = 0.1
@@ -125,7 +126,7 @@ class WorkersEnd:
 
 
 def _run_workers(requests: list[PreparedRequest], url: str, arm: str, repeat: int, options: ReplayOptions,
-                 directory: Path, progress: bool) -> WorkersEnd:
+                 directory: Path, progress: bool, start_gate: StartGate | None) -> WorkersEnd:
     """Run the schedule on `options.workers` processes until they finish or the run is interrupted."""
     # forkserver, not fork: the caller may have threads (a fork would copy their held locks), and a clean
     # server process that has imported the worker code once starts each worker in milliseconds.
@@ -148,8 +149,9 @@ def _run_workers(requests: list[PreparedRequest], url: str, arm: str, repeat: in
             not_started = _await_ready(processes, signals)
             if not_started:
                 return WorkersEnd(interrupted=False, failed=(not_started,))
-            signals.t0.value = t0 = time.monotonic() + START_DELAY_S
-            t0_unix = time.time() + START_DELAY_S
+            t0 = start_gate() if start_gate is not None else time.monotonic() + START_DELAY_S
+            signals.t0.value = t0
+            t0_unix = time.time() + (t0 - time.monotonic())
             update_meta(directory, {fin.META_T0_MONOTONIC: repr(t0), fin.META_T0_UNIX: repr(t0_unix)})
             signals.go.set()
             with progress_display(len(requests), progress) as update:
@@ -186,8 +188,13 @@ def _check_writable(output: Path) -> None:
 
 
 def run_replay(trace: Trace, url: str, options: ReplayOptions, output: str | os.PathLike[str],
-               arm: str = "replay", repeat: int = 0, progress: bool = True) -> ReplayOutcome:
-    """Replay `trace` open-loop against `url` and write the result file `output` (see the package docstring)."""
+               arm: str = "replay", repeat: int = 0, progress: bool = True,
+               start_gate: StartGate | None = None) -> ReplayOutcome:
+    """Replay `trace` open-loop against `url` and write the result file `output` (see the package docstring).
+
+    `start_gate`, when given, is called once every request is prepared and every worker is ready; it returns
+    the t0 (on `time.monotonic()`, which all processes of a host share) so several replays can share one clock.
+    """
     url = normalise_url(url)
     output = Path(output)
     directory = partial_dir(output)
@@ -198,7 +205,7 @@ def run_replay(trace: Trace, url: str, options: ReplayOptions, output: str | os.
     scaled = trace.slice(time_scale=options.time_scale)  # also re-bases: the first request is due at t0
     requests = asyncio.run(_prepare(scaled, url, options))
     write_meta(directory, _run_meta(trace, url, options, arm, repeat, requests))
-    end = _run_workers(requests, url, arm, repeat, options, directory, progress)
+    end = _run_workers(requests, url, arm, repeat, options, directory, progress, start_gate)
     outcome = _outcome(output, directory, complete=not (end.interrupted or end.failed), interrupted=end.interrupted)
     if end.failed:
         raise UserError(f"the replay failed ({'; '.join(end.failed)}); its {outcome.requests} finished requests "
