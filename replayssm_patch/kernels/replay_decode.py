@@ -98,6 +98,20 @@ def _replay_decode_kernel(
     tl.store(out_ptr + row * so_b + head * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
 
 
+def _step_inputs(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    out: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """dt / A / D / dt_bias per head (whatever form vLLM hands them in) and the y buffer: both twins start here."""
+    nheads = x.shape[1]
+    out = torch.empty_like(x) if out is None else out
+    return per_head_dt(dt), per_head(A, nheads), per_head(D, nheads), per_head(dt_bias, nheads), out
+
+
 def replay_decode(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -133,9 +147,7 @@ def replay_decode(
     check_launchable(x, state)
     batch, nheads, head_dim = x.shape
     ngroups, d_state = B.shape[1], B.shape[2]
-    dt = per_head_dt(dt)
-    A, D, dt_bias = per_head(A, nheads), per_head(D, nheads), per_head(dt_bias, nheads)
-    out = torch.empty_like(x) if out is None else out
+    dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
     if batch == 0:
         return out
     BLOCK_P = block_size(head_dim, cap=block_p or 16)
@@ -177,9 +189,7 @@ def replay_decode_reference(
     """Plain-PyTorch twin of ``replay_decode`` (same arguments; block_p / num_warps are ignored), in fp32."""
     del block_p, num_warps
     nheads = x.shape[1]
-    dt = per_head_dt(dt)
-    A, D, dt_bias = per_head(A, nheads), per_head(D, nheads), per_head(dt_bias, nheads)
-    out = torch.empty_like(x) if out is None else out
+    dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
     on_ring = (write_pos >= 0) & (write_pos < ring_x.shape[1])
     rows = (valid_rows(state_indices, pad_slot_id) & on_ring).nonzero().squeeze(1)
     if rows.numel() == 0:

@@ -14,13 +14,13 @@ import pyarrow as pa
 
 from harness.records.trace_schema import META_CLOCK, META_REDACTION
 from harness.trace.importers.common import (
-    EMPTY_PARAMS,
     ImportOptions,
     ImportResult,
     assemble,
-    constant_strings,
     convert,
+    count_only_columns,
     default_id_prefix,
+    import_result,
     read_csv_strings,
     token_counts,
 )
@@ -48,10 +48,8 @@ def import_azure(path: Path, options: ImportOptions) -> ImportResult:
         values = convert(table.column(source), pa.int64(), path, source, "token counts are whole numbers")
         counts[target] = token_counts(values.to_numpy(), path, source)
     n = table.num_rows
-    columns = {**counts, "api": constant_strings("completions", n), "params": constant_strings(EMPTY_PARAMS, n)}
+    columns = {**counts, **count_only_columns(n)}
     prefix = options.id_prefix or default_id_prefix("azure", path, drop_words=("azurellminferencetrace",))
     trace, reordered = assemble(offsets_ns / 1e9, columns, prefix, {META_CLOCK: clock, META_REDACTION: "drop"}, path)
     notes = [f"count-only trace: {n:,} requests, prompts are synthesised at replay"]
-    if reordered:
-        notes.append(f"{reordered:,} rows were out of time order in the source and were sorted")
-    return ImportResult(trace, notes, reordered_rows=reordered)
+    return import_result(trace, reordered, notes)

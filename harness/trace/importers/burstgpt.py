@@ -16,13 +16,13 @@ import pyarrow.compute as pc
 
 from harness.records.trace_schema import META_CLOCK, META_REDACTION
 from harness.trace.importers.common import (
-    EMPTY_PARAMS,
     ImportOptions,
     ImportResult,
     assemble,
-    constant_strings,
     convert,
+    count_only_columns,
     default_id_prefix,
+    import_result,
     read_csv_strings,
     token_counts,
 )
@@ -47,8 +47,7 @@ def import_burstgpt(path: Path, options: ImportOptions) -> ImportResult:
     columns: dict[str, object] = {
         "prompt_tokens": token_counts(prompt.to_numpy(), path, "Request tokens"),
         "output_tokens": output_tokens,
-        "api": constant_strings("completions", n),
-        "params": constant_strings(EMPTY_PARAMS, n),
+        **count_only_columns(n),
         "finish_reason": pa.array(np.where(failed, FAILED_FINISH_REASON, None), type=pa.string()),
     }
     names = set(table.column_names)
@@ -77,6 +76,4 @@ def import_burstgpt(path: Path, options: ImportOptions) -> ImportResult:
         f"{int(failed.sum()):,} failed request(s) (0 response tokens) kept, marked finish_reason="
         f"{FAILED_FINISH_REASON!r}",
     ]
-    if reordered:
-        notes.append(f"{reordered:,} rows were out of time order in the source and were sorted")
-    return ImportResult(trace, notes, failed_rows=int(failed.sum()), reordered_rows=reordered)
+    return import_result(trace, reordered, notes, failed_rows=int(failed.sum()))

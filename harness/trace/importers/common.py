@@ -241,6 +241,11 @@ def constant_strings(value: str, n: int) -> pa.Array:
     )
 
 
+def count_only_columns(n: int) -> dict[str, pa.Array]:
+    """How a source without request bodies replays: plain completions with default sampling parameters."""
+    return {"api": constant_strings("completions", n), "params": constant_strings(EMPTY_PARAMS, n)}
+
+
 def assemble(
     absolute_s: np.ndarray,
     columns: dict[str, pa.Array | np.ndarray | list],
@@ -277,6 +282,13 @@ def assemble(
     except UserError as problem:
         raise UserError(f"{source}: {problem}".replace("<import>: ", "")) from None
     return trace, reordered
+
+
+def import_result(trace: Trace, reordered: int, notes: list[str], failed_rows: int = 0) -> ImportResult:
+    """Every importer's ending: its own notes, then (when `assemble` had to sort rows) a note saying how many."""
+    if reordered:
+        notes = [*notes, f"{reordered:,} rows were out of time order in the source and were sorted"]
+    return ImportResult(trace, notes, failed_rows=failed_rows, reordered_rows=reordered)
 
 
 def first_line(exc: BaseException) -> str:

@@ -18,12 +18,12 @@ import pyarrow as pa
 from harness.errors import UserError
 from harness.records.trace_schema import META_BLOCK_SIZE, META_CLOCK, META_REDACTION
 from harness.trace.importers.common import (
-    EMPTY_PARAMS,
     ImportOptions,
     ImportResult,
     assemble,
-    constant_strings,
+    count_only_columns,
     default_id_prefix,
+    import_result,
     iter_jsonl,
     json_block_ids,
     json_number,
@@ -67,8 +67,7 @@ def import_length_jsonl(path: Path, options: ImportOptions, fmt: LengthJsonlForm
         "prompt_tokens": np.asarray(prompts, dtype=np.int32),
         "output_tokens": np.asarray(outputs, dtype=np.int32),
         "prefix_block_ids": pa.array(blocks, type=pa.list_(pa.int64())),
-        "api": constant_strings("completions", n),
-        "params": constant_strings(EMPTY_PARAMS, n),
+        **count_only_columns(n),
     }
     with_blocks = sum(b is not None for b in blocks)
     metadata = {
@@ -82,6 +81,4 @@ def import_length_jsonl(path: Path, options: ImportOptions, fmt: LengthJsonlForm
     notes = [
         f"{n:,} requests, {with_blocks:,} with prefix blocks of {block_size} tokens; prompts are synthesised at replay"
     ]
-    if reordered:
-        notes.append(f"{reordered:,} rows were out of time order in the source and were sorted")
-    return ImportResult(trace, notes, reordered_rows=reordered)
+    return import_result(trace, reordered, notes)

@@ -26,6 +26,7 @@ from harness.trace.importers.common import (
     ImportResult,
     assemble,
     default_id_prefix,
+    import_result,
     iter_jsonl,
     json_number,
 )
@@ -190,6 +191,4 @@ def import_openai_jsonl(path: Path, options: ImportOptions) -> ImportResult:
             f"{estimated:,} prompt length(s) estimated at {BYTES_PER_TOKEN_ESTIMATE} bytes per token "
             "(no prompt_tokens or usage logged)"
         )
-    if reordered:
-        notes.append(f"{reordered:,} rows were out of time order in the source and were sorted")
-    return ImportResult(trace, notes, reordered_rows=reordered)
+    return import_result(trace, reordered, notes)
