@@ -46,7 +46,8 @@ class _ReplaybenchApp(typer.Typer):
             print("error: interrupted", file=sys.stderr)
             sys.exit(130)
         except UserError as error:
-            print(f"error: {error}", file=sys.stderr)
+            one_line = " ".join(str(error).splitlines())  # user text inside a message must not break the line
+            print(f"error: {one_line}", file=sys.stderr)
             sys.exit(error.exit_code)
         sys.exit(outcome if isinstance(outcome, int) else 0)
 

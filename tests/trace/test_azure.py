@@ -96,7 +96,7 @@ def test_utc_offset_timestamps_of_the_2024_release_parse(tmp_path):
         ([HEADER, "2023-11-16 18:15:46.6805900,1,"], "GeneratedTokens is empty at data row 1"),
         (
             ["TIMESTAMP,Context,GeneratedTokens", "2023-11-16 18:15:46.6805900,1,2"],
-            "missing column(s) ContextTokens (found: TIMESTAMP, Context, GeneratedTokens)",
+            "missing column(s) ContextTokens (found: 'TIMESTAMP', 'Context', 'GeneratedTokens')",
         ),
         ([HEADER], "header but no rows"),
         ([HEADER, "2023-11-16 18:15:46.6805900,1"], "not a well-formed CSV"),

@@ -65,7 +65,7 @@ def read_csv_strings(path: Path, what: str, required: list[str], optional: tuple
     missing = [c for c in required if c not in present]
     if missing:
         raise UserError(
-            f"{path}: missing column(s) {', '.join(missing)} (found: {', '.join(present) or 'none'}); "
+            f"{path}: missing column(s) {', '.join(missing)} (found: {', '.join(map(repr, present)) or 'none'}); "
             f"check the format name: this importer reads {what}"
         )
     wanted = [c for c in [*required, *optional] if c in present]
