@@ -73,6 +73,7 @@ def _client_steady(url: str, streams: int, warmup_s: float, window_s: float, see
         start = time.perf_counter()
         count_from, stop_at = start + warmup_s, start + warmup_s + window_s
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
             async def stream() -> None:
                 await asyncio.sleep(rng.uniform(0, TOKENS * TOKEN_GAP_S))
                 while (sent := time.perf_counter()) < stop_at:
@@ -151,8 +152,9 @@ def bare_relay(upstream_url: str) -> None:
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
 
         async def relay(request: web.Request) -> web.StreamResponse:
-            async with session.post(upstream_url + request.raw_path, data=await request.read(),
-                                    headers={"Content-Type": "application/json"}) as answer:
+            async with session.post(
+                upstream_url + request.raw_path, data=await request.read(), headers={"Content-Type": "application/json"}
+            ) as answer:
                 response = web.StreamResponse(status=answer.status, headers={"Content-Type": answer.content_type})
                 await response.prepare(request)
                 async for chunk in answer.content.iter_any():
@@ -174,9 +176,12 @@ def bare_relay(upstream_url: str) -> None:
 
 @contextmanager
 def _bare_relay_process(upstream_url: str) -> Iterator[Target]:
-    proc = subprocess.Popen([sys.executable, "-c", f"from bench.bench_record import bare_relay; "
-                             f"bare_relay({upstream_url!r})"], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"from bench.bench_record import bare_relay; bare_relay({upstream_url!r})"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         url = proc.stdout.readline().split()[2]  # type: ignore[union-attr]
         yield Target("bare aiohttp relay (floor)", url, proc.pid)
@@ -215,18 +220,27 @@ def _targets(base: str, tmp: Path, tag: str) -> Iterator[list[Target]]:
     with ExitStack() as stack:
         targets = [Target("direct", base, None), stack.enter_context(_bare_relay_process(base))]
         for workers in WORKER_COUNTS:
-            rec: Recorder = stack.enter_context(recorder(base, tmp / f"{tag}-w{workers}" / "bench.parquet",
-                                                         "--workers", str(workers), logs=tmp / f"{tag}-logs{workers}"))
+            rec: Recorder = stack.enter_context(
+                recorder(
+                    base,
+                    tmp / f"{tag}-w{workers}" / "bench.parquet",
+                    "--workers",
+                    str(workers),
+                    logs=tmp / f"{tag}-logs{workers}",
+                )
+            )
             targets.append(Target(f"proxy, {workers} worker{'s' if workers > 1 else ''}", rec.url, rec.proc.pid))
         yield targets
 
 
-def _steady_sample(pool: ProcessPoolExecutor, url: str, streams: int, warmup_s: float, window_s: float,
-                   seed: int) -> Sample:
+def _steady_sample(
+    pool: ProcessPoolExecutor, url: str, streams: int, warmup_s: float, window_s: float, seed: int
+) -> Sample:
     """Closed loops in CLIENT_PROCS client processes at once, the streams shared out; one merged sample."""
     shares = [streams // CLIENT_PROCS + (i < streams % CLIENT_PROCS) for i in range(CLIENT_PROCS)]
-    futures = [pool.submit(_client_steady, url, share, warmup_s, window_s, seed + i)
-               for i, share in enumerate(shares) if share]
+    futures = [
+        pool.submit(_client_steady, url, share, warmup_s, window_s, seed + i) for i, share in enumerate(shares) if share
+    ]
     parts = [f.result() for f in futures]
     return Sample([t for p in parts for t in p.ttfts], sum(p.requests for p in parts), sum(p.errors for p in parts))
 
@@ -241,16 +255,25 @@ def _rows(case: str, samples: dict[str, Sample], cpu: dict[str, float], seconds:
     for label, sample in samples.items():
         p50, p99 = _ms(sample.ttfts, 0.5), _ms(sample.ttfts, 0.99)
         proxied = label != "direct"
-        rows.append({
-            "case": case, "path": label, "requests": len(sample.ttfts), "errors": sample.errors,
-            "req/s": round(sample.requests / seconds[label]) if seconds[label] else "",
-            "TTFT p50 (ms)": p50, "TTFT p99 (ms)": p99,
-            "added p50 (ms)": round(p50 - _ms(direct, 0.5), 3) if proxied else "",
-            "added p99 (ms)": round(p99 - _ms(direct, 0.99), 3) if proxied else "",
-            "proxy CPU/request (us)": round(cpu[label] / sample.requests * 1e6) if proxied else "",
-            "proxy busy (% of a core)": round(cpu[label] / seconds[label] * 100, 1) if proxied and seconds[label]
-            else "",
-            "chunks/s": "", "proxy CPU/chunk (us)": ""})
+        rows.append(
+            {
+                "case": case,
+                "path": label,
+                "requests": len(sample.ttfts),
+                "errors": sample.errors,
+                "req/s": round(sample.requests / seconds[label]) if seconds[label] else "",
+                "TTFT p50 (ms)": p50,
+                "TTFT p99 (ms)": p99,
+                "added p50 (ms)": round(p50 - _ms(direct, 0.5), 3) if proxied else "",
+                "added p99 (ms)": round(p99 - _ms(direct, 0.99), 3) if proxied else "",
+                "proxy CPU/request (us)": round(cpu[label] / sample.requests * 1e6) if proxied else "",
+                "proxy busy (% of a core)": round(cpu[label] / seconds[label] * 100, 1)
+                if proxied and seconds[label]
+                else "",
+                "chunks/s": "",
+                "proxy CPU/chunk (us)": "",
+            }
+        )
     return rows
 
 
@@ -290,12 +313,23 @@ def _chunks(pool: ProcessPoolExecutor, targets: list[Target]) -> list[dict]:
         cpu = target.cpu_s() - cpu_before
         events = sum(p[0] for p in parts)
         seconds = max(p[2] for p in parts) - min(p[1] for p in parts)
-        rows.append({"case": f"max chunks/s: {CHUNK_STREAMS} streams x {CHUNK_TOKENS} tokens", "path": target.label,
-                     "requests": CHUNK_STREAMS, "errors": "", "req/s": "", "TTFT p50 (ms)": "",
-                     "TTFT p99 (ms)": "", "added p50 (ms)": "", "added p99 (ms)": "", "proxy CPU/request (us)": "",
-                     "proxy busy (% of a core)": round(cpu / seconds * 100, 1) if target.pid else "",
-                     "chunks/s": round(events / seconds),
-                     "proxy CPU/chunk (us)": round(cpu / events * 1e6, 1) if target.pid else ""})
+        rows.append(
+            {
+                "case": f"max chunks/s: {CHUNK_STREAMS} streams x {CHUNK_TOKENS} tokens",
+                "path": target.label,
+                "requests": CHUNK_STREAMS,
+                "errors": "",
+                "req/s": "",
+                "TTFT p50 (ms)": "",
+                "TTFT p99 (ms)": "",
+                "added p50 (ms)": "",
+                "added p99 (ms)": "",
+                "proxy CPU/request (us)": "",
+                "proxy busy (% of a core)": round(cpu / seconds * 100, 1) if target.pid else "",
+                "chunks/s": round(events / seconds),
+                "proxy CPU/chunk (us)": round(cpu / events * 1e6, 1) if target.pid else "",
+            }
+        )
     return rows
 
 
@@ -306,8 +340,10 @@ def _uptime() -> str:
 def main() -> None:
     rows: list[dict] = []
     load_before = _uptime()
-    with tempfile.TemporaryDirectory(prefix="bench-record-") as tmp_name, \
-            ProcessPoolExecutor(CLIENT_PROCS, mp_context=get_context("spawn")) as pool:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-record-") as tmp_name,
+        ProcessPoolExecutor(CLIENT_PROCS, mp_context=get_context("spawn")) as pool,
+    ):
         tmp = Path(tmp_name)
         with upstream(token_delay=TOKEN_GAP_S, procs=UPSTREAM_PROCS) as base, _targets(base, tmp, "ttft") as targets:
             for target in targets:  # warm connections and code paths
@@ -318,30 +354,40 @@ def main() -> None:
         with upstream(procs=UPSTREAM_PROCS) as base, _targets(base, tmp, "chunks") as targets:
             rows += _chunks(pool, targets)
     load_after = _uptime()
-    target_row = next(r for r in rows if r["case"] == f"steady, {STEADY_STREAMS[0]} streams"
-                      and r["path"] == "proxy, 1 worker")
-    busy = f"an otherwise idle {CORES}-core host" if CORES > 4 else \
-        f"a {CORES}-core machine shared with ~8 other engineers building and testing at the same time"
-    notes = "\n\n".join([
-        f"Target (issue 4): <= {TARGET_ADDED_P99_MS} ms added p99 TTFT at 64 streams; measured at "
-        f"{STEADY_STREAMS[0]} streams: "
-        f"{target_row['added p99 (ms)']} ms with 1 worker (steady state).",
-        f"Steady rows: closed loops, {TOKENS} tokens per request {TOKEN_GAP_S * 1e3:.0f} ms apart, {ROUNDS} "
-        f"alternating rounds of {WINDOW_S:g} s per path after {WARMUP_S:g} s of warm-up each; 'added' = the "
-        "proxied quantile minus the direct one. Burst rows: "
-        f"{BURST_STREAMS} requests sent at the same instant, {BURST_ROUNDS} times: a single process takes them one "
-        "after another, so the last waits for all the others' request handling - that is what workers spread. "
-        "'proxy CPU' is the recorder's whole process tree from /proc (10 ms ticks), row recording included; "
-        "'busy' is that CPU over the wall time of the run. 'bare aiohttp relay (floor)' forwards the same traffic "
-        "with nothing else (no header filtering, no observing, no recording): the share of the overhead that any "
-        "aiohttp proxy pays (an extra loopback hop each way plus its event loop); the recorder's cost above it is "
-        "its own.",
-        f"Measured on {busy}; client ({CLIENT_PROCS} process(es)), upstream ({UPSTREAM_PROCS} process(es)) and "
-        f"proxy all share it. uptime before: `{load_before}`; after: `{load_after}`."
-        + (" On this machine the wall-clock figures (p99 above all) mostly measure waiting for a core; the CPU "
-           "per request and per chunk are the load-independent figures. The same benchmark on an otherwise idle "
-           "16-core host is in bench/results/bench_record-16core-host.md." if CORES <= 4 else ""),
-    ])
+    target_row = next(
+        r for r in rows if r["case"] == f"steady, {STEADY_STREAMS[0]} streams" and r["path"] == "proxy, 1 worker"
+    )
+    busy = (
+        f"an otherwise idle {CORES}-core host"
+        if CORES > 4
+        else f"a {CORES}-core machine shared with ~8 other engineers building and testing at the same time"
+    )
+    notes = "\n\n".join(
+        [
+            f"Target (issue 4): <= {TARGET_ADDED_P99_MS} ms added p99 TTFT at 64 streams; measured at "
+            f"{STEADY_STREAMS[0]} streams: "
+            f"{target_row['added p99 (ms)']} ms with 1 worker (steady state).",
+            f"Steady rows: closed loops, {TOKENS} tokens per request {TOKEN_GAP_S * 1e3:.0f} ms apart, {ROUNDS} "
+            f"alternating rounds of {WINDOW_S:g} s per path after {WARMUP_S:g} s of warm-up each; 'added' = the "
+            "proxied quantile minus the direct one. Burst rows: "
+            f"{BURST_STREAMS} requests sent at the same instant, {BURST_ROUNDS} times: a single process takes them one "
+            "after another, so the last waits for all the others' request handling - that is what workers spread. "
+            "'proxy CPU' is the recorder's whole process tree from /proc (10 ms ticks), row recording included; "
+            "'busy' is that CPU over the wall time of the run. 'bare aiohttp relay (floor)' forwards the same traffic "
+            "with nothing else (no header filtering, no observing, no recording): the share of the overhead that any "
+            "aiohttp proxy pays (an extra loopback hop each way plus its event loop); the recorder's cost above it is "
+            "its own.",
+            f"Measured on {busy}; client ({CLIENT_PROCS} process(es)), upstream ({UPSTREAM_PROCS} process(es)) and "
+            f"proxy all share it. uptime before: `{load_before}`; after: `{load_after}`."
+            + (
+                " On this machine the wall-clock figures (p99 above all) mostly measure waiting for a core; the CPU "
+                "per request and per chunk are the load-independent figures. The same benchmark on an otherwise idle "
+                "16-core host is in bench/results/bench_record-16core-host.md."
+                if CORES <= 4
+                else ""
+            ),
+        ]
+    )
     write_results("bench_record", "Recording proxy overhead (replaybench record)", rows, notes)
 
 

@@ -42,10 +42,18 @@ def poisson_trace(rate: float, seconds: float, output_tokens: int = OUTPUT_TOKEN
     arrivals -= arrivals[0]
     n = len(arrivals)
     ids = [f"b{i}" for i in range(n)]
-    return Trace.from_columns({"request_id": ids, "arrival_s": arrivals.tolist(), "api": ["completions"] * n,
-                               "prompt": [f"bench request {rid}" for rid in ids], "prompt_tokens": [3] * n,
-                               "output_tokens": [output_tokens] * n, "params": ["{}"] * n},
-                              {"source": f"poisson {rate}/s"})
+    return Trace.from_columns(
+        {
+            "request_id": ids,
+            "arrival_s": arrivals.tolist(),
+            "api": ["completions"] * n,
+            "prompt": [f"bench request {rid}" for rid in ids],
+            "prompt_tokens": [3] * n,
+            "output_tokens": [output_tokens] * n,
+            "params": ["{}"] * n,
+        },
+        {"source": f"poisson {rate}/s"},
+    )
 
 
 def ms(values: np.ndarray, q: float) -> float:
@@ -58,38 +66,55 @@ def timing_row(trace: Trace, rate: int, workers: int, url: str, log: Path, out: 
     table, meta = read_results(out)
     t0 = float(meta[META_T0_MONOTONIC])
     intended = dict(zip(table.column("request_id").to_pylist(), table.column("intended_s").to_pylist(), strict=True))
-    server_lag = np.array([entry["recv_mono_ns"] / 1e9 - t0 - intended[json.loads(entry["body"])["prompt"].split()[-1]]
-                           for entry in read_log(log)[already:]])
+    server_lag = np.array(
+        [
+            entry["recv_mono_ns"] / 1e9 - t0 - intended[json.loads(entry["body"])["prompt"].split()[-1]]
+            for entry in read_log(log)[already:]
+        ]
+    )
     client_lag = table.column("lag_s").to_numpy(zero_copy_only=False)
     f = outcome.fidelity
-    return {"rate_req_s": rate, "workers": workers, "requests": len(trace),
-            "client_lag_p50_ms": ms(client_lag, 0.5), "client_lag_p99_ms": ms(client_lag, 0.99),
-            "server_lag_p50_ms": ms(server_lag, 0.5), "server_lag_p99_ms": ms(server_lag, 0.99),
-            "server_abs_lag_p99_ms": ms(np.abs(server_lag), 0.99), "server_lag_max_ms": ms(server_lag, 1.0),
-            "achieved_vs_offered_%": round((f.rate_error or 0.0) * 100, 3),
-            "errors": sum(outcome.errors.values()), "valid": f.valid}
+    return {
+        "rate_req_s": rate,
+        "workers": workers,
+        "requests": len(trace),
+        "client_lag_p50_ms": ms(client_lag, 0.5),
+        "client_lag_p99_ms": ms(client_lag, 0.99),
+        "server_lag_p50_ms": ms(server_lag, 0.5),
+        "server_lag_p99_ms": ms(server_lag, 0.99),
+        "server_abs_lag_p99_ms": ms(np.abs(server_lag), 0.99),
+        "server_lag_max_ms": ms(server_lag, 1.0),
+        "achieved_vs_offered_%": round((f.rate_error or 0.0) * 100, 3),
+        "errors": sum(outcome.errors.values()),
+        "valid": f.valid,
+    }
 
 
 def chunk_throughput(tmp: Path) -> str:
     """One worker streaming CHUNK_REQUESTS x CHUNK_TOKENS chunks as fast as the upstream sends them."""
     trace = poisson_trace(1000, CHUNK_REQUESTS / 1000, output_tokens=CHUNK_TOKENS, seed=1)
     with upstream("ok", procs=UPSTREAM_PROCS) as url:
-        outcome = run_replay(trace, url, ReplayOptions(workers=1, request_timeout_s=120), tmp / "chunks.parquet",
-                             progress=False)
+        outcome = run_replay(
+            trace, url, ReplayOptions(workers=1, request_timeout_s=120), tmp / "chunks.parquet", progress=False
+        )
     table, _ = read_results(outcome.path)
     sent = table.column("sent_s").to_numpy(zero_copy_only=False)
     end = sent + table.column("e2e_s").to_numpy(zero_copy_only=False)
     chunks = int(np.sum(table.column("output_tokens").to_numpy(zero_copy_only=False)))
     rate = chunks / float(end.max() - sent.min())
-    return (f"Client streaming throughput, one worker: {rate:,.0f} chunks/s sustained ({chunks:,} chunks of "
-            f"{CHUNK_REQUESTS} concurrent requests x {CHUNK_TOKENS} tokens, {sum(outcome.errors.values())} errors) "
-            "from an upstream that sends as fast as it can; the upstream shares the machine, so this is a lower "
-            "bound for the client.")
+    return (
+        f"Client streaming throughput, one worker: {rate:,.0f} chunks/s sustained ({chunks:,} chunks of "
+        f"{CHUNK_REQUESTS} concurrent requests x {CHUNK_TOKENS} tokens, {sum(outcome.errors.values())} errors) "
+        "from an upstream that sends as fast as it can; the upstream shares the machine, so this is a lower "
+        "bound for the client."
+    )
 
 
 # vLLM's benchmark client, run from the CPU-only vLLM venv (tools/vllm_venv.sh has no `vllm` CLI deps).
-VLLM_BENCH_SERVE = ("import argparse, sys; from vllm.benchmarks.serve import add_cli_args, main; "
-                    "p = argparse.ArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+VLLM_BENCH_SERVE = (
+    "import argparse, sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "p = argparse.ArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)
 # A word-level HF tokenizer over the synthesis vocabulary, built offline, so the peer needs no model download.
 WORD_TOKENIZER = """
 import sys
@@ -121,7 +146,7 @@ def server_jitter(log: Path, intended: list[float]) -> list[float]:
 
     The peer's start time is unknown to the server, so both clients are aligned on their best request.
     """
-    received = sorted(e["recv_mono_ns"] / 1e9 for e in read_log(log))[-len(intended):]
+    received = sorted(e["recv_mono_ns"] / 1e9 for e in read_log(log))[-len(intended) :]
     offsets = np.array(received) - np.array(sorted(intended))
     offsets -= offsets.min()
     return [round(float(np.quantile(offsets, q)) * 1e3, 3) for q in (0.5, 0.99, 1.0)]
@@ -134,33 +159,73 @@ def peer_comparison(trace: Trace, tmp: Path) -> str:
     if python is None:
         return f"Peer (`vllm bench serve --dataset-name timed_trace`): not run - {why}."
     words = ",".join(VOCABULARY)
-    subprocess.run([str(python), "-c", WORD_TOKENIZER, str(tmp / "tokenizer"), words], check=True, timeout=300,
-                   capture_output=True)
-    subprocess.run([*REPLAYBENCH_CLI, "export", str(trace.write(tmp / "peer.parquet")), "--format", "vllm-timed",
-                    "-o", str(tmp / "peer.jsonl")], check=True, timeout=300, capture_output=True, cwd=REPO)
-    peer_cmd = ["--backend", "openai", "--model", "test-model", "--tokenizer", str(tmp / "tokenizer"),
-                "--dataset-name", "timed_trace", "--dataset-path", str(tmp / "peer.jsonl"),
-                "--num-prompts", str(len(trace))]
+    subprocess.run(
+        [str(python), "-c", WORD_TOKENIZER, str(tmp / "tokenizer"), words], check=True, timeout=300, capture_output=True
+    )
+    subprocess.run(
+        [
+            *REPLAYBENCH_CLI,
+            "export",
+            str(trace.write(tmp / "peer.parquet")),
+            "--format",
+            "vllm-timed",
+            "-o",
+            str(tmp / "peer.jsonl"),
+        ],
+        check=True,
+        timeout=300,
+        capture_output=True,
+        cwd=REPO,
+    )
+    peer_cmd = [
+        "--backend",
+        "openai",
+        "--model",
+        "test-model",
+        "--tokenizer",
+        str(tmp / "tokenizer"),
+        "--dataset-name",
+        "timed_trace",
+        "--dataset-path",
+        str(tmp / "peer.jsonl"),
+        "--num-prompts",
+        str(len(trace)),
+    ]
     with upstream("ok", log=tmp / "peer-server.jsonl", procs=UPSTREAM_PROCS) as url:
-        peer = subprocess.run([str(python), "-c", VLLM_BENCH_SERVE, "--base-url", url, *peer_cmd],
-                              capture_output=True, text=True, timeout=600, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+        peer = subprocess.run(
+            [str(python), "-c", VLLM_BENCH_SERVE, "--base-url", url, *peer_cmd],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=os.environ | {"HF_HUB_OFFLINE": "1"},
+        )
     if peer.returncode != 0:
         return f"Peer: `vllm bench serve` failed (exit {peer.returncode}): {peer.stderr.strip()[-400:]}"
     with upstream("ok", log=tmp / "ours-server.jsonl", procs=UPSTREAM_PROCS) as url:
         run_replay(trace, url, ReplayOptions(request_timeout_s=60), tmp / "ours.parquet", progress=False)
     intended = trace.table.column("arrival_s").to_pylist()
     rate = len(trace) / trace.duration_s
-    lines = [f"Peer comparison on the same {len(trace)}-request Poisson trace ({rate:,.0f} req/s), same upstream "
-             "(fresh process each), send jitter as the server saw it (receive - intended, both sorted, less the "
-             "smallest offset, because the peer's start time is not known to the server):", "",
-             "| client | jitter p50 ms | jitter p99 ms | jitter max ms |", "|---|---|---|---|"]
-    for name, log in (("replaybench replay (1 worker)", "ours-server.jsonl"),
-                      ("vllm bench serve --dataset-name timed_trace (vllm 0.24.0)", "peer-server.jsonl")):
+    lines = [
+        f"Peer comparison on the same {len(trace)}-request Poisson trace ({rate:,.0f} req/s), same upstream "
+        "(fresh process each), send jitter as the server saw it (receive - intended, both sorted, less the "
+        "smallest offset, because the peer's start time is not known to the server):",
+        "",
+        "| client | jitter p50 ms | jitter p99 ms | jitter max ms |",
+        "|---|---|---|---|",
+    ]
+    for name, log in (
+        ("replaybench replay (1 worker)", "ours-server.jsonl"),
+        ("vllm bench serve --dataset-name timed_trace (vllm 0.24.0)", "peer-server.jsonl"),
+    ):
         lines.append(f"| {name} | " + " | ".join(map(str, server_jitter(tmp / log, intended))) + " |")
-    lines += ["", "Peer command: `vllm bench serve " + " ".join(peer_cmd).replace(str(tmp) + "/", "")
-              + " --base-url URL` (run as `python -c` from the tools/vllm_venv.sh venv, with a word-level "
-              "tokenizer built offline over the prompt vocabulary; trace exported with "
-              "`replaybench export TRACE --format vllm-timed`)."]
+    lines += [
+        "",
+        "Peer command: `vllm bench serve "
+        + " ".join(peer_cmd).replace(str(tmp) + "/", "")
+        + " --base-url URL` (run as `python -c` from the tools/vllm_venv.sh venv, with a word-level "
+        "tokenizer built offline over the prompt vocabulary; trace exported with "
+        "`replaybench export TRACE --format vllm-timed`).",
+    ]
     return "\n".join(lines)
 
 
@@ -176,24 +241,31 @@ def main() -> None:
                     rows.append(timing_row(trace, rate, workers, url, log, tmp / f"r{rate}-w{workers}.parquet"))
         throughput = chunk_throughput(tmp)
         cores = os.cpu_count() or 1
-        machine = (f"Measured on a shared {cores}-core machine with ~8 other engineers building and testing at the "
-                   "same time: the client, the upstream and their neighbours compete for the cores, so every figure "
-                   "here is pessimistic. The same benchmark on an otherwise idle 16-core host (no other load) is in "
-                   "bench/results/bench_replay-16core-host.md." if cores <= 4 else
-                   f"Measured on an otherwise idle {cores}-core host (the GPU host of the device lease).")
-        notes = "\n\n".join([
-            "Send lag = actual - intended send time. `client_*` is what the replay records (time.monotonic() just "
-            "before the request is handed to aiohttp); `server_*` is measured by the test upstream's own clock when "
-            "its handler starts (same CLOCK_MONOTONIC), so it adds loopback and the upstream's event-loop delay. "
-            f"Poisson arrivals, {OUTPUT_TOKENS} streamed tokens per request, run lengths "
-            + ", ".join(f"{s:g} s at {r}/s" for r, s in RATES_AND_SECONDS) + ". "
-            "Targets (issue 3): p99 |lag| <= 1 ms at 1,000 req/s with one worker, <= 5 ms at 5,000 req/s.",
-            throughput,
-            f"The upstream ran as {UPSTREAM_PROCS} process(es) on one socket. {machine}",
-            peer_comparison(poisson_trace(1000, 3.0, seed=2), tmp),
-        ])
-        write_results("bench_replay", "Replay timing accuracy (measured at the server) and streaming throughput",
-                      rows, notes)
+        machine = (
+            f"Measured on a shared {cores}-core machine with ~8 other engineers building and testing at the "
+            "same time: the client, the upstream and their neighbours compete for the cores, so every figure "
+            "here is pessimistic. The same benchmark on an otherwise idle 16-core host (no other load) is in "
+            "bench/results/bench_replay-16core-host.md."
+            if cores <= 4
+            else f"Measured on an otherwise idle {cores}-core host (the GPU host of the device lease)."
+        )
+        notes = "\n\n".join(
+            [
+                "Send lag = actual - intended send time. `client_*` is what the replay records (time.monotonic() just "
+                "before the request is handed to aiohttp); `server_*` is measured by the test upstream's own "
+                "clock when its handler starts (same CLOCK_MONOTONIC), so it adds loopback and the upstream's event-loop delay. "
+                f"Poisson arrivals, {OUTPUT_TOKENS} streamed tokens per request, run lengths "
+                + ", ".join(f"{s:g} s at {r}/s" for r, s in RATES_AND_SECONDS)
+                + ". "
+                "Targets (issue 3): p99 |lag| <= 1 ms at 1,000 req/s with one worker, <= 5 ms at 5,000 req/s.",
+                throughput,
+                f"The upstream ran as {UPSTREAM_PROCS} process(es) on one socket. {machine}",
+                peer_comparison(poisson_trace(1000, 3.0, seed=2), tmp),
+            ]
+        )
+        write_results(
+            "bench_replay", "Replay timing accuracy (measured at the server) and streaming throughput", rows, notes
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

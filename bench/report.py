@@ -16,8 +16,7 @@ def write_results(name: str, title: str, rows: list[dict[str, object]], notes: s
     RESULTS_DIR.mkdir(exist_ok=True)
     command = f"make bench  # or: python -m bench {name.removeprefix('bench_')}"
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}"
-    payload = {"benchmark": name, "title": title, "command": command, "machine": machine,
-               "rows": rows, "notes": notes}
+    payload = {"benchmark": name, "title": title, "command": command, "machine": machine, "rows": rows, "notes": notes}
     (RESULTS_DIR / f"{name}.json").write_text(json.dumps(payload, indent=1) + "\n")
     columns = list(rows[0]) if rows else []
     lines = [f"# {title}", "", f"Command: `{command}`  ", f"Machine: {machine}", ""]

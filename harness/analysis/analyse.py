@@ -76,8 +76,9 @@ def _load_runs(inputs: RunInputs, blocks: TimeBlocks) -> tuple[dict[RunKey, RunM
     return runs, problems
 
 
-def _pairs(inputs: RunInputs, runs: dict[RunKey, RunMetrics],
-           problems: dict[RunKey, str]) -> tuple[list[int], list[ExcludedRepeat]]:
+def _pairs(
+    inputs: RunInputs, runs: dict[RunKey, RunMetrics], problems: dict[RunKey, str]
+) -> tuple[list[int], list[ExcludedRepeat]]:
     """Repeats where both arms have a valid accepted run; every other repeat is named with its reasons."""
     repeats = sorted({repeat for _, repeat in inputs.results} | {a.repeat for a in inputs.attempts})
     used, excluded = [], []
@@ -108,12 +109,26 @@ def _run_row(run: RunMetrics) -> RunRow:
     def ms(value: float | None) -> float | None:
         return None if value is None else value * 1e3
 
-    return RunRow(arm=run.arm, repeat=run.repeat, file=run.path.name, valid=f.valid, reasons=list(f.reasons),
-                  requests=len(run.requests), successes=int(run.requests["ok"].sum()), metrics=run.metrics,
-                  failures=run.failures, lag_p50_ms=ms(f.lag_p50_s), lag_p99_ms=ms(f.lag_p99_s),
-                  lag_max_ms=ms(f.lag_max_s), offered_rate=f.offered_rate, achieved_rate=f.achieved_rate,
-                  output_mismatches=f.output_mismatches, duration_s=run.duration_s, time_scale=run.time_scale,
-                  simulated=run.simulated)
+    return RunRow(
+        arm=run.arm,
+        repeat=run.repeat,
+        file=run.path.name,
+        valid=f.valid,
+        reasons=list(f.reasons),
+        requests=len(run.requests),
+        successes=int(run.requests["ok"].sum()),
+        metrics=run.metrics,
+        failures=run.failures,
+        lag_p50_ms=ms(f.lag_p50_s),
+        lag_p99_ms=ms(f.lag_p99_s),
+        lag_max_ms=ms(f.lag_max_s),
+        offered_rate=f.offered_rate,
+        achieved_rate=f.achieved_rate,
+        output_mismatches=f.output_mismatches,
+        duration_s=run.duration_s,
+        time_scale=run.time_scale,
+        simulated=run.simulated,
+    )
 
 
 def _attainment_windows(runs: list[RunMetrics], blocks: TimeBlocks) -> tuple[np.ndarray, float]:
@@ -127,8 +142,9 @@ def _attainment_windows(runs: list[RunMetrics], blocks: TimeBlocks) -> tuple[np.
 def _attainment(run: RunMetrics, starts: np.ndarray, width: float) -> np.ndarray:
     index = np.clip(((run.requests["intended_s"].to_numpy() - starts[0]) // width).astype(np.int64), 0, len(starts) - 1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return (np.bincount(index, run.requests["slo_met"].to_numpy(float), len(starts))
-                / np.bincount(index, minlength=len(starts)))
+        return np.bincount(index, run.requests["slo_met"].to_numpy(float), len(starts)) / np.bincount(
+            index, minlength=len(starts)
+        )
 
 
 def _plot_data(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks) -> PlotData:
@@ -136,15 +152,15 @@ def _plot_data(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks) -
     histograms, attainment, lags = {}, {}, {}
     for index, arm in enumerate(ARMS):
         runs = [pair[index] for pair in pairs]
-        histograms[arm] = (sum(r.histograms.sum(axis=1, dtype=np.int64) for r in runs) if runs
-                           else np.zeros((4, 1), np.int64))
+        histograms[arm] = (
+            sum(r.histograms.sum(axis=1, dtype=np.int64) for r in runs) if runs else np.zeros((4, 1), np.int64)
+        )
         per_run = [_attainment(r, starts, width) for r in runs]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # an empty window is NaN in every run
             attainment[arm] = np.nanmean(per_run, axis=0) if per_run else np.full(len(starts), np.nan)
         lags[arm] = np.concatenate([r.requests["lag_s"].to_numpy() for r in runs]) if runs else np.empty(0)
-    return PlotData(histograms=histograms, attainment=attainment, window_starts_s=starts, window_s=width,
-                    lags_s=lags)
+    return PlotData(histograms=histograms, attainment=attainment, window_starts_s=starts, window_s=width, lags_s=lags)
 
 
 def analyse_run_dir(root: Path) -> RunAnalysis:
@@ -158,19 +174,38 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
     comparisons = compare_metrics(pairs, config.decision)
     quality = summarise_quality(inputs.run.quality_json, config.quality)
     config_note = next((n for n in inputs.notes if "experiment.toml" in n), "")
-    decision = decide(comparisons=comparisons, decision=config.decision, quality_limits=config.quality,
-                      quality=quality, declared=inputs.declared, repeats_used=used, excluded=excluded,
-                      config_note=config_note)
-    cost = summarise_cost([b.metrics["cost_per_success"] for b, _ in pairs],
-                          [c.metrics["cost_per_success"] for _, c in pairs], config.cost)
+    decision = decide(
+        comparisons=comparisons,
+        decision=config.decision,
+        quality_limits=config.quality,
+        quality=quality,
+        declared=inputs.declared,
+        repeats_used=used,
+        excluded=excluded,
+        config_note=config_note,
+    )
+    cost = summarise_cost(
+        [b.metrics["cost_per_success"] for b, _ in pairs],
+        [c.metrics["cost_per_success"] for _, c in pairs],
+        config.cost,
+    )
     review_requests, review_windows = review_tables(pairs, blocks)
     summary = Summary(
-        run_dir=str(inputs.run.root), experiment=inputs.experiment, mode=inputs.mode, decision=decision,
+        run_dir=str(inputs.run.root),
+        experiment=inputs.experiment,
+        mode=inputs.mode,
+        decision=decision,
         comparisons=comparisons,
-        runs=[_run_row(runs[key]) for key in sorted(runs, key=lambda k: (k[1], k[0]))], quality=quality, cost=cost,
-        capacity=inputs.capacity, review_requests=review_requests, review_windows=review_windows,
-        environment=inputs.environment, failed_attempts=[a for a in inputs.attempts if a.status != "accepted"],
+        runs=[_run_row(runs[key]) for key in sorted(runs, key=lambda k: (k[1], k[0]))],
+        quality=quality,
+        cost=cost,
+        capacity=inputs.capacity,
+        review_requests=review_requests,
+        review_windows=review_windows,
+        environment=inputs.environment,
+        failed_attempts=[a for a in inputs.attempts if a.status != "accepted"],
         simulated=any(r.simulated for r in runs.values()),
-        notes=inputs.notes + ([quality.note] if quality.note else []), alpha=config.decision.alpha,
+        notes=inputs.notes + ([quality.note] if quality.note else []),
+        alpha=config.decision.alpha,
     )
     return RunAnalysis(summary=summary, plots=_plot_data(pairs, blocks), config=config)

@@ -13,8 +13,9 @@ import numpy as np
 from harness.analysis.log_histogram import occupied_bins, quantiles_from_counts
 
 
-def resampled_log_ratios(baseline: np.ndarray, candidate: np.ndarray, probs: tuple[float, ...],
-                         resamples: int, rng: np.random.Generator) -> np.ndarray:
+def resampled_log_ratios(
+    baseline: np.ndarray, candidate: np.ndarray, probs: tuple[float, ...], resamples: int, rng: np.random.Generator
+) -> np.ndarray:
     """Bootstrap distribution of the mean log quantile ratio (candidate / baseline).
 
     `baseline` and `candidate` are per-block histograms of shape (repeats, blocks, bins).

@@ -25,8 +25,9 @@ def _maybe(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None
 
 
-def _bootstrap_cis(pairs: list[tuple[RunMetrics, RunMetrics]], metrics: list[str],
-                   decision: DecisionConfig) -> dict[str, tuple[float, float]]:
+def _bootstrap_cis(
+    pairs: list[tuple[RunMetrics, RunMetrics]], metrics: list[str], decision: DecisionConfig
+) -> dict[str, tuple[float, float]]:
     """Two-stage block bootstrap ratio CIs (candidate / baseline) for the quantile metrics among `metrics`."""
     rng = np.random.default_rng(decision.bootstrap.seed)
     out: dict[str, tuple[float, float]] = {}
@@ -36,8 +37,9 @@ def _bootstrap_cis(pairs: list[tuple[RunMetrics, RunMetrics]], metrics: list[str
             continue
         baseline = np.stack([b.histograms[index] for b, _ in pairs])
         candidate = np.stack([c.histograms[index] for _, c in pairs])
-        samples = resampled_log_ratios(baseline, candidate, tuple(QUANTILES.values()),
-                                       decision.bootstrap.resamples, rng)
+        samples = resampled_log_ratios(
+            baseline, candidate, tuple(QUANTILES.values()), decision.bootstrap.resamples, rng
+        )
         low, high = percentile_interval(samples, decision.alpha)
         for k, q in enumerate(QUANTILES):
             if q in wanted:
@@ -47,9 +49,10 @@ def _bootstrap_cis(pairs: list[tuple[RunMetrics, RunMetrics]], metrics: list[str
 
 def _roles(decision: DecisionConfig) -> list[tuple[str, Role, float | None, str]]:
     """(metric, role, margin, better) for the target, then the gate family, then the exploratory metrics."""
-    return [(rule.metric, "target" if i == 0 else "gate", rule.margin, rule.better)
-            for i, rule in enumerate(decision.decision_rules)] + [
-        (name, "exploratory", None, METRIC_DIRECTIONS[name]) for name in decision.exploratory]
+    return [
+        (rule.metric, "target" if i == 0 else "gate", rule.margin, rule.better)
+        for i, rule in enumerate(decision.decision_rules)
+    ] + [(name, "exploratory", None, METRIC_DIRECTIONS[name]) for name in decision.exploratory]
 
 
 def compare_metrics(pairs: list[tuple[RunMetrics, RunMetrics]], decision: DecisionConfig) -> list[MetricComparison]:
@@ -91,20 +94,33 @@ def compare_metrics(pairs: list[tuple[RunMetrics, RunMetrics]], decision: Decisi
         ok = bool(computable[i])
         lo, hi = (low[i], high[i]) if lower[i] else (-high[i], -low[i])
         boot_ci = boot.get(name, (None, None))
-        out.append(MetricComparison(
-            metric=name, role=role, better=better, margin=margin,
-            baseline=[b.metrics[name] for b, _ in pairs], candidate=[c.metrics[name] for _, c in pairs],
-            ratio=to_ratio(mean[i], lower[i]) if ok else None,
-            ci_low=_maybe(math.exp(lo)) if ok else None, ci_high=_maybe(math.exp(hi)) if ok else None,
-            verdict=(str(verdict[i]) if ok else "INCONCLUSIVE") if role != "exploratory" else None,
-            non_inferior=bool(non_inferior(high[i], margins[i])) if ok and role != "exploratory" else None,
-            p_value=_maybe(p_two[i]) if ok else None,
-            q_value=_maybe(q[i]),
-            p_regression=_maybe(p_regression[i]) if ok and role != "exploratory" else None,
-            regression_flag=bool(ok and role != "exploratory" and p_regression[i] < alpha / 2),
-            mde=_maybe(mde[i]) if ok else None,
-            bootstrap_low=boot_ci[0], bootstrap_high=boot_ci[1],
-            note="" if ok else ("needs at least 2 valid repeat pairs" if n < 2 else "undefined in some repeat "
-                                "(no successful request, or a zero value)"),
-        ))
+        out.append(
+            MetricComparison(
+                metric=name,
+                role=role,
+                better=better,
+                margin=margin,
+                baseline=[b.metrics[name] for b, _ in pairs],
+                candidate=[c.metrics[name] for _, c in pairs],
+                ratio=to_ratio(mean[i], lower[i]) if ok else None,
+                ci_low=_maybe(math.exp(lo)) if ok else None,
+                ci_high=_maybe(math.exp(hi)) if ok else None,
+                verdict=(str(verdict[i]) if ok else "INCONCLUSIVE") if role != "exploratory" else None,
+                non_inferior=bool(non_inferior(high[i], margins[i])) if ok and role != "exploratory" else None,
+                p_value=_maybe(p_two[i]) if ok else None,
+                q_value=_maybe(q[i]),
+                p_regression=_maybe(p_regression[i]) if ok and role != "exploratory" else None,
+                regression_flag=bool(ok and role != "exploratory" and p_regression[i] < alpha / 2),
+                mde=_maybe(mde[i]) if ok else None,
+                bootstrap_low=boot_ci[0],
+                bootstrap_high=boot_ci[1],
+                note=""
+                if ok
+                else (
+                    "needs at least 2 valid repeat pairs"
+                    if n < 2
+                    else "undefined in some repeat (no successful request, or a zero value)"
+                ),
+            )
+        )
     return out

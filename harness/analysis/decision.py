@@ -33,19 +33,29 @@ def rule_text(decision: DecisionConfig, quality: QualityLimits) -> str:
     target = decision.target
     gates = ", ".join(f"{r.metric} ±{r.margin:.0%}" for r in decision.gate) or "none"
     conf = 1 - decision.alpha
-    quality_part = (f"; quality: pass-rate drop ≤ {quality.max_pass_rate_drop:.0%}"
-                    + (f", identical outputs ≥ {quality.min_identical_fraction:.0%}"
-                       if quality.min_identical_fraction else ""))
-    return (f"KEEP if {target.metric} ({target.better} is better) improves by more than {target.margin:.0%} "
-            f"({conf:.0%} paired t-interval over repeats) and no decision metric ({gates}) is worse than its "
-            f"margin at the CI's worse end; REJECT if any decision metric regresses beyond its margin (one-sided, "
-            f"Holm, level {decision.alpha / 2:g}) or a quality limit is broken{quality_part}; "
-            f"INVALID with fewer than {decision.min_repeats} valid repeat pairs.")
+    quality_part = f"; quality: pass-rate drop ≤ {quality.max_pass_rate_drop:.0%}" + (
+        f", identical outputs ≥ {quality.min_identical_fraction:.0%}" if quality.min_identical_fraction else ""
+    )
+    return (
+        f"KEEP if {target.metric} ({target.better} is better) improves by more than {target.margin:.0%} "
+        f"({conf:.0%} paired t-interval over repeats) and no decision metric ({gates}) is worse than its "
+        f"margin at the CI's worse end; REJECT if any decision metric regresses beyond its margin (one-sided, "
+        f"Holm, level {decision.alpha / 2:g}) or a quality limit is broken{quality_part}; "
+        f"INVALID with fewer than {decision.min_repeats} valid repeat pairs."
+    )
 
 
-def decide(*, comparisons: list[MetricComparison], decision: DecisionConfig, quality_limits: QualityLimits,
-           quality: QualitySummary, declared: bool, repeats_used: list[int], excluded: list[ExcludedRepeat],
-           config_note: str = "") -> Decision:
+def decide(
+    *,
+    comparisons: list[MetricComparison],
+    decision: DecisionConfig,
+    quality_limits: QualityLimits,
+    quality: QualitySummary,
+    declared: bool,
+    repeats_used: list[int],
+    excluded: list[ExcludedRepeat],
+    config_note: str = "",
+) -> Decision:
     """Apply the pre-declared rule."""
     rule = rule_text(decision, quality_limits)
 
@@ -57,30 +67,45 @@ def decide(*, comparisons: list[MetricComparison], decision: DecisionConfig, qua
         return result(Outcome.INVALID, f"no pre-declared decision rule ({config_note or 'experiment.toml missing'}).")
     if len(repeats_used) < decision.min_repeats:
         named = "; ".join(f"repeat {e.repeat}: {', '.join(e.reasons)}" for e in excluded) or "none excluded"
-        return result(Outcome.INVALID, f"only {len(repeats_used)} valid repeat pair(s), {decision.min_repeats} "
-                                       f"needed ({named}).")
+        return result(
+            Outcome.INVALID, f"only {len(repeats_used)} valid repeat pair(s), {decision.min_repeats} needed ({named})."
+        )
     if quality_limits.required and not quality.measured:
         return result(Outcome.INVALID, f"quality results are required but missing ({quality.note}).")
     flagged = sorted((c for c in deciding if c.regression_flag), key=lambda c: c.p_regression or 0.0)
     if flagged:
         worst = flagged[0]
-        return result(Outcome.REJECT, f"{describe_change(worst)} is worse than its {worst.margin:.0%} margin"
-                                      + (f" (and {len(flagged) - 1} more)" if len(flagged) > 1 else "") + ".")
+        return result(
+            Outcome.REJECT,
+            f"{describe_change(worst)} is worse than its {worst.margin:.0%} margin"
+            + (f" (and {len(flagged) - 1} more)" if len(flagged) > 1 else "")
+            + ".",
+        )
     if quality.violations:
         return result(Outcome.REJECT, f"quality limit broken: {quality.violations[0]}.")
     undefined = [c.metric for c in deciding if c.ratio is None]
     if undefined:
-        return result(Outcome.INVALID, f"decision metric(s) {', '.join(undefined)} undefined in some repeat "
-                                       "(no successful request in a run).")
+        return result(
+            Outcome.INVALID,
+            f"decision metric(s) {', '.join(undefined)} undefined in some repeat (no successful request in a run).",
+        )
     target = deciding[0]
     not_shown = [c for c in deciding if not c.non_inferior]
     if target.verdict == "IMPROVEMENT" and not not_shown:
-        return result(Outcome.KEEP, f"{describe_change(target)} beats its {target.margin:.0%} margin and every "
-                                    f"decision metric is non-inferior over {len(repeats_used)} repeats.")
+        return result(
+            Outcome.KEEP,
+            f"{describe_change(target)} beats its {target.margin:.0%} margin and every "
+            f"decision metric is non-inferior over {len(repeats_used)} repeats.",
+        )
     if target.verdict != "IMPROVEMENT":
-        return result(Outcome.INCONCLUSIVE,
-                      f"{describe_change(target)} is not shown better than its {target.margin:.0%} margin "
-                      f"(smallest effect detectable with {len(repeats_used)} repeats: {target.mde or 0:.1%}).")
+        return result(
+            Outcome.INCONCLUSIVE,
+            f"{describe_change(target)} is not shown better than its {target.margin:.0%} margin "
+            f"(smallest effect detectable with {len(repeats_used)} repeats: {target.mde or 0:.1%}).",
+        )
     first = not_shown[0]
-    return result(Outcome.INCONCLUSIVE, f"{describe_change(first)} is not shown within its {first.margin:.0%} "
-                                        f"margin; add repeats to narrow the interval.")
+    return result(
+        Outcome.INCONCLUSIVE,
+        f"{describe_change(first)} is not shown within its {first.margin:.0%} "
+        f"margin; add repeats to narrow the interval.",
+    )

@@ -112,10 +112,21 @@ def read_inputs(root: Path) -> RunInputs:
         else:
             notes.append(f"results/{path.name} ignored: result files are named <baseline|candidate>-r<k>.parquet")
     if not results:
-        raise UnusableRunDir(f"{run.root}: no result files in results/; not a run directory, or the run "
-                             "never finished a repeat — re-run `replaybench run`")
+        raise UnusableRunDir(
+            f"{run.root}: no result files in results/; not a run directory, or the run "
+            "never finished a repeat — re-run `replaybench run`"
+        )
     config, declared, experiment, mode = _config(run, notes)
     environment = _json(run.env_json, notes, "environment")
-    return RunInputs(run=run, config=config, declared=declared, experiment=experiment, mode=mode,
-                     environment=environment if isinstance(environment, dict) else {},
-                     attempts=_attempts(run, notes), results=results, capacity=_capacity(run, notes), notes=notes)
+    return RunInputs(
+        run=run,
+        config=config,
+        declared=declared,
+        experiment=experiment,
+        mode=mode,
+        environment=environment if isinstance(environment, dict) else {},
+        attempts=_attempts(run, notes),
+        results=results,
+        capacity=_capacity(run, notes),
+        notes=notes,
+    )

@@ -40,30 +40,61 @@ def _rate(values: list[bool | None]) -> float | None:
 def summarise_quality(path: Path, limits: QualityLimits) -> QualitySummary:
     """Pass rates, cross-arm agreement and limit violations; a missing or unreadable file is a note, not a crash."""
     if not path.exists():
-        note = "no quality.json: quality was not measured" + (" (but [quality] required = true)"
-                                                              if limits.required else "")
-        return QualitySummary(measured=False, tasks=[], baseline_pass_rate=None, candidate_pass_rate=None,
-                              identical_fraction=None, violations=[], note=note)
+        note = "no quality.json: quality was not measured" + (
+            " (but [quality] required = true)" if limits.required else ""
+        )
+        return QualitySummary(
+            measured=False,
+            tasks=[],
+            baseline_pass_rate=None,
+            candidate_pass_rate=None,
+            identical_fraction=None,
+            violations=[],
+            note=note,
+        )
     try:
         records = _QualityFile.model_validate(json.loads(path.read_text(encoding="utf-8"))).tasks
     except (OSError, ValueError, ValidationError) as error:
         first_line = str(error).splitlines()[0]
-        return QualitySummary(measured=False, tasks=[], baseline_pass_rate=None, candidate_pass_rate=None,
-                              identical_fraction=None, violations=[],
-                              note=f"quality.json is unreadable ({first_line}); re-run the quality tasks")
-    tasks = [QualityTask(task_id=t.task_id, kind=t.kind, baseline_passed=t.baseline.passed,
-                         candidate_passed=t.candidate.passed, identical=t.identical,
-                         first_divergent_token=t.first_divergent_token) for t in records]
+        return QualitySummary(
+            measured=False,
+            tasks=[],
+            baseline_pass_rate=None,
+            candidate_pass_rate=None,
+            identical_fraction=None,
+            violations=[],
+            note=f"quality.json is unreadable ({first_line}); re-run the quality tasks",
+        )
+    tasks = [
+        QualityTask(
+            task_id=t.task_id,
+            kind=t.kind,
+            baseline_passed=t.baseline.passed,
+            candidate_passed=t.candidate.passed,
+            identical=t.identical,
+            first_divergent_token=t.first_divergent_token,
+        )
+        for t in records
+    ]
     base = _rate([t.baseline_passed for t in tasks])
     cand = _rate([t.candidate_passed for t in tasks])
     identical = _rate([t.identical for t in tasks])
     violations = []
     if base is not None and cand is not None and base - cand > limits.max_pass_rate_drop + 1e-12:
-        violations.append(f"candidate pass rate {cand:.1%} is {base - cand:.1%} below baseline {base:.1%} "
-                          f"(allowed drop {limits.max_pass_rate_drop:.1%})")
+        violations.append(
+            f"candidate pass rate {cand:.1%} is {base - cand:.1%} below baseline {base:.1%} "
+            f"(allowed drop {limits.max_pass_rate_drop:.1%})"
+        )
     if limits.min_identical_fraction > 0 and (identical or 0.0) < limits.min_identical_fraction:
-        violations.append(f"only {identical or 0.0:.1%} of tasks have identical outputs "
-                          f"(required {limits.min_identical_fraction:.1%})")
-    return QualitySummary(measured=True, tasks=tasks, baseline_pass_rate=base, candidate_pass_rate=cand,
-                          identical_fraction=identical, violations=violations)
-
+        violations.append(
+            f"only {identical or 0.0:.1%} of tasks have identical outputs "
+            f"(required {limits.min_identical_fraction:.1%})"
+        )
+    return QualitySummary(
+        measured=True,
+        tasks=tasks,
+        baseline_pass_rate=base,
+        candidate_pass_rate=cand,
+        identical_fraction=identical,
+        violations=violations,
+    )

@@ -1,4 +1,4 @@
-""""Review before expanding": the requests and trace windows where the candidate lost most, paired by request.
+""" "Review before expanding": the requests and trace windows where the candidate lost most, paired by request.
 
 Pairing is by request id within a repeat (both arms replayed the same request at the same trace time), and
 per-request ratios are combined over repeats with a geometric mean so one noisy repeat cannot dominate.
@@ -20,8 +20,9 @@ def _paired_frame(pairs: list[tuple[RunMetrics, RunMetrics]]) -> pd.DataFrame:
     columns = ["request_id", "intended_s", "block", "ttft_s", "e2e_s", "prompt_tokens", "output_tokens", "ok"]
     frames = []
     for baseline, candidate in pairs:
-        merged = baseline.requests[columns].merge(candidate.requests[["request_id", "ttft_s", "e2e_s", "ok"]],
-                                                  on="request_id", suffixes=("_b", "_c"))
+        merged = baseline.requests[columns].merge(
+            candidate.requests[["request_id", "ttft_s", "e2e_s", "ok"]], on="request_id", suffixes=("_b", "_c")
+        )
         frames.append(merged[merged["ok_b"] & merged["ok_c"]])
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
@@ -31,15 +32,19 @@ def _outputs(run: RunMetrics, request_ids: list[str]) -> dict[str, str | None]:
     if not request_ids:
         return {}
     try:
-        table = pq.read_table(run.path, columns=["request_id", "output_text"],
-                              filters=pc.field("request_id").isin(pa.array(request_ids, pa.string())))
+        table = pq.read_table(
+            run.path,
+            columns=["request_id", "output_text"],
+            filters=pc.field("request_id").isin(pa.array(request_ids, pa.string())),
+        )
     except (OSError, ValueError, pa.ArrowException):
         return {}
     return dict(zip(table.column("request_id").to_pylist(), table.column("output_text").to_pylist(), strict=True))
 
 
-def review_tables(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks,
-                  top: int = 10) -> tuple[list[ReviewRequest], list[ReviewWindow]]:
+def review_tables(
+    pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks, top: int = 10
+) -> tuple[list[ReviewRequest], list[ReviewWindow]]:
     """Top `top` requests by paired E2E regression and top windows by paired TTFT regression (slower ones only)."""
     frame = _paired_frame(pairs)
     if frame.empty:
@@ -48,10 +53,17 @@ def review_tables(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks
         frame["log_e2e"] = np.log(frame["e2e_s_c"]) - np.log(frame["e2e_s_b"])
         frame["log_ttft"] = np.log(frame["ttft_s_c"]) - np.log(frame["ttft_s_b"])
     frame = frame.replace([np.inf, -np.inf], np.nan)
-    per_request = (frame.groupby("request_id")
-                   .agg(log_e2e=("log_e2e", "mean"), e2e_b=("e2e_s_b", "median"), e2e_c=("e2e_s_c", "median"),
-                        prompt_tokens=("prompt_tokens", "first"), output_tokens=("output_tokens", "first"))
-                   .nlargest(top, "log_e2e"))
+    per_request = (
+        frame.groupby("request_id")
+        .agg(
+            log_e2e=("log_e2e", "mean"),
+            e2e_b=("e2e_s_b", "median"),
+            e2e_c=("e2e_s_c", "median"),
+            prompt_tokens=("prompt_tokens", "first"),
+            output_tokens=("output_tokens", "first"),
+        )
+        .nlargest(top, "log_e2e")
+    )
     per_request = per_request[per_request["log_e2e"] > 0]  # only requests that really got slower
     worst = list(per_request.index)
     last_pair = pairs[-1]
@@ -60,18 +72,34 @@ def review_tables(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks
     def as_int(value: float) -> int | None:
         return int(value) if np.isfinite(value) else None
 
-    requests = [ReviewRequest(request_id=rid, metric="e2e", baseline_s=float(row.e2e_b), candidate_s=float(row.e2e_c),
-                              ratio=float(np.exp(row.log_e2e)), prompt_tokens=as_int(row.prompt_tokens),
-                              output_tokens=as_int(row.output_tokens), baseline_output=base_text.get(rid),
-                              candidate_output=cand_text.get(rid))
-                for rid, row in per_request.iterrows()]
-    per_window = (frame.groupby("block")
-                  .agg(log_ttft=("log_ttft", "mean"), log_e2e=("log_e2e", "mean"), requests=("request_id", "nunique"))
-                  .nlargest(min(top, 5), "log_ttft"))
+    requests = [
+        ReviewRequest(
+            request_id=rid,
+            metric="e2e",
+            baseline_s=float(row.e2e_b),
+            candidate_s=float(row.e2e_c),
+            ratio=float(np.exp(row.log_e2e)),
+            prompt_tokens=as_int(row.prompt_tokens),
+            output_tokens=as_int(row.output_tokens),
+            baseline_output=base_text.get(rid),
+            candidate_output=cand_text.get(rid),
+        )
+        for rid, row in per_request.iterrows()
+    ]
+    per_window = (
+        frame.groupby("block")
+        .agg(log_ttft=("log_ttft", "mean"), log_e2e=("log_e2e", "mean"), requests=("request_id", "nunique"))
+        .nlargest(min(top, 5), "log_ttft")
+    )
     per_window = per_window[(per_window["log_ttft"] > 0) | (per_window["log_e2e"] > 0)]
-    windows = [ReviewWindow(start_s=blocks.start_s + block * blocks.block_s,
-                            end_s=blocks.start_s + (block + 1) * blocks.block_s,
-                            requests=int(row.requests), ttft_ratio=float(np.exp(row.log_ttft)),
-                            e2e_ratio=float(np.exp(row.log_e2e)))
-               for block, row in per_window.iterrows()]
+    windows = [
+        ReviewWindow(
+            start_s=blocks.start_s + block * blocks.block_s,
+            end_s=blocks.start_s + (block + 1) * blocks.block_s,
+            requests=int(row.requests),
+            ttft_ratio=float(np.exp(row.log_ttft)),
+            e2e_ratio=float(np.exp(row.log_e2e)),
+        )
+        for block, row in per_window.iterrows()
+    ]
     return requests, windows

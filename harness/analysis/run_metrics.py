@@ -21,8 +21,19 @@ from harness.records.fidelity import Fidelity, replay_fidelity
 from harness.records.result_io import read_results
 from harness.records.result_schema import META_ARM, META_OFFERED_RATE, META_REPEAT, META_SIMULATED, META_TIME_SCALE
 
-REQUEST_COLUMNS = ("request_id", "intended_s", "sent_s", "lag_s", "status", "error", "ttft_s", "e2e_s",
-                   "output_tokens", "expected_output_tokens", "prompt_tokens")
+REQUEST_COLUMNS = (
+    "request_id",
+    "intended_s",
+    "sent_s",
+    "lag_s",
+    "status",
+    "error",
+    "ttft_s",
+    "e2e_s",
+    "output_tokens",
+    "expected_output_tokens",
+    "prompt_tokens",
+)
 
 
 @dataclass(frozen=True)
@@ -88,8 +99,12 @@ def _max_per_row(values: np.ndarray, rows: np.ndarray, n_rows: int) -> np.ndarra
 def slo_met(frame: pd.DataFrame, slo: SloConfig) -> np.ndarray:
     """Requests that succeeded and met every configured SLO (a failure is always a miss)."""
     met = frame["ok"].to_numpy().copy()
-    for column, limit in (("ttft_s", slo.ttft_s), ("tpot_s", slo.tpot_s), ("max_itl_s", slo.itl_s),
-                          ("e2e_s", slo.e2e_s)):
+    for column, limit in (
+        ("ttft_s", slo.ttft_s),
+        ("tpot_s", slo.tpot_s),
+        ("max_itl_s", slo.itl_s),
+        ("e2e_s", slo.e2e_s),
+    ):
         if limit is not None:
             values = frame[column].to_numpy()
             met &= ~(values > limit)  # NaN (e.g. no TPOT for a 1-token answer) does not count against it
@@ -100,8 +115,7 @@ def _request_frame(table: pa.Table, slo: SloConfig) -> tuple[pd.DataFrame, np.nd
     """Per-request frame with derived metrics; also returns the ITL gaps of successful requests and their rows."""
     frame = pd.DataFrame({name: _numpy_column(table, name) for name in REQUEST_COLUMNS})
     status = frame["status"].to_numpy()
-    ok = (frame["error"].isna().to_numpy() & np.isfinite(frame["e2e_s"].to_numpy())
-          & ~((status < 200) | (status >= 300)))
+    ok = frame["error"].isna().to_numpy() & np.isfinite(frame["e2e_s"].to_numpy()) & ~((status < 200) | (status >= 300))
     gaps, rows = inter_token_gaps(table.column("token_times"))
     streamed = pc.fill_null(pc.list_value_length(table.column("token_times")), 0).to_numpy(zero_copy_only=False)
     tokens = frame["output_tokens"].to_numpy()
@@ -122,21 +136,25 @@ def _quantile_metrics(name: str, values: np.ndarray) -> dict[str, float]:
     return {f"{name}_{q}": float(v) for q, v in zip(QUANTILES, points, strict=True)}
 
 
-def _count_metrics(met: int, successes: int, n: int, duration: float, gpu_cost: float,
-                   zero_as: float) -> dict[str, float]:
+def _count_metrics(
+    met: int, successes: int, n: int, duration: float, gpu_cost: float, zero_as: float
+) -> dict[str, float]:
     """Metrics built from request counts; a zero count is replaced by `zero_as` (see `RunMetrics.comparable`)."""
 
     def count(value: int) -> float:
         return float(value) if value > 0 else zero_as
 
     cost_per_success = gpu_cost / count(successes) if count(successes) else math.nan
-    return {"slo_attainment": count(met) / max(n, 1), "goodput": count(met) / duration,
-            "throughput": count(successes) / duration, "failure_rate": count(n - successes) / max(n, 1),
-            "cost_per_success": cost_per_success}
+    return {
+        "slo_attainment": count(met) / max(n, 1),
+        "goodput": count(met) / duration,
+        "throughput": count(successes) / duration,
+        "failure_rate": count(n - successes) / max(n, 1),
+        "cost_per_success": cost_per_success,
+    }
 
 
-def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionConfig,
-             cost: CostConfig) -> RunMetrics:
+def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionConfig, cost: CostConfig) -> RunMetrics:
     """Read one accepted result file and reduce it to `RunMetrics`."""
     table, meta = read_results(path)
     frame, gaps, gap_rows = _request_frame(table, slo)
@@ -166,9 +184,17 @@ def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionC
     }
     counts = (int(met.sum()), successes, n, duration, gpu_hours * cost.gpu_hour_price)
     failures = {str(k): int(v) for k, v in frame.loc[~ok, "error"].fillna("bad_status").value_counts().items()}
-    return RunMetrics(arm=meta[META_ARM], repeat=int(meta[META_REPEAT]), path=path,
-                      simulated=meta.get(META_SIMULATED, "").lower() == "true",
-                      time_scale=float(meta[META_TIME_SCALE]) if meta.get(META_TIME_SCALE) else None,
-                      requests=frame, metrics=metrics | _count_metrics(*counts, zero_as=0.0),
-                      comparable=metrics | _count_metrics(*counts, zero_as=0.5), failures=failures, fidelity=fidelity,
-                      duration_s=duration, histograms=histograms)
+    return RunMetrics(
+        arm=meta[META_ARM],
+        repeat=int(meta[META_REPEAT]),
+        path=path,
+        simulated=meta.get(META_SIMULATED, "").lower() == "true",
+        time_scale=float(meta[META_TIME_SCALE]) if meta.get(META_TIME_SCALE) else None,
+        requests=frame,
+        metrics=metrics | _count_metrics(*counts, zero_as=0.0),
+        comparable=metrics | _count_metrics(*counts, zero_as=0.5),
+        failures=failures,
+        fidelity=fidelity,
+        duration_s=duration,
+        histograms=histograms,
+    )

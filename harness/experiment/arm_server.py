@@ -22,9 +22,17 @@ def ready_url(arm: ArmConfig, base_url: str) -> str:
 def server_spec(label: str, arm: ArmConfig) -> ServerSpec:
     assert arm.command is not None
     base = f"http://127.0.0.1:{arm.port}"
-    return ServerSpec(label=label, argv=substitute(arm.command, arm.port), port=arm.port,
-                      ready_url=ready_url(arm, base), startup_timeout_s=arm.startup_timeout_s, env=arm.env,
-                      gpus=tuple(arm.gpus), cwd=arm.cwd, stop_grace_s=arm.stop_grace_s)
+    return ServerSpec(
+        label=label,
+        argv=substitute(arm.command, arm.port),
+        port=arm.port,
+        ready_url=ready_url(arm, base),
+        startup_timeout_s=arm.startup_timeout_s,
+        env=arm.env,
+        gpus=tuple(arm.gpus),
+        cwd=arm.cwd,
+        stop_grace_s=arm.stop_grace_s,
+    )
 
 
 class ArmServer:
@@ -45,8 +53,10 @@ class ArmServer:
             self._process.start()
             self._process.wait_ready()
         elif not poll_ready(self.ready_url, self.arm.startup_timeout_s):
-            raise ServerStartError(f"arm {self.label}: nothing ready at {self.ready_url} within "
-                            f"{self.arm.startup_timeout_s:g} s; start that server or fix arms.{self.label}.url")
+            raise ServerStartError(
+                f"arm {self.label}: nothing ready at {self.ready_url} within "
+                f"{self.arm.startup_timeout_s:g} s; start that server or fix arms.{self.label}.url"
+            )
 
     def alive(self) -> bool:
         """False when the server died (a launched process exited, or an attached one stopped answering)."""
@@ -61,19 +71,26 @@ class ArmServer:
 
     def identity(self) -> dict[str, object]:
         """Version and models as the server reports them, plus the declared expectations it is checked against."""
-        return server_identity(self.base_url) | {"url": self.base_url, "launched": self.arm.launched,
-                                                  "command": list(self.arm.command or [])}
+        return server_identity(self.base_url) | {
+            "url": self.base_url,
+            "launched": self.arm.launched,
+            "command": list(self.arm.command or []),
+        }
 
     def verify(self, identity: dict[str, object]) -> None:
         """The server is the version, and has the plugin, that the config declares."""
         arm = self.arm
         if arm.version is not None and identity.get("version") != arm.version:
-            raise UserError(f"arm {self.label}: server reports version {identity.get('version')!r}, the config "
-                            f"declares {arm.version!r}; install that version or fix arms.{self.label}.version")
+            raise UserError(
+                f"arm {self.label}: server reports version {identity.get('version')!r}, the config "
+                f"declares {arm.version!r}; install that version or fix arms.{self.label}.version"
+            )
         # Without a log (an attached server with no `log`), `check` warns that the plugin cannot be verified.
         if arm.plugin is not None and self.log_path is not None and not self.plugin_logged():
-            raise UserError(f"arm {self.label}: plugin {arm.plugin!r} does not appear in the server log "
-                            f"{self.log_path}; install/enable it or remove arms.{self.label}.plugin")
+            raise UserError(
+                f"arm {self.label}: plugin {arm.plugin!r} does not appear in the server log "
+                f"{self.log_path}; install/enable it or remove arms.{self.label}.plugin"
+            )
 
     def plugin_logged(self) -> bool:
         if self.arm.plugin is None or self.log_path is None:

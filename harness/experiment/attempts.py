@@ -49,7 +49,9 @@ class AttemptLog:
         """Mark every final attempt of a repeat as retried (the repeat is being run again)."""
         self.attempts = [
             Attempt(**(asdict(a) | {"status": "retried", "final": False, "reason": f"{a.reason}; {reason}"}))
-            if a.repeat == repeat and a.final else a for a in self.attempts
+            if a.repeat == repeat and a.final
+            else a
+            for a in self.attempts
         ]
         self._write()
 

@@ -60,14 +60,21 @@ def judge_probe(time_scale: float, runs: tuple[ProbeRun, ...], target: float) ->
     invalid = [run for run in runs if not run.valid]
     if invalid:
         first = invalid[0]
-        return Probe(time_scale, runs, False,
-                     f"{len(invalid)} of {len(runs)} replay(s) invalid, counted as failed (r{first.repeat}: "
-                     f"{first.reason})")
+        return Probe(
+            time_scale,
+            runs,
+            False,
+            f"{len(invalid)} of {len(runs)} replay(s) invalid, counted as failed (r{first.repeat}: {first.reason})",
+        )
     worst = min(runs, key=lambda run: run.attainment if run.attainment is not None else -1.0)
     attained = worst.attainment if worst.attainment is not None else 0.0
     verb = "held" if attained >= target else "missed"
-    return Probe(time_scale, runs, attained >= target,
-                 f"worst of {len(runs)} replay(s) attained {attained:.1%}: {verb} the {target:.1%} target")
+    return Probe(
+        time_scale,
+        runs,
+        attained >= target,
+        f"worst of {len(runs)} replay(s) attained {attained:.1%}: {verb} the {target:.1%} target",
+    )
 
 
 @dataclass(frozen=True)
@@ -80,8 +87,10 @@ class SearchBounds:
 
     def __post_init__(self) -> None:
         if not 0 < self.min_scale < self.max_scale:
-            raise UserError(f"--min-scale {self.min_scale:g} must be > 0 and below --max-scale {self.max_scale:g}; "
-                            "e.g. --min-scale 0.1 --max-scale 1 searches compressions 1x to 10x")
+            raise UserError(
+                f"--min-scale {self.min_scale:g} must be > 0 and below --max-scale {self.max_scale:g}; "
+                "e.g. --min-scale 0.1 --max-scale 1 searches compressions 1x to 10x"
+            )
         if not 0 < self.tolerance < 1:
             raise UserError(f"--tolerance {self.tolerance:g} must be between 0 and 1 (a fraction: 0.05 = 5 %)")
 
@@ -119,14 +128,19 @@ class Capacity:
         """One line for people: what the number means and what bounded it."""
         if self.limit == "below_range":
             assert self.failing is not None
-            return (f"fails even at {self.failing.compression:.3g}x ({self.failing.reason}); "
-                    "try lighter loads: raise --max-scale")
+            return (
+                f"fails even at {self.failing.compression:.3g}x ({self.failing.reason}); "
+                "try lighter loads: raise --max-scale"
+            )
         assert self.passing is not None
         if self.limit == "at_least":
             return "holds the SLO at the heaviest load tried (capacity is at least this); try a lower --min-scale"
         assert self.failing is not None
-        bounded = " (the failing probe's replays were invalid: the replay machine, not the server, set this bound)" \
-            if any(not run.valid for run in self.failing.runs) else ""
+        bounded = (
+            " (the failing probe's replays were invalid: the replay machine, not the server, set this bound)"
+            if any(not run.valid for run in self.failing.runs)
+            else ""
+        )
         return f"holds {self.passing.compression:.3g}x, fails {self.failing.compression:.3g}x{bounded}"
 
     def to_json(self, target: float) -> dict[str, object]:
@@ -140,8 +154,16 @@ class Capacity:
             "attainment_target": target,
             "rule": "a probe passes when every repeat is a valid replay with attainment >= attainment_target",
             "note": self.note,
-            "probes": [{"time_scale": p.time_scale, "compression": p.compression, "passed": p.passed,
-                        "reason": p.reason, "runs": [asdict(run) for run in p.runs]} for p in self.probes],
+            "probes": [
+                {
+                    "time_scale": p.time_scale,
+                    "compression": p.compression,
+                    "passed": p.passed,
+                    "reason": p.reason,
+                    "runs": [asdict(run) for run in p.runs],
+                }
+                for p in self.probes
+            ],
         }
 
 

@@ -35,8 +35,9 @@ def score_result(config: ExperimentConfig) -> Score:
     return score
 
 
-def _open_run(console: Console, config_path: Path | None, run_dir: Path | None,
-              output_dir: Path) -> tuple[ExperimentConfig, RunDir]:
+def _open_run(
+    console: Console, config_path: Path | None, run_dir: Path | None, output_dir: Path
+) -> tuple[ExperimentConfig, RunDir]:
     """The experiment (checked, ports fixed) and the run directory capacity.json goes into."""
     from harness.experiment.check import run_checks
     from harness.experiment.config import load_config, with_ports
@@ -44,15 +45,17 @@ def _open_run(console: Console, config_path: Path | None, run_dir: Path | None,
     from harness.records.run_dir import RunDir
 
     if config_path is None and run_dir is None:
-        raise UserError("give --config EXPERIMENT.toml (or --run-dir RUN_DIR of a `replaybench run`); "
-                        "see configs/demo.toml")
+        raise UserError(
+            "give --config EXPERIMENT.toml (or --run-dir RUN_DIR of a `replaybench run`); see configs/demo.toml"
+        )
     if run_dir is not None and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir}: no such directory; give a run directory made by `replaybench run`")
     config = load_config(config_path) if config_path is not None else load_frozen(run_dir)[0]
     failed = [finding for finding in run_checks(config) if finding.level == "fail"]
     if failed:
-        raise UserError(f"preflight check failed ({len(failed)} problem(s)), first: {failed[0].message} "
-                        "(see `replaybench check`)")
+        raise UserError(
+            f"preflight check failed ({len(failed)} problem(s)), first: {failed[0].message} (see `replaybench check`)"
+        )
     config = with_ports(config)
     if run_dir is not None:
         return config, RunDir(run_dir)
@@ -67,25 +70,41 @@ def _print_summary(console: Console, config: ExperimentConfig, found: dict[str, 
     from rich.table import Table
 
     target = config.slo.attainment_target
-    table = Table(title=f"capacity: largest time compression with every repeat at >= {target:.0%} SLO attainment",
-                  title_justify="left")
-    for column in ("arm", "max compression", "time scale", f"cost / success ({config.cost.currency})", "probes",
-                   "search"):
+    table = Table(
+        title=f"capacity: largest time compression with every repeat at >= {target:.0%} SLO attainment",
+        title_justify="left",
+    )
+    for column in (
+        "arm",
+        "max compression",
+        "time scale",
+        f"cost / success ({config.cost.currency})",
+        "probes",
+        "search",
+    ):
         table.add_column(column, justify="right" if column != "arm" and column != "search" else "left")
     for arm, capacity in found.items():
         compression = capacity.max_time_compression
         cost = capacity.cost_per_success_at_capacity
         shown = "-" if compression is None else f"{'>= ' if capacity.limit == 'at_least' else ''}{compression:.2f}x"
-        table.add_row(arm, shown, "-" if compression is None else f"{1 / compression:.3f}",
-                      "-" if cost is None else f"{cost:.3g}", str(len(capacity.probes)), escape(capacity.note))
+        table.add_row(
+            arm,
+            shown,
+            "-" if compression is None else f"{1 / compression:.3f}",
+            "-" if cost is None else f"{cost:.3g}",
+            str(len(capacity.probes)),
+            escape(capacity.note),
+        )
     console.print(table)
     console.print(f"capacity.json: {written}")
 
 
 def capacity(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="experiment .toml")] = None,
-    run_dir: Annotated[Path | None, typer.Option(
-        "--run-dir", help="add capacity.json to this run directory (its experiment.toml unless --config)")] = None,
+    run_dir: Annotated[
+        Path | None,
+        typer.Option("--run-dir", help="add capacity.json to this run directory (its experiment.toml unless --config)"),
+    ] = None,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="replays per probe; all must pass")] = 2,
     min_scale: Annotated[float, typer.Option("--min-scale", help="heaviest load tried (time scale)")] = 0.1,
     max_scale: Annotated[float, typer.Option("--max-scale", help="lightest load tried (time scale)")] = 1.0,
@@ -116,16 +135,24 @@ def capacity(
         with Progress(*columns, console=console) as progress, termination_signals_raise():
             task = progress.add_task("starting", total=len(ARMS) * per_arm)
             for index, arm in enumerate(ARMS):
-                prober = ArmProber(experiment, arm, trace, files, repeats, score_result(experiment),
-                                   lambda what, done: progress.update(task, description=what, advance=done))
+                prober = ArmProber(
+                    experiment,
+                    arm,
+                    trace,
+                    files,
+                    repeats,
+                    score_result(experiment),
+                    lambda what, done: progress.update(task, description=what, advance=done),
+                )
                 try:
                     found[arm] = find_capacity(prober.probe, bounds)
                 finally:
                     prober.close()
                 progress.update(task, completed=(index + 1) * per_arm)  # a search may end before its worst case
     except (KeyboardInterrupt, Terminated) as stop:
-        console.print(f"[yellow]interrupted[/]: no capacity.json written; the probes so far are in "
-                      f"{files.root / 'capacity'}")
+        console.print(
+            f"[yellow]interrupted[/]: no capacity.json written; the probes so far are in {files.root / 'capacity'}"
+        )
         raise SystemExit(128 + getattr(stop, "signum", signal.SIGINT)) from None
     target = experiment.slo.attainment_target
     with atomic_path(files.capacity_json) as tmp:

@@ -45,8 +45,16 @@ class CapacityFiles:
 class ArmProber:
     """Replays the trace against one arm `repeats` times per probe; `close()` stops its server."""
 
-    def __init__(self, config: ExperimentConfig, arm: str, trace: Trace, files: CapacityFiles, repeats: int,
-                 score: Score, progress: Progress = lambda _what, _done: None) -> None:
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        arm: str,
+        trace: Trace,
+        files: CapacityFiles,
+        repeats: int,
+        score: Score,
+        progress: Progress = lambda _what, _done: None,
+    ) -> None:
         self.config, self.arm, self.trace, self.files = config, arm, trace, files
         self.repeats, self.score, self.progress = repeats, score, progress
         self.server = ArmServer(arm, config.arm(arm))
@@ -66,8 +74,15 @@ class ArmProber:
         self.progress(what, 0)
         self._ensure_started(self.files.server_log(self.arm, time_scale, repeat))
         output = self.files.result(self.arm, time_scale, repeat)
-        outcome = run_replay(self.trace, self.server.base_url, self._options(time_scale), output, arm=self.arm,
-                             repeat=repeat, progress=False)
+        outcome = run_replay(
+            self.trace,
+            self.server.base_url,
+            self._options(time_scale),
+            output,
+            arm=self.arm,
+            repeat=repeat,
+            progress=False,
+        )
         if outcome.interrupted:
             raise KeyboardInterrupt
         self.progress(what, 1)
@@ -92,16 +107,26 @@ class ArmProber:
             self.server.verify(self.server.identity())
             self._model = self.server.arm.model or first_model(self.server.base_url)
         for _ in range(self.config.replay.warmup_requests):
-            generate(self.server.base_url, self._model, self.server.arm.api or "completions", WARMUP_PROMPT,
-                     WARMUP_MAX_TOKENS)
+            generate(
+                self.server.base_url,
+                self._model,
+                self.server.arm.api or "completions",
+                WARMUP_PROMPT,
+                WARMUP_MAX_TOKENS,
+            )
 
     def _options(self, time_scale: float) -> ReplayOptions:
         """The paired runs' replay settings, at the probe's time scale instead of the config's."""
         settings, decision = self.config.replay, self.config.decision
         return ReplayOptions(
-            api=self.server.arm.api, time_scale=time_scale, workers=settings.workers,
-            max_inflight=settings.max_inflight, seed=settings.seed, model=self._model,
-            lag_budget_s=decision.lag_budget_s, rate_tolerance=decision.rate_tolerance,
+            api=self.server.arm.api,
+            time_scale=time_scale,
+            workers=settings.workers,
+            max_inflight=settings.max_inflight,
+            seed=settings.seed,
+            model=self._model,
+            lag_budget_s=decision.lag_budget_s,
+            rate_tolerance=decision.rate_tolerance,
             request_timeout_s=settings.request_timeout_s,
             extra_metadata={"replaybench.experiment": self.config.name, "replaybench.capacity": "true"},
         )

@@ -43,8 +43,11 @@ def _trace(config: ExperimentConfig) -> list[Finding]:
 
 def _quality(config: ExperimentConfig) -> list[Finding]:
     if config.quality_tasks is None:
-        return [Finding("warn" if config.quality.required else "ok", "quality",
-                        "no quality_tasks file: quality is not measured")]
+        return [
+            Finding(
+                "warn" if config.quality.required else "ok", "quality", "no quality_tasks file: quality is not measured"
+            )
+        ]
     try:
         tasks = load_tasks(config.quality_tasks)
     except UserError as error:
@@ -56,13 +59,19 @@ def _launch(label: str, arm: ArmConfig) -> list[Finding]:
     spec = server_spec(label, arm)
     found = []
     if resolve_executable(spec.argv[0], spec.cwd) is None:
-        found.append(Finding("fail", label, f"command {spec.argv[0]!r} not found; install it or fix "
-                                            f"arms.{label}.command"))
+        found.append(
+            Finding("fail", label, f"command {spec.argv[0]!r} not found; install it or fix arms.{label}.command")
+        )
     else:
         found.append(Finding("ok", label, f"command {spec.argv[0]!r} found"))
     if arm.port and port_in_use(arm.port):
-        found.append(Finding("fail", label, f"port {arm.port} is in use; stop what listens there or set "
-                                            f"arms.{label}.port = 0 (a free port)"))
+        found.append(
+            Finding(
+                "fail",
+                label,
+                f"port {arm.port} is in use; stop what listens there or set arms.{label}.port = 0 (a free port)",
+            )
+        )
     if arm.version or arm.plugin:
         found.append(Finding("ok", label, "declared version/plugin are verified once the server is up"))
     return found
@@ -71,24 +80,34 @@ def _launch(label: str, arm: ArmConfig) -> list[Finding]:
 def _attached(label: str, arm: ArmConfig) -> list[Finding]:
     server = ArmServer(label, arm)
     if probe(server.ready_url) != 200:
-        return [Finding("fail", label, f"nothing ready at {server.ready_url}; start that server or fix "
-                                       f"arms.{label}.url")]
+        return [
+            Finding("fail", label, f"nothing ready at {server.ready_url}; start that server or fix arms.{label}.url")
+        ]
     found = [Finding("ok", label, f"ready at {server.ready_url}")]
     try:
         server.verify(server_identity(server.base_url))
     except UserError as error:
         found.append(Finding("fail", label, str(error)))
     if arm.plugin and arm.log is None:
-        found.append(Finding("warn", label, f"plugin {arm.plugin!r} cannot be verified without the server log; "
-                                            f"set arms.{label}.log"))
+        found.append(
+            Finding(
+                "warn", label, f"plugin {arm.plugin!r} cannot be verified without the server log; set arms.{label}.log"
+            )
+        )
     return found
 
 
 def _ports(config: ExperimentConfig) -> list[Finding]:
     base, cand = config.arm("baseline"), config.arm("candidate")
     if config.order == "simultaneous" and base.launched and cand.launched and base.port and base.port == cand.port:
-        return [Finding("fail", "ports", f"both arms use port {base.port} but run simultaneously; give the "
-                                         "candidate its own port (or port = 0 for both)")]
+        return [
+            Finding(
+                "fail",
+                "ports",
+                f"both arms use port {base.port} but run simultaneously; give the "
+                "candidate its own port (or port = 0 for both)",
+            )
+        ]
     return []
 
 
@@ -97,27 +116,52 @@ def gpu_findings(config: ExperimentConfig, gpus: list[GpuInfo] | None) -> list[F
     wanted = {arm: config.arm(arm).gpus for arm in ARMS}
     if gpus is None:
         if any(wanted.values()):
-            return [Finding("fail", "gpus", "the arms name GPUs but none is visible (no nvidia-smi); run on the "
-                                            "GPU host or remove arms.*.gpus for the embedded engine")]
+            return [
+                Finding(
+                    "fail",
+                    "gpus",
+                    "the arms name GPUs but none is visible (no nvidia-smi); run on the "
+                    "GPU host or remove arms.*.gpus for the embedded engine",
+                )
+            ]
         return [Finding("ok", "gpus", "no GPU: embedded engine only")]
     by_index = {gpu.index: gpu for gpu in gpus}
     found = []
     for arm, ids in wanted.items():
         unknown = [i for i in ids if i not in by_index]
         if unknown:
-            found.append(Finding("fail", "gpus", f"arms.{arm}.gpus names GPU(s) {unknown} but this host has "
-                                                 f"{sorted(by_index)}; fix arms.{arm}.gpus"))
-    models = {arm: sorted({(by_index[i].name, by_index[i].memory_mib) for i in ids if i in by_index})
-              for arm, ids in wanted.items()}
+            found.append(
+                Finding(
+                    "fail",
+                    "gpus",
+                    f"arms.{arm}.gpus names GPU(s) {unknown} but this host has {sorted(by_index)}; fix arms.{arm}.gpus",
+                )
+            )
+    models = {
+        arm: sorted({(by_index[i].name, by_index[i].memory_mib) for i in ids if i in by_index})
+        for arm, ids in wanted.items()
+    }
     if all(models.values()) and models["baseline"] != models["candidate"]:
-        found.append(Finding("fail", "gpus", f"the arms get different GPUs ({models['baseline']} vs "
-                                             f"{models['candidate']}); give both arms the same GPU model"))
+        found.append(
+            Finding(
+                "fail",
+                "gpus",
+                f"the arms get different GPUs ({models['baseline']} vs "
+                f"{models['candidate']}); give both arms the same GPU model",
+            )
+        )
     shared = set(wanted["baseline"]) & set(wanted["candidate"])
     if config.order == "simultaneous" and shared:
         found.append(Finding("fail", "gpus", "simultaneous arms share a GPU; give each arm its own GPU"))
     elif shared and not config.restart_per_repeat:
-        found.append(Finding("warn", "gpus", f"restart_per_repeat = false keeps both servers up at once, and they "
-                                             f"share GPU(s) {sorted(shared)}; give each arm its own GPUs"))
+        found.append(
+            Finding(
+                "warn",
+                "gpus",
+                f"restart_per_repeat = false keeps both servers up at once, and they "
+                f"share GPU(s) {sorted(shared)}; give each arm its own GPUs",
+            )
+        )
     if not found:
         names = ", ".join(f"{g.index}: {g.name} {g.memory_mib} MiB" for g in gpus)
         found.append(Finding("ok", "gpus", f"{len(gpus)} GPU(s) visible ({names})"))
@@ -146,8 +190,13 @@ def _architecture(config: ExperimentConfig) -> list[Finding]:
             continue
         path = model_config_path(arm)
         if path is None:
-            found.append(Finding("warn", "model", f"arm {label}: no model config.json found in its command; "
-                                                  "the architecture cannot be checked"))
+            found.append(
+                Finding(
+                    "warn",
+                    "model",
+                    f"arm {label}: no model config.json found in its command; the architecture cannot be checked",
+                )
+            )
             continue
         try:
             architectures = json.loads(path.read_text()).get("architectures") or []
@@ -157,8 +206,13 @@ def _architecture(config: ExperimentConfig) -> list[Finding]:
         if set(architectures) & set(arm.supports):
             found.append(Finding("ok", "model", f"arm {label} supports {', '.join(architectures)}"))
         else:
-            found.append(Finding("fail", "model", f"arm {label} supports {arm.supports}, but {path} is "
-                                                  f"{architectures}; use a supported model"))
+            found.append(
+                Finding(
+                    "fail",
+                    "model",
+                    f"arm {label} supports {arm.supports}, but {path} is {architectures}; use a supported model",
+                )
+            )
     return found
 
 
@@ -175,16 +229,30 @@ def _declarations(config: ExperimentConfig) -> list[Finding]:
 def _policy(config: ExperimentConfig) -> list[Finding]:
     if config.is_aa:
         return [Finding("ok", "policy", "A/A run: the candidate is the baseline (calibrates the noise floor)")]
-    found = [Finding("warn", "policy", f"arms.{label} has no command: its settings cannot be compared; add the "
-                                       "command that started it") for label in ARMS if not config.arm(label).command]
+    found = [
+        Finding(
+            "warn",
+            "policy",
+            f"arms.{label} has no command: its settings cannot be compared; add the command that started it",
+        )
+        for label in ARMS
+        if not config.arm(label).command
+    ]
     undeclared = [d for d in arm_differences(config) if not d.declared]
     for diff in undeclared:
-        found.append(Finding("warn", "policy", f"{diff.kind} {diff.key} differs ({diff.baseline!r} vs "
-                                               f"{diff.candidate!r}) but is not in policy_change; make the arms "
-                                               "equal there or declare it"))
+        found.append(
+            Finding(
+                "warn",
+                "policy",
+                f"{diff.kind} {diff.key} differs ({diff.baseline!r} vs "
+                f"{diff.candidate!r}) but is not in policy_change; make the arms "
+                "equal there or declare it",
+            )
+        )
     if not config.policy_change:
-        found.append(Finding("warn", "policy", "policy_change is empty: declare the flags/env that define the "
-                                               "candidate policy"))
+        found.append(
+            Finding("warn", "policy", "policy_change is empty: declare the flags/env that define the candidate policy")
+        )
     elif not undeclared:
         found.append(Finding("ok", "policy", f"only the declared policy change differs: {config.policy_change}"))
     return found
@@ -198,5 +266,11 @@ def run_checks(config: ExperimentConfig) -> list[Finding]:
         if label == "candidate" and config.arms.candidate == "baseline":
             continue
         found += _launch(label, arm) if arm.launched else _attached(label, arm)
-    return found + _ports(config) + gpu_findings(config, query_gpus()) + _architecture(config) + _declarations(config) \
+    return (
+        found
+        + _ports(config)
+        + gpu_findings(config, query_gpus())
+        + _architecture(config)
+        + _declarations(config)
         + _policy(config)
+    )

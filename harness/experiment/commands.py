@@ -32,8 +32,7 @@ def _print_findings(console: Console, config: ExperimentConfig, findings: list[F
 
     from harness.experiment.settings_diff import arm_differences
 
-    console.print(f"[bold]{config.name}[/]: {config.mode} experiment, {config.repeats} repeat(s), "
-                  f"order {config.order}")
+    console.print(f"[bold]{config.name}[/]: {config.mode} experiment, {config.repeats} repeat(s), order {config.order}")
     for finding in findings:
         console.print(f"  {_LEVEL_STYLE[finding.level]} {finding.topic:<9} {escape(finding.message)}", soft_wrap=True)
     diffs = arm_differences(config)
@@ -42,8 +41,13 @@ def _print_findings(console: Console, config: ExperimentConfig, findings: list[F
         for column in ("kind", "setting", "baseline", "candidate", "declared"):
             table.add_column(column, overflow="fold")
         for d in diffs:
-            table.add_row(d.kind, escape(d.key), escape(d.baseline or "-"), escape(d.candidate or "-"),
-                          "[green]policy change[/]" if d.declared else "[yellow]NOT declared[/]")
+            table.add_row(
+                d.kind,
+                escape(d.key),
+                escape(d.baseline or "-"),
+                escape(d.candidate or "-"),
+                "[green]policy change[/]" if d.declared else "[yellow]NOT declared[/]",
+            )
         console.print(table)
 
 
@@ -87,8 +91,14 @@ def print_summary(console: Console, root: Path) -> None:
         if c["role"] == "exploratory":
             continue
         ci = f"{c['ci_low']:.3f} - {c['ci_high']:.3f}" if c["ci_low"] is not None else "-"
-        table.add_row(c["metric"], c["role"], f"{c['ratio']:.3f}" if c["ratio"] is not None else "-", ci,
-                      f"±{c['margin']:.0%}" if c["margin"] is not None else "-", c["verdict"] or "-")
+        table.add_row(
+            c["metric"],
+            c["role"],
+            f"{c['ratio']:.3f}" if c["ratio"] is not None else "-",
+            ci,
+            f"±{c['margin']:.0%}" if c["margin"] is not None else "-",
+            c["verdict"] or "-",
+        )
     console.print(table)
     colour = _OUTCOME_STYLE.get(decision["outcome"], "white")
     console.print(f"[bold {colour}]{decision['outcome']}[/]: {escape(decision['reason'])}")
@@ -112,8 +122,14 @@ def run(
     print_summary(console, root)
 
 
-def _open_run(console: Console, config_path: Path | None, repeats: int | None, resume: Path | None,
-              save_outputs: bool, output_dir: Path) -> tuple[ExperimentConfig, RunDir]:
+def _open_run(
+    console: Console,
+    config_path: Path | None,
+    repeats: int | None,
+    resume: Path | None,
+    save_outputs: bool,
+    output_dir: Path,
+) -> tuple[ExperimentConfig, RunDir]:
     """A resumed run directory, or a new one with the checked config frozen and env.json written."""
     from harness.experiment.config import load_config, with_ports
     from harness.experiment.environment import collect_environment, write_environment
@@ -122,8 +138,10 @@ def _open_run(console: Console, config_path: Path | None, repeats: int | None, r
     if resume is not None:
         config, run_dir = load_frozen(resume)
         if repeats is not None and repeats != config.repeats:
-            raise UserError(f"--repeats {repeats} differs from the frozen run ({config.repeats}); "
-                            "a resumed run keeps its declared settings: drop --repeats")
+            raise UserError(
+                f"--repeats {repeats} differs from the frozen run ({config.repeats}); "
+                "a resumed run keeps its declared settings: drop --repeats"
+            )
         _preflight(console, config)
         return config, run_dir
     if config_path is None:
@@ -143,8 +161,14 @@ def _open_run(console: Console, config_path: Path | None, repeats: int | None, r
     return config, run_dir
 
 
-def execute_run(console: Console, config_path: Path | None, repeats: int | None, resume: Path | None,
-                save_outputs: bool, output_dir: Path) -> Path:
+def execute_run(
+    console: Console,
+    config_path: Path | None,
+    repeats: int | None,
+    resume: Path | None,
+    save_outputs: bool,
+    output_dir: Path,
+) -> Path:
     """Check, freeze, run every repeat, build the report; returns the run directory. Used by the demo too."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -159,11 +183,14 @@ def execute_run(console: Console, config_path: Path | None, repeats: int | None,
     try:
         with Progress(*columns, console=console, transient=False) as progress:
             task = progress.add_task("starting", total=steps)
-            ExperimentRunner(config, run_dir, lambda what, done: progress.update(task, description=what,
-                                                                                 advance=done)).execute()
+            ExperimentRunner(
+                config, run_dir, lambda what, done: progress.update(task, description=what, advance=done)
+            ).execute()
     except (KeyboardInterrupt, Terminated) as stop:
-        console.print(f"[yellow]interrupted[/]; every finished attempt is kept. Continue with:\n"
-                      f"  replaybench run --resume {run_dir.root}")
+        console.print(
+            f"[yellow]interrupted[/]; every finished attempt is kept. Continue with:\n"
+            f"  replaybench run --resume {run_dir.root}"
+        )
         raise SystemExit(128 + getattr(stop, "signum", signal.SIGINT)) from None
     with console.status("analysing and writing the report ..."):
         build_report(run_dir.root)

@@ -77,7 +77,7 @@ class ArmConfig(_Strict):
         if self.command is None and self.url is None:
             raise ValueError("give either `command` (a server to launch) or `url` (a server already running)")
         if self.command is not None and not self.command:
-            raise ValueError("`command` is empty; give the server's argv, e.g. [\"vllm\", \"serve\", ...]")
+            raise ValueError('`command` is empty; give the server\'s argv, e.g. ["vllm", "serve", ...]')
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"`url` must start with http:// or https:// (got {self.url!r})")
         return self
@@ -121,11 +121,14 @@ class ExperimentConfig(_Strict):
     @model_validator(mode="after")
     def _derive_mode(self) -> ExperimentConfig:
         same = self.arms.candidate == "baseline" or (
-            self.arms.baseline.policy_settings() == self.arms.candidate.policy_settings())
+            self.arms.baseline.policy_settings() == self.arms.candidate.policy_settings()
+        )
         derived = "A/A" if same else "A/B"
         if self.mode is not None and self.mode != derived:
-            raise ValueError(f"mode = {self.mode!r} but the arms make this an {derived} experiment; "
-                             "remove `mode` (it is derived) or make the arms match it")
+            raise ValueError(
+                f"mode = {self.mode!r} but the arms make this an {derived} experiment; "
+                "remove `mode` (it is derived) or make the arms match it"
+            )
         self.mode = derived
         return self
 
@@ -165,8 +168,10 @@ def _resolve_paths(config: ExperimentConfig, base: Path) -> ExperimentConfig:
     def absolute(path: Path | None) -> Path | None:
         return None if path is None else (path if path.is_absolute() else (base / path).resolve())
 
-    updates: dict[str, object] = {"trace": config.trace.model_copy(update={"path": absolute(config.trace.path)}),
-                                  "quality_tasks": absolute(config.quality_tasks)}
+    updates: dict[str, object] = {
+        "trace": config.trace.model_copy(update={"path": absolute(config.trace.path)}),
+        "quality_tasks": absolute(config.quality_tasks),
+    }
     arms = {}
     for name in ARMS:
         arm = getattr(config.arms, name)
@@ -192,8 +197,9 @@ def load_config(path: Path) -> ExperimentConfig:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UserError(f"{path}: no such experiment config; give the path of a .toml file "
-                        "(see configs/demo.toml)") from None
+        raise UserError(
+            f"{path}: no such experiment config; give the path of a .toml file (see configs/demo.toml)"
+        ) from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise UserError(f"{path}: not a readable TOML file ({error}); fix the syntax") from None
     return parse_config(data, str(path), path.parent)
@@ -218,4 +224,3 @@ def with_ports(config: ExperimentConfig) -> ExperimentConfig:
 def substitute(argv: list[str], port: int) -> tuple[str, ...]:
     """Fill the `{port}` and `{python}` placeholders of a command."""
     return tuple(part.replace("{port}", str(port)).replace("{python}", sys.executable) for part in argv)
-

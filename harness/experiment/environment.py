@@ -22,18 +22,29 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def _git_sha() -> str | None:
     """The checkout's commit, with "-dirty" when it has uncommitted changes (None outside a git checkout)."""
     try:
-        sha = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return sha + ("-dirty" if dirty else "")
 
 
 def _packages() -> dict[str, str]:
-    return dict(sorted((dist.metadata["Name"].lower(), dist.version) for dist in importlib.metadata.distributions()
-                       if dist.metadata["Name"]))
+    return dict(
+        sorted(
+            (dist.metadata["Name"].lower(), dist.version)
+            for dist in importlib.metadata.distributions()
+            if dist.metadata["Name"]
+        )
+    )
 
 
 def collect_environment(config: ExperimentConfig, argv: list[str]) -> dict[str, object]:

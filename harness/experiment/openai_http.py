@@ -13,8 +13,9 @@ from harness.errors import UserError
 
 
 def _post(url: str, body: dict[str, object], timeout_s: float) -> dict[str, object]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return json.loads(response.read())
@@ -34,14 +35,14 @@ def first_model(base_url: str, timeout_s: float = 10.0) -> str:
         raise UserError(f"{base_url}/v1/models lists no model ({error}); set the arm's `model`") from None
 
 
-def generate(base_url: str, model: str, api: str, prompt: str, max_tokens: int,
-             timeout_s: float = 300.0) -> str:
+def generate(base_url: str, model: str, api: str, prompt: str, max_tokens: int, timeout_s: float = 300.0) -> str:
     """Greedy completion text for `prompt` (chat: one user message)."""
     base = base_url.rstrip("/")
     common = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": False}
     if api == "chat":
-        body = _post(f"{base}/v1/chat/completions", common | {"messages": [{"role": "user", "content": prompt}]},
-                     timeout_s)
+        body = _post(
+            f"{base}/v1/chat/completions", common | {"messages": [{"role": "user", "content": prompt}]}, timeout_s
+        )
         return str(body["choices"][0]["message"]["content"] or "")  # type: ignore[index]
     body = _post(f"{base}/v1/completions", common | {"prompt": prompt}, timeout_s)
     return str(body["choices"][0]["text"] or "")  # type: ignore[index]
@@ -50,8 +51,9 @@ def generate(base_url: str, model: str, api: str, prompt: str, max_tokens: int,
 def tokenize(base_url: str, model: str, text: str, timeout_s: float = 30.0) -> list[int] | None:
     """Token ids from the server's /tokenize (vLLM and the embedded engine have it), or None without one."""
     try:
-        body = _post(f"{base_url.rstrip('/')}/tokenize", {"model": model, "prompt": text,
-                                                          "add_special_tokens": False}, timeout_s)
+        body = _post(
+            f"{base_url.rstrip('/')}/tokenize", {"model": model, "prompt": text, "add_special_tokens": False}, timeout_s
+        )
     except UserError:
         return None
     tokens = body.get("tokens")

@@ -53,8 +53,9 @@ class QualityTask(BaseModel):
         if self.kind == "regex":
             return re.search(self.expected, output) is not None
         numbers = _NUMBER.findall(output)
-        return bool(numbers) and math.isclose(float(numbers[-1]), float(self.expected), rel_tol=0,
-                                              abs_tol=self.tolerance)
+        return bool(numbers) and math.isclose(
+            float(numbers[-1]), float(self.expected), rel_tol=0, abs_tol=self.tolerance
+        )
 
 
 def load_tasks(path: Path) -> list[QualityTask]:
@@ -95,8 +96,9 @@ def first_divergence(a: list[int] | list[str], b: list[int] | list[str]) -> int 
 Tokenize = Callable[[str], list[int] | None]
 
 
-def compare_outputs(tasks: list[QualityTask], outputs: dict[str, list[str]], tokenize: Tokenize,
-                    target: Path) -> dict[str, object]:
+def compare_outputs(
+    tasks: list[QualityTask], outputs: dict[str, list[str]], tokenize: Tokenize, target: Path
+) -> dict[str, object]:
     """Score both arms' outputs (in task order) and compare them; write quality.json atomically and return it."""
     records = []
     tokenizer = "server /tokenize"
@@ -111,11 +113,15 @@ def compare_outputs(tasks: list[QualityTask], outputs: dict[str, list[str]], tok
                 divergent = first_divergence(texts["baseline"].split(), texts["candidate"].split())
             else:
                 divergent = first_divergence(tokens[0], tokens[1])
-        records.append({
-            "task_id": task.task_id, "kind": task.kind,
-            **{arm: {"passed": task.passed(text), "output": text} for arm, text in texts.items()},
-            "identical": identical, "first_divergent_token": divergent,
-        })
+        records.append(
+            {
+                "task_id": task.task_id,
+                "kind": task.kind,
+                **{arm: {"passed": task.passed(text), "output": text} for arm, text in texts.items()},
+                "identical": identical,
+                "first_divergent_token": divergent,
+            }
+        )
     document = {"tokenizer": tokenizer, "tasks": records}
     with atomic_path(target) as tmp:
         tmp.write_text(json.dumps(document, indent=2) + "\n")

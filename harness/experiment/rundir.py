@@ -24,16 +24,19 @@ def new_run_dir(output_dir: Path, name: str) -> RunDir:
     try:
         root.mkdir(parents=True)
     except OSError as error:
-        raise UserError(f"cannot create the run directory {root} ({error.strerror}); "
-                        "choose a writable --output-dir") from None
+        raise UserError(
+            f"cannot create the run directory {root} ({error.strerror}); choose a writable --output-dir"
+        ) from None
     return RunDir(root)
 
 
 def freeze_config(config: ExperimentConfig, run: RunDir) -> None:
     """Write the resolved config (absolute paths, concrete ports, derived mode) as experiment.toml."""
     document = config.model_dump(mode="json", exclude_none=True)
-    header = (f"# Frozen by replaybench before the first request: the {config.mode} experiment as it ran.\n"
-              f"# `replaybench run --resume {run.root}` continues it with exactly these settings.\n")
+    header = (
+        f"# Frozen by replaybench before the first request: the {config.mode} experiment as it ran.\n"
+        f"# `replaybench run --resume {run.root}` continues it with exactly these settings.\n"
+    )
     with atomic_path(run.experiment_toml) as tmp:
         tmp.write_text(header + tomli_w.dumps(document))
 

@@ -136,18 +136,26 @@ class ExperimentRunner:
                 self._progress(f"r{repeat} done", 2)
                 return
 
-    def _pair_attempt(self, repeat: int,
-                      attempts: dict[str, int]) -> tuple[dict[str, Verdict], dict[str, ReplayOutcome]]:
+    def _pair_attempt(
+        self, repeat: int, attempts: dict[str, int]
+    ) -> tuple[dict[str, Verdict], dict[str, ReplayOutcome]]:
         failed = {arm: v for arm in ARMS if (v := self._ensure_started(arm, repeat)) is not None}
         if failed:
             for server in self.servers.values():
                 server.stop()
-            return {arm: failed.get(arm, Verdict("retried", "the paired server failed to start"))
-                    for arm in ARMS}, {}
+            return {arm: failed.get(arm, Verdict("retried", "the paired server failed to start")) for arm in ARMS}, {}
         for arm in ARMS:
             scrape_metrics(self.servers[arm].base_url, self.run.metrics(arm, repeat, "before"))
-        jobs = [ReplayJob(arm, repeat, self.servers[arm].base_url, self.run.attempt(arm, repeat, attempts[arm]),
-                          self._options(arm, attempts[arm])) for arm in ARMS]
+        jobs = [
+            ReplayJob(
+                arm,
+                repeat,
+                self.servers[arm].base_url,
+                self.run.attempt(arm, repeat, attempts[arm]),
+                self._options(arm, attempts[arm]),
+            )
+            for arm in ARMS
+        ]
         outcomes = replay_together(self.trace, jobs)
         verdicts = {}
         for arm in ARMS:
@@ -165,10 +173,18 @@ class ExperimentRunner:
         attempt = self.log.next_attempt(arm, repeat)
         while partial_dir(self.run.attempt(arm, repeat, attempt)).exists():
             orphan = partial_dir(self.run.attempt(arm, repeat, attempt))
-            self.log.add(Attempt(arm=arm, repeat=repeat, attempt=attempt, status="retried",
-                                 reason="replaybench died during this attempt; its finished rows can be recovered "
-                                        "with `replaybench replay-recover`",
-                                 path=str(orphan.relative_to(self.run.root)), final=False))
+            self.log.add(
+                Attempt(
+                    arm=arm,
+                    repeat=repeat,
+                    attempt=attempt,
+                    status="retried",
+                    reason="replaybench died during this attempt; its finished rows can be recovered "
+                    "with `replaybench replay-recover`",
+                    path=str(orphan.relative_to(self.run.root)),
+                    final=False,
+                )
+            )
             attempt += 1
         return attempt
 
@@ -204,34 +220,52 @@ class ExperimentRunner:
     def _warm_up(self, arm: str) -> None:
         server = self.servers[arm]
         for _ in range(self.config.replay.warmup_requests):
-            generate(server.base_url, self._models[arm], server.arm.api or "completions", WARMUP_PROMPT,
-                     WARMUP_MAX_TOKENS)
+            generate(
+                server.base_url, self._models[arm], server.arm.api or "completions", WARMUP_PROMPT, WARMUP_MAX_TOKENS
+            )
 
     def _options(self, arm: str, attempt: int) -> ReplayOptions:
         settings, decision, arm_config = self.config.replay, self.config.decision, self.config.arm(arm)
         return ReplayOptions(
-            api=arm_config.api, time_scale=self.config.trace.time_scale, workers=settings.workers,
-            max_inflight=settings.max_inflight, seed=settings.seed, model=self._models.get(arm),
-            lag_budget_s=decision.lag_budget_s, rate_tolerance=decision.rate_tolerance,
-            save_outputs=settings.save_outputs, request_timeout_s=settings.request_timeout_s,
-            extra_metadata={"replaybench.experiment": self.config.name, "replaybench.attempt": str(attempt),
-                            "replaybench.mode": str(self.config.mode),
-                            META_SIMULATED: str(self._simulated.get(arm, False)).lower()},
+            api=arm_config.api,
+            time_scale=self.config.trace.time_scale,
+            workers=settings.workers,
+            max_inflight=settings.max_inflight,
+            seed=settings.seed,
+            model=self._models.get(arm),
+            lag_budget_s=decision.lag_budget_s,
+            rate_tolerance=decision.rate_tolerance,
+            save_outputs=settings.save_outputs,
+            request_timeout_s=settings.request_timeout_s,
+            extra_metadata={
+                "replaybench.experiment": self.config.name,
+                "replaybench.attempt": str(attempt),
+                "replaybench.mode": str(self.config.mode),
+                META_SIMULATED: str(self._simulated.get(arm, False)).lower(),
+            },
         )
 
     def _replay(self, arm: str, repeat: int, attempt: int, output: Path) -> ReplayOutcome:
         from harness.replay import run_replay
 
-        outcome = run_replay(self.trace, self.servers[arm].base_url, self._options(arm, attempt), output,
-                             arm=arm, repeat=repeat, progress=False)
+        outcome = run_replay(
+            self.trace,
+            self.servers[arm].base_url,
+            self._options(arm, attempt),
+            output,
+            arm=arm,
+            repeat=repeat,
+            progress=False,
+        )
         self._stop_if_interrupted(arm, repeat, attempt, outcome)
         return outcome
 
     def _stop_if_interrupted(self, arm: str, repeat: int, attempt: int, outcome: ReplayOutcome) -> None:
         """An interrupted replay is recorded (its rows are kept) and the whole run stops, resumable."""
         if outcome.interrupted:
-            self._record(arm, repeat, attempt, Verdict("retried", "interrupted (Ctrl-C or SIGTERM)"), outcome,
-                         final=False)
+            self._record(
+                arm, repeat, attempt, Verdict("retried", "interrupted (Ctrl-C or SIGTERM)"), outcome, final=False
+            )
             raise KeyboardInterrupt
 
     def _judge(self, arm: str, outcome: ReplayOutcome) -> Verdict:
@@ -242,8 +276,9 @@ class ExperimentRunner:
             return Verdict("invalid", "; ".join(outcome.fidelity.reasons))
         return Verdict("accepted", "")
 
-    def _record(self, arm: str, repeat: int, attempt: int, verdict: Verdict, outcome: ReplayOutcome | None,
-                final: bool) -> None:
+    def _record(
+        self, arm: str, repeat: int, attempt: int, verdict: Verdict, outcome: ReplayOutcome | None, final: bool
+    ) -> None:
         """Log the attempt; a final one with a result file becomes results/<arm>-r<k>.parquet."""
         path = outcome.path if outcome is not None else None
         reason = verdict.reason
@@ -252,12 +287,22 @@ class ExperimentRunner:
         if final and path is not None:
             with atomic_path(self.run.result(arm, repeat)) as tmp:
                 shutil.copyfile(path, tmp)
-        self.log.add(Attempt(arm=arm, repeat=repeat, attempt=attempt, status=verdict.status, reason=reason,
-                             path=str(path.relative_to(self.run.root)) if path is not None else "",
-                             final=final and path is not None))
+        self.log.add(
+            Attempt(
+                arm=arm,
+                repeat=repeat,
+                attempt=attempt,
+                status=verdict.status,
+                reason=reason,
+                path=str(path.relative_to(self.run.root)) if path is not None else "",
+                final=final and path is not None,
+            )
+        )
         if final and path is None:
-            raise UserError(f"arm {arm}, repeat {repeat}: no attempt produced a result ({verdict.reason}); "
-                            f"see {self.run.root / 'servers'} and {self.run.attempts_json}")
+            raise UserError(
+                f"arm {arm}, repeat {repeat}: no attempt produced a result ({verdict.reason}); "
+                f"see {self.run.root / 'servers'} and {self.run.attempts_json}"
+            )
 
     # ---- quality --------------------------------------------------------------------------------------
     def _run_quality(self, task_file: Path) -> None:
@@ -270,10 +315,15 @@ class ExperimentRunner:
                 server.start(self.run.root / "servers" / f"{arm}-quality.log")
             self._identify(arm)
             api = server.arm.api or "completions"
-            outputs[arm] = [generate(server.base_url, self._models[arm], api, task.prompt, task.max_tokens)
-                            for task in tasks]
+            outputs[arm] = [
+                generate(server.base_url, self._models[arm], api, task.prompt, task.max_tokens) for task in tasks
+            ]
             if arm == ARMS[-1]:
-                compare_outputs(tasks, outputs, functools.partial(tokenize, server.base_url, self._models[arm]),
-                                self.run.quality_json)
+                compare_outputs(
+                    tasks,
+                    outputs,
+                    functools.partial(tokenize, server.base_url, self._models[arm]),
+                    self.run.quality_json,
+                )
             server.stop()
         self._progress("quality tasks done", 1)

@@ -55,16 +55,24 @@ def parse_command(argv: list[str]) -> dict[str, str | None]:
     return {PROGRAM: " ".join(program)} | settings
 
 
-def _compare(kind: str, base: dict[str, str | None], cand: dict[str, str | None], declared: set[str],
-             ignore: frozenset[str] = frozenset()) -> list[SettingDifference]:
+def _compare(
+    kind: str,
+    base: dict[str, str | None],
+    cand: dict[str, str | None],
+    declared: set[str],
+    ignore: frozenset[str] = frozenset(),
+) -> list[SettingDifference]:
     missing = object()
     diffs = []
     for key in sorted(set(base) | set(cand)):
         b, c = base.get(key, missing), cand.get(key, missing)
         if key in ignore or b == c:
             continue
-        diffs.append(SettingDifference(kind, key, None if b is missing else str(b), None if c is missing else str(c),
-                                       key in declared))
+        diffs.append(
+            SettingDifference(
+                kind, key, None if b is missing else str(b), None if c is missing else str(c), key in declared
+            )
+        )
     return diffs
 
 
@@ -72,11 +80,14 @@ def arm_differences(config: ExperimentConfig) -> list[SettingDifference]:
     """Every difference in argv flags, env and arm settings (placement excluded); empty for A/A."""
     base, cand = config.arm("baseline"), config.arm("candidate")
     declared = set(config.policy_change)
-    as_text = {k: None if v is None else str(v) for k, v in base.policy_settings().items()
-               if k not in ("command", "env")}
-    cand_text = {k: None if v is None else str(v) for k, v in cand.policy_settings().items()
-                 if k not in ("command", "env")}
-    return (_compare("arg", parse_command(base.command or []), parse_command(cand.command or []), declared,
-                     PLACEMENT_FLAGS)
-            + _compare("env", dict(base.env), dict(cand.env), declared)
-            + _compare("arm", as_text, cand_text, declared, frozenset(PLACEMENT_KEYS)))
+    as_text = {
+        k: None if v is None else str(v) for k, v in base.policy_settings().items() if k not in ("command", "env")
+    }
+    cand_text = {
+        k: None if v is None else str(v) for k, v in cand.policy_settings().items() if k not in ("command", "env")
+    }
+    return (
+        _compare("arg", parse_command(base.command or []), parse_command(cand.command or []), declared, PLACEMENT_FLAGS)
+        + _compare("env", dict(base.env), dict(cand.env), declared)
+        + _compare("arm", as_text, cand_text, declared, frozenset(PLACEMENT_KEYS))
+    )

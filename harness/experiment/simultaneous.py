@@ -50,13 +50,27 @@ def _shared_t0(barrier: mp.synchronize.Barrier, t0: mp.sharedctypes.Synchronized
     return float(t0.value)
 
 
-def _child(trace: Trace, job: ReplayJob, barrier: mp.synchronize.Barrier, t0: mp.sharedctypes.Synchronized,
-           results: mp.Queue) -> None:
+def _child(
+    trace: Trace, job: ReplayJob, barrier: mp.synchronize.Barrier, t0: mp.sharedctypes.Synchronized, results: mp.Queue
+) -> None:
     from harness.replay import run_replay
 
     try:
-        results.put((job.arm, run_replay(trace, job.url, job.options, job.output, arm=job.arm, repeat=job.repeat,
-                                         progress=False, start_gate=lambda: _shared_t0(barrier, t0))))
+        results.put(
+            (
+                job.arm,
+                run_replay(
+                    trace,
+                    job.url,
+                    job.options,
+                    job.output,
+                    arm=job.arm,
+                    repeat=job.repeat,
+                    progress=False,
+                    start_gate=lambda: _shared_t0(barrier, t0),
+                ),
+            )
+        )
     except UserError as error:
         results.put((job.arm, UserError(str(error))))
 
@@ -65,8 +79,9 @@ def replay_together(trace: Trace, jobs: list[ReplayJob]) -> dict[str, ReplayOutc
     """Run every job concurrently; returns outcomes by arm. A `UserError` in either child is raised here."""
     ctx = mp.get_context("spawn")
     barrier, t0, results = ctx.Barrier(len(jobs)), ctx.Value("d", 0.0), ctx.Queue()
-    children = [ctx.Process(target=_child, args=(trace, job, barrier, t0, results), name=f"replay-{job.arm}")
-                for job in jobs]
+    children = [
+        ctx.Process(target=_child, args=(trace, job, barrier, t0, results), name=f"replay-{job.arm}") for job in jobs
+    ]
     outcomes: dict[str, ReplayOutcome | UserError] = {}
     try:
         for child in children:
@@ -96,6 +111,8 @@ def replay_together(trace: Trace, jobs: list[ReplayJob]) -> dict[str, ReplayOutc
             raise UserError(f"arm {arm}: {outcome}")
     missing = [job.arm for job in jobs if job.arm not in outcomes]
     if missing:
-        raise UserError(f"the replay process of arm(s) {', '.join(missing)} died without a result; "
-                        "see the attempts/ folder and re-run with --resume")
+        raise UserError(
+            f"the replay process of arm(s) {', '.join(missing)} died without a result; "
+            "see the attempts/ folder and re-run with --resume"
+        )
     return outcomes  # type: ignore[return-value]

@@ -63,7 +63,8 @@ class Capturer:
             request_id=request_id,
             arrival_s=exchange.arrived_at - self._started_at,
             api=exchange.request.api,
-            prompt_tokens=outcome.prompt_tokens if outcome.prompt_tokens is not None
+            prompt_tokens=outcome.prompt_tokens
+            if outcome.prompt_tokens is not None
             else (redacted.prompt_token_count or 0),
             output_tokens=output_tokens,
             params=redacted.params,

@@ -22,36 +22,68 @@ MAX_WORKERS = 64
 def record(
     upstream: str = typer.Option(None, "--upstream", help="Base URL of the OpenAI-compatible server to proxy."),
     listen: str = typer.Option("127.0.0.1:8080", "--listen", help="HOST:PORT to listen on (port 0: any free)."),
-    output: Path = typer.Option(None, "-o", "--output",
-                                help="Trace path: prod.parquet -> prod-0001.parquet, prod-0002.parquet, ..."),
-    redact: str = typer.Option("none", "--redact", help="none: keep text; hash: token-block hashes, no text; "
-                                                        "drop: counts only."),
+    output: Path = typer.Option(
+        None, "-o", "--output", help="Trace path: prod.parquet -> prod-0001.parquet, prod-0002.parquet, ..."
+    ),
+    redact: str = typer.Option(
+        "none", "--redact", help="none: keep text; hash: token-block hashes, no text; drop: counts only."
+    ),
     rotate: str = typer.Option("15m", "--rotate", help="Start a new Parquet part this often (0: never)."),
     max_body: str = typer.Option("4MiB", "--max-body", help="Larger request bodies are forwarded, not recorded."),
-    session_header: str = typer.Option(DEFAULT_SESSION_HEADER, "--session-header",
-                                       help="Request header holding the session id."),
-    tenant_header: str = typer.Option(DEFAULT_TENANT_HEADER, "--tenant-header",
-                                      help="Request header holding the tenant."),
+    session_header: str = typer.Option(
+        DEFAULT_SESSION_HEADER, "--session-header", help="Request header holding the session id."
+    ),
+    tenant_header: str = typer.Option(
+        DEFAULT_TENANT_HEADER, "--tenant-header", help="Request header holding the tenant."
+    ),
     block_size: int = typer.Option(DEFAULT_BLOCK_SIZE, "--block-size", help="Tokens per prefix block (hash mode)."),
     drain: str = typer.Option("10s", "--drain", help="On shutdown, wait this long for requests in flight."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow listening on a non-loopback address."),
-    workers: int = typer.Option(1, "--workers", help="Proxy processes sharing the port (SO_REUSEPORT); each writes "
-                                                     "its own parts, OUT-w1-0001.parquet, OUT-w2-0001.parquet, ..."),
-    recover: Path = typer.Option(None, "--recover", help="Turn segments left in DIR by a killed recorder into "
-                                                         "Parquet parts, then exit."),
+    workers: int = typer.Option(
+        1,
+        "--workers",
+        help="Proxy processes sharing the port (SO_REUSEPORT); each writes "
+        "its own parts, OUT-w1-0001.parquet, OUT-w2-0001.parquet, ...",
+    ),
+    recover: Path = typer.Option(
+        None, "--recover", help="Turn segments left in DIR by a killed recorder into Parquet parts, then exit."
+    ),
 ) -> None:
     """Record production traffic: a reverse proxy that forwards everything and writes a trace."""
     if recover is not None:
         _recover(recover)
         return
-    options = _options(upstream, listen, output, redact, rotate, max_body, session_header, tenant_header,
-                       block_size, drain, allow_remote, workers)
+    options = _options(
+        upstream,
+        listen,
+        output,
+        redact,
+        rotate,
+        max_body,
+        session_header,
+        tenant_header,
+        block_size,
+        drain,
+        allow_remote,
+        workers,
+    )
     _run(options)
 
 
-def _options(upstream: str | None, listen: str, output: Path | None, redact: str, rotate: str, max_body: str,
-             session_header: str, tenant_header: str, block_size: int, drain: str, allow_remote: bool,
-             workers: int) -> RecordOptions:
+def _options(
+    upstream: str | None,
+    listen: str,
+    output: Path | None,
+    redact: str,
+    rotate: str,
+    max_body: str,
+    session_header: str,
+    tenant_header: str,
+    block_size: int,
+    drain: str,
+    allow_remote: bool,
+    workers: int,
+) -> RecordOptions:
     from harness.record.options import (
         RecordOptions,
         check_header_name,
@@ -63,19 +95,29 @@ def _options(upstream: str | None, listen: str, output: Path | None, redact: str
     )
 
     if upstream is None or output is None:
-        raise UserError("record needs --upstream URL and -o OUT (or --recover DIR); e.g. "
-                        "replaybench record --upstream http://127.0.0.1:8000 -o traces/prod.parquet")
+        raise UserError(
+            "record needs --upstream URL and -o OUT (or --recover DIR); e.g. "
+            "replaybench record --upstream http://127.0.0.1:8000 -o traces/prod.parquet"
+        )
     if block_size < 1:
         raise UserError(f"--block-size must be at least 1 (got {block_size}); 16 matches vLLM's KV block")
     if not 1 <= workers <= MAX_WORKERS:
         raise UserError(f"--workers must be between 1 and {MAX_WORKERS} (got {workers}); about one per free core")
     host, port = parse_listen(listen, allow_remote)
     return RecordOptions(
-        upstream=parse_upstream(upstream), host=host, port=port, output=output, redact=check_redaction(redact),
-        rotate_s=parse_duration(rotate), max_body=parse_size(max_body),
+        upstream=parse_upstream(upstream),
+        host=host,
+        port=port,
+        output=output,
+        redact=check_redaction(redact),
+        rotate_s=parse_duration(rotate),
+        max_body=parse_size(max_body),
         session_header=check_header_name(session_header, "--session-header"),
-        tenant_header=check_header_name(tenant_header, "--tenant-header"), block_size=block_size,
-        drain_s=parse_duration(drain, "--drain"), workers=workers)
+        tenant_header=check_header_name(tenant_header, "--tenant-header"),
+        block_size=block_size,
+        drain_s=parse_duration(drain, "--drain"),
+        workers=workers,
+    )
 
 
 def _run(options: RecordOptions) -> None:
@@ -133,8 +175,10 @@ def _recover(directory: Path) -> None:
     if not (result.written or result.in_use or result.failed):
         print(f"no segments to recover in {directory}")
     if result.failed:
-        raise UserError(f"{len(result.failed)} segment(s) could not be recovered (see above); fix the cause "
-                        "(e.g. free disk space) and run --recover again")
+        raise UserError(
+            f"{len(result.failed)} segment(s) could not be recovered (see above); fix the cause "
+            "(e.g. free disk space) and run --recover again"
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -97,9 +97,9 @@ class SseObserver:
         if len(data_lines) != 1:  # a multi-line data field: rebuild the event, compactly
             return b"data: " + _compact_without_usage(obj) + b"\n\n"
         start = 0 if event.startswith(b"data:") else event.index(b"\ndata:") + 1
-        start += 5 + (event[start + 5:start + 6] == b" ")
+        start += 5 + (event[start + 5 : start + 6] == b" ")
         end = event.index(b"\n", start)
-        end -= event[end - 1:end] == b"\r"
+        end -= event[end - 1 : end] == b"\r"
         edited = without_key(event[start:end], obj, "usage")
         if edited is None:  # the member could not be cut exactly: re-serialise without it
             edited = _compact_without_usage(obj)

@@ -12,8 +12,19 @@ from yarl import URL
 from harness.errors import UserError
 from harness.records.trace_schema import REDACTION_MODES
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
-               "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
 _DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 DEFAULT_SESSION_HEADER = "x-session-id"
@@ -63,8 +74,9 @@ def parse_duration(text: str, what: str = "--rotate") -> float:
 def parse_upstream(text: str) -> URL:
     url = URL(text.rstrip("/"))
     if url.scheme not in ("http", "https") or not url.host:
-        raise UserError(f"--upstream {text!r} is not an http(s) URL; give the server's base URL, "
-                        "e.g. http://127.0.0.1:8000")
+        raise UserError(
+            f"--upstream {text!r} is not an http(s) URL; give the server's base URL, e.g. http://127.0.0.1:8000"
+        )
     if url.query_string or url.fragment:
         raise UserError(f"--upstream {text!r} has a query or fragment; give only scheme, host, port and path")
     return url
@@ -77,8 +89,10 @@ def parse_listen(text: str, allow_remote: bool) -> tuple[str, int]:
     if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
         raise UserError(f"--listen {text!r} is not HOST:PORT; use e.g. 127.0.0.1:8080 (port 0 picks a free one)")
     if not allow_remote and not is_loopback(host):
-        raise UserError(f"--listen {host} is not a loopback address, so other machines could reach the proxy; "
-                        "add --allow-remote if that is intended, or listen on 127.0.0.1")
+        raise UserError(
+            f"--listen {host} is not a loopback address, so other machines could reach the proxy; "
+            "add --allow-remote if that is intended, or listen on 127.0.0.1"
+        )
     return host, int(port_text)
 
 
@@ -104,6 +118,8 @@ def check_header_name(name: str, option: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", name):
         raise UserError(f"{option} {name!r} is not a valid HTTP header name; use e.g. X-Session-Id")
     if is_secret_name(name):
-        raise UserError(f"{option} {name!r} names a header that carries credentials, which are never recorded; "
-                        "choose a header that holds only an id")
+        raise UserError(
+            f"{option} {name!r} names a header that carries credentials, which are never recorded; "
+            "choose a header that holds only an id"
+        )
     return name.lower()

@@ -42,8 +42,11 @@ def rows_to_trace(rows: list[RecordedRow], metadata: dict[str, str]) -> Trace:
     columns: dict[str, object] = {name: [getattr(row, name) for row in rebased] for name in ROW_FIELDS}
     started_at = metadata[META_CLOCK]
     clock = dt.datetime.fromisoformat(started_at) + dt.timedelta(seconds=origin)
-    meta = metadata | {META_CLOCK: clock.isoformat(timespec="microseconds"), META_STARTED_AT: started_at,
-                       META_OFFSET: f"{origin:.6f}"}
+    meta = metadata | {
+        META_CLOCK: clock.isoformat(timespec="microseconds"),
+        META_STARTED_AT: started_at,
+        META_OFFSET: f"{origin:.6f}",
+    }
     return Trace.from_columns(columns, meta)
 
 

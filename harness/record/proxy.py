@@ -66,8 +66,9 @@ class _Relayed:
 
 
 class RecordingProxy:
-    def __init__(self, settings: ProxySettings, session: aiohttp.ClientSession, capturer: Capturer,
-                 stats: RecorderStats) -> None:
+    def __init__(
+        self, settings: ProxySettings, session: aiohttp.ClientSession, capturer: Capturer, stats: RecorderStats
+    ) -> None:
         self._settings = settings
         self._base = str(settings.upstream)
         self._session = session
@@ -99,31 +100,53 @@ class RecordingProxy:
         if client_request is None:
             self._stats.not_json += 1
             return await self._relay(request, raw, True, None, _Relayed())
-        observer: Observer = (SseObserver(strip_usage=client_request.needs_usage_injected)
-                              if client_request.streaming else BodyObserver(self._settings.max_body))
+        observer: Observer = (
+            SseObserver(strip_usage=client_request.needs_usage_injected)
+            if client_request.streaming
+            else BodyObserver(self._settings.max_body)
+        )
         relayed = _Relayed()
         response = await self._relay(request, client_request.upstream_body(), True, observer, relayed)
-        self._capturer.submit(Exchange(
-            request=client_request, arrived_at=arrived_at, finished_at=relayed.finished_at,
-            status=CLIENT_CLOSED_STATUS if relayed.client_gone else relayed.status, outcome=observer.outcome,
-            session_id=request.headers.get(self._settings.session_header),
-            tenant=request.headers.get(self._settings.tenant_header)))
+        self._capturer.submit(
+            Exchange(
+                request=client_request,
+                arrived_at=arrived_at,
+                finished_at=relayed.finished_at,
+                status=CLIENT_CLOSED_STATUS if relayed.client_gone else relayed.status,
+                outcome=observer.outcome,
+                session_id=request.headers.get(self._settings.session_header),
+                tenant=request.headers.get(self._settings.tenant_header),
+            )
+        )
         return response
 
-    async def _relay(self, request: web.Request, body: bytes | AsyncIterator[bytes] | None, replaced: bool,
-                     observer: Observer | None, relayed: _Relayed) -> web.StreamResponse:
+    async def _relay(
+        self,
+        request: web.Request,
+        body: bytes | AsyncIterator[bytes] | None,
+        replaced: bool,
+        observer: Observer | None,
+        relayed: _Relayed,
+    ) -> web.StreamResponse:
         """Send the request upstream and stream the answer back through `observer` (None: untouched bytes)."""
         headers = upstream_request_headers(request.headers, body_replaced=replaced, identity=observer is not None)
         response: web.StreamResponse | None = None
         try:
-            async with self._session.request(request.method, URL(self._base + request.raw_path, encoded=True),
-                                             headers=headers, data=body, allow_redirects=False,
-                                             skip_auto_headers=CLIENT_AUTO_HEADERS) as upstream:
+            async with self._session.request(
+                request.method,
+                URL(self._base + request.raw_path, encoded=True),
+                headers=headers,
+                data=body,
+                allow_redirects=False,
+                skip_auto_headers=CLIENT_AUTO_HEADERS,
+            ) as upstream:
                 relayed.status = upstream.status
                 edits = isinstance(observer, SseObserver) and upstream.content_type == "text/event-stream"
-                response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                              headers=end_to_end(upstream.headers,
-                                                                 ["Content-Length"] if edits else ()))
+                response = web.StreamResponse(
+                    status=upstream.status,
+                    reason=upstream.reason,
+                    headers=end_to_end(upstream.headers, ["Content-Length"] if edits else ()),
+                )
                 await response.prepare(request)
                 await self._pump(upstream, response, observer, relayed)
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -136,8 +159,13 @@ class RecordingProxy:
                 request.transport.close()
         return response
 
-    async def _pump(self, upstream: aiohttp.ClientResponse, response: web.StreamResponse,
-                    observer: Observer | None, relayed: _Relayed) -> None:
+    async def _pump(
+        self,
+        upstream: aiohttp.ClientResponse,
+        response: web.StreamResponse,
+        observer: Observer | None,
+        relayed: _Relayed,
+    ) -> None:
         try:
             async for chunk in upstream.content.iter_any():
                 out = chunk if observer is None else observer.feed(chunk, time.monotonic())
@@ -158,6 +186,11 @@ class RecordingProxy:
 
 def _bad_gateway(exc: BaseException) -> web.Response:
     reason = type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {exc}"
-    body = {"error": {"message": f"replaybench record: upstream unreachable ({reason})",
-                      "type": "upstream_unreachable", "code": 502}}
+    body = {
+        "error": {
+            "message": f"replaybench record: upstream unreachable ({reason})",
+            "type": "upstream_unreachable",
+            "code": 502,
+        }
+    }
     return web.Response(status=502, body=json.dumps(body).encode(), content_type="application/json")

@@ -30,8 +30,9 @@ META_PART = "replaybench.record.part"
 
 
 class Recording:
-    def __init__(self, naming: PartNaming, metadata: dict[str, str], stats: RecorderStats,
-                 report: Callable[[str], None]) -> None:
+    def __init__(
+        self, naming: PartNaming, metadata: dict[str, str], stats: RecorderStats, report: Callable[[str], None]
+    ) -> None:
         self._naming = naming
         self._metadata = metadata
         self._stats = stats
@@ -58,11 +59,15 @@ class Recording:
         try:
             self._writer = SegmentWriter(path, self._metadata | {META_PART: str(self._index)})
         except BlockingIOError:
-            self._error_once(f"error: another recorder is writing {path}; requests are still proxied but not "
-                             "recorded (each is counted) - give each recorder its own -o path")
+            self._error_once(
+                f"error: another recorder is writing {path}; requests are still proxied but not "
+                "recorded (each is counted) - give each recorder its own -o path"
+            )
         except OSError as exc:
-            self._error_once(f"error: cannot write {path} ({exc.strerror or exc}); requests are still proxied but "
-                             "not recorded (each is counted) - free disk space or choose a writable -o path")
+            self._error_once(
+                f"error: cannot write {path} ({exc.strerror or exc}); requests are still proxied but "
+                "not recorded (each is counted) - free disk space or choose a writable -o path"
+            )
 
     def append(self, row: RecordedRow) -> None:
         if self._writer is None and time.monotonic() - self._last_open_attempt >= REOPEN_INTERVAL_S:
@@ -74,8 +79,10 @@ class Recording:
             self._writer.append(row)
         except OSError as exc:
             self._stats.rows_lost += 1
-            self._error_once(f"error: cannot append to {self._writer.path} ({exc.strerror or exc}); requests are "
-                             "still proxied, unwritten rows are counted - free disk space")
+            self._error_once(
+                f"error: cannot append to {self._writer.path} ({exc.strerror or exc}); requests are "
+                "still proxied, unwritten rows are counted - free disk space"
+            )
             return
         self._stats.recorded += 1
 
@@ -87,8 +94,10 @@ class Recording:
                 try:
                     await asyncio.to_thread(writer.sync)
                 except OSError as exc:
-                    self._error_once(f"error: cannot fsync {writer.path} ({exc.strerror or exc}); the last second "
-                                     "of rows may not survive a crash - check the disk")
+                    self._error_once(
+                        f"error: cannot fsync {writer.path} ({exc.strerror or exc}); the last second "
+                        "of rows may not survive a crash - check the disk"
+                    )
 
     async def rotate(self) -> None:
         """Close the current part and start the next one; the closed part is converted in a worker process."""
@@ -120,8 +129,10 @@ class Recording:
             written = await asyncio.get_running_loop().run_in_executor(converter, _convert, writer.path)
         except Exception as exc:  # whatever went wrong, the rows are still in the segment
             self._stats.segments_kept.append(writer.path)
-            self._error_once(f"error: could not turn {writer.path} into Parquet ({exc}); the segment is kept - "
-                             f"run `replaybench record --recover {writer.path.parent}` once the problem is fixed")
+            self._error_once(
+                f"error: could not turn {writer.path} into Parquet ({exc}); the segment is kept - "
+                f"run `replaybench record --recover {writer.path.parent}` once the problem is fixed"
+            )
             return
         if written is not None:
             self._stats.bad_lines += written.bad_lines

@@ -39,8 +39,11 @@ def _prompt_text(prompt: Any) -> str:
 
 
 def numeric_params(body: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in body.items()
-            if k not in OWN_COLUMNS and isinstance(v, int | float | bool) and not is_secret_name(k)}
+    return {
+        k: v
+        for k, v in body.items()
+        if k not in OWN_COLUMNS and isinstance(v, int | float | bool) and not is_secret_name(k)
+    }
 
 
 class Redactor:
@@ -64,5 +67,8 @@ class Redactor:
         tokens = await self._tokenizer.tokens(body)
         if tokens is None:
             return RedactedRequest(params=params)
-        return RedactedRequest(params=params, prefix_block_ids=prefix_block_ids(tokens, self._block_size, self._key),
-                               prompt_token_count=len(tokens))
+        return RedactedRequest(
+            params=params,
+            prefix_block_ids=prefix_block_ids(tokens, self._block_size, self._key),
+            prompt_token_count=len(tokens),
+        )

@@ -51,20 +51,30 @@ def naming_for(options: RecordOptions, shard: Shard | None) -> PartNaming:
 def shown_url(options: RecordOptions) -> str:
     """The upstream URL as printed and stored: without any user:password it may carry."""
     return str(options.upstream.with_user(None))
+
+
 _CONNECT_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=30, sock_connect=30)
 
 
 def _client_session() -> aiohttp.ClientSession:
     """No cookie jar (one client's cookies must never reach another), no env proxies, raw bytes both ways."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), timeout=_CONNECT_TIMEOUT,
-        cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, trust_env=False)
+        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+        timeout=_CONNECT_TIMEOUT,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+        trust_env=False,
+    )
 
 
 def _metadata(options: RecordOptions, tokenizer: Tokenizer | None, started: dt.datetime) -> dict[str, str]:
     """Segment metadata; `clock` is the wall-clock time of the recorder's start (segment rows count from it)."""
-    meta = {META_SOURCE: "replaybench record", META_UPSTREAM: shown_url(options),
-            META_CLOCK: started.isoformat(timespec="microseconds"), META_REDACTION: options.redact}
+    meta = {
+        META_SOURCE: "replaybench record",
+        META_UPSTREAM: shown_url(options),
+        META_CLOCK: started.isoformat(timespec="microseconds"),
+        META_REDACTION: options.redact,
+    }
     if tokenizer is not None:
         meta |= {META_TOKENIZER: tokenizer.name, META_BLOCK_SIZE: str(options.block_size)}
     return meta
@@ -91,8 +101,13 @@ async def _start_site(runner: web.AppRunner, options: RecordOptions, reuse_port:
     return f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
 
 
-def run_recorder(options: RecordOptions, announce: Callable[[str], None], report: Callable[[str], None],
-                 show_status: Callable[[str], None], shard: Shard | None = None) -> RecorderStats:
+def run_recorder(
+    options: RecordOptions,
+    announce: Callable[[str], None],
+    report: Callable[[str], None],
+    show_status: Callable[[str], None],
+    shard: Shard | None = None,
+) -> RecorderStats:
     """`record` on uvloop when installed (it cuts the proxy's CPU per request), else on asyncio's own loop."""
     try:
         from uvloop import new_event_loop
@@ -102,8 +117,13 @@ def run_recorder(options: RecordOptions, announce: Callable[[str], None], report
         return runner.run(record(options, announce, report, show_status, shard))
 
 
-async def record(options: RecordOptions, announce: Callable[[str], None], report: Callable[[str], None],
-                 show_status: Callable[[str], None], shard: Shard | None = None) -> RecorderStats:
+async def record(
+    options: RecordOptions,
+    announce: Callable[[str], None],
+    report: Callable[[str], None],
+    show_status: Callable[[str], None],
+    shard: Shard | None = None,
+) -> RecorderStats:
     """Run until SIGINT/SIGTERM; `announce` gets the listening line, `report` error lines, `show_status` the
     status line once a second. Returns the counters for the summary. A `shard` (one of `--workers`) joins the
     port with SO_REUSEPORT and writes its own parts."""
@@ -127,10 +147,11 @@ async def record(options: RecordOptions, announce: Callable[[str], None], report
         try:
             url = await _start_site(runner, options, reuse_port=shard is not None)
             recording.open()
-            announce(f"listening on {url} -> {shown_url(options)}; recording {options.redact!r} to "
-                     f"{naming.pattern}")
-            background += [asyncio.create_task(recording.sync_forever()),
-                           asyncio.create_task(_status_forever(stats, recording, show_status))]
+            announce(f"listening on {url} -> {shown_url(options)}; recording {options.redact!r} to {naming.pattern}")
+            background += [
+                asyncio.create_task(recording.sync_forever()),
+                asyncio.create_task(_status_forever(stats, recording, show_status)),
+            ]
             if options.rotate_s > 0:
                 background.append(asyncio.create_task(_rotate_forever(recording, options.rotate_s)))
             await stop.wait()
@@ -157,4 +178,3 @@ async def _status_forever(stats: RecorderStats, recording: Recording, show: Call
     while True:
         show(stats.status_line(recording.segment))
         await asyncio.sleep(1.0)
-

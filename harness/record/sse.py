@@ -25,9 +25,9 @@ def events(data: bytes) -> list[bytes]:
     found: list[bytes] = []
     start = pos = 0
     while (newline := data.find(b"\n", pos)) >= 0:
-        if data[newline + 1:newline + 2] == b"\n":
+        if data[newline + 1 : newline + 2] == b"\n":
             end = newline + 2
-        elif data[newline + 1:newline + 3] == b"\r\n":
+        elif data[newline + 1 : newline + 3] == b"\r\n":
             end = newline + 3
         else:
             pos = newline + 1
@@ -43,8 +43,9 @@ def data_payload(event: bytes) -> bytes | None:
         payload = event[6:].rstrip(_WHITESPACE)
         if b"\n" not in payload:
             return payload
-    parts = [line[5:].removeprefix(b" ") for line in event.rstrip(_WHITESPACE).split(b"\n")
-             if line.startswith(b"data:")]
+    parts = [
+        line[5:].removeprefix(b" ") for line in event.rstrip(_WHITESPACE).split(b"\n") if line.startswith(b"data:")
+    ]
     if not parts:
         return None
     return b"\n".join(part.rstrip(b"\r") for part in parts)
@@ -94,7 +95,7 @@ def _cut_member(text: str, start: int, key_len: int) -> str | None:
     if before.endswith(","):  # `..., "key": v` -> `...`
         return before[:-1] + text[end:]
     if after_pos < len(text) and text[after_pos] == ",":  # `{"key": v, ...` -> `{...`
-        return text[:start] + text[_skip_ws(text, after_pos + 1):]
+        return text[:start] + text[_skip_ws(text, after_pos + 1) :]
     return text[:start] + text[end:]
 
 

@@ -47,21 +47,32 @@ class RecorderStats:
 
     def status_line(self, segment: Path | None) -> str:
         target = segment.name if segment else "nowhere (output not writable)"
-        return (f"recording to {target}: {self.recorded} recorded, {self.in_flight} in flight, "
-                f"{self.requests} proxied, {human_bytes(self.bytes_to_clients)} to clients, "
-                f"{self.not_recorded} not recorded")
+        return (
+            f"recording to {target}: {self.recorded} recorded, {self.in_flight} in flight, "
+            f"{self.requests} proxied, {human_bytes(self.bytes_to_clients)} to clients, "
+            f"{self.not_recorded} not recorded"
+        )
 
     def summary_lines(self) -> list[str]:
-        lines = [f"proxied {self.requests} requests ({human_bytes(self.bytes_to_clients)} to clients); "
-                 f"recorded {self.recorded}; {self.rows_in_parts} rows in {len(self.parts)} part(s)"]
+        lines = [
+            f"proxied {self.requests} requests ({human_bytes(self.bytes_to_clients)} to clients); "
+            f"recorded {self.recorded}; {self.rows_in_parts} rows in {len(self.parts)} part(s)"
+        ]
         lines += [f"  {part}" for part in self.parts]
-        losses = {"rows lost to write errors": self.rows_lost, "unfinished at shutdown": self.unfinished,
-                  "bodies over --max-body": self.too_large, "bodies not JSON": self.not_json,
-                  "torn segment lines": self.bad_lines, "upstream failures": self.upstream_failures,
-                  "client disconnects": self.client_disconnects,
-                  "workers that died (run --recover)": self.worker_deaths}
+        losses = {
+            "rows lost to write errors": self.rows_lost,
+            "unfinished at shutdown": self.unfinished,
+            "bodies over --max-body": self.too_large,
+            "bodies not JSON": self.not_json,
+            "torn segment lines": self.bad_lines,
+            "upstream failures": self.upstream_failures,
+            "client disconnects": self.client_disconnects,
+            "workers that died (run --recover)": self.worker_deaths,
+        }
         shown = [f"{label}: {count}" for label, count in losses.items() if count]
         lines.append("not recorded / incidents: " + ("; ".join(shown) if shown else "none"))
-        lines += [f"kept segment {segment}; convert it with `replaybench record --recover {segment.parent}`"
-                  for segment in self.segments_kept]
+        lines += [
+            f"kept segment {segment}; convert it with `replaybench record --recover {segment.parent}`"
+            for segment in self.segments_kept
+        ]
         return lines

@@ -38,8 +38,12 @@ def fallback_tokens(body: dict[str, Any]) -> list[int]:
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         return list(prompt)  # already token ids
     if "messages" in body and isinstance(body["messages"], list):
-        words = [w for m in body["messages"] if isinstance(m, dict)
-                 for w in [str(m.get("role", "")), *_content_text(m.get("content")).split()]]
+        words = [
+            w
+            for m in body["messages"]
+            if isinstance(m, dict)
+            for w in [str(m.get("role", "")), *_content_text(m.get("content")).split()]
+        ]
     else:
         words = (" ".join(map(str, prompt)) if isinstance(prompt, list) else str(prompt or "")).split()
     return [zlib.crc32(word.encode()) for word in words]
@@ -58,8 +62,9 @@ class Tokenizer:
     async def probe(cls, session: aiohttp.ClientSession, upstream: URL) -> Tokenizer:
         """Use the upstream's `/tokenize` if it tokenises a probe prompt now; otherwise the fallback."""
         try:
-            async with session.post(upstream / "tokenize", json={"prompt": "hello world"},
-                                    timeout=_PROBE_TIMEOUT) as response:
+            async with session.post(
+                upstream / "tokenize", json={"prompt": "hello world"}, timeout=_PROBE_TIMEOUT
+            ) as response:
                 works = response.status == 200 and isinstance((await response.json()).get("tokens"), list)
         except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
             works = False
@@ -83,7 +88,7 @@ def prefix_block_ids(tokens: list[int], block_size: int, key: bytes) -> list[int
     ids: list[int] = []
     previous = b""
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        block = array("q", tokens[start:start + block_size]).tobytes()
+        block = array("q", tokens[start : start + block_size]).tobytes()
         previous = hashlib.blake2b(previous + block, digest_size=8, key=key).digest()
         ids.append(int.from_bytes(previous, "little", signed=True))
     return ids

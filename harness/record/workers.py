@@ -59,8 +59,9 @@ class _Worker:
     directory: Path
 
 
-def run_workers(options: RecordOptions, announce: Callable[[str], None],
-                report: Callable[[str], None]) -> RecorderStats:
+def run_workers(
+    options: RecordOptions, announce: Callable[[str], None], report: Callable[[str], None]
+) -> RecorderStats:
     """Run `options.workers` recorder processes until SIGINT/SIGTERM; their counters, added up."""
     context = multiprocessing.get_context("spawn")
     with _reserve_port(options) as holder:
@@ -70,8 +71,11 @@ def run_workers(options: RecordOptions, announce: Callable[[str], None],
         for index in range(1, options.workers + 1):
             results, child_results = context.Pipe(duplex=False)
             child_lifeline, lifeline = context.Pipe(duplex=False)
-            process = context.Process(target=_worker_main, args=(shared, Shard(index, key), child_results,
-                                                                 child_lifeline), name=f"record-worker-{index}")
+            process = context.Process(
+                target=_worker_main,
+                args=(shared, Shard(index, key), child_results, child_lifeline),
+                name=f"record-worker-{index}",
+            )
             process.start()
             child_results.close()
             child_lifeline.close()
@@ -80,8 +84,10 @@ def run_workers(options: RecordOptions, announce: Callable[[str], None],
         try:
             url = _await_listening(workers)
             first = naming_for(shared, Shard(1, key)).pattern.replace("-w1-", "-wN-")
-            announce(f"listening on {url} -> {shown_url(options)}; recording {options.redact!r} with "
-                     f"{options.workers} workers to {first}")
+            announce(
+                f"listening on {url} -> {shown_url(options)}; recording {options.redact!r} with "
+                f"{options.workers} workers to {first}"
+            )
             return RecorderStats.added_up(_collect(workers, report))
         except BaseException:
             _stop_all(workers)
@@ -105,8 +111,10 @@ def _await_listening(workers: list[_Worker]) -> str:
     for worker in workers:
         results = worker.results
         if not results.poll(_START_TIMEOUT_S):
-            raise UserError(f"a recorder worker did not start within {_START_TIMEOUT_S:.0f}s; the machine may be "
-                            "overloaded - try fewer --workers")
+            raise UserError(
+                f"a recorder worker did not start within {_START_TIMEOUT_S:.0f}s; the machine may be "
+                "overloaded - try fewer --workers"
+            )
         try:
             kind, value = results.recv()
         except EOFError:
@@ -127,8 +135,10 @@ def _collect(workers: list[_Worker], report: Callable[[str], None]) -> list[Reco
             try:
                 _, stats = worker.results.recv()
             except EOFError:
-                report(f"error: recorder worker {index} died; its rows are in its segment - run "
-                       f"`replaybench record --recover {worker.directory}`")
+                report(
+                    f"error: recorder worker {index} died; its rows are in its segment - run "
+                    f"`replaybench record --recover {worker.directory}`"
+                )
                 stats = RecorderStats(worker_deaths=1)
             collected.append(stats)
     return collected

@@ -123,8 +123,17 @@ class DecisionConfig(_Strict):
         MetricRule(metric="slo_attainment", margin=0.01),  # counts failures as misses
     )
     # failure_rate is a ratio of rare counts, far too noisy to gate on; slo_attainment covers failures instead.
-    exploratory: tuple[str, ...] = ("ttft_p50", "itl_p50", "itl_p99", "tpot_p99", "e2e_p50", "e2e_p99", "throughput",
-                                    "failure_rate", "cost_per_success")
+    exploratory: tuple[str, ...] = (
+        "ttft_p50",
+        "itl_p50",
+        "itl_p99",
+        "tpot_p99",
+        "e2e_p50",
+        "e2e_p99",
+        "throughput",
+        "failure_rate",
+        "cost_per_success",
+    )
     min_repeats: int = Field(default=3, ge=2)
     lag_budget_s: float = Field(default=0.002, gt=0)
     rate_tolerance: float = Field(default=0.01, gt=0, lt=1)

@@ -46,9 +46,12 @@ def offered_rate_of(intended_s: Sequence[float] | np.ndarray) -> float | None:
     return len(intended_s) / span if span > 0 else None
 
 
-def replay_fidelity(table: pa.Table, offered_rate: float | None = None,
-                    lag_budget_s: float = DEFAULT_LAG_BUDGET_S,
-                    rate_tolerance: float = DEFAULT_RATE_TOLERANCE) -> Fidelity:
+def replay_fidelity(
+    table: pa.Table,
+    offered_rate: float | None = None,
+    lag_budget_s: float = DEFAULT_LAG_BUDGET_S,
+    rate_tolerance: float = DEFAULT_RATE_TOLERANCE,
+) -> Fidelity:
     """Fidelity of a result table (RESULT_SCHEMA).
 
     Achieved rate = sent requests / (last send - first send). `offered_rate` defaults to the trace's rate over
@@ -76,11 +79,25 @@ def replay_fidelity(table: pa.Table, offered_rate: float | None = None,
     if p99 is not None and p99 > lag_budget_s:
         reasons.append(f"p99 send lag {p99 * 1e3:.2f} ms exceeds the {lag_budget_s * 1e3:g} ms budget")
     if rate_error is not None and abs(rate_error) > rate_tolerance:
-        reasons.append(f"achieved rate {achieved:.3f} req/s misses the offered {offered_rate:.3f} req/s "
-                       f"by {rate_error * 100:+.2f} % (tolerance ±{rate_tolerance * 100:g} %)")
+        reasons.append(
+            f"achieved rate {achieved:.3f} req/s misses the offered {offered_rate:.3f} req/s "
+            f"by {rate_error * 100:+.2f} % (tolerance ±{rate_tolerance * 100:g} %)"
+        )
     if queue_errors:
         reasons.append(f"{queue_errors} request(s) could not be sent by the client (--max-inflight cap)")
-    return Fidelity(requests=table.num_rows, sent=len(lags), lag_p50_s=p50, lag_p99_s=p99, lag_max_s=lag_max,
-                    offered_rate=offered_rate, achieved_rate=achieved, rate_error=rate_error,
-                    output_mismatches=mismatches, client_queue_errors=queue_errors, lag_budget_s=lag_budget_s,
-                    rate_tolerance=rate_tolerance, valid=not reasons, reasons=tuple(reasons))
+    return Fidelity(
+        requests=table.num_rows,
+        sent=len(lags),
+        lag_p50_s=p50,
+        lag_p99_s=p99,
+        lag_max_s=lag_max,
+        offered_rate=offered_rate,
+        achieved_rate=achieved,
+        rate_error=rate_error,
+        output_mismatches=mismatches,
+        client_queue_errors=queue_errors,
+        lag_budget_s=lag_budget_s,
+        rate_tolerance=rate_tolerance,
+        valid=not reasons,
+        reasons=tuple(reasons),
+    )

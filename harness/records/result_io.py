@@ -46,8 +46,7 @@ def read_results(path: str | os.PathLike[str]) -> tuple[pa.Table, dict[str, str]
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise UserError(f"{path}: not a readable result file ({exc}); re-run the replay") from None
-    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()
-            if not k.startswith(b"ARROW:")}
+    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items() if not k.startswith(b"ARROW:")}
     if meta.get(META_KIND) != RESULT_KIND or META_ARM not in meta or META_REPEAT not in meta:
         raise UserError(f"{path}: not a replaybench result file; give a file written by `replaybench replay`")
     return table.cast(RESULT_SCHEMA), meta

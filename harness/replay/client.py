@@ -44,9 +44,15 @@ def status_error(status: int) -> str | None:
 
 
 def new_row(request: PreparedRequest, settings: ClientSettings) -> ResultRow:
-    return ResultRow(request_id=request.request_id, arm=settings.arm, repeat=settings.repeat,
-                     intended_s=request.intended_s, worker=settings.worker, prompt_tokens=request.prompt_tokens,
-                     expected_output_tokens=request.expected_output_tokens)
+    return ResultRow(
+        request_id=request.request_id,
+        arm=settings.arm,
+        repeat=settings.repeat,
+        intended_s=request.intended_s,
+        worker=settings.worker,
+        prompt_tokens=request.prompt_tokens,
+        expected_output_tokens=request.expected_output_tokens,
+    )
 
 
 async def send(session: aiohttp.ClientSession, request: PreparedRequest, settings: ClientSettings) -> ResultRow:
@@ -57,8 +63,9 @@ async def send(session: aiohttp.ClientSession, request: PreparedRequest, setting
     row.lag_s = row.sent_s - request.intended_s
     reader = StreamReader(row, settings.keep_text) if settings.stream else None
     try:
-        async with session.post(settings.url + request.path, data=request.body, headers=settings.headers,
-                                timeout=settings.timeout) as response:
+        async with session.post(
+            settings.url + request.path, data=request.body, headers=settings.headers, timeout=settings.timeout
+        ) as response:
             row.status = response.status
             if response.status != 200:
                 await response.read()

@@ -27,7 +27,9 @@ def register(app: typer.Typer) -> None:
     @app.command("replay")
     def replay(
         trace: Path = typer.Argument(..., help="Trace file (.parquet) to replay."),
-        url: str = typer.Option(..., "--url", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000"),
+        url: str = typer.Option(
+            ..., "--url", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000"
+        ),
         output: Path = typer.Option(..., "-o", "--output", help="Result file to write (.parquet)."),
         api: str | None = typer.Option(None, "--api", help="completions | chat for all (default: per trace row)."),
         time_scale: float = typer.Option(1.0, "--time-scale", help="Multiply arrival times (0.5 = twice the rate)."),
@@ -45,20 +47,33 @@ def register(app: typer.Typer) -> None:
         repeat: int = typer.Option(0, "--repeat", help="Repeat number stored in the results."),
         request_timeout: float = typer.Option(600.0, "--request-timeout", help="Seconds before a request times out."),
         read_timeout: float = typer.Option(60.0, "--read-timeout", help="Seconds of silence = timeout."),
-        queue_timeout: float | None = typer.Option(None, "--queue-timeout",
-                                                   help="Longest wait for a --max-inflight slot."),
-        api_key: str | None = typer.Option(None, "--api-key", envvar="REPLAYBENCH_API_KEY",
-                                           help="Bearer token for the server (never stored)."),
+        queue_timeout: float | None = typer.Option(
+            None, "--queue-timeout", help="Longest wait for a --max-inflight slot."
+        ),
+        api_key: str | None = typer.Option(
+            None, "--api-key", envvar="REPLAYBENCH_API_KEY", help="Bearer token for the server (never stored)."
+        ),
     ) -> None:
         """Replay a trace open-loop with exact arrival timing against one server; write per-request results."""
         from harness.replay.options import ReplayOptions
         from harness.replay.runner import run_replay
         from harness.trace.model import Trace
 
-        options = ReplayOptions(api=api, time_scale=time_scale, workers=workers, max_inflight=max_inflight,
-                                seed=seed, model=model, stream=stream, lag_budget_s=lag_budget_ms / 1e3,
-                                save_outputs=save_outputs, request_timeout_s=request_timeout,
-                                read_timeout_s=read_timeout, queue_timeout_s=queue_timeout, api_key=api_key)
+        options = ReplayOptions(
+            api=api,
+            time_scale=time_scale,
+            workers=workers,
+            max_inflight=max_inflight,
+            seed=seed,
+            model=model,
+            stream=stream,
+            lag_budget_s=lag_budget_ms / 1e3,
+            save_outputs=save_outputs,
+            request_timeout_s=request_timeout,
+            read_timeout_s=read_timeout,
+            queue_timeout_s=queue_timeout,
+            api_key=api_key,
+        )
         loaded = slice_if_asked(Trace.read(trace), start, duration, limit)
         outcome = run_replay(loaded, url, options, output, arm=arm, repeat=repeat, progress=True)
         _print_summary(outcome)

@@ -36,6 +36,11 @@ class WorkerCounters:
 
     def totals(self) -> Totals:
         values = list(self._values)
-        column = [values[f::len(FIELDS)] for f in range(len(FIELDS))]
-        return Totals(sent=int(sum(column[SENT])), done=int(sum(column[DONE])), errors=int(sum(column[ERRORS])),
-                      inflight=int(sum(column[INFLIGHT])), lag_s=max(column[LAG]))
+        column = [values[f :: len(FIELDS)] for f in range(len(FIELDS))]
+        return Totals(
+            sent=int(sum(column[SENT])),
+            done=int(sum(column[DONE])),
+            errors=int(sum(column[ERRORS])),
+            inflight=int(sum(column[INFLIGHT])),
+            lag_s=max(column[LAG]),
+        )

@@ -39,14 +39,20 @@ def finalize(directory: Path, output: Path, complete: bool) -> tuple[pa.Table, F
     rows = sorted(read_rows(directory), key=lambda r: (r["intended_s"], r["request_id"]))
     table = results_table(rows)
     complete = complete and len(rows) == int(meta[META_SCHEDULED])
-    fidelity = replay_fidelity(table, lag_budget_s=float(meta[META_LAG_BUDGET_S]),
-                               rate_tolerance=float(meta[META_RATE_TOLERANCE]))
-    meta |= {META_COMPLETE: str(complete).lower(), META_VALID: str(fidelity.valid and complete).lower(),
-             META_INVALID_REASONS: "; ".join(fidelity.reasons + (() if complete else ("run incomplete",)))}
+    fidelity = replay_fidelity(
+        table, lag_budget_s=float(meta[META_LAG_BUDGET_S]), rate_tolerance=float(meta[META_RATE_TOLERANCE])
+    )
+    meta |= {
+        META_COMPLETE: str(complete).lower(),
+        META_VALID: str(fidelity.valid and complete).lower(),
+        META_INVALID_REASONS: "; ".join(fidelity.reasons + (() if complete else ("run incomplete",))),
+    }
     try:
         write_results(output, table, meta)
     except OSError as exc:
-        raise UserError(f"cannot write {output} ({exc.strerror}); the finished rows are safe in {directory}: "
-                        f"make the path writable and run `replaybench replay-recover {output}`") from None
+        raise UserError(
+            f"cannot write {output} ({exc.strerror}); the finished rows are safe in {directory}: "
+            f"make the path writable and run `replaybench replay-recover {output}`"
+        ) from None
     shutil.rmtree(directory)
     return table, fidelity

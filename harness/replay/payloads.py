@@ -25,8 +25,16 @@ from harness.replay.token_fit import Calibration, ServerTokenizer, calibrate, fi
 from harness.trace.model import Trace
 
 API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
-SAMPLING_PARAMS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-                   "repetition_penalty")
+SAMPLING_PARAMS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 DEFAULT_BLOCK_SIZE = 512  # tokens per prefix block when the trace does not say (the Mooncake convention)
 TOKENIZE_CONCURRENCY = 16
 FALLBACK_MODEL = "default"
@@ -80,8 +88,9 @@ def choose_model(requested: str | None, row_model: str | None, served: tuple[str
     return served[0] if served else (row_model or FALLBACK_MODEL)
 
 
-def generation_body(model: str, content: dict[str, Any], params: dict[str, Any], output_tokens: int,
-                    stream: bool) -> bytes:
+def generation_body(
+    model: str, content: dict[str, Any], params: dict[str, Any], output_tokens: int, stream: bool
+) -> bytes:
     body: dict[str, Any] = {"model": model} | content | params
     body |= {"max_tokens": output_tokens, "min_tokens": output_tokens, "ignore_eos": True, "stream": stream}
     if stream:
@@ -113,18 +122,34 @@ class PromptSynthesizer:
             return await tokenizer.count(build(n))
 
         if api not in self._calibrations:
-            self._calibrations[api] = asyncio.ensure_future(calibrate(
-                lambda n: tokenizer.count(synthetic_content(api, prompt_words(self.seed, "calibration", [], 1, n)))))
+            self._calibrations[api] = asyncio.ensure_future(
+                calibrate(
+                    lambda n: tokenizer.count(synthetic_content(api, prompt_words(self.seed, "calibration", [], 1, n)))
+                )
+            )
         calibration = await self._calibrations[api]
         return build(await fit_word_count(count, prompt_tokens, calibration))
 
 
-async def prepare_requests(trace: Trace, url: str, options: ReplayOptions, server: ServerInfo,
-                           session: aiohttp.ClientSession) -> list[PreparedRequest]:
+async def prepare_requests(
+    trace: Trace, url: str, options: ReplayOptions, server: ServerInfo, session: aiohttp.ClientSession
+) -> list[PreparedRequest]:
     """Every request body of the (already time-scaled) trace, in arrival order."""
-    cols = {name: trace.table.column(name).to_pylist() for name in
-            ("request_id", "arrival_s", "api", "model", "prompt", "messages", "prompt_tokens",
-             "prefix_block_ids", "output_tokens", "params")}
+    cols = {
+        name: trace.table.column(name).to_pylist()
+        for name in (
+            "request_id",
+            "arrival_s",
+            "api",
+            "model",
+            "prompt",
+            "messages",
+            "prompt_tokens",
+            "prefix_block_ids",
+            "output_tokens",
+            "params",
+        )
+    }
     block_size = int(trace.metadata.get(META_BLOCK_SIZE) or DEFAULT_BLOCK_SIZE)
     synthesizers: dict[str, PromptSynthesizer] = {}
     limit = asyncio.Semaphore(TOKENIZE_CONCURRENCY)
@@ -139,13 +164,19 @@ async def prepare_requests(trace: Trace, url: str, options: ReplayOptions, serve
                 tokenizer = ServerTokenizer(session, url, model) if server.tokenize else None
                 synthesizers[model] = PromptSynthesizer(options.seed, block_size, tokenizer)
             async with limit:
-                content = await synthesizers[model].content(api, cols["request_id"][i],
-                                                            cols["prefix_block_ids"][i] or [],
-                                                            cols["prompt_tokens"][i])
+                content = await synthesizers[model].content(
+                    api, cols["request_id"][i], cols["prefix_block_ids"][i] or [], cols["prompt_tokens"][i]
+                )
         output_tokens = max(1, cols["output_tokens"][i])
         body = generation_body(model, content, sampling_params(cols["params"][i]), output_tokens, options.stream)
-        return PreparedRequest(index=i, request_id=cols["request_id"][i], intended_s=cols["arrival_s"][i],
-                               path=API_PATHS[api], body=body, prompt_tokens=cols["prompt_tokens"][i],
-                               expected_output_tokens=output_tokens)
+        return PreparedRequest(
+            index=i,
+            request_id=cols["request_id"][i],
+            intended_s=cols["arrival_s"][i],
+            path=API_PATHS[api],
+            body=body,
+            prompt_tokens=cols["prompt_tokens"][i],
+            expected_output_tokens=output_tokens,
+        )
 
     return list(await asyncio.gather(*(prepare(i) for i in range(trace.table.num_rows))))

@@ -59,21 +59,31 @@ async def _prepare(trace: Trace, url: str, options: ReplayOptions) -> list[Prepa
         try:
             return await prepare_requests(trace, url, options, server, session)
         except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as exc:
-            raise UserError(f"synthesising prompts with {url}/tokenize failed ({type(exc).__name__}: {exc}); "
-                            "check the server's tokenizer endpoint or give a trace with prompt text") from None
+            raise UserError(
+                f"synthesising prompts with {url}/tokenize failed ({type(exc).__name__}: {exc}); "
+                "check the server's tokenizer endpoint or give a trace with prompt text"
+            ) from None
 
 
-def _run_meta(trace: Trace, url: str, options: ReplayOptions, arm: str, repeat: int,
-              requests: list[PreparedRequest]) -> dict[str, str]:
+def _run_meta(
+    trace: Trace, url: str, options: ReplayOptions, arm: str, repeat: int, requests: list[PreparedRequest]
+) -> dict[str, str]:
     rate = offered_rate_of([r.intended_s for r in requests])
     return options.extra_metadata | {
-        META_ARM: arm, META_REPEAT: str(repeat), META_URL: url, META_TIME_SCALE: str(options.time_scale),
+        META_ARM: arm,
+        META_REPEAT: str(repeat),
+        META_URL: url,
+        META_TIME_SCALE: str(options.time_scale),
         META_OFFERED_RATE: "" if rate is None else repr(rate),
         META_TRACE_SOURCE: trace.metadata.get(META_SOURCE, ""),
-        fin.META_SCHEDULED: str(len(requests)), fin.META_LAG_BUDGET_S: repr(options.lag_budget_s),
-        fin.META_RATE_TOLERANCE: repr(options.rate_tolerance), fin.META_SEED: str(options.seed),
-        fin.META_WORKERS: str(options.workers), fin.META_MAX_INFLIGHT: str(options.max_inflight or ""),
-        fin.META_API: options.api or "trace", fin.META_STREAM: str(options.stream).lower(),
+        fin.META_SCHEDULED: str(len(requests)),
+        fin.META_LAG_BUDGET_S: repr(options.lag_budget_s),
+        fin.META_RATE_TOLERANCE: repr(options.rate_tolerance),
+        fin.META_SEED: str(options.seed),
+        fin.META_WORKERS: str(options.workers),
+        fin.META_MAX_INFLIGHT: str(options.max_inflight or ""),
+        fin.META_API: options.api or "trace",
+        fin.META_STREAM: str(options.stream).lower(),
     }
 
 
@@ -125,8 +135,16 @@ class WorkersEnd:
     failed: tuple[str, ...]  # "worker K exited with code C" for each worker that died on its own
 
 
-def _run_workers(requests: list[PreparedRequest], url: str, arm: str, repeat: int, options: ReplayOptions,
-                 directory: Path, progress: bool, start_gate: StartGate | None) -> WorkersEnd:
+def _run_workers(
+    requests: list[PreparedRequest],
+    url: str,
+    arm: str,
+    repeat: int,
+    options: ReplayOptions,
+    directory: Path,
+    progress: bool,
+    start_gate: StartGate | None,
+) -> WorkersEnd:
     """Run the schedule on `options.workers` processes until they finish or the run is interrupted."""
     # forkserver, not fork: the caller may have threads (a fork would copy their held locks), and a clean
     # server process that has imported the worker code once starts each worker in milliseconds.
@@ -136,11 +154,19 @@ def _run_workers(requests: list[PreparedRequest], url: str, arm: str, repeat: in
     signals = StartSignals(ready=ctx.Semaphore(0), go=ctx.Event(), stop=ctx.Event(), t0=ctx.Value("d", 0.0))
     processes = []
     for k in range(options.workers):
-        job = WorkerJob(worker=k, requests=[requests[i] for i in shard(len(requests), options.workers, k)],
-                        url=url, arm=arm, repeat=repeat, options=options, segment=segment_path(directory, k),
-                        parent_pid=os.getpid())
-        processes.append(ctx.Process(target=worker_main, args=(job, counters, signals), daemon=True,
-                                     name=f"replaybench-worker-{k}"))
+        job = WorkerJob(
+            worker=k,
+            requests=[requests[i] for i in shard(len(requests), options.workers, k)],
+            url=url,
+            arm=arm,
+            repeat=repeat,
+            options=options,
+            segment=segment_path(directory, k),
+            parent_pid=os.getpid(),
+        )
+        processes.append(
+            ctx.Process(target=worker_main, args=(job, counters, signals), daemon=True, name=f"replaybench-worker-{k}")
+        )
     interrupted = False
     with _sigterm_as_interrupt():
         try:
@@ -164,17 +190,28 @@ def _run_workers(requests: list[PreparedRequest], url: str, arm: str, repeat: in
         finally:
             signals.stop.set()
             _stop_workers(processes)
-    failed = () if interrupted else tuple(f"worker {k} exited with code {p.exitcode}"
-                                          for k, p in enumerate(processes) if p.exitcode not in (0, None))
+    failed = (
+        ()
+        if interrupted
+        else tuple(
+            f"worker {k} exited with code {p.exitcode}" for k, p in enumerate(processes) if p.exitcode not in (0, None)
+        )
+    )
     return WorkersEnd(interrupted=interrupted, failed=failed)
 
 
 def _outcome(output: Path, directory: Path, complete: bool, interrupted: bool) -> ReplayOutcome:
     scheduled = int(fin.read_meta(directory)[fin.META_SCHEDULED])
     table, fidelity = fin.finalize(directory, output, complete=complete)
-    return ReplayOutcome(path=output, fidelity=fidelity, complete=complete and table.num_rows == scheduled,
-                         interrupted=interrupted, requests=table.num_rows, scheduled=scheduled,
-                         errors=fin.error_counts(table))
+    return ReplayOutcome(
+        path=output,
+        fidelity=fidelity,
+        complete=complete and table.num_rows == scheduled,
+        interrupted=interrupted,
+        requests=table.num_rows,
+        scheduled=scheduled,
+        errors=fin.error_counts(table),
+    )
 
 
 def _check_writable(output: Path) -> None:
@@ -187,9 +224,16 @@ def _check_writable(output: Path) -> None:
         raise UserError(f"cannot write {output}; choose a writable -o path (a file, not a directory)")
 
 
-def run_replay(trace: Trace, url: str, options: ReplayOptions, output: str | os.PathLike[str],
-               arm: str = "replay", repeat: int = 0, progress: bool = True,
-               start_gate: StartGate | None = None) -> ReplayOutcome:
+def run_replay(
+    trace: Trace,
+    url: str,
+    options: ReplayOptions,
+    output: str | os.PathLike[str],
+    arm: str = "replay",
+    repeat: int = 0,
+    progress: bool = True,
+    start_gate: StartGate | None = None,
+) -> ReplayOutcome:
     """Replay `trace` open-loop against `url` and write the result file `output` (see the package docstring).
 
     `start_gate`, when given, is called once every request is prepared and every worker is ready; it returns
@@ -199,8 +243,10 @@ def run_replay(trace: Trace, url: str, options: ReplayOptions, output: str | os.
     output = Path(output)
     directory = partial_dir(output)
     if directory.exists():
-        raise UserError(f"{directory} holds an interrupted replay; run `replaybench replay-recover {output}` "
-                        "to keep its rows, or delete it")
+        raise UserError(
+            f"{directory} holds an interrupted replay; run `replaybench replay-recover {output}` "
+            "to keep its rows, or delete it"
+        )
     _check_writable(output)
     scaled = trace.slice(time_scale=options.time_scale)  # also re-bases: the first request is due at t0
     requests = asyncio.run(_prepare(scaled, url, options))
@@ -208,8 +254,10 @@ def run_replay(trace: Trace, url: str, options: ReplayOptions, output: str | os.
     end = _run_workers(requests, url, arm, repeat, options, directory, progress, start_gate)
     outcome = _outcome(output, directory, complete=not (end.interrupted or end.failed), interrupted=end.interrupted)
     if end.failed:
-        raise UserError(f"the replay failed ({'; '.join(end.failed)}); its {outcome.requests} finished requests "
-                        f"are in {output}, marked incomplete")
+        raise UserError(
+            f"the replay failed ({'; '.join(end.failed)}); its {outcome.requests} finished requests "
+            f"are in {output}, marked incomplete"
+        )
     return outcome
 
 

@@ -21,8 +21,9 @@ async def probe_server(session: aiohttp.ClientSession, url: str) -> ServerInfo:
         async with session.get(f"{url}/v1/models") as response:
             data = await response.json(content_type=None) if response.status == 200 else {}
     except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-        raise UserError(f"cannot reach the server at {url} ({type(exc).__name__}: {exc}); "
-                        "start it or fix --url") from None
+        raise UserError(
+            f"cannot reach the server at {url} ({type(exc).__name__}: {exc}); start it or fix --url"
+        ) from None
     except (aiohttp.ContentTypeError, ValueError):
         data = {}
     models = tuple(str(m["id"]) for m in data.get("data", []) if isinstance(m, dict) and "id" in m)

@@ -42,8 +42,7 @@ def latency_percentiles(table: pa.Table) -> list[LatencyPercentiles]:
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(counts > 1, (e2e - ttft) / (counts - 1), np.nan)
     itl = np.concatenate(gaps) if gaps else np.array([])
-    return [_percentiles("TTFT", ttft), _percentiles("ITL", itl), _percentiles("TPOT", tpot),
-            _percentiles("E2E", e2e)]
+    return [_percentiles("TTFT", ttft), _percentiles("ITL", itl), _percentiles("TPOT", tpot), _percentiles("E2E", e2e)]
 
 
 def _ms(value: float | None) -> str:
@@ -56,13 +55,22 @@ def render_summary(outcome: ReplayOutcome, table: pa.Table) -> Group:
     errors = ", ".join(f"{k} {v}" for k, v in sorted(outcome.errors.items())) or "none"
     lines = [
         Text.assemble("replay ", verdict, f"  ->  {outcome.path}"),
-        Text(f"requests: {outcome.requests} finished of {outcome.scheduled} scheduled"
-             f"{'' if outcome.complete else '  (INCOMPLETE: interrupted)'}; errors: {errors}"),
-        Text(f"send lag: p50 {_ms(f.lag_p50_s)}, p99 {_ms(f.lag_p99_s)}, max {_ms(f.lag_max_s)} "
-             f"(budget {f.lag_budget_s * 1e3:g} ms)"),
-        Text("rate: achieved " + ("-" if f.achieved_rate is None else f"{f.achieved_rate:.3f}") + " req/s vs offered "
-             + ("-" if f.offered_rate is None else f"{f.offered_rate:.3f}") + " req/s"
-             + ("" if f.rate_error is None else f" ({f.rate_error * 100:+.3f} %)")),
+        Text(
+            f"requests: {outcome.requests} finished of {outcome.scheduled} scheduled"
+            f"{'' if outcome.complete else '  (INCOMPLETE: interrupted)'}; errors: {errors}"
+        ),
+        Text(
+            f"send lag: p50 {_ms(f.lag_p50_s)}, p99 {_ms(f.lag_p99_s)}, max {_ms(f.lag_max_s)} "
+            f"(budget {f.lag_budget_s * 1e3:g} ms)"
+        ),
+        Text(
+            "rate: achieved "
+            + ("-" if f.achieved_rate is None else f"{f.achieved_rate:.3f}")
+            + " req/s vs offered "
+            + ("-" if f.offered_rate is None else f"{f.offered_rate:.3f}")
+            + " req/s"
+            + ("" if f.rate_error is None else f" ({f.rate_error * 100:+.3f} %)")
+        ),
         Text(f"output-length mismatches: {f.output_mismatches}"),
     ]
     lines += [Text(f"invalid: {reason}", style="red") for reason in f.reasons]

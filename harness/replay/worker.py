@@ -95,8 +95,9 @@ async def _worker(job: WorkerJob, counters: WorkerCounters, signals: StartSignal
     headers = {"Content-Type": "application/json"}
     if options.api_key:
         headers["Authorization"] = f"Bearer {options.api_key}"
-    timeout = aiohttp.ClientTimeout(total=options.request_timeout_s, sock_connect=options.read_timeout_s,
-                                    sock_read=options.read_timeout_s)
+    timeout = aiohttp.ClientTimeout(
+        total=options.request_timeout_s, sock_connect=options.read_timeout_s, sock_read=options.read_timeout_s
+    )
     writer = SegmentWriter(job.segment)
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=KEEPALIVE_S)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
@@ -107,9 +108,17 @@ async def _worker(job: WorkerJob, counters: WorkerCounters, signals: StartSignal
             if _stopping(job, signals):
                 writer.close()
                 return
-        settings = ClientSettings(url=job.url, arm=job.arm, repeat=job.repeat, worker=job.worker,
-                                  t0=signals.t0.value, stream=options.stream, keep_text=options.save_outputs,
-                                  headers=headers, timeout=timeout)
+        settings = ClientSettings(
+            url=job.url,
+            arm=job.arm,
+            repeat=job.repeat,
+            worker=job.worker,
+            t0=signals.t0.value,
+            stream=options.stream,
+            keep_text=options.save_outputs,
+            headers=headers,
+            timeout=timeout,
+        )
         await _run_shard(job, session, settings, writer, counters, signals)
     writer.close()
 
@@ -125,8 +134,14 @@ async def _warm_pool(session: aiohttp.ClientSession, url: str, connections: int,
     await asyncio.gather(*(touch() for _ in range(connections)))
 
 
-async def _run_shard(job: WorkerJob, session: aiohttp.ClientSession, settings: ClientSettings,
-                     writer: SegmentWriter, counters: WorkerCounters, signals: StartSignals) -> None:
+async def _run_shard(
+    job: WorkerJob,
+    session: aiohttp.ClientSession,
+    settings: ClientSettings,
+    writer: SegmentWriter,
+    counters: WorkerCounters,
+    signals: StartSignals,
+) -> None:
     w = job.worker
     slots = asyncio.Semaphore(job.options.max_inflight) if job.options.max_inflight else None
     queue_timeout_s = job.options.queue_timeout_s or job.options.request_timeout_s

@@ -19,8 +19,10 @@ def report(run_dir: Path = typer.Argument(..., help="Run directory written by `r
         decision = build_report(run_dir)
     colour = {"KEEP": "green", "REJECT": "red", "INCONCLUSIVE": "yellow", "INVALID": "magenta"}[decision.outcome]
     console.print(f"[bold {colour}]{decision.outcome.value}[/]: {decision.reason}")
-    console.print(f"repeats used: {', '.join(map(str, decision.repeats_used)) or 'none'}"
-                  + "".join(f"\nexcluded repeat {e.repeat}: {'; '.join(e.reasons)}" for e in decision.excluded))
+    console.print(
+        f"repeats used: {', '.join(map(str, decision.repeats_used)) or 'none'}"
+        + "".join(f"\nexcluded repeat {e.repeat}: {'; '.join(e.reasons)}" for e in decision.excluded)
+    )
     console.print(f"report: {Path(run_dir) / 'index.html'}  (also summary.json, decision.json, summary.md, junit.xml)")
 
 

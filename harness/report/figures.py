@@ -18,14 +18,32 @@ from harness.analysis.model import MetricComparison, RunRow
 from harness.records.decision_config import LATENCY_METRICS
 
 ARM_COLOURS = {"baseline": "#5b6b7f", "candidate": "#d9822b"}
-VERDICT_COLOURS = {"IMPROVEMENT": "#1a7f37", "REGRESSION": "#cf222e", "EQUIVALENT": "#0969da",
-                   "INCONCLUSIVE": "#9a6700", None: "#6e7781"}
+VERDICT_COLOURS = {
+    "IMPROVEMENT": "#1a7f37",
+    "REGRESSION": "#cf222e",
+    "EQUIVALENT": "#0969da",
+    "INCONCLUSIVE": "#9a6700",
+    None: "#6e7781",
+}
 PERCENT_TICKS = (-90, -75, -50, -30, -20, -10, -5, -2, 0, 2, 5, 10, 20, 30, 50, 100, 200, 400)
-LATENCY_TITLES = {"ttft": "Time to first token", "itl": "Inter-token latency", "tpot": "Time per output token",
-                  "e2e": "End-to-end latency"}
+LATENCY_TITLES = {
+    "ttft": "Time to first token",
+    "itl": "Inter-token latency",
+    "tpot": "Time per output token",
+    "e2e": "End-to-end latency",
+}
 
-plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False,
-                     "axes.grid": True, "grid.alpha": 0.25, "figure.dpi": 110, "savefig.bbox": "tight"})
+plt.rcParams.update(
+    {
+        "font.size": 9,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "axes.grid": True,
+        "grid.alpha": 0.25,
+        "figure.dpi": 110,
+        "savefig.bbox": "tight",
+    }
+)
 
 
 def _data_uri(figure: plt.Figure) -> str:
@@ -69,8 +87,15 @@ def forest_plot(comparisons: list[MetricComparison]) -> str:
     figure, axis = plt.subplots(figsize=(7.2, 0.38 * max(len(shown), 2) + 0.9))
     if not shown:
         axis.set_axis_off()
-        axis.text(0.5, 0.5, "no metric could be compared: see the verdict", ha="center", va="center",
-                  color="#59636e", transform=axis.transAxes)
+        axis.text(
+            0.5,
+            0.5,
+            "no metric could be compared: see the verdict",
+            ha="center",
+            va="center",
+            color="#59636e",
+            transform=axis.transAxes,
+        )
         return _data_uri(figure)
     for row, c in enumerate(reversed(shown)):
         colour = VERDICT_COLOURS.get(c.verdict, VERDICT_COLOURS[None])
@@ -79,10 +104,20 @@ def forest_plot(comparisons: list[MetricComparison]) -> str:
         if c.bootstrap_low is not None:
             axis.plot([c.bootstrap_low, c.bootstrap_high], [row - 0.22] * 2, color=colour, lw=1, alpha=0.55)
         if c.margin:
-            axis.add_patch(plt.Rectangle((1 / (1 + c.margin), row - 0.4), (1 + c.margin) - 1 / (1 + c.margin), 0.8,
-                                         color="#8c959f", alpha=0.13, lw=0))
-    labels = [f"{c.metric}{'  (target)' if c.role == 'target' else '  (explor.)' if c.role == 'exploratory' else ''}"
-              for c in reversed(shown)]
+            axis.add_patch(
+                plt.Rectangle(
+                    (1 / (1 + c.margin), row - 0.4),
+                    (1 + c.margin) - 1 / (1 + c.margin),
+                    0.8,
+                    color="#8c959f",
+                    alpha=0.13,
+                    lw=0,
+                )
+            )
+    labels = [
+        f"{c.metric}{'  (target)' if c.role == 'target' else '  (explor.)' if c.role == 'exploratory' else ''}"
+        for c in reversed(shown)
+    ]
     axis.set_yticks(range(len(shown)), labels)
     axis.axvline(1.0, color="#24292f", lw=0.8)
     axis.set_xscale("log")
@@ -126,9 +161,14 @@ def latency_ecdfs(plots: PlotData) -> str:
 def attainment_over_time(plots: PlotData, target: float) -> str:
     figure, axis = plt.subplots(figsize=(7.2, 2.6))
     for arm, values in plots.attainment.items():
-        axis.plot(np.append(plots.window_starts_s, plots.window_starts_s[-1] + plots.window_s),
-                  np.append(values, values[-1]) * 100, drawstyle="steps-post", color=ARM_COLOURS.get(arm),
-                  label=arm, lw=1.4)
+        axis.plot(
+            np.append(plots.window_starts_s, plots.window_starts_s[-1] + plots.window_s),
+            np.append(values, values[-1]) * 100,
+            drawstyle="steps-post",
+            color=ARM_COLOURS.get(arm),
+            label=arm,
+            lw=1.4,
+        )
     axis.axhline(target * 100, color="#cf222e", lw=0.8, ls="--", label=f"target {target:.0%}")
     lowest = min([float(np.nanmin(v)) * 100 for v in plots.attainment.values() if np.isfinite(v).any()] + [100.0])
     axis.set_ylim(max(0.0, min(lowest, target * 100) - 2), 100.5)
@@ -160,8 +200,13 @@ def rate_fidelity(runs: list[RunRow]) -> str:
     figure, axis = plt.subplots(figsize=(3.6, 2.6))
     for run in runs:
         if run.offered_rate and run.achieved_rate:
-            axis.plot(run.offered_rate, run.achieved_rate, "o" if run.valid else "x", ms=5,
-                      color=ARM_COLOURS.get(run.arm, "#6e7781"))
+            axis.plot(
+                run.offered_rate,
+                run.achieved_rate,
+                "o" if run.valid else "x",
+                ms=5,
+                color=ARM_COLOURS.get(run.arm, "#6e7781"),
+            )
     rates = [r for run in runs for r in (run.offered_rate, run.achieved_rate) if r]
     if rates:
         low, high = min(rates) * 0.98, max(rates) * 1.02

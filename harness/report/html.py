@@ -15,11 +15,22 @@ from harness.analysis.inputs import ARMS
 from harness.records.decision_config import SloConfig
 from harness.report import figures
 
-REPEAT_TABLE_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "itl_p99", "e2e_p99", "slo_attainment", "throughput",
-                        "failure_rate")
+REPEAT_TABLE_METRICS = (
+    "ttft_p50",
+    "ttft_p99",
+    "tpot_p50",
+    "itl_p99",
+    "e2e_p99",
+    "slo_attainment",
+    "throughput",
+    "failure_rate",
+)
 
-_ENV = jinja2.Environment(loader=jinja2.PackageLoader("harness.report", "templates"),
-                          autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("harness.report", "templates"),
+    autoescape=jinja2.select_autoescape(["html", "j2"]),
+    undefined=jinja2.StrictUndefined,
+)
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -64,8 +75,11 @@ def _environment(env: dict[str, object]) -> tuple[list[tuple[str, str]], dict[st
 
 
 def _slo_text(slo: SloConfig) -> str:
-    parts = [f"{name} ≤ {_secs(limit)}" for name, limit in
-             (("TTFT", slo.ttft_s), ("TPOT", slo.tpot_s), ("ITL", slo.itl_s), ("E2E", slo.e2e_s)) if limit]
+    parts = [
+        f"{name} ≤ {_secs(limit)}"
+        for name, limit in (("TTFT", slo.ttft_s), ("TPOT", slo.tpot_s), ("ITL", slo.itl_s), ("E2E", slo.e2e_s))
+        if limit
+    ]
     return ", ".join(parts) or "no latency SLO: success only"
 
 
@@ -84,10 +98,19 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
         "rate": figures.rate_fidelity(s.runs),
     }
     return _ENV.get_template("index.html.j2").render(
-        s=s, fig=fig, arms=ARMS, failures=failures, repeat_metrics=REPEAT_TABLE_METRICS,
-        environment=_environment(s.environment), slo_text=_slo_text(slo), window_s=plots.window_s,
+        s=s,
+        fig=fig,
+        arms=ARMS,
+        failures=failures,
+        repeat_metrics=REPEAT_TABLE_METRICS,
+        environment=_environment(s.environment),
+        slo_text=_slo_text(slo),
+        window_s=plots.window_s,
         generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        pct=lambda ratio: "—" if ratio is None else pct(ratio), num=_num, secs=_secs, value=_value,
+        pct=lambda ratio: "—" if ratio is None else pct(ratio),
+        num=_num,
+        secs=_secs,
+        value=_value,
         mean=_geometric_mean,
         ci=lambda low, high: "—" if low is None else pct_interval(low, high),
         money=lambda v: "—" if v is None else f"{v:.3g} {s.cost.currency}",

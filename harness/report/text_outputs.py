@@ -12,8 +12,10 @@ OUTCOME_ICONS = {"KEEP": "✅", "REJECT": "❌", "INCONCLUSIVE": "⚠️", "INVA
 
 
 def decision_json(summary: Summary) -> str:
-    payload = summary.decision.model_dump(mode="json") | {"exit_code": summary.decision.exit_code,
-                                                          "experiment": summary.experiment}
+    payload = summary.decision.model_dump(mode="json") | {
+        "exit_code": summary.decision.exit_code,
+        "experiment": summary.experiment,
+    }
     return json.dumps(payload, indent=1, ensure_ascii=False) + "\n"
 
 
@@ -24,13 +26,20 @@ def summary_json(summary: Summary) -> str:
 def summary_markdown(summary: Summary) -> str:
     """A short Markdown summary that fits a pull-request comment."""
     d = summary.decision
-    lines = [f"### {OUTCOME_ICONS[d.outcome.value]} replaybench: **{d.outcome.value}** — {summary.experiment}", "",
-             d.reason, ""]
+    lines = [
+        f"### {OUTCOME_ICONS[d.outcome.value]} replaybench: **{d.outcome.value}** — {summary.experiment}",
+        "",
+        d.reason,
+        "",
+    ]
     if summary.simulated:
         lines += ["> Results come from the **simulated engine**, not real servers.", ""]
     if summary.mode == "A/A":
-        lines += ["> **A/A run** (both arms serve identically): a KEEP or REJECT here is a false alarm, "
-                  f"expected at most {summary.alpha:.0%} of the time.", ""]
+        lines += [
+            "> **A/A run** (both arms serve identically): a KEEP or REJECT here is a false alarm, "
+            f"expected at most {summary.alpha:.0%} of the time.",
+            "",
+        ]
     lines += ["| metric | role | change | 95% CI | margin | verdict |", "|---|---|---|---|---|---|"]
     for c in summary.comparisons:
         verdict = c.verdict or (f"q={c.q_value:.3f}" if c.q_value is not None else "—")
@@ -38,12 +47,17 @@ def summary_markdown(summary: Summary) -> str:
         interval = pct_interval(c.ci_low, c.ci_high)
         lines.append(f"| {c.metric} | {c.role} | {pct(c.ratio)} | {interval} | {margin} | {verdict} |")
     excluded = "; ".join(f"r{e.repeat}: {', '.join(e.reasons)}" for e in d.excluded)
-    lines += ["", f"Repeats used: {len(d.repeats_used)}" + (f" · excluded: {excluded}" if excluded else ""),
-              f"Cost: {summary.cost.line}"]
+    lines += [
+        "",
+        f"Repeats used: {len(d.repeats_used)}" + (f" · excluded: {excluded}" if excluded else ""),
+        f"Cost: {summary.cost.line}",
+    ]
     if summary.quality.measured:
         q = summary.quality
-        lines.append(f"Quality: pass rate {q.baseline_pass_rate or 0:.0%} → {q.candidate_pass_rate or 0:.0%}, "
-                     f"identical outputs {q.identical_fraction or 0:.0%}")
+        lines.append(
+            f"Quality: pass rate {q.baseline_pass_rate or 0:.0%} → {q.candidate_pass_rate or 0:.0%}, "
+            f"identical outputs {q.identical_fraction or 0:.0%}"
+        )
     lines += ["", f"<sub>Rule: {d.rule}</sub>", ""]
     return "\n".join(lines)
 

@@ -26,8 +26,9 @@ def probe(url: str, timeout_s: float = 2.0) -> int | None:
         return None
 
 
-def poll_ready(url: str, timeout_s: float, still_starting: Callable[[], bool] = lambda: True,
-               interval_s: float = 0.1) -> bool:
+def poll_ready(
+    url: str, timeout_s: float, still_starting: Callable[[], bool] = lambda: True, interval_s: float = 0.1
+) -> bool:
     """Poll `url` until it answers 200 (True), `timeout_s` passes or `still_starting()` turns False (False)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

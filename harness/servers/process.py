@@ -104,8 +104,9 @@ class ServerProcess:
         spec = self.spec
         require_free_port(spec.port, spec.label)
         if resolve_executable(spec.argv[0], spec.cwd) is None:
-            raise UserError(f"arm {spec.label}: command {spec.argv[0]!r} not found; install it or fix "
-                            f"arms.{spec.label}.command")
+            raise UserError(
+                f"arm {spec.label}: command {spec.argv[0]!r} not found; install it or fix arms.{spec.label}.command"
+            )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         Watchdog.ensure_running()
         with open(self.log_path, "ab") as log:
@@ -114,12 +115,20 @@ class ServerProcess:
             log.flush()
             try:
                 self._popen = subprocess.Popen(
-                    list(spec.argv), env=spec.child_env(), cwd=spec.cwd, stdin=subprocess.DEVNULL,
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_pdeathsig_preexec(),
+                    list(spec.argv),
+                    env=spec.child_env(),
+                    cwd=spec.cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_pdeathsig_preexec(),
                 )
             except OSError as error:
-                raise UserError(f"arm {spec.label}: cannot start {spec.argv[0]!r} ({error.strerror}); fix "
-                                f"arms.{spec.label}.command or its cwd") from None
+                raise UserError(
+                    f"arm {spec.label}: cannot start {spec.argv[0]!r} ({error.strerror}); fix "
+                    f"arms.{spec.label}.command or its cwd"
+                ) from None
         Watchdog.guard(self._popen.pid)
         cleanup.track(self)
 
@@ -145,11 +154,15 @@ class ServerProcess:
             return
         code = self.exit_code
         self.stop()
-        what = (f"exited with code {code} during start-up" if code is not None
-                else f"was not ready at {spec.ready_url} within {spec.startup_timeout_s:g} s")
+        what = (
+            f"exited with code {code} during start-up"
+            if code is not None
+            else f"was not ready at {spec.ready_url} within {spec.startup_timeout_s:g} s"
+        )
         raise ServerStartError(
             f"arm {spec.label}: server {what}; see {self.log_path} (fix the command or raise "
-            f"arms.{spec.label}.startup_timeout_s). Last log lines: {' | '.join(self.log_tail().splitlines())}")
+            f"arms.{spec.label}.startup_timeout_s). Last log lines: {' | '.join(self.log_tail().splitlines())}"
+        )
 
     def stop(self) -> None:
         """SIGTERM the whole group, SIGKILL after the grace period; idempotent."""

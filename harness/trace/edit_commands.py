@@ -26,18 +26,29 @@ def _print_written(verb: str, trace: Trace, out: Path, notes: list[str]) -> None
     console.print(f"[bold]{verb}[/] {len(trace):,} requests -> {out}")
     for note in notes:
         console.print(f"  · {note}")
-    console.print(f"  span {stats.span_s:,.1f} s · mean {format_rate(stats.mean_rate)} · "
-                  f"peak minute {format_rate(stats.peak_rate)} · failed {stats.failed:,}")
+    console.print(
+        f"  span {stats.span_s:,.1f} s · mean {format_rate(stats.mean_rate)} · "
+        f"peak minute {format_rate(stats.peak_rate)} · failed {stats.failed:,}"
+    )
     console.print(f"  next: replaybench inspect {out}")
 
 
 def merge_command(
     parts: Annotated[list[str], typer.Argument(metavar="PART...", help="trace parts, a directory or a glob")],
     out: Output,
-    concat: Annotated[bool, typer.Option("--concat", help="append parts back to back in the given order "
-                                         "instead of placing them by their absolute clock")] = False,
-    prefix_ids: Annotated[bool, typer.Option("--prefix-ids", help="prefix every request id with its part's "
-                                             "file name (needed when parts share ids)")] = False,
+    concat: Annotated[
+        bool,
+        typer.Option(
+            "--concat",
+            help="append parts back to back in the given order instead of placing them by their absolute clock",
+        ),
+    ] = False,
+    prefix_ids: Annotated[
+        bool,
+        typer.Option(
+            "--prefix-ids", help="prefix every request id with its part's file name (needed when parts share ids)"
+        ),
+    ] = False,
 ) -> None:
     """Merge trace parts (e.g. a recorder's rotated or per-worker files) into one trace, ordered by arrival."""
     from rich.console import Console
@@ -72,8 +83,15 @@ def slice_command(
     trace = Trace.read(trace_path)
     sliced = slice_if_asked(trace, start, duration, limit, time_scale)
     sliced.write(out)
-    _print_written("sliced", sliced, out, [f"kept {len(sliced):,} of {len(trace):,} requests from {trace_path}"
-                                           f" ({sliced.metadata.get('slice', 'no slice options given')})"])
+    _print_written(
+        "sliced",
+        sliced,
+        out,
+        [
+            f"kept {len(sliced):,} of {len(trace):,} requests from {trace_path}"
+            f" ({sliced.metadata.get('slice', 'no slice options given')})"
+        ],
+    )
 
 
 def register(app: typer.Typer) -> None:

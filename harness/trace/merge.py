@@ -70,8 +70,10 @@ def _absolute_clock(part: Part) -> dt.datetime:
     try:
         return dt.datetime.fromisoformat(text or "")
     except ValueError:
-        raise UserError(f"{part.path}: no absolute clock (metadata clock = {text!r}), so its place in time is "
-                        "unknown; add --concat to append the parts back to back in the order given") from None
+        raise UserError(
+            f"{part.path}: no absolute clock (metadata clock = {text!r}), so its place in time is "
+            "unknown; add --concat to append the parts back to back in the order given"
+        ) from None
 
 
 def _clock_offsets(parts: list[Part]) -> tuple[list[float], str]:
@@ -79,8 +81,10 @@ def _clock_offsets(parts: list[Part]) -> tuple[list[float], str]:
     clocks = [_absolute_clock(part) for part in parts]
     if len({clock.tzinfo is None for clock in clocks}) > 1:
         naive = next(part.path for part, clock in zip(parts, clocks, strict=True) if clock.tzinfo is None)
-        raise UserError(f"{naive}: its clock has no UTC offset while other parts' clocks do, so they cannot be "
-                        "ordered; add --concat to append the parts back to back")
+        raise UserError(
+            f"{naive}: its clock has no UTC offset while other parts' clocks do, so they cannot be "
+            "ordered; add --concat to append the parts back to back"
+        )
     origin = min(clocks)
     offsets = [(clock - origin).total_seconds() for clock in clocks]
     starts = [float(pc.min(part.trace.arrivals).as_py()) for part in parts]
@@ -133,15 +137,20 @@ def _merged_metadata(parts: list[Part], mode: str, clock: str | None) -> dict[st
 def _ids(parts: list[Part], prefix_ids: bool) -> list[pa.ChunkedArray]:
     ids = [part.trace.table.column("request_id") for part in parts]
     if prefix_ids:
-        ids = [pc.binary_join_element_wise(f"{part.path.stem}/", column, "") for part, column in zip(parts, ids,
-                                                                                                      strict=True)]
+        ids = [
+            pc.binary_join_element_wise(f"{part.path.stem}/", column, "")
+            for part, column in zip(parts, ids, strict=True)
+        ]
     combined = pa.chunked_array([chunk for column in ids for chunk in column.chunks], type=pa.string())
     if pc.count_distinct(combined).as_py() == len(combined):
         return ids
     dup = next(v["values"] for v in pc.value_counts(combined).to_pylist() if v["counts"] > 1)
     holders = [part.path.name for part, column in zip(parts, ids, strict=True) if pc.any(pc.equal(column, dup)).as_py()]
-    fix = ("two parts share a file name; rename one" if prefix_ids
-           else "add --prefix-ids to prefix every id with its part's file name")
+    fix = (
+        "two parts share a file name; rename one"
+        if prefix_ids
+        else "add --prefix-ids to prefix every id with its part's file name"
+    )
     raise UserError(f"request id {dup!r} is in more than one part ({', '.join(holders)}); {fix}")
 
 

@@ -63,13 +63,15 @@ class Trace:
 
         path = Path(path)
         if not path.exists():
-            raise UserError(f"{path}: no such trace file; give the path of a .parquet trace "
-                            "(make one with `replaybench import`)")
+            raise UserError(
+                f"{path}: no such trace file; give the path of a .parquet trace (make one with `replaybench import`)"
+            )
         try:
             table = pq.read_table(path)
         except (pa.ArrowInvalid, OSError) as exc:
-            raise UserError(f"{path}: not a readable Parquet file ({exc}); import the source with "
-                            "`replaybench import`") from None
+            raise UserError(
+                f"{path}: not a readable Parquet file ({exc}); import the source with `replaybench import`"
+            ) from None
         raw_meta = table.schema.metadata or {}
         metadata = {k.decode(): v.decode() for k, v in raw_meta.items() if not k.startswith(b"ARROW:")}
         kind = metadata.get(META_KIND)
@@ -115,8 +117,10 @@ class Trace:
         if limit is not None:
             table = table.slice(0, limit)
         if table.num_rows == 0:
-            raise UserError(f"the slice start={start_s}s duration={duration_s}s holds no requests; "
-                            f"the trace spans 0-{self.duration_s:.1f}s")
+            raise UserError(
+                f"the slice start={start_s}s duration={duration_s}s holds no requests; "
+                f"the trace spans 0-{self.duration_s:.1f}s"
+            )
         arr = table.column("arrival_s")
         first = pc.min(arr).as_py()
         rebased = pc.multiply(pc.subtract(arr, first), time_scale)

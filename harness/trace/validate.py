@@ -29,12 +29,15 @@ def conform_table(table: pa.Table, origin: str) -> pa.Table:
     names = set(table.column_names)
     missing = [c for c in REQUIRED_TRACE_COLUMNS if c not in names]
     if missing:
-        problems.append(f"missing required column(s) {', '.join(missing)}; "
-                        "re-import the source with `replaybench import`")
+        problems.append(
+            f"missing required column(s) {', '.join(missing)}; re-import the source with `replaybench import`"
+        )
     extra = sorted(names - set(TRACE_SCHEMA.names))
     if extra:
-        problems.append(f"unknown column(s) {', '.join(extra)}; drop them or rename to the trace schema "
-                        "(see README, 'Trace format')")
+        problems.append(
+            f"unknown column(s) {', '.join(extra)}; drop them or rename to the trace schema "
+            "(see README, 'Trace format')"
+        )
     if problems:
         raise TraceInvalid(origin, problems)
     arrays = []
@@ -46,8 +49,9 @@ def conform_table(table: pa.Table, origin: str) -> pa.Table:
         try:
             arrays.append(column.cast(fld.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            problems.append(f"column {fld.name} has type {column.type}, expected {fld.type}; "
-                            "convert it before importing")
+            problems.append(
+                f"column {fld.name} has type {column.type}, expected {fld.type}; convert it before importing"
+            )
     if problems:
         raise TraceInvalid(origin, problems)
     return pa.Table.from_arrays(arrays, schema=TRACE_SCHEMA)
@@ -74,8 +78,9 @@ def check_table(table: pa.Table, origin: str) -> None:
         problems.append(f"arrival_s row {row} is {arrivals[row]}; arrival times must be finite and >= 0")
     elif len(arrivals) > 1 and (np.diff(arrivals) < 0).any():
         row = _first_bad_row(np.diff(arrivals) < 0) + 1
-        problems.append(f"arrival_s decreases at row {row} ({arrivals[row - 1]} -> {arrivals[row]}); "
-                        "sort the trace by arrival time")
+        problems.append(
+            f"arrival_s decreases at row {row} ({arrivals[row - 1]} -> {arrivals[row]}); sort the trace by arrival time"
+        )
     for name in ("prompt_tokens", "output_tokens"):
         values = table.column(name).to_numpy(zero_copy_only=False)
         negative = values < 0

@@ -127,7 +127,7 @@ def test_missing_experiment_config_gives_a_report_but_no_decision(tmp_path: Path
 
 def test_config_typo_names_the_key(tmp_path: Path) -> None:
     run = make_run(tmp_path, seed=7)
-    run.experiment_toml.write_text('[slo]\nttft = 1.0\n')
+    run.experiment_toml.write_text("[slo]\nttft = 1.0\n")
     summary = analyse_run_dir(run.root).summary
     assert summary.decision.outcome is Outcome.INVALID
     assert "slo.ttft" in summary.decision.reason
@@ -135,9 +135,17 @@ def test_config_typo_names_the_key(tmp_path: Path) -> None:
 
 def test_quality_limits_are_checked(tmp_path: Path) -> None:
     run = make_run(tmp_path, itl_factor=0.8, repeats=3, seed=8)
-    tasks = [{"task_id": f"t{i}", "kind": "exact", "baseline": {"passed": True, "output": "4"},
-              "candidate": {"passed": i != 0, "output": "5" if i == 0 else "4"}, "identical": i != 0,
-              "first_divergent_token": 0 if i == 0 else None} for i in range(4)]
+    tasks = [
+        {
+            "task_id": f"t{i}",
+            "kind": "exact",
+            "baseline": {"passed": True, "output": "4"},
+            "candidate": {"passed": i != 0, "output": "5" if i == 0 else "4"},
+            "identical": i != 0,
+            "first_divergent_token": 0 if i == 0 else None,
+        }
+        for i in range(4)
+    ]
     run.quality_json.write_text(json.dumps({"tasks": tasks}))
     summary = analyse_run_dir(run.root).summary
     assert summary.quality.baseline_pass_rate == 1.0 and summary.quality.candidate_pass_rate == 0.75
@@ -172,9 +180,14 @@ def test_failures_count_as_slo_misses_and_by_class(tmp_path: Path) -> None:
 
 def test_capacity_json_is_read(improved: RunDir, tmp_path: Path) -> None:
     copy = RunDir(Path(shutil.copytree(improved.root, tmp_path / "copy")))
-    (copy.root / "capacity.json").write_text(json.dumps(
-        {"baseline": {"max_time_compression": 1.5, "cost_per_success_at_capacity": 2e-5},
-         "candidate": {"max_time_compression": 1.9, "cost_per_success_at_capacity": 1.6e-5}}))
+    (copy.root / "capacity.json").write_text(
+        json.dumps(
+            {
+                "baseline": {"max_time_compression": 1.5, "cost_per_success_at_capacity": 2e-5},
+                "candidate": {"max_time_compression": 1.9, "cost_per_success_at_capacity": 1.6e-5},
+            }
+        )
+    )
     capacity = analyse_run_dir(copy.root).summary.capacity
     assert capacity["candidate"].max_time_compression == 1.9
 
@@ -198,8 +211,7 @@ def test_output_length_mismatches_are_counted(tmp_path: Path) -> None:
     run = make_run(tmp_path, repeats=2, seed=12)
     table, meta = read_results(run.result("candidate", 0))
     expected = pc.add(table.column("expected_output_tokens"), pa.scalar(1, pa.int32()))
-    table = table.set_column(table.schema.get_field_index("expected_output_tokens"), "expected_output_tokens",
-                             expected)
+    table = table.set_column(table.schema.get_field_index("expected_output_tokens"), "expected_output_tokens", expected)
     write_results(run.result("candidate", 0), table, meta)
     rows = {(r.arm, r.repeat): r for r in analyse_run_dir(run.root).summary.runs}
     assert rows[("candidate", 0)].output_mismatches == rows[("candidate", 0)].successes

@@ -52,14 +52,17 @@ def test_defaults_are_a_valid_rule() -> None:
     assert not set(config.decision.exploratory) & {rule.metric for rule in config.decision.decision_rules}
 
 
-@pytest.mark.parametrize(("document", "expected"), [
-    ("[slo]\nttft = 1.0\n", "unknown key `slo.ttft`"),
-    ("[decision]\ntarget = { metric = \"tpot_p75\" }\n", "`decision.target.metric`"),
-    ("[decision]\nalpha = 0.7\n", "`decision.alpha`"),
-    ("[decision]\ngate = [{ metric = \"tpot_p50\" }]\n", "appears twice"),
-    ("[decision]\nexploratory = [\"tpot_p50\"]\n", "also listed as exploratory"),
-    ("[cost]\ngpus_per_arm = 0\n", "`cost.gpus_per_arm`"),
-])
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        ("[slo]\nttft = 1.0\n", "unknown key `slo.ttft`"),
+        ('[decision]\ntarget = { metric = "tpot_p75" }\n', "`decision.target.metric`"),
+        ("[decision]\nalpha = 0.7\n", "`decision.alpha`"),
+        ('[decision]\ngate = [{ metric = "tpot_p50" }]\n', "appears twice"),
+        ('[decision]\nexploratory = ["tpot_p50"]\n', "also listed as exploratory"),
+        ("[cost]\ngpus_per_arm = 0\n", "`cost.gpus_per_arm`"),
+    ],
+)
 def test_errors_are_one_line_and_name_the_key(document: str, expected: str) -> None:
     with pytest.raises(UserError) as error:
         analysis_config_from_mapping(tomllib.loads(document), "experiment.toml")

@@ -48,15 +48,24 @@ def test_verdicts_against_margin() -> None:
     bound = np.log1p(0.05)
     low = np.array([-0.30, 0.06, -0.02, -0.10, -0.30])
     high = np.array([-0.10, 0.20, 0.03, 0.02, -bound / 2])
-    assert list(verdicts(low, high, 0.05)) == [Verdict.IMPROVEMENT, Verdict.REGRESSION, Verdict.EQUIVALENT,
-                                                Verdict.INCONCLUSIVE, Verdict.INCONCLUSIVE]
+    assert list(verdicts(low, high, 0.05)) == [
+        Verdict.IMPROVEMENT,
+        Verdict.REGRESSION,
+        Verdict.EQUIVALENT,
+        Verdict.INCONCLUSIVE,
+        Verdict.INCONCLUSIVE,
+    ]
 
 
 def test_regression_p_value_is_one_sided_against_the_margin() -> None:
     # mean exactly on the margin -> p = 0.5; far above -> ~0; far below -> ~1; zero noise is decided by the sign
     bound = np.log1p(0.05)
-    p = p_worse_than_margin(np.array([bound, bound + 1, bound - 1, bound + 0.01, bound - 0.01]),
-                            np.array([0.01, 0.01, 0.01, 0.0, 0.0]), 5, 0.05)
+    p = p_worse_than_margin(
+        np.array([bound, bound + 1, bound - 1, bound + 0.01, bound - 0.01]),
+        np.array([0.01, 0.01, 0.01, 0.0, 0.0]),
+        5,
+        0.05,
+    )
     np.testing.assert_allclose(p, [0.5, 0.0, 1.0, 0.0, 1.0], atol=1e-6)
 
 

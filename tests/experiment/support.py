@@ -15,30 +15,51 @@ MODEL_CONFIG = str(REPO / "configs" / "models" / "nemotron-h-8b.json")
 
 def tiny_trace(path: Path, requests: int = 6, spacing_s: float = 0.05, output_tokens: int = 8) -> Path:
     """`requests` short completions, `spacing_s` apart: a replay of it takes well under a second."""
-    Trace.from_columns({
-        "request_id": [f"r{i}" for i in range(requests)],
-        "arrival_s": [i * spacing_s for i in range(requests)],
-        "api": ["completions"] * requests,
-        "prompt_tokens": [32] * requests,
-        "output_tokens": [output_tokens] * requests,
-        "params": [json.dumps({"temperature": 0})] * requests,
-    }, {"source": "tests"}).write(path)
+    Trace.from_columns(
+        {
+            "request_id": [f"r{i}" for i in range(requests)],
+            "arrival_s": [i * spacing_s for i in range(requests)],
+            "api": ["completions"] * requests,
+            "prompt_tokens": [32] * requests,
+            "output_tokens": [output_tokens] * requests,
+            "params": [json.dumps({"temperature": 0})] * requests,
+        },
+        {"source": "tests"},
+    ).write(path)
     return path
 
 
 def sim_command(policy: str, *extra: str) -> list[str]:
-    return ["{python}", "-m", "harness.sim", "--policy", policy, "--model-config", MODEL_CONFIG,
-            "--served-model-name", "m", "--port", "{port}", *extra]
+    return [
+        "{python}",
+        "-m",
+        "harness.sim",
+        "--policy",
+        policy,
+        "--model-config",
+        MODEL_CONFIG,
+        "--served-model-name",
+        "m",
+        "--port",
+        "{port}",
+        *extra,
+    ]
 
 
 def config_dict(trace: Path, **top: object) -> dict[str, object]:
     """A short A/B config on the embedded engine; keyword arguments replace top-level keys/tables."""
     document: dict[str, object] = {
-        "name": "t", "repeats": 2, "order": "abba", "max_attempts": 2, "policy_change": ["--policy"],
+        "name": "t",
+        "repeats": 2,
+        "order": "abba",
+        "max_attempts": 2,
+        "policy_change": ["--policy"],
         "trace": {"path": str(trace)},
         "replay": {"warmup_requests": 1},
-        "arms": {"baseline": {"command": sim_command("baseline"), "startup_timeout_s": 60, "stop_grace_s": 5},
-                 "candidate": {"command": sim_command("replayssm"), "startup_timeout_s": 60, "stop_grace_s": 5}},
+        "arms": {
+            "baseline": {"command": sim_command("baseline"), "startup_timeout_s": 60, "stop_grace_s": 5},
+            "candidate": {"command": sim_command("replayssm"), "startup_timeout_s": 60, "stop_grace_s": 5},
+        },
         "slo": {"ttft_s": 2.0, "tpot_s": 0.1},
         "decision": {"lag_budget_s": 0.25, "rate_tolerance": 0.5, "min_repeats": 2},
     }

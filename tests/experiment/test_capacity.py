@@ -22,8 +22,9 @@ from tests.experiment.support import config_dict, tiny_trace, write_config
 TARGET = 0.9
 
 
-def curve_probe(attainment: Callable[[float], float], seen: list[float],
-                cost: Callable[[float], float] = lambda scale: scale) -> Callable[[float], Probe]:
+def curve_probe(
+    attainment: Callable[[float], float], seen: list[float], cost: Callable[[float], float] = lambda scale: scale
+) -> Callable[[float], Probe]:
     """A probe whose every repeat attains `attainment(compression)`; records the scales it was asked for."""
 
     def probe(scale: float) -> Probe:
@@ -105,8 +106,14 @@ def test_capacity_json_entry_is_what_the_report_reads() -> None:
     assert parsed.cost_per_success_at_capacity == found.cost_per_success_at_capacity
     assert entry["limit"] == "bisected" and entry["attainment_target"] == TARGET
     assert [p["passed"] for p in entry["probes"]][:2] == [True, False]
-    assert entry["probes"][0]["runs"][1] == {"repeat": 1, "valid": True, "attainment": 1.0,
-                                             "cost_per_success": 2.0, "reason": "", "path": ""}
+    assert entry["probes"][0]["runs"][1] == {
+        "repeat": 1,
+        "valid": True,
+        "attainment": 1.0,
+        "cost_per_success": 2.0,
+        "reason": "",
+        "path": "",
+    }
 
 
 @pytest.mark.parametrize(("low", "high", "tolerance"), [(0.5, 0.5, 0.05), (0.0, 1.0, 0.05), (0.1, 1.0, 0.0)])
@@ -130,13 +137,32 @@ REPLAYBENCH = str(Path(sys.executable).with_name("replaybench"))
 
 def test_capacity_end_to_end_replayssm_holds_more_load(tmp_path: Path) -> None:
     trace = tiny_trace(tmp_path / "trace.parquet", requests=80, spacing_s=0.2, output_tokens=64)
-    document = config_dict(trace, restart_per_repeat=False, slo={"ttft_s": 2.0, "tpot_s": 0.0085},
-                           cost={"gpu_hour_price": 3.6})
+    document = config_dict(
+        trace, restart_per_repeat=False, slo={"ttft_s": 2.0, "tpot_s": 0.0085}, cost={"gpu_hour_price": 3.6}
+    )
     config = write_config(tmp_path / "exp.toml", document)
     result = subprocess.run(
-        [REPLAYBENCH, "capacity", "--config", str(config), "--repeats", "1", "--min-scale", "0.025",
-         "--max-scale", "0.1", "--tolerance", "0.25", "--output-dir", str(tmp_path / "runs")],
-        capture_output=True, text=True, timeout=240, env=os.environ | {"COLUMNS": "200"})
+        [
+            REPLAYBENCH,
+            "capacity",
+            "--config",
+            str(config),
+            "--repeats",
+            "1",
+            "--min-scale",
+            "0.025",
+            "--max-scale",
+            "0.1",
+            "--tolerance",
+            "0.25",
+            "--output-dir",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=os.environ | {"COLUMNS": "200"},
+    )
     assert result.returncode == 0, result.stderr
     assert stray_servers() == {}
     (run,) = (tmp_path / "runs").iterdir()
@@ -163,19 +189,29 @@ def test_capacity_end_to_end_replayssm_holds_more_load(tmp_path: Path) -> None:
 def test_capacity_added_to_a_paired_run_shows_in_its_report(tmp_path: Path) -> None:
     """`--run-dir`: the run's frozen config is probed, capacity.json lands beside its results, the report shows it."""
     config = write_config(tmp_path / "exp.toml", config_dict(tiny_trace(tmp_path / "trace.parquet")))
-    ran = subprocess.run([REPLAYBENCH, "run", "--config", str(config), "--output-dir", str(tmp_path / "runs")],
-                         capture_output=True, text=True, timeout=240)
+    ran = subprocess.run(
+        [REPLAYBENCH, "run", "--config", str(config), "--output-dir", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert ran.returncode == 0, ran.stderr
     (run,) = (tmp_path / "runs").iterdir()
     results = sorted(p.name for p in (run / "results").iterdir())
-    probed = subprocess.run([REPLAYBENCH, "capacity", "--run-dir", str(run), "--repeats", "1", "--min-scale", "0.5",
-                             "--tolerance", "0.5"], capture_output=True, text=True, timeout=240)
+    probed = subprocess.run(
+        [REPLAYBENCH, "capacity", "--run-dir", str(run), "--repeats", "1", "--min-scale", "0.5", "--tolerance", "0.5"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert probed.returncode == 0, probed.stderr
     assert stray_servers() == {}
     capacity = json.loads((run / "capacity.json").read_text())
     # six short requests are no load at all: both arms hold the SLO at the heaviest scale tried
     assert {arm: (e["limit"], e["max_time_compression"]) for arm, e in capacity.items()} == {
-        "baseline": ("at_least", 2.0), "candidate": ("at_least", 2.0)}
+        "baseline": ("at_least", 2.0),
+        "candidate": ("at_least", 2.0),
+    }
     assert sorted(p.name for p in (run / "results").iterdir()) == results  # the paired results are untouched
     assert len(list((run / "capacity").glob("*.parquet"))) == 4
     reported = subprocess.run([REPLAYBENCH, "report", str(run)], capture_output=True, text=True, timeout=240)
@@ -186,8 +222,9 @@ def test_capacity_added_to_a_paired_run_shows_in_its_report(tmp_path: Path) -> N
 
 
 def test_capacity_refuses_bad_options_in_one_line() -> None:
-    result = subprocess.run([REPLAYBENCH, "capacity", "--min-scale", "2", "--max-scale", "1"], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [REPLAYBENCH, "capacity", "--min-scale", "2", "--max-scale", "1"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert result.stderr.startswith("error: --min-scale 2 must be > 0 and below --max-scale 1")
     result = subprocess.run([REPLAYBENCH, "capacity"], capture_output=True, text=True, timeout=60)

@@ -20,8 +20,9 @@ REPLAYBENCH = str(Path(sys.executable).with_name("replaybench"))
 
 
 def replaybench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([REPLAYBENCH, *args], capture_output=True, text=True, timeout=timeout,
-                          env=os.environ | {"COLUMNS": "200"})
+    return subprocess.run(
+        [REPLAYBENCH, *args], capture_output=True, text=True, timeout=timeout, env=os.environ | {"COLUMNS": "200"}
+    )
 
 
 def only_run_dir(output: Path) -> Path:
@@ -50,12 +51,14 @@ def test_port_in_use_and_bad_key_stop_the_run_with_one_line(tmp_path: Path) -> N
         port = busy.getsockname()[1]
         document = config_dict(trace)
         document["arms"]["candidate"]["port"] = port  # type: ignore[index]
-        result = replaybench("run", "--config", str(write_config(tmp_path / "exp.toml", document)),
-                             "--output-dir", str(tmp_path / "out"))
+        result = replaybench(
+            "run", "--config", str(write_config(tmp_path / "exp.toml", document)), "--output-dir", str(tmp_path / "out")
+        )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: preflight check failed (1 problem(s)), first: port {port} is in use; stop what listens there "
-        "or set arms.candidate.port = 0 (a free port)"]
+        "or set arms.candidate.port = 0 (a free port)"
+    ]
     assert not (tmp_path / "out").exists()  # nothing was created before the checks passed
     bad = config_dict(trace, repeat=3)
     result = replaybench("run", "--config", str(write_config(tmp_path / "bad.toml", bad)))
@@ -64,21 +67,43 @@ def test_port_in_use_and_bad_key_stop_the_run_with_one_line(tmp_path: Path) -> N
 
 def test_aa_run_with_quality_tasks_and_report(tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("\n".join(json.dumps(t) for t in [
-        {"task_id": "nonempty", "prompt": "Say hello.", "kind": "regex", "expected": r"\S", "max_tokens": 8},
-        {"task_id": "impossible", "prompt": "2+2=", "kind": "numeric", "expected": "4.5", "max_tokens": 4},
-    ]) + "\n")
-    document = config_dict(tiny_trace(tmp_path / "trace.parquet"), quality_tasks=str(tasks),
-                           quality={"max_pass_rate_drop": 0.0})
+    tasks.write_text(
+        "\n".join(
+            json.dumps(t)
+            for t in [
+                {"task_id": "nonempty", "prompt": "Say hello.", "kind": "regex", "expected": r"\S", "max_tokens": 8},
+                {"task_id": "impossible", "prompt": "2+2=", "kind": "numeric", "expected": "4.5", "max_tokens": 4},
+            ]
+        )
+        + "\n"
+    )
+    document = config_dict(
+        tiny_trace(tmp_path / "trace.parquet"), quality_tasks=str(tasks), quality={"max_pass_rate_drop": 0.0}
+    )
     document["arms"]["candidate"] = "baseline"  # type: ignore[index]
-    result = replaybench("run", "--config", str(write_config(tmp_path / "aa.toml", document)),
-                         "--output-dir", str(tmp_path / "out"), "--save-outputs")
+    result = replaybench(
+        "run",
+        "--config",
+        str(write_config(tmp_path / "aa.toml", document)),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--save-outputs",
+    )
     assert result.returncode == 0, result.stderr
     run = only_run_dir(tmp_path / "out")
     assert f"report: {run / 'index.html'}" in result.stdout.replace("\n", "")
     assert "A/A run" in result.stdout
-    for name in ("experiment.toml", "env.json", "attempts.json", "quality.json", "index.html", "summary.json",
-                 "decision.json", "summary.md", "junit.xml"):
+    for name in (
+        "experiment.toml",
+        "env.json",
+        "attempts.json",
+        "quality.json",
+        "index.html",
+        "summary.json",
+        "decision.json",
+        "summary.md",
+        "junit.xml",
+    ):
         assert (run / name).is_file(), name
     assert tomllib.loads((run / "experiment.toml").read_text())["mode"] == "A/A"
     assert json.loads((run / "env.json").read_text())["mode"] == "A/A"
@@ -96,8 +121,13 @@ def test_aa_run_with_quality_tasks_and_report(tmp_path: Path) -> None:
 def _start_run(tmp_path: Path, repeats: int) -> tuple[subprocess.Popen[str], Path]:
     trace = tiny_trace(tmp_path / "trace.parquet", requests=12, spacing_s=0.1)
     config = write_config(tmp_path / "exp.toml", config_dict(trace, repeats=repeats))
-    process = subprocess.Popen([REPLAYBENCH, "run", "--config", str(config), "--output-dir", str(tmp_path / "out")],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [REPLAYBENCH, "run", "--config", str(config), "--output-dir", str(tmp_path / "out")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     return process, tmp_path / "out"
 
 
@@ -133,12 +163,16 @@ def test_ctrl_c_then_resume_continues_from_the_last_complete_repeat(tmp_path: Pa
     result = replaybench("run", "--resume", str(run))
     assert result.returncode == 0, result.stdout + result.stderr
     log = json.loads((run / "attempts.json").read_text())
-    assert log[:len(before)][:2] == before[:2]  # repeat 0 untouched
+    assert log[: len(before)][:2] == before[:2]  # repeat 0 untouched
     finals = sorted((a["arm"], a["repeat"]) for a in log if a["final"])
     assert finals == [("baseline", 0), ("baseline", 1), ("candidate", 0), ("candidate", 1)]
     assert [a["attempt"] for a in log if a["repeat"] == 0] == [1, 1]
     assert sorted(p.name for p in (run / "results").iterdir()) == [
-        "baseline-r0.parquet", "baseline-r1.parquet", "candidate-r0.parquet", "candidate-r1.parquet"]
+        "baseline-r0.parquet",
+        "baseline-r1.parquet",
+        "candidate-r0.parquet",
+        "candidate-r1.parquet",
+    ]
     assert (run / "index.html").is_file()
 
 

@@ -79,8 +79,14 @@ def test_settings_diff_flags_undeclared_differences(tmp_path: Path) -> None:
 
 def test_parse_command_and_substitute() -> None:
     argv = ["vllm", "serve", "models/x", "--port=8000", "-O0", "-cc", '{"a": 1}', "--enforce-eager", "--n", "-1"]
-    assert parse_command(argv) == {"<program>": "vllm serve models/x", "--port": "8000", "-O0": None,
-                                   "-cc": '{"a": 1}', "--enforce-eager": None, "--n": "-1"}
+    assert parse_command(argv) == {
+        "<program>": "vllm serve models/x",
+        "--port": "8000",
+        "-O0": None,
+        "-cc": '{"a": 1}',
+        "--enforce-eager": None,
+        "--n": "-1",
+    }
     assert substitute(["{python}", "--port", "{port}"], 9)[1:] == ("--port", "9")
 
 
@@ -94,12 +100,14 @@ def test_gpu_findings(tmp_path: Path) -> None:
     document["arms"]["candidate"]["gpus"] = [1]  # type: ignore[index]
     config = load(tmp_path, document)
     assert [(f.level, f.message) for f in gpu_findings(config, h200)] == [
-        ("ok", "2 GPU(s) visible (0: NVIDIA H200 143771 MiB, 1: NVIDIA H200 143771 MiB)")]
+        ("ok", "2 GPU(s) visible (0: NVIDIA H200 143771 MiB, 1: NVIDIA H200 143771 MiB)")
+    ]
     mixed = [h200[0], GpuInfo(1, "NVIDIA H100 80GB HBM3", 81559, "580", "GPU-x")]
     assert "the arms get different GPUs" in gpu_findings(config, mixed)[0].message
     assert "names GPU(s) [1] but this host has [0]" in gpu_findings(config, h200[:1])[0].message
     assert "none is visible" in gpu_findings(config, None)[0].message
     document["arms"]["candidate"]["gpus"] = [0]  # type: ignore[index]
     assert gpu_findings(load(tmp_path, document), h200)[0].message.startswith("simultaneous arms share a GPU")
-    assert gpu_findings(load(tmp_path, config_dict(Path("t.parquet"))), None)[0].message == \
-        "no GPU: embedded engine only"
+    assert (
+        gpu_findings(load(tmp_path, config_dict(Path("t.parquet"))), None)[0].message == "no GPU: embedded engine only"
+    )

@@ -33,8 +33,12 @@ def test_first_divergence() -> None:
 
 def test_compare_outputs_writes_quality_json(tmp_path: Path) -> None:
     tasks = [task("contains", "a"), QualityTask(task_id="u", prompt="q", kind="exact", expected="x y z")]
-    document = compare_outputs(tasks, {"baseline": ["a b", "x y z"], "candidate": ["a b", "x q z"]},
-                               lambda text: None, tmp_path / "quality.json")
+    document = compare_outputs(
+        tasks,
+        {"baseline": ["a b", "x y z"], "candidate": ["a b", "x q z"]},
+        lambda text: None,
+        tmp_path / "quality.json",
+    )
     assert json.loads((tmp_path / "quality.json").read_text()) == document
     first, second = document["tasks"]  # type: ignore[misc]
     assert first["identical"] and first["first_divergent_token"] is None and first["candidate"]["passed"]

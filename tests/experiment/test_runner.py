@@ -43,8 +43,11 @@ def test_abba_run_directory(tmp_path: Path) -> None:
     log = attempts(run)
     # ABBA: baseline first in repeat 0, candidate first in repeat 1; one accepted attempt each
     assert [(a["arm"], a["repeat"], a["status"], a["final"]) for a in log] == [
-        ("baseline", 0, "accepted", True), ("candidate", 0, "accepted", True),
-        ("candidate", 1, "accepted", True), ("baseline", 1, "accepted", True)]
+        ("baseline", 0, "accepted", True),
+        ("candidate", 0, "accepted", True),
+        ("candidate", 1, "accepted", True),
+        ("baseline", 1, "accepted", True),
+    ]
     assert t0(run, "baseline", 0) < t0(run, "candidate", 0) and t0(run, "candidate", 1) < t0(run, "baseline", 1)
     for arm in ("baseline", "candidate"):
         for repeat in (0, 1):
@@ -52,8 +55,9 @@ def test_abba_run_directory(tmp_path: Path) -> None:
             assert (meta["replaybench.arm"], meta["replaybench.repeat"]) == (arm, str(repeat))
             assert meta["replaybench.simulated"] == "true" and meta["replaybench.attempt"] == "1"
             assert table.num_rows == 6 and table.column("error").null_count == 6
-            assert (run.root / f"attempts/{arm}-r{repeat}-a1.parquet").read_bytes() == \
-                run.result(arm, repeat).read_bytes()
+            assert (run.root / f"attempts/{arm}-r{repeat}-a1.parquet").read_bytes() == run.result(
+                arm, repeat
+            ).read_bytes()
             assert "replaybench_simulated 1" in run.metrics(arm, repeat, "before").read_text()
             assert "replaybench_simulated 1" in run.metrics(arm, repeat, "after").read_text()
             assert "SIMULATED ENGINE" in run.server_log(arm, repeat).read_text()
@@ -70,8 +74,11 @@ def test_simultaneous_arms_share_the_clock_and_servers_can_stay_up(tmp_path: Pat
     config, run = start_run(tmp_path, order="simultaneous", repeats=2, restart_per_repeat=False)
     ExperimentRunner(config, run).execute()
     assert [(a["arm"], a["repeat"], a["status"]) for a in attempts(run)] == [
-        ("baseline", 0, "accepted"), ("candidate", 0, "accepted"),
-        ("baseline", 1, "accepted"), ("candidate", 1, "accepted")]
+        ("baseline", 0, "accepted"),
+        ("candidate", 0, "accepted"),
+        ("baseline", 1, "accepted"),
+        ("candidate", 1, "accepted"),
+    ]
     for repeat in (0, 1):
         # both replays ran from one shared t0 on the host's monotonic clock
         assert t0(run, "baseline", repeat) == t0(run, "candidate", repeat)
@@ -84,9 +91,13 @@ def test_crashed_server_is_retried_and_every_attempt_kept(tmp_path: Path) -> Non
     marker = tmp_path / "crashed-once"
     crash = " ".join(sim_command("replayssm", "--crash-after-requests", "3"))
     healthy = " ".join(sim_command("replayssm"))
-    document_arms = {"candidate": {"command": ["sh", "-c", f"if [ -e {marker} ]; then exec {healthy}; "
-                                                           f"else touch {marker}; exec {crash}; fi"],
-                                   "startup_timeout_s": 60, "stop_grace_s": 5}}
+    document_arms = {
+        "candidate": {
+            "command": ["sh", "-c", f"if [ -e {marker} ]; then exec {healthy}; else touch {marker}; exec {crash}; fi"],
+            "startup_timeout_s": 60,
+            "stop_grace_s": 5,
+        }
+    }
     trace = tiny_trace(tmp_path / "trace.parquet")
     base = config_dict(trace, repeats=1, order="abba")
     base["arms"] = base["arms"] | document_arms  # type: ignore[operator]
@@ -97,7 +108,9 @@ def test_crashed_server_is_retried_and_every_attempt_kept(tmp_path: Path) -> Non
     ExperimentRunner(config, run).execute()
     candidate = [a for a in attempts(run) if a["arm"] == "candidate"]
     assert [(a["attempt"], a["status"], a["final"]) for a in candidate] == [
-        (1, "crashed", False), (2, "accepted", True)]
+        (1, "crashed", False),
+        (2, "accepted", True),
+    ]
     assert "server exited with code" in str(candidate[0]["reason"])
     assert (run.root / "attempts/candidate-r0-a1.parquet").exists()  # the crashed attempt's rows are kept
     crashed, _ = read_results(run.root / "attempts/candidate-r0-a1.parquet")
@@ -107,13 +120,15 @@ def test_crashed_server_is_retried_and_every_attempt_kept(tmp_path: Path) -> Non
 
 
 def test_invalid_runs_are_retried_then_kept_and_labelled(tmp_path: Path) -> None:
-    config, run = start_run(tmp_path, repeats=1, max_attempts=2, restart_per_repeat=False,
-                            decision={"lag_budget_s": 1e-9, "min_repeats": 2})
+    config, run = start_run(
+        tmp_path, repeats=1, max_attempts=2, restart_per_repeat=False, decision={"lag_budget_s": 1e-9, "min_repeats": 2}
+    )
     ExperimentRunner(config, run).execute()
     baseline = [a for a in attempts(run) if a["arm"] == "baseline"]
     assert [(a["status"], a["final"]) for a in baseline] == [("invalid", False), ("invalid", True)]
     assert "p99 send lag" in str(baseline[1]["reason"]) and "kept as the result: 2 attempt(s)" in str(
-        baseline[1]["reason"])
+        baseline[1]["reason"]
+    )
     assert run.result("baseline", 0).exists()
 
 
@@ -122,7 +137,10 @@ def test_attached_url_arm_that_is_not_running(tmp_path: Path) -> None:
     document["arms"]["baseline"] = {"url": "http://127.0.0.1:9", "startup_timeout_s": 0.5}  # type: ignore[index]
     config = load_config(write_config(tmp_path / "exp.toml", document))
     run = new_run_dir(tmp_path / "runs", config.name)
-    with pytest.raises(UserError, match=r"arm baseline, repeat 0: no attempt produced a result \(arm baseline: "
-                                        r"nothing ready at http://127\.0\.0\.1:9/health"):
+    with pytest.raises(
+        UserError,
+        match=r"arm baseline, repeat 0: no attempt produced a result \(arm baseline: "
+        r"nothing ready at http://127\.0\.0\.1:9/health",
+    ):
         ExperimentRunner(config, run).execute()
     assert attempts(run)[0]["status"] == "crashed"

@@ -47,8 +47,14 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
 
 
 @contextlib.contextmanager
-def recorder(upstream_url: str, output: Path, *args: str, logs: Path, listen: str = "127.0.0.1:0",
-             preexec: Callable[[], None] | None = None) -> Iterator[Recorder]:
+def recorder(
+    upstream_url: str,
+    output: Path,
+    *args: str,
+    logs: Path,
+    listen: str = "127.0.0.1:0",
+    preexec: Callable[[], None] | None = None,
+) -> Iterator[Recorder]:
     """Start `replaybench record --upstream URL --listen LISTEN -o OUTPUT ARGS`; yield once it listens."""
     logs.mkdir(parents=True, exist_ok=True)
     stdout, stderr = logs / "recorder.stdout", logs / "recorder.stderr"

@@ -43,6 +43,7 @@ def test_kill_9_under_load_then_recover(tmp_path: Path) -> None:
     out = tmp_path / "out"
     finished: dict[str, float] = {}
     with upstream(token_delay=0.005) as base, recorder(base, out / "prod.parquet", logs=tmp_path) as rec:
+
         async def drive() -> float:
             stop = asyncio.Event()
             load = asyncio.create_task(_load(rec.url, finished, stop))
@@ -79,8 +80,10 @@ def _small_file_limit() -> None:
 def test_disk_full_counts_losses_and_keeps_proxying(tmp_path: Path) -> None:
     out = tmp_path / "out"
     requests = [("POST", "/v1/completions", encode(completion_body(f"p{i} " + "w " * 30, 2))) for i in range(12)]
-    with upstream() as base, recorder(base, out / "prod.parquet", logs=tmp_path / "logs",
-                                      preexec=_small_file_limit) as rec:
+    with (
+        upstream() as base,
+        recorder(base, out / "prod.parquet", logs=tmp_path / "logs", preexec=_small_file_limit) as rec,
+    ):
         answers = fetch_all(requests, rec.url)
         assert [a.status for a in answers] == [200] * 12  # proxying never stops
         assert rec.stop() == 1  # rows were lost: the exit code says so

@@ -37,8 +37,11 @@ def test_rotation_writes_numbered_parts_and_never_overwrites(tmp_path: Path) -> 
     traces = [Trace.read(p) for p in parts]
     prompts = [p for t in traces for p in t.table.column("prompt").to_pylist()]
     assert prompts == [f"p{i}" for i in range(10)]
-    absolute = [dt.datetime.fromisoformat(t.metadata["clock"]) + dt.timedelta(seconds=a)
-                for t in traces for a in t.table.column("arrival_s").to_pylist()]
+    absolute = [
+        dt.datetime.fromisoformat(t.metadata["clock"]) + dt.timedelta(seconds=a)
+        for t in traces
+        for a in t.table.column("arrival_s").to_pylist()
+    ]
     assert absolute == sorted(absolute)  # parts line up on the wall clock: absolute = clock + arrival_s
     gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(absolute)]
     assert all(0.2 < gap < 1.5 for gap in gaps), gaps  # requests were sent 0.25 s apart
@@ -79,13 +82,15 @@ def test_dead_upstream_gives_502_and_is_recorded(tmp_path: Path) -> None:
 
 
 def test_non_loopback_listen_needs_allow_remote(tmp_path: Path) -> None:
-    refused = run_cli("record", "--upstream", "http://127.0.0.1:9", "--listen", "0.0.0.0:0",
-                      "-o", str(tmp_path / "t.parquet"))
+    refused = run_cli(
+        "record", "--upstream", "http://127.0.0.1:9", "--listen", "0.0.0.0:0", "-o", str(tmp_path / "t.parquet")
+    )
     assert refused.returncode == 2
     assert refused.stderr.count("\n") == 1 and refused.stderr.startswith("error: --listen 0.0.0.0")
     assert "--allow-remote" in refused.stderr and not list(tmp_path.iterdir())
-    with recorder("http://127.0.0.1:9", tmp_path / "t.parquet", "--allow-remote", logs=tmp_path,
-                  listen="0.0.0.0:0") as rec:
+    with recorder(
+        "http://127.0.0.1:9", tmp_path / "t.parquet", "--allow-remote", logs=tmp_path, listen="0.0.0.0:0"
+    ) as rec:
         assert rec.url.startswith("http://0.0.0.0:")
         assert rec.stop() == 0
 
@@ -100,13 +105,20 @@ def _cli_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     return stderr
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["--upstream", "ftp://x"], "not an http(s) URL"), (["--redact", "maybe"], "--redact"),
-    (["--rotate", "soon"], "--rotate"), (["--session-header", "Cookie"], "credentials"),
-    (["--max-body", "huge"], "--max-body"), (["--listen", "10.1.2.3:80"], "--allow-remote"),
-])
-def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str],
-                                   needle: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--upstream", "ftp://x"], "not an http(s) URL"),
+        (["--redact", "maybe"], "--redact"),
+        (["--rotate", "soon"], "--rotate"),
+        (["--session-header", "Cookie"], "credentials"),
+        (["--max-body", "huge"], "--max-body"),
+        (["--listen", "10.1.2.3:80"], "--allow-remote"),
+    ],
+)
+def test_usage_errors_are_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str], needle: str
+) -> None:
     assert needle in _cli_error(capsys, "--upstream", "http://127.0.0.1:9", "-o", str(tmp_path / "t.parquet"), *args)
     assert not list(tmp_path.iterdir())
 
@@ -125,11 +137,16 @@ def test_empty_recording_writes_no_part(tmp_path: Path) -> None:
 def test_shutdown_waits_for_drain_then_counts_unfinished(tmp_path: Path) -> None:
     """A stream that never ends cannot hold shutdown hostage: after --drain it is cut and counted."""
     body = encode(completion_body("stuck", 10, stream=True, ignore_eos=True))
-    with upstream(mode="stall", fault_after=2) as base, \
-            recorder(base, tmp_path / "t.parquet", "--drain", "0.5s", logs=tmp_path) as rec:
+    with (
+        upstream(mode="stall", fault_after=2) as base,
+        recorder(base, tmp_path / "t.parquet", "--drain", "0.5s", logs=tmp_path) as rec,
+    ):
+
         async def stalled_then_stop() -> bytes:
-            async with aiohttp.ClientSession() as session, \
-                    session.post(f"{rec.url}/v1/completions", data=body) as response:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(f"{rec.url}/v1/completions", data=body) as response,
+            ):
                 first = await response.content.readany()  # the stream has started
                 os.killpg(rec.proc.pid, signal.SIGTERM)
                 with contextlib.suppress(aiohttp.ClientError):

@@ -29,8 +29,11 @@ from tests.support.openai_server import upstream
 # (method, path, body); every generation request has a unique first word so its trace row can be found.
 RAW_GENERATION = [
     ("POST", "/v1/chat/completions", chat_body("alpha one two three", 5, stream=True)),
-    ("POST", "/v1/chat/completions", chat_body("bravo one two", 3, stream=True,
-                                               stream_options={"include_usage": True})),
+    (
+        "POST",
+        "/v1/chat/completions",
+        chat_body("bravo one two", 3, stream=True, stream_options={"include_usage": True}),
+    ),
     ("POST", "/v1/chat/completions", chat_body("charlie one", 4)),
     ("POST", "/v1/completions", completion_body("delta one two three four", 6, stream=True)),
     ("POST", "/v1/completions", completion_body("echo", 2)),
@@ -62,13 +65,13 @@ def _openai_calls(base_url: str) -> list[object]:
     messages = [{"role": "system", "content": "hotel sys"}, {"role": "user", "content": "india question"}]
     stream = client.chat.completions.create(model="test-model", messages=messages, max_tokens=4, stream=True)
     chat_chunks = [chunk.model_dump(exclude={"created"}) for chunk in stream]
-    usage_stream = client.completions.create(model="test-model", prompt="juliet a b", max_tokens=3, stream=True,
-                                             stream_options={"include_usage": True})
+    usage_stream = client.completions.create(
+        model="test-model", prompt="juliet a b", max_tokens=3, stream=True, stream_options={"include_usage": True}
+    )
     usage_chunks = [chunk.model_dump(exclude={"created"}) for chunk in usage_stream]
     chat = client.chat.completions.create(model="test-model", messages=messages, max_tokens=2)
     completion = client.completions.create(model="test-model", prompt="kilo a", max_tokens=7)
-    return [chat_chunks, usage_chunks, chat.model_dump(exclude={"created"}),
-            completion.model_dump(exclude={"created"})]
+    return [chat_chunks, usage_chunks, chat.model_dump(exclude={"created"}), completion.model_dump(exclude={"created"})]
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +85,9 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
         openai_proxied = _openai_calls(rec.url)
         assert rec.stop() == 0
         summary = rec.output
-    return Session(direct, proxied, openai_direct, openai_proxied, Trace.read(tmp / "out" / "prod-0001.parquet"),
-                   summary)
+    return Session(
+        direct, proxied, openai_direct, openai_proxied, Trace.read(tmp / "out" / "prod-0001.parquet"), summary
+    )
 
 
 def test_raw_bytes_status_and_type_identical(session: Session) -> None:
@@ -93,7 +97,7 @@ def test_raw_bytes_status_and_type_identical(session: Session) -> None:
         assert without_created(proxied.body) == without_created(direct.body)
     statuses = [r.status for r in session.proxied]
     assert statuses[: len(RAW_GENERATION)] == [200] * len(RAW_GENERATION)
-    assert statuses[len(RAW_GENERATION):] == [200, 200, 404, 400, 500]
+    assert statuses[len(RAW_GENERATION) :] == [200, 200, 404, 400, 500]
 
 
 def test_streams_without_usage_request_get_no_usage_chunk(session: Session) -> None:

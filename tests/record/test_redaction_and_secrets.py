@@ -37,10 +37,21 @@ def _record(tmp: Path, mode: str) -> Recorded:
     header_key = "hdr-" + secrets.token_hex(12)
     cookie = "ck-" + secrets.token_hex(12)
     password = "pw-" + secrets.token_hex(12)
-    headers = {"Authorization": f"Bearer {key}", "api-key": header_key, "Cookie": f"session={cookie}",
-               "Content-Type": "application/json", "X-Session-Id": "sess-1", "X-Tenant-Id": "acme"}
-    with_secrets = {"api_key": key, "password": password, "metadata": {"token": key, "note": "n"}, "user": key,
-                    "temperature": 0.25}
+    headers = {
+        "Authorization": f"Bearer {key}",
+        "api-key": header_key,
+        "Cookie": f"session={cookie}",
+        "Content-Type": "application/json",
+        "X-Session-Id": "sess-1",
+        "X-Tenant-Id": "acme",
+    }
+    with_secrets = {
+        "api_key": key,
+        "password": password,
+        "metadata": {"token": key, "note": "n"},
+        "user": key,
+        "temperature": 0.25,
+    }
     requests = [
         ("POST", "/v1/completions", encode(completion_body(PROMPT_A, 3, stream=True, **with_secrets))),
         ("POST", "/v1/completions", encode(completion_body(PROMPT_B, 4, **with_secrets))),

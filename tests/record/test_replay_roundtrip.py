@@ -16,8 +16,14 @@ from tests.record.traffic import chat_body, completion_body, encode
 from tests.support.openai_server import read_log, upstream
 
 # (offset s, api, output tokens); sent at these offsets from the first request
-SCHEDULE = [(0.0, "chat", 5), (0.3, "completions", 3), (0.35, "chat", 12), (0.9, "completions", 1),
-            (1.4, "chat", 7), (1.45, "completions", 9)]
+SCHEDULE = [
+    (0.0, "chat", 5),
+    (0.3, "completions", 3),
+    (0.35, "chat", 12),
+    (0.9, "completions", 1),
+    (1.4, "chat", 7),
+    (1.45, "completions", 9),
+]
 TIMING_TOLERANCE_S = 0.05  # a loaded 2-core machine; the proxy stamps arrival when the headers are parsed
 
 
@@ -27,8 +33,11 @@ async def _send_on_schedule(url: str) -> None:
 
         async def one(offset: float, api: str, tokens: int) -> None:
             await asyncio.sleep(max(0.0, start + offset - time.monotonic()))
-            body = (chat_body("hello there", tokens, stream=True, ignore_eos=True) if api == "chat"
-                    else completion_body("once upon a time", tokens, stream=True, ignore_eos=True))
+            body = (
+                chat_body("hello there", tokens, stream=True, ignore_eos=True)
+                if api == "chat"
+                else completion_body("once upon a time", tokens, stream=True, ignore_eos=True)
+            )
             path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
             async with session.post(url + path, data=encode(body)) as response:
                 assert response.status == 200
@@ -50,8 +59,9 @@ def test_recorded_trace_replays_with_same_lengths_and_timing(tmp_path: Path) -> 
 
     log = tmp_path / "replay-upstream.jsonl"
     with upstream(log=log) as target:
-        result = run_cli("replay", str(tmp_path / "t-0001.parquet"), "--url", target, "-o", str(tmp_path / "r.parquet"),
-                         timeout=120)
+        result = run_cli(
+            "replay", str(tmp_path / "t-0001.parquet"), "--url", target, "-o", str(tmp_path / "r.parquet"), timeout=120
+        )
         assert result.returncode == 0, result.stdout + result.stderr
     received = read_log(log)
     assert len(received) == len(SCHEDULE)

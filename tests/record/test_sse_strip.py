@@ -14,21 +14,33 @@ def _openai_style_stream(include_usage: bool, separators: tuple[str, str] = (","
     """Like api.openai.com: with include_usage every chunk gets `"usage":null` and a usage-only chunk comes last."""
     events = []
     for i, (text, finish) in enumerate([("", None), ("Hel", None), ("lo", None), ("", "stop")]):
-        chunk: dict[str, object] = {"id": "c1", "object": "chat.completion.chunk", "created": 1,
-                                    "choices": [{"index": 0, "delta": {"content": text} if i else {"role": "assistant"},
-                                                 "finish_reason": finish}]}
+        chunk: dict[str, object] = {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "choices": [
+                {"index": 0, "delta": {"content": text} if i else {"role": "assistant"}, "finish_reason": finish}
+            ],
+        }
         if include_usage:
             chunk["usage"] = None
         events.append(chunk)
     if include_usage:
-        events.append({"id": "c1", "object": "chat.completion.chunk", "created": 1, "choices": [],
-                       "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}})
+        events.append(
+            {
+                "id": "c1",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "choices": [],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11},
+            }
+        )
     body = b"".join(b"data: " + json.dumps(e, separators=separators).encode() + b"\n\n" for e in events)
     return body + b"data: [DONE]\n\n"
 
 
 def _run(observer: SseObserver, stream: bytes, piece: int) -> bytes:
-    out = [observer.feed(stream[i:i + piece], float(i)) for i in range(0, len(stream), piece)]
+    out = [observer.feed(stream[i : i + piece], float(i)) for i in range(0, len(stream), piece)]
     return b"".join(out) + observer.close(float(len(stream)))
 
 
@@ -46,7 +58,7 @@ def test_strip_restores_the_stream_without_usage(piece: int, separators: tuple[s
 def test_pass_through_forwards_every_chunk_immediately() -> None:
     stream = _openai_style_stream(True)
     observer = SseObserver(strip_usage=False)
-    pieces = [stream[i:i + 5] for i in range(0, len(stream), 5)]
+    pieces = [stream[i : i + 5] for i in range(0, len(stream), 5)]
     assert [observer.feed(p, 0.0) for p in pieces] == pieces
     assert observer.close(0.0) == b""
     assert observer.outcome.completion_tokens == 2
@@ -68,10 +80,16 @@ def test_crlf_events_and_unterminated_tail() -> None:
     assert out == _openai_style_stream(False).replace(b"\n", b"\r\n")[:-4]
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"a":1,"usage":null}', b'{"usage":null,"a":1}', b'{"a": 1, "usage": {"x": [1, {"y": "}"}]}, "b": 2}',
-    b'{ "usage" : null }', b'{"a":"\\"usage\\":null","usage":null}',
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a":1,"usage":null}',
+        b'{"usage":null,"a":1}',
+        b'{"a": 1, "usage": {"x": [1, {"y": "}"}]}, "b": 2}',
+        b'{ "usage" : null }',
+        b'{"a":"\\"usage\\":null","usage":null}',
+    ],
+)
 def test_without_key_cuts_exactly_one_member(raw: bytes) -> None:
     parsed = json.loads(raw)
     cut = without_key(raw, parsed, "usage")
@@ -87,8 +105,9 @@ def test_non_sse_error_body_passes_untouched() -> None:
 
 def test_body_observer_reads_usage_and_finish() -> None:
     observer = BodyObserver(cap=1000)
-    body = json.dumps({"choices": [{"finish_reason": "stop", "text": "x"}],
-                       "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode()
+    body = json.dumps(
+        {"choices": [{"finish_reason": "stop", "text": "x"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+    ).encode()
     assert observer.feed(body[:10], 0.0) + observer.feed(body[10:], 0.0) == body
     observer.close(1.0)
     assert (observer.outcome.prompt_tokens, observer.outcome.completion_tokens) == (3, 1)

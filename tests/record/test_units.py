@@ -16,14 +16,15 @@ from harness.record.segment import SegmentWriter, read_segment
 from harness.record.tokens import fallback_tokens, prefix_block_ids
 
 
-@pytest.mark.parametrize(("text", "size"), [("4MiB", 4 * 1024**2), ("512KiB", 512 * 1024), ("1000", 1000),
-                                           ("1.5kb", 1500), ("2 GiB", 2 * 1024**3)])
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("4MiB", 4 * 1024**2), ("512KiB", 512 * 1024), ("1000", 1000), ("1.5kb", 1500), ("2 GiB", 2 * 1024**3)],
+)
 def test_parse_size(text: str, size: int) -> None:
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("15m", 900.0), ("1h", 3600.0), ("30s", 30.0), ("0", 0.0),
-                                              ("2.5", 2.5)])
+@pytest.mark.parametrize(("text", "seconds"), [("15m", 900.0), ("1h", 3600.0), ("30s", 30.0), ("0", 0.0), ("2.5", 2.5)])
 def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
@@ -51,15 +52,44 @@ def test_upstream_must_be_http() -> None:
         parse_upstream("127.0.0.1:8000")
 
 
-@pytest.mark.parametrize("name", ["Authorization", "api-key", "X-API-Key", "Cookie", "set-cookie", "api_key",
-                                  "openai_api_key", "access_token", "token", "client_secret", "password",
-                                  "Proxy-Authorization", "x-amz-security-token", "Ocp-Apim-Subscription-Key"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Authorization",
+        "api-key",
+        "X-API-Key",
+        "Cookie",
+        "set-cookie",
+        "api_key",
+        "openai_api_key",
+        "access_token",
+        "token",
+        "client_secret",
+        "password",
+        "Proxy-Authorization",
+        "x-amz-security-token",
+        "Ocp-Apim-Subscription-Key",
+    ],
+)
 def test_secret_names(name: str) -> None:
     assert is_secret_name(name)
 
 
-@pytest.mark.parametrize("name", ["max_tokens", "prompt_tokens", "x-session-id", "x-tenant-id", "temperature",
-                                  "top_logprobs", "author", "stream_options", "model", "user"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "max_tokens",
+        "prompt_tokens",
+        "x-session-id",
+        "x-tenant-id",
+        "temperature",
+        "top_logprobs",
+        "author",
+        "stream_options",
+        "model",
+        "user",
+    ],
+)
 def test_ordinary_names(name: str) -> None:
     assert not is_secret_name(name)
 
@@ -72,8 +102,12 @@ def test_session_header_may_not_carry_credentials() -> None:
 
 def test_scrub_removes_named_fields_and_shaped_values() -> None:
     key = "sk-proj-" + "A1b2C3d4" * 4
-    body = {"temperature": 0.5, "api_key": key, "extra": {"Token": "x", "note": f"use {key} now"},
-            "list": [f"Bearer {key}", 3]}
+    body = {
+        "temperature": 0.5,
+        "api_key": key,
+        "extra": {"Token": "x", "note": f"use {key} now"},
+        "list": [f"Bearer {key}", 3],
+    }
     cleaned = scrub(body)
     assert key not in json.dumps(cleaned)
     assert cleaned == {"temperature": 0.5, "extra": {"note": f"use {REDACTED} now"}, "list": [REDACTED, 3]}
@@ -93,8 +127,9 @@ def test_part_naming(tmp_path: Path) -> None:
 
 
 def _row(i: int) -> RecordedRow:
-    return RecordedRow(request_id=f"r{i}", arrival_s=float(i), api="chat", prompt_tokens=i, output_tokens=1,
-                       params="{}")
+    return RecordedRow(
+        request_id=f"r{i}", arrival_s=float(i), api="chat", prompt_tokens=i, output_tokens=1, params="{}"
+    )
 
 
 def test_segment_skips_and_counts_a_torn_last_line(tmp_path: Path) -> None:

@@ -20,15 +20,23 @@ REQUESTS = 60
 
 def _send_all(url: str, prompts: list[str]) -> list[int]:
     """One new connection per request, so the kernel spreads them over both workers; 8 at a time."""
+
     async def run() -> list[int]:
         gate = asyncio.Semaphore(8)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+
             async def one(prompt: str) -> int:
-                async with gate, session.post(f"{url}/v1/completions", data=encode(
-                        completion_body(prompt, 3, stream=True))) as response:
+                async with (
+                    gate,
+                    session.post(
+                        f"{url}/v1/completions", data=encode(completion_body(prompt, 3, stream=True))
+                    ) as response,
+                ):
                     await response.read()
                     return response.status
+
             return await asyncio.gather(*(one(p) for p in prompts))
+
     return asyncio.run(run())
 
 
@@ -87,22 +95,37 @@ def test_workers_share_the_hash_key(tmp_path: Path) -> None:
     """Block ids of one prompt must match across the workers' parts, or prefix sharing is lost between them."""
     out = tmp_path / "out"
     prompt = " ".join(f"word{i}" for i in range(40))  # two full 16-token blocks
-    with upstream() as base, recorder(base, out / "prod.parquet", "--workers", "2", "--redact", "hash",
-                                      logs=tmp_path / "logs") as rec:
+    with (
+        upstream() as base,
+        recorder(base, out / "prod.parquet", "--workers", "2", "--redact", "hash", logs=tmp_path / "logs") as rec,
+    ):
         assert _send_all(rec.url, [prompt] * 30) == [200] * 30
         assert rec.stop() == 0, rec.output
-    ids = {part.name: {tuple(i) for i in Trace.read(part).table.column("prefix_block_ids").to_pylist()}
-           for part in sorted(out.glob("*.parquet"))}
+    ids = {
+        part.name: {tuple(i) for i in Trace.read(part).table.column("prefix_block_ids").to_pylist()}
+        for part in sorted(out.glob("*.parquet"))
+    }
     assert len(ids) == 2 and len({ids_ for part_ids in ids.values() for ids_ in part_ids}) == 1, ids
     assert len(next(iter(ids["prod-w1-0001.parquet"]))) == 2
 
 
 def test_a_second_recorder_cannot_join_the_port(tmp_path: Path) -> None:
-    with upstream() as base, recorder(base, tmp_path / "a" / "prod.parquet", "--workers", "2",
-                                      logs=tmp_path / "logs") as rec:
+    with (
+        upstream() as base,
+        recorder(base, tmp_path / "a" / "prod.parquet", "--workers", "2", logs=tmp_path / "logs") as rec,
+    ):
         port = rec.url.rsplit(":", 1)[1]
-        second = run_cli("record", "--upstream", base, "--listen", f"127.0.0.1:{port}", "-o",
-                         str(tmp_path / "b" / "prod.parquet"), "--workers", "2")
+        second = run_cli(
+            "record",
+            "--upstream",
+            base,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "-o",
+            str(tmp_path / "b" / "prod.parquet"),
+            "--workers",
+            "2",
+        )
     assert second.returncode == 2 and second.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}")
 
 

@@ -25,18 +25,26 @@ class RawResponse:
     body: bytes
 
 
-async def fetch(session: aiohttp.ClientSession, method: str, url: str, body: bytes | None = None,
-                headers: dict[str, str] | None = None) -> RawResponse:
+async def fetch(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> RawResponse:
     async with session.request(method, url, data=body, headers=headers) as response:
         return RawResponse(response.status, response.headers.get("Content-Type", ""), await response.read())
 
 
-def fetch_all(requests: list[tuple[str, str, bytes | None]], base_url: str,
-              headers: dict[str, str] | None = None) -> list[RawResponse]:
+def fetch_all(
+    requests: list[tuple[str, str, bytes | None]], base_url: str, headers: dict[str, str] | None = None
+) -> list[RawResponse]:
     """Send (method, path, body) requests one after another; the raw answers, in order."""
+
     async def run() -> list[RawResponse]:
         async with aiohttp.ClientSession(auto_decompress=False) as session:
             return [await fetch(session, method, base_url + path, body, headers) for method, path, body in requests]
+
     return asyncio.run(run())
 
 

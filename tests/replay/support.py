@@ -20,12 +20,21 @@ FAST = {"request_timeout_s": 10.0, "read_timeout_s": 2.0}
 CLI = [sys.executable, "-c", "import sys; from harness.cli import app; sys.argv[0] = 'replaybench'; app()"]
 
 
-def make_trace(n: int = 6, gap_s: float = 0.02, api: str = "completions", prompt_tokens: int = 12,
-               output_tokens: int = 4, **columns: Any) -> Trace:
+def make_trace(
+    n: int = 6,
+    gap_s: float = 0.02,
+    api: str = "completions",
+    prompt_tokens: int = 12,
+    output_tokens: int = 4,
+    **columns: Any,
+) -> Trace:
     """`n` requests every `gap_s` seconds; extra keyword columns override (lists of length n)."""
     base: dict[str, Any] = {
-        "request_id": [f"req-{i}" for i in range(n)], "arrival_s": [i * gap_s for i in range(n)],
-        "api": [api] * n, "prompt_tokens": [prompt_tokens] * n, "output_tokens": [output_tokens] * n,
+        "request_id": [f"req-{i}" for i in range(n)],
+        "arrival_s": [i * gap_s for i in range(n)],
+        "api": [api] * n,
+        "prompt_tokens": [prompt_tokens] * n,
+        "output_tokens": [output_tokens] * n,
         "params": [json.dumps({"temperature": 0.0})] * n,
     }
     metadata = {"source": "unit-test", "block_size": str(columns.pop("block_size", 4))}

@@ -12,8 +12,22 @@ from tests.replay.support import cli, free_port_without_listener, make_trace
 
 def test_replay_writes_results_and_prints_a_summary(ok_url: str, tmp_path: Path) -> None:
     trace = make_trace(n=20, gap_s=0.01).write(tmp_path / "t.parquet")
-    done = cli("replay", trace, "--url", ok_url + "/v1", "-o", tmp_path / "r.parquet", "--limit", "8",
-               "--time-scale", "0.5", "--arm", "base", "--repeat", "2")
+    done = cli(
+        "replay",
+        trace,
+        "--url",
+        ok_url + "/v1",
+        "-o",
+        tmp_path / "r.parquet",
+        "--limit",
+        "8",
+        "--time-scale",
+        "0.5",
+        "--arm",
+        "base",
+        "--repeat",
+        "2",
+    )
     assert done.returncode == 0, done.stderr
     assert "requests: 8 finished of 8 scheduled; errors: none" in done.stdout
     for label in ("send lag: p50", "rate: achieved", "TTFT", "ITL", "TPOT", "E2E"):
@@ -34,8 +48,11 @@ def test_unreachable_server_is_one_line_exit_2(tmp_path: Path) -> None:
 
 def test_bad_options_are_one_line_exit_2(tmp_path: Path) -> None:
     trace = make_trace(n=2).write(tmp_path / "t.parquet")
-    for args, needle in ((["--workers", "0"], "--workers"), (["--api", "embeddings"], "--api"),
-                         (["--time-scale", "0"], "--time-scale")):
+    for args, needle in (
+        (["--workers", "0"], "--workers"),
+        (["--api", "embeddings"], "--api"),
+        (["--time-scale", "0"], "--time-scale"),
+    ):
         done = cli("replay", trace, "--url", "http://127.0.0.1:1", "-o", tmp_path / "r.pq", *args)
         assert done.returncode == 2 and done.stderr.startswith("error: ") and needle in done.stderr
     done = cli("replay", tmp_path / "missing.parquet", "--url", "http://127.0.0.1:1", "-o", tmp_path / "r.pq")

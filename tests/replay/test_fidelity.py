@@ -8,15 +8,29 @@ from harness.records.fidelity import offered_rate_of, replay_fidelity
 from harness.records.result_io import results_table
 
 
-def table(intended: list[float], lags: list[float | None], out: list[int] | None = None,
-          errors: list[str | None] | None = None):
+def table(
+    intended: list[float],
+    lags: list[float | None],
+    out: list[int] | None = None,
+    errors: list[str | None] | None = None,
+):
     n = len(intended)
     out = out or [4] * n
     errors = errors or [None] * n
-    return results_table({"request_id": f"r{i}", "arm": "a", "repeat": 0, "intended_s": intended[i],
-                          "sent_s": None if lags[i] is None else intended[i] + lags[i], "lag_s": lags[i],
-                          "output_tokens": out[i], "expected_output_tokens": 4, "error": errors[i]}
-                         for i in range(n))
+    return results_table(
+        {
+            "request_id": f"r{i}",
+            "arm": "a",
+            "repeat": 0,
+            "intended_s": intended[i],
+            "sent_s": None if lags[i] is None else intended[i] + lags[i],
+            "lag_s": lags[i],
+            "output_tokens": out[i],
+            "expected_output_tokens": 4,
+            "error": errors[i],
+        }
+        for i in range(n)
+    )
 
 
 def test_perfect_replay_is_valid_at_exactly_the_offered_rate() -> None:
@@ -25,8 +39,12 @@ def test_perfect_replay_is_valid_at_exactly_the_offered_rate() -> None:
     assert fid.valid and fid.reasons == ()
     assert fid.offered_rate == pytest.approx(101 / 1.0) and fid.achieved_rate == pytest.approx(fid.offered_rate)
     assert fid.rate_error == pytest.approx(0.0, abs=1e-9)
-    assert (fid.lag_p50_s, fid.lag_max_s, fid.sent, fid.requests) == (pytest.approx(0.0001), pytest.approx(0.0001),
-                                                                      101, 101)
+    assert (fid.lag_p50_s, fid.lag_max_s, fid.sent, fid.requests) == (
+        pytest.approx(0.0001),
+        pytest.approx(0.0001),
+        101,
+        101,
+    )
 
 
 def test_lag_over_budget_is_invalid() -> None:
@@ -47,8 +65,14 @@ def test_growing_lag_misses_the_rate() -> None:
 
 
 def test_mismatches_count_only_successes_and_queue_errors_invalidate() -> None:
-    fid = replay_fidelity(table([0.0, 0.1, 0.2, 0.3], [0.0, 0.0, 0.0, None], out=[4, 3, 2, 0],
-                                errors=[None, None, "timeout", "client_queue"]))
+    fid = replay_fidelity(
+        table(
+            [0.0, 0.1, 0.2, 0.3],
+            [0.0, 0.0, 0.0, None],
+            out=[4, 3, 2, 0],
+            errors=[None, None, "timeout", "client_queue"],
+        )
+    )
     assert (fid.output_mismatches, fid.client_queue_errors, fid.sent) == (1, 1, 3)
     assert not fid.valid
 

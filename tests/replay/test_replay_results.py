@@ -65,8 +65,9 @@ def test_streamed_chat_fits_the_template_and_keeps_text(ok_url: str, tmp_path: P
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
 def test_non_streaming_records_usage_and_e2e_only(ok_url: str, tmp_path: Path, api: str) -> None:
-    outcome, table, _ = replay(make_trace(n=2, api=api, output_tokens=3), ok_url, tmp_path / "r.parquet",
-                               stream=False, save_outputs=True)
+    outcome, table, _ = replay(
+        make_trace(n=2, api=api, output_tokens=3), ok_url, tmp_path / "r.parquet", stream=False, save_outputs=True
+    )
     assert outcome.errors == {}
     for row in table.to_pylist():
         assert (row["status"], row["error"], row["finish_reason"]) == (200, None, "length")
@@ -131,11 +132,26 @@ def test_refused_connection_is_classified_connect() -> None:
     from harness.replay.client import ClientSettings, send
     from harness.replay.payloads import PreparedRequest
 
-    settings = ClientSettings(url=f"http://127.0.0.1:{free_port_without_listener()}", arm="a", repeat=0, worker=0,
-                              t0=0.0, stream=True, keep_text=False, headers={},
-                              timeout=aiohttp.ClientTimeout(total=5))
-    request = PreparedRequest(index=0, request_id="r", intended_s=0.0, path="/v1/completions", body=b"{}",
-                              prompt_tokens=1, expected_output_tokens=1)
+    settings = ClientSettings(
+        url=f"http://127.0.0.1:{free_port_without_listener()}",
+        arm="a",
+        repeat=0,
+        worker=0,
+        t0=0.0,
+        stream=True,
+        keep_text=False,
+        headers={},
+        timeout=aiohttp.ClientTimeout(total=5),
+    )
+    request = PreparedRequest(
+        index=0,
+        request_id="r",
+        intended_s=0.0,
+        path="/v1/completions",
+        body=b"{}",
+        prompt_tokens=1,
+        expected_output_tokens=1,
+    )
 
     async def send_once() -> ResultRow:
         async with aiohttp.ClientSession() as session:

@@ -27,8 +27,9 @@ def test_same_trace_and_seed_give_byte_identical_bodies(tmp_path: Path) -> None:
 
 def test_shared_prefix_blocks_share_prompt_words(ok_url: str, tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
-    trace = make_trace(n=4, gap_s=0.03, prompt_tokens=12, block_size=4,
-                       prefix_block_ids=[[1, 2, 3], [1, 2, 9], [5, 6, 7], [1, 2, 3]])
+    trace = make_trace(
+        n=4, gap_s=0.03, prompt_tokens=12, block_size=4, prefix_block_ids=[[1, 2, 3], [1, 2, 9], [5, 6, 7], [1, 2, 3]]
+    )
     with upstream("ok", log=log) as url:
         replay(trace, url, tmp_path / "r.parquet")
     words = [body["prompt"].split() for body in received_bodies(log)]
@@ -42,8 +43,15 @@ def test_recorded_text_is_sent_verbatim_with_forced_length(tmp_path: Path) -> No
     log = tmp_path / "log.jsonl"
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
     params = json.dumps({"temperature": 0.5, "top_p": 0.9, "stop": ["x"], "max_tokens": 99, "n": 2})
-    trace = make_trace(n=2, gap_s=0.03, output_tokens=7, api="chat", prompt=[None, "plain text prompt"],
-                       messages=[json.dumps(messages), None], params=[params, params])
+    trace = make_trace(
+        n=2,
+        gap_s=0.03,
+        output_tokens=7,
+        api="chat",
+        prompt=[None, "plain text prompt"],
+        messages=[json.dumps(messages), None],
+        params=[params, params],
+    )
     with upstream("ok", log=log) as url:
         replay(trace, url, tmp_path / "chat.parquet")
         replay(trace, url, tmp_path / "completions.parquet", api="completions", stream=False)
@@ -51,8 +59,10 @@ def test_recorded_text_is_sent_verbatim_with_forced_length(tmp_path: Path) -> No
     forced = {"max_tokens": 7, "min_tokens": 7, "ignore_eos": True, "temperature": 0.5, "top_p": 0.9}
     streamed = {"stream": True, "stream_options": {"include_usage": True}}
     assert bodies[0] == {"model": "test-model", "messages": messages} | forced | streamed
-    assert bodies[1] == {"model": "test-model", "messages": [{"role": "user", "content": "plain text prompt"}]} \
-        | forced | streamed
+    assert (
+        bodies[1]
+        == {"model": "test-model", "messages": [{"role": "user", "content": "plain text prompt"}]} | forced | streamed
+    )
     assert bodies[2] == {"model": "test-model", "prompt": "be brief\n\nhi there"} | forced | {"stream": False}
     assert bodies[3] == {"model": "test-model", "prompt": "plain text prompt"} | forced | {"stream": False}
     assert [entry["path"] for entry in read_log(log)] == ["/v1/chat/completions"] * 2 + ["/v1/completions"] * 2

@@ -28,8 +28,9 @@ def test_two_workers_share_the_schedule(ok_url: str, tmp_path: Path) -> None:
 
 def test_inflight_cap_queues_and_reports_client_queue(tmp_path: Path) -> None:
     with upstream("ok", token_delay=0.4) as url:  # each request streams for ~1.2 s
-        outcome, table, _ = replay(make_trace(n=2, gap_s=0.0), url, tmp_path / "r.parquet", max_inflight=1,
-                                   queue_timeout_s=0.2)
+        outcome, table, _ = replay(
+            make_trace(n=2, gap_s=0.0), url, tmp_path / "r.parquet", max_inflight=1, queue_timeout_s=0.2
+        )
     first, second = table.to_pylist()
     assert first["error"] is None and first["output_tokens"] == 4
     assert (second["error"], second["sent_s"], second["status"]) == ("client_queue", None, None)
@@ -48,8 +49,13 @@ def test_inflight_cap_sends_late_instead_of_concurrently(tmp_path: Path) -> None
 
 
 def start_cli_replay(trace_path: Path, url: str, out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([*CLI, "replay", str(trace_path), "--url", url, "-o", str(out)], cwd=REPO_ROOT,
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [*CLI, "replay", str(trace_path), "--url", url, "-o", str(out)],
+        cwd=REPO_ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def wait_for_rows(segment_dir: Path, rows: int, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:

@@ -13,15 +13,18 @@ def chat_stream() -> bytes:
         return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
     role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-    tokens = [{"choices": [{"index": 0, "delta": {"content": f" w{i}"}, "finish_reason": "length" if i == 2 else None}]}
-              for i in range(3)]
+    tokens = [
+        {"choices": [{"index": 0, "delta": {"content": f" w{i}"}, "finish_reason": "length" if i == 2 else None}]}
+        for i in range(3)
+    ]
     usage = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}
     return b"".join(event(e) for e in [role, *tokens, usage]) + b": keep-alive comment\n\ndata: [DONE]"
 
 
 def parse(pieces: list[bytes]) -> tuple[ResultRow, StreamReader]:
-    row = ResultRow(request_id="r", arm="a", repeat=0, intended_s=0.0, worker=0, prompt_tokens=7,
-                    expected_output_tokens=3)
+    row = ResultRow(
+        request_id="r", arm="a", repeat=0, intended_s=0.0, worker=0, prompt_tokens=7, expected_output_tokens=3
+    )
     reader = StreamReader(row, keep_text=True)
     for i, piece in enumerate(pieces):
         reader.feed_bytes(piece, float(i))
@@ -37,7 +40,7 @@ def test_any_split_gives_the_same_result() -> None:
     assert (whole.output_tokens, whole.output_tokens_usage, whole.prompt_tokens_server) == (3, 3, 7)
     assert (whole.finish_reason, whole.output_text, whole.token_times) == ("length", " w0 w1 w2", [0.0, 0.0, 0.0])
     for size in (1, 7, 50):
-        row, reader = parse([data[i:i + size] for i in range(0, len(data), size)])
+        row, reader = parse([data[i : i + size] for i in range(0, len(data), size)])
         assert reader.done and (row.output_tokens, row.output_text, row.finish_reason) == (3, " w0 w1 w2", "length")
         assert row.token_times == sorted(row.token_times) and row.ttft_s == row.token_times[0]
 

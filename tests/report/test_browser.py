@@ -15,9 +15,19 @@ pytestmark = pytest.mark.browser
 
 HERE = Path(__file__).parent
 ARTIFACTS = HERE.parents[1] / "test-artifacts"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-                  "--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--hide-scrollbars",
+    "--enable-logging=stderr",
+    "--v=0",
+    "--virtual-time-budget=10000",
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +59,8 @@ def test_report_loads_cleanly_in_chromium(chromium: str, tmp_path: Path) -> None
     ARTIFACTS.mkdir(exist_ok=True)
     screenshot = ARTIFACTS / "report.png"
     screenshot.unlink(missing_ok=True)
-    shot = run_chromium(chromium, tmp_path / "profile-shot", "--window-size=1280,5200", f"--screenshot={screenshot}",
-                        url)
+    shot = run_chromium(
+        chromium, tmp_path / "profile-shot", "--window-size=1280,5200", f"--screenshot={screenshot}", url
+    )
     assert shot.returncode == 0, shot.stderr[-2000:]
     assert screenshot.stat().st_size > 50_000  # a rendered page, not a blank one

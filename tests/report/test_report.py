@@ -16,25 +16,55 @@ from harness.records.run_dir import RunDir
 from harness.report.build import build_report
 from tests.support.synthetic_results import Scenario, write_run_dir
 
-CONFIG = {"decision": {"target": {"metric": "tpot_p50", "margin": 0.05},
-                       "gate": [{"metric": "slo_attainment", "margin": 0.01}, {"metric": "ttft_p50", "margin": 0.5},
-                                {"metric": "e2e_p50", "margin": 0.05}],
-                       "exploratory": ["itl_p99", "throughput"], "bootstrap": {"resamples": 60}},
-          "cost": {"monthly_requests": 5e8, "setup_cost": 2000.0}}
+CONFIG = {
+    "decision": {
+        "target": {"metric": "tpot_p50", "margin": 0.05},
+        "gate": [
+            {"metric": "slo_attainment", "margin": 0.01},
+            {"metric": "ttft_p50", "margin": 0.5},
+            {"metric": "e2e_p50", "margin": 0.05},
+        ],
+        "exploratory": ["itl_p99", "throughput"],
+        "bootstrap": {"resamples": 60},
+    },
+    "cost": {"monthly_requests": 5e8, "setup_cost": 2000.0},
+}
 OUTPUTS = ("index_html", "summary_json", "decision_json", "summary_md", "junit_xml")
 
 
 def write_complete_run(root: Path, itl_factor: float, simulated: bool = True) -> RunDir:
     """A generated run with saved output text, quality results and a capacity file."""
-    run = write_run_dir(root, Scenario(itl_factor=itl_factor, repeats=3, requests=800, with_text=True,
-                                       simulated=simulated, config=json.loads(json.dumps(CONFIG))))
-    tasks = [{"task_id": f"arith-{i}", "kind": "numeric", "baseline": {"passed": True, "output": "42"},
-              "candidate": {"passed": True, "output": "42"}, "identical": True, "first_divergent_token": None}
-             for i in range(3)]
+    run = write_run_dir(
+        root,
+        Scenario(
+            itl_factor=itl_factor,
+            repeats=3,
+            requests=800,
+            with_text=True,
+            simulated=simulated,
+            config=json.loads(json.dumps(CONFIG)),
+        ),
+    )
+    tasks = [
+        {
+            "task_id": f"arith-{i}",
+            "kind": "numeric",
+            "baseline": {"passed": True, "output": "42"},
+            "candidate": {"passed": True, "output": "42"},
+            "identical": True,
+            "first_divergent_token": None,
+        }
+        for i in range(3)
+    ]
     run.quality_json.write_text(json.dumps({"tasks": tasks}))
-    (run.root / "capacity.json").write_text(json.dumps(
-        {"baseline": {"max_time_compression": 1.4, "cost_per_success_at_capacity": 3.1e-5},
-         "candidate": {"max_time_compression": 1.8, "cost_per_success_at_capacity": 2.4e-5}}))
+    (run.root / "capacity.json").write_text(
+        json.dumps(
+            {
+                "baseline": {"max_time_compression": 1.4, "cost_per_success_at_capacity": 3.1e-5},
+                "candidate": {"max_time_compression": 1.8, "cost_per_success_at_capacity": 2.4e-5},
+            }
+        )
+    )
     return run
 
 
@@ -66,8 +96,19 @@ def test_html_is_self_contained_and_complete(kept: RunDir) -> None:
     html = kept.index_html.read_text()
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html), "the report must not load anything remotely"
     assert html.count('<img class="figure"') == 5 and html.count('src="data:image/png;base64,') == 5
-    for section in ("verdict", "metrics", "ecdf", "attainment", "fidelity", "repeats", "failures", "cost",
-                    "quality", "review", "environment"):
+    for section in (
+        "verdict",
+        "metrics",
+        "ecdf",
+        "attainment",
+        "fidelity",
+        "repeats",
+        "failures",
+        "cost",
+        "quality",
+        "review",
+        "environment",
+    ):
         assert f'id="{section}"' in html, section
     assert "simulated engine" in html
     assert "KEEP" in html and "Rule:" in html
@@ -103,8 +144,12 @@ def test_junit_has_one_case_per_decision_metric(tmp_path: Path) -> None:
 def test_report_command_rewrites_outputs_without_servers(kept: RunDir) -> None:
     for name in OUTPUTS:
         getattr(kept, name).unlink()
-    result = subprocess.run([str(Path(sys.executable).with_name("replaybench")), "report", str(kept.root)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("replaybench")), "report", str(kept.root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "KEEP" in result.stderr
     assert all(getattr(kept, name).exists() for name in OUTPUTS)
@@ -118,15 +163,25 @@ def test_report_without_experiment_config_still_renders(tmp_path: Path) -> None:
 
 
 def test_aa_runs_are_labelled(tmp_path: Path) -> None:
-    run = write_run_dir(tmp_path, Scenario(repeats=3, requests=300,
-                                           config=json.loads(json.dumps(CONFIG)) | {"mode": "A/A"}))
+    run = write_run_dir(
+        tmp_path, Scenario(repeats=3, requests=300, config=json.loads(json.dumps(CONFIG)) | {"mode": "A/A"})
+    )
     build_report(run.root)
     assert "A/A run" in run.index_html.read_text()
     assert "**A/A run**" in run.summary_md.read_text()
 
 
 def test_report_builds_when_nothing_got_slower(tmp_path: Path) -> None:
-    run = write_run_dir(tmp_path, Scenario(repeats=3, requests=300, ttft_factor=0.3, itl_factor=0.3, with_text=True,
-                                           config=json.loads(json.dumps(CONFIG))))
+    run = write_run_dir(
+        tmp_path,
+        Scenario(
+            repeats=3,
+            requests=300,
+            ttft_factor=0.3,
+            itl_factor=0.3,
+            with_text=True,
+            config=json.loads(json.dumps(CONFIG)),
+        ),
+    )
     assert build_report(run.root).outcome.value == "KEEP"
     assert "No request was slower" in run.index_html.read_text()

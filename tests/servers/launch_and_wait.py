@@ -20,8 +20,14 @@ TOY = str(Path(__file__).with_name("toy_server.py"))
 
 def main() -> None:
     port, log, mode = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-    spec = ServerSpec(label="baseline", argv=(sys.executable, TOY, str(port), "--spawn-child"), port=port,
-                      ready_url=f"http://127.0.0.1:{port}/health", startup_timeout_s=30, stop_grace_s=2)
+    spec = ServerSpec(
+        label="baseline",
+        argv=(sys.executable, TOY, str(port), "--spawn-child"),
+        port=port,
+        ready_url=f"http://127.0.0.1:{port}/health",
+        startup_timeout_s=30,
+        stop_grace_s=2,
+    )
     server = ServerProcess(spec, log)
     with termination_signals_raise():
         if mode == "with":

@@ -15,16 +15,23 @@ from tests.conftest import stray_servers, wait_for_no_strays
 DRIVER = str(Path(__file__).with_name("launch_and_wait.py"))
 
 
-@pytest.mark.parametrize(("sig", "mode"), [
-    (signal.SIGINT, "with"),
-    (signal.SIGTERM, "with"),
-    (signal.SIGTERM, "atexit"),
-    (signal.SIGHUP, "atexit"),
-    (signal.SIGKILL, "atexit"),
-])
+@pytest.mark.parametrize(
+    ("sig", "mode"),
+    [
+        (signal.SIGINT, "with"),
+        (signal.SIGTERM, "with"),
+        (signal.SIGTERM, "atexit"),
+        (signal.SIGHUP, "atexit"),
+        (signal.SIGKILL, "atexit"),
+    ],
+)
 def test_launcher_death_leaves_no_orphans(tmp_path: Path, sig: int, mode: str) -> None:
-    driver = subprocess.Popen([sys.executable, DRIVER, str(free_port()), str(tmp_path / "log"), mode],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    driver = subprocess.Popen(
+        [sys.executable, DRIVER, str(free_port()), str(tmp_path / "log"), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert driver.stdout is not None and driver.stdout.readline().strip() == "READY"
         assert len(stray_servers()) >= 2  # server + grandchild are running

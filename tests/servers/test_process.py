@@ -18,9 +18,15 @@ TOY = str(Path(__file__).with_name("toy_server.py"))
 
 def toy_spec(*extra: str, port: int | None = None, timeout_s: float = 20.0, **kwargs: object) -> ServerSpec:
     port = port or free_port()
-    return ServerSpec(label="baseline", argv=(sys.executable, TOY, str(port), *extra), port=port,
-                      ready_url=f"http://127.0.0.1:{port}/health", startup_timeout_s=timeout_s,
-                      stop_grace_s=2.0, **kwargs)
+    return ServerSpec(
+        label="baseline",
+        argv=(sys.executable, TOY, str(port), *extra),
+        port=port,
+        ready_url=f"http://127.0.0.1:{port}/health",
+        startup_timeout_s=timeout_s,
+        stop_grace_s=2.0,
+        **kwargs,
+    )
 
 
 def test_launch_ready_scrape_and_stop(tmp_path: Path) -> None:
@@ -89,8 +95,12 @@ def test_not_ready_in_time_is_stopped(tmp_path: Path) -> None:
 
 def test_missing_command_is_a_user_error(tmp_path: Path) -> None:
     port = free_port()
-    spec = ServerSpec(label="candidate", argv=("no-such-server-binary", "--port", str(port)), port=port,
-                      ready_url=f"http://127.0.0.1:{port}/health")
+    spec = ServerSpec(
+        label="candidate",
+        argv=("no-such-server-binary", "--port", str(port)),
+        port=port,
+        ready_url=f"http://127.0.0.1:{port}/health",
+    )
     with pytest.raises(UserError, match="arm candidate: command 'no-such-server-binary' not found"):
         ServerProcess(spec, tmp_path / "log").start()
 

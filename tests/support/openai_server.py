@@ -120,8 +120,18 @@ class Upstream:
         self.seq += 1
         raw = await request.read()
         if self.log is not None:  # one O_APPEND write per line: whole lines even with --procs > 1
-            line = json.dumps({"seq": seq, "path": request.path, "recv_mono_ns": recv_mono_ns,
-                               "recv_real_ns": recv_real_ns, "body": raw.decode("utf-8")}) + "\n"
+            line = (
+                json.dumps(
+                    {
+                        "seq": seq,
+                        "path": request.path,
+                        "recv_mono_ns": recv_mono_ns,
+                        "recv_real_ns": recv_real_ns,
+                        "body": raw.decode("utf-8"),
+                    }
+                )
+                + "\n"
+            )
             os.write(self.log, line.encode())
         try:
             body = json.loads(raw)
@@ -129,19 +139,30 @@ class Upstream:
             return web.json_response({"error": {"message": "body is not JSON"}}, status=400)
         mode = self.behaviour.mode if self._faulted(seq) else "ok"
         if mode in ("429", "500"):
-            return web.json_response({"error": {"message": f"injected {mode}", "code": int(mode)}},
-                                     status=int(mode))
+            return web.json_response({"error": {"message": f"injected {mode}", "code": int(mode)}}, status=int(mode))
         chat = request.path.endswith("/chat/completions")
         n_out, finish = output_length(body, self.behaviour.natural_len)
-        usage = {"prompt_tokens": len(prompt_words(body)), "completion_tokens": n_out,
-                 "total_tokens": len(prompt_words(body)) + n_out}
+        usage = {
+            "prompt_tokens": len(prompt_words(body)),
+            "completion_tokens": n_out,
+            "total_tokens": len(prompt_words(body)) + n_out,
+        }
         first_delay = self.behaviour.first_token_delay if mode in ("slow-first", "ok") else 0.0
         if body.get("stream"):
             return await self._stream(request, body, chat, n_out, finish, usage, mode, first_delay)
         return await self._whole(request, body, chat, n_out, finish, usage, mode, first_delay)
 
-    async def _whole(self, request: web.Request, body: dict[str, Any], chat: bool, n_out: int, finish: str,
-                     usage: dict[str, int], mode: str, first_delay: float) -> web.StreamResponse:
+    async def _whole(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        chat: bool,
+        n_out: int,
+        finish: str,
+        usage: dict[str, int],
+        mode: str,
+        first_delay: float,
+    ) -> web.StreamResponse:
         if mode == "stall":
             await asyncio.sleep(3600)
         if mode == "drop":
@@ -155,21 +176,40 @@ class Upstream:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice |= {"text": text, "logprobs": None}
-        return web.json_response({"id": "cmpl-test", "object": "chat.completion" if chat else "text_completion",
-                                  "created": int(time.time()), "model": body.get("model") or MODEL_NAME,
-                                  "choices": [choice], "usage": usage})
+        return web.json_response(
+            {
+                "id": "cmpl-test",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": body.get("model") or MODEL_NAME,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
 
-    async def _stream(self, request: web.Request, body: dict[str, Any], chat: bool, n_out: int, finish: str,
-                      usage: dict[str, int], mode: str, first_delay: float) -> web.StreamResponse:
+    async def _stream(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        chat: bool,
+        n_out: int,
+        finish: str,
+        usage: dict[str, int],
+        mode: str,
+        first_delay: float,
+    ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         model = body.get("model") or MODEL_NAME
-        head = {"id": "cmpl-test", "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()), "model": model}
+        head = {
+            "id": "cmpl-test",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+        }
 
         async def send(choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> None:
-            await response.write(b"data: " + json.dumps(head | {"choices": choices} | (extra or {})).encode()
-                                 + b"\n\n")
+            await response.write(b"data: " + json.dumps(head | {"choices": choices} | (extra or {})).encode() + b"\n\n")
 
         if chat:
             await send([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
@@ -186,8 +226,9 @@ class Upstream:
                 await asyncio.sleep(self.behaviour.token_delay)
             done = finish if i == n_out - 1 else None
             piece = f" t{i}"
-            choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece,
-                                                                               "logprobs": None}
+            choice = (
+                {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece, "logprobs": None}
+            )
             await send([choice | {"finish_reason": done}])
         if n_out == 0:
             await send([{"index": 0, "finish_reason": finish} | ({"delta": {}} if chat else {"text": ""})])
@@ -200,12 +241,18 @@ class Upstream:
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
         words = prompt_words(body)
-        return web.json_response({"count": len(words), "max_model_len": MAX_MODEL_LEN,
-                                  "tokens": [zlib.crc32(w.encode()) % 50_000 for w in words]})
+        return web.json_response(
+            {
+                "count": len(words),
+                "max_model_len": MAX_MODEL_LEN,
+                "tokens": [zlib.crc32(w.encode()) % 50_000 for w in words],
+            }
+        )
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL_NAME, "object": "model",
-                                                              "owned_by": "replaybench-tests"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "replaybench-tests"}]}
+        )
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -223,9 +270,14 @@ def build_app(upstream_: Upstream, tokenize: bool = True) -> web.Application:
 
 
 async def serve(args: argparse.Namespace, sock: socket.socket, primary: bool) -> None:
-    behaviour = Behaviour(mode=args.mode, fault_after=args.fault_after, fault_every=args.fault_every,
-                          token_delay=args.token_delay, first_token_delay=args.first_token_delay,
-                          natural_len=args.natural_len)
+    behaviour = Behaviour(
+        mode=args.mode,
+        fault_after=args.fault_after,
+        fault_every=args.fault_every,
+        token_delay=args.token_delay,
+        first_token_delay=args.first_token_delay,
+        natural_len=args.natural_len,
+    )
     log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if args.log else None
     app = build_app(Upstream(behaviour, log), tokenize=not args.no_tokenize)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
@@ -280,24 +332,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 @contextlib.contextmanager
-def upstream(mode: str = "ok", *, log: str | os.PathLike[str] | None = None, token_delay: float = 0.0,
-             first_token_delay: float = 0.0, fault_after: int = 2, fault_every: int = 1, natural_len: int = 8,
-             procs: int = 1, tokenize: bool = True, start_timeout_s: float = 30.0) -> Iterator[str]:
+def upstream(
+    mode: str = "ok",
+    *,
+    log: str | os.PathLike[str] | None = None,
+    token_delay: float = 0.0,
+    first_token_delay: float = 0.0,
+    fault_after: int = 2,
+    fault_every: int = 1,
+    natural_len: int = 8,
+    procs: int = 1,
+    tokenize: bool = True,
+    start_timeout_s: float = 30.0,
+) -> Iterator[str]:
     """Start the upstream in its own process group; yield its base URL; always stop it (TERM, then KILL)."""
     with tempfile.TemporaryDirectory(prefix="rb-upstream-") as tmp:
         port_file = Path(tmp) / "port"
-        cmd = [sys.executable, "-m", "tests.support.openai_server", "--port", "0", "--port-file", str(port_file),
-               "--mode", mode, "--token-delay", str(token_delay), "--first-token-delay", str(first_token_delay),
-               "--fault-after", str(fault_after), "--fault-every", str(fault_every),
-               "--natural-len", str(natural_len), "--procs", str(procs)] + ([] if tokenize else ["--no-tokenize"])
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.support.openai_server",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--mode",
+            mode,
+            "--token-delay",
+            str(token_delay),
+            "--first-token-delay",
+            str(first_token_delay),
+            "--fault-after",
+            str(fault_after),
+            "--fault-every",
+            str(fault_every),
+            "--natural-len",
+            str(natural_len),
+            "--procs",
+            str(procs),
+        ] + ([] if tokenize else ["--no-tokenize"])
         if log is not None:
             cmd += ["--log", str(log)]
-        env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
-                                                                        os.environ.get("PYTHONPATH")]))}
+        env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
         stderr_path = Path(tmp) / "stderr"
         with open(stderr_path, "wb") as stderr:
-            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, start_new_session=True,
-                                    stdout=subprocess.DEVNULL, stderr=stderr)
+            proc = subprocess.Popen(
+                cmd, cwd=REPO_ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=stderr
+            )
         try:
             deadline = time.monotonic() + start_timeout_s
             while not port_file.exists():

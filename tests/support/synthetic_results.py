@@ -50,8 +50,16 @@ class Scenario:
     with_text: bool = False
 
 
-def _run_table(scenario: Scenario, arm: str, repeat: int, arrivals: np.ndarray, prompt: np.ndarray,
-               output: np.ndarray, rng: np.random.Generator, factor: float) -> pa.Table:
+def _run_table(
+    scenario: Scenario,
+    arm: str,
+    repeat: int,
+    arrivals: np.ndarray,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    rng: np.random.Generator,
+    factor: float,
+) -> pa.Table:
     n = len(arrivals)
     ttft_factor = scenario.ttft_factor if arm == "candidate" else 1.0
     itl_factor = scenario.itl_factor if arm == "candidate" else 1.0
@@ -85,8 +93,9 @@ def _run_table(scenario: Scenario, arm: str, repeat: int, arrivals: np.ndarray, 
         "prompt_tokens_server": pa.array(prompt.astype(np.int32)),
         "finish_reason": pa.array(["length"] * n),
         "worker": pa.array(np.zeros(n, np.int16)),
-        "output_text": pa.array([f"answer {i} from {arm}" for i in range(n)] if scenario.with_text else [None] * n,
-                                pa.string()),
+        "output_text": pa.array(
+            [f"answer {i} from {arm}" for i in range(n)] if scenario.with_text else [None] * n, pa.string()
+        ),
     }
     return pa.table(columns, schema=RESULT_SCHEMA)
 
@@ -106,12 +115,25 @@ def write_run_dir(root: Path, scenario: Scenario) -> RunDir:
         for arm in ARMS:
             factor = shared * rng.lognormal(0, scenario.run_noise)
             table = _run_table(scenario, arm, repeat, arrivals, prompt, output, rng, factor)
-            meta = {META_ARM: arm, META_REPEAT: str(repeat), META_COMPLETE: "true", META_TIME_SCALE: "1.0",
-                    META_OFFERED_RATE: str(n / (arrivals[-1] - arrivals[0])),
-                    META_SIMULATED: str(scenario.simulated).lower()}
+            meta = {
+                META_ARM: arm,
+                META_REPEAT: str(repeat),
+                META_COMPLETE: "true",
+                META_TIME_SCALE: "1.0",
+                META_OFFERED_RATE: str(n / (arrivals[-1] - arrivals[0])),
+                META_SIMULATED: str(scenario.simulated).lower(),
+            }
             write_results(run.result(arm, repeat), table, meta)
-            attempts.append({"arm": arm, "repeat": repeat, "attempt": 0, "status": "accepted", "reason": "",
-                             "path": str(run.result(arm, repeat).relative_to(run.root))})
+            attempts.append(
+                {
+                    "arm": arm,
+                    "repeat": repeat,
+                    "attempt": 0,
+                    "status": "accepted",
+                    "reason": "",
+                    "path": str(run.result(arm, repeat).relative_to(run.root)),
+                }
+            )
     run.attempts_json.write_text(json.dumps(attempts, indent=1))
     run.experiment_toml.write_text(tomli_w.dumps({"name": "synthetic", **scenario.config}))
     run.env_json.write_text(json.dumps({"python": "3.11", "gpu": "synthetic", "git_sha": "0" * 40}))

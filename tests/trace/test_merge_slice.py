@@ -25,20 +25,44 @@ from tests.trace.test_cli import assert_one_line_error
 STARTED = dt.datetime(2026, 11, 30, 9, 0, 0, tzinfo=dt.UTC)
 
 
-def recorder_part(path: Path, run_id: str, arrivals: list[float], started: dt.datetime = STARTED,
-                  redaction: str = "hash", **extra: str) -> Path:
+def recorder_part(
+    path: Path,
+    run_id: str,
+    arrivals: list[float],
+    started: dt.datetime = STARTED,
+    redaction: str = "hash",
+    **extra: str,
+) -> Path:
     """A part as the recorder writes it: rows count from the recorder start, then re-based to the first arrival."""
-    rows = [RecordedRow(request_id=f"{run_id}-{i:08d}", arrival_s=arrival, api="completions", prompt_tokens=10 + i,
-                        output_tokens=5, params="{}") for i, arrival in enumerate(arrivals)]
-    meta = {"source": "replaybench record", "clock": started.isoformat(timespec="microseconds"),
-            "redaction": redaction} | extra
+    rows = [
+        RecordedRow(
+            request_id=f"{run_id}-{i:08d}",
+            arrival_s=arrival,
+            api="completions",
+            prompt_tokens=10 + i,
+            output_tokens=5,
+            params="{}",
+        )
+        for i, arrival in enumerate(arrivals)
+    ]
+    meta = {
+        "source": "replaybench record",
+        "clock": started.isoformat(timespec="microseconds"),
+        "redaction": redaction,
+    } | extra
     rows_to_trace(rows, meta).write(path)
     return path
 
 
 def plain_trace(path: Path, ids: list[str], arrivals: list[float], **metadata: str) -> Path:
-    columns = {"request_id": ids, "arrival_s": arrivals, "api": ["chat"] * len(ids),
-               "prompt_tokens": [3] * len(ids), "output_tokens": [2] * len(ids), "params": ["{}"] * len(ids)}
+    columns = {
+        "request_id": ids,
+        "arrival_s": arrivals,
+        "api": ["chat"] * len(ids),
+        "prompt_tokens": [3] * len(ids),
+        "output_tokens": [2] * len(ids),
+        "params": ["{}"] * len(ids),
+    }
     Trace.from_columns(columns, {"redaction": "drop"} | metadata).write(path)
     return path
 
@@ -64,7 +88,12 @@ def test_worker_parts_merge_in_absolute_arrival_order(tmp_path: Path) -> None:
     assert "merged 5 requests" in result.stdout and "2 part(s) placed by absolute arrival time" in result.stdout
     merged = Trace.read(out)
     assert merged.table.column("request_id").to_pylist() == [
-        "w1-00000000", "w2-00000000", "w1-00000001", "w2-00000001", "w1-00000002"]
+        "w1-00000000",
+        "w2-00000000",
+        "w1-00000001",
+        "w2-00000001",
+        "w1-00000002",
+    ]
     assert merged.arrivals.to_pylist() == pytest.approx([0.0, 0.75, 1.5, 2.25, 3.0])
     assert dt.datetime.fromisoformat(merged.metadata["clock"]) == STARTED + dt.timedelta(seconds=0.5)
     assert merged.metadata["redaction"] == "hash"
@@ -111,27 +140,37 @@ def test_redaction_mismatch_is_refused_in_one_line(tmp_path: Path) -> None:
 def test_id_collisions_are_refused_unless_ids_are_prefixed(tmp_path: Path) -> None:
     a = recorder_part(tmp_path / "prod-0001.parquet", "run", [0.0, 1.0])
     b = recorder_part(tmp_path / "prod-0002.parquet", "run", [0.5], started=STARTED + dt.timedelta(seconds=10))
-    merged = refused_then_merged([a, b], "--prefix-ids", "'run-00000000'", "prod-0001.parquet, prod-0002.parquet",
-                                 "--prefix-ids")
+    merged = refused_then_merged(
+        [a, b], "--prefix-ids", "'run-00000000'", "prod-0001.parquet, prod-0002.parquet", "--prefix-ids"
+    )
     assert merged.table.column("request_id").to_pylist() == [
-        "prod-0001/run-00000000", "prod-0001/run-00000001", "prod-0002/run-00000000"]
+        "prod-0001/run-00000000",
+        "prod-0001/run-00000001",
+        "prod-0002/run-00000000",
+    ]
 
 
 def test_prefixing_cannot_help_two_parts_with_one_file_name(tmp_path: Path) -> None:
     (tmp_path / "x").mkdir()
     (tmp_path / "y").mkdir()
-    parts = [Part(path, Trace.read(recorder_part(path, "same", [0.0]))) for path in
-             (tmp_path / "x" / "prod-0001.parquet", tmp_path / "y" / "prod-0001.parquet")]
+    parts = [
+        Part(path, Trace.read(recorder_part(path, "same", [0.0])))
+        for path in (tmp_path / "x" / "prod-0001.parquet", tmp_path / "y" / "prod-0001.parquet")
+    ]
     with pytest.raises(UserError, match="two parts share a file name"):
         merge_parts(parts, prefix_ids=True)
 
 
 def test_tokenizer_and_block_size_must_agree_when_present(tmp_path: Path) -> None:
-    a = Part(tmp_path / "a.parquet", Trace.read(recorder_part(tmp_path / "a.parquet", "a", [0.0], block_size="16",
-                                                              tokenizer="tok")))
+    a = Part(
+        tmp_path / "a.parquet",
+        Trace.read(recorder_part(tmp_path / "a.parquet", "a", [0.0], block_size="16", tokenizer="tok")),
+    )
     b = Part(tmp_path / "b.parquet", Trace.read(recorder_part(tmp_path / "b.parquet", "b", [0.0])))
-    c = Part(tmp_path / "c.parquet", Trace.read(recorder_part(tmp_path / "c.parquet", "c", [0.0], block_size="32",
-                                                              tokenizer="tok")))
+    c = Part(
+        tmp_path / "c.parquet",
+        Trace.read(recorder_part(tmp_path / "c.parquet", "c", [0.0], block_size="32", tokenizer="tok")),
+    )
     merged = merge_parts([a, b])
     assert (merged.metadata["block_size"], merged.metadata["tokenizer"]) == ("16", "tok")
     with pytest.raises(UserError, match=r"disagree on block_size \(a.parquet=16, c.parquet=32\)"):
@@ -140,8 +179,10 @@ def test_tokenizer_and_block_size_must_agree_when_present(tmp_path: Path) -> Non
 
 def test_mixed_zone_and_zoneless_clocks_are_refused(tmp_path: Path) -> None:
     aware = Part(tmp_path / "a.parquet", Trace.read(recorder_part(tmp_path / "a.parquet", "a", [0.0])))
-    naive = Part(tmp_path / "n.parquet", Trace.read(recorder_part(tmp_path / "n.parquet", "n", [0.0],
-                                                                  started=STARTED.replace(tzinfo=None))))
+    naive = Part(
+        tmp_path / "n.parquet",
+        Trace.read(recorder_part(tmp_path / "n.parquet", "n", [0.0], started=STARTED.replace(tzinfo=None))),
+    )
     with pytest.raises(UserError, match=r"n\.parquet: its clock has no UTC offset"):
         merge_parts([aware, naive])
     assert len(merge_parts([aware, naive], concat=True)) == 2
@@ -168,13 +209,16 @@ def test_slice_cuts_and_compresses_a_trace(tmp_path: Path) -> None:
     assert Trace.read(out).table.column("request_id").to_pylist() == ["r0", "r1"]
 
 
-@pytest.mark.parametrize(("args", "fragment"), [
-    (("--start", "-1"), "--start must be >= 0"),
-    (("--duration", "0"), "--duration > 0"),
-    (("--limit", "0"), "--limit must be at least 1"),
-    (("--time-scale", "0"), "--time-scale must be > 0"),
-    (("--start", "100"), "holds no requests"),
-])
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("--start", "-1"), "--start must be >= 0"),
+        (("--duration", "0"), "--duration > 0"),
+        (("--limit", "0"), "--limit must be at least 1"),
+        (("--time-scale", "0"), "--time-scale must be > 0"),
+        (("--start", "100"), "holds no requests"),
+    ],
+)
 def test_slice_rejects_bad_options_in_one_line(tmp_path: Path, args: tuple[str, ...], fragment: str) -> None:
     src = plain_trace(tmp_path / "t.parquet", ["a", "b"], [0.0, 1.0])
     out = tmp_path / "cut.parquet"
