@@ -253,7 +253,8 @@ def main() -> None:
             [
                 "Send lag = actual - intended send time. `client_*` is what the replay records (time.monotonic() just "
                 "before the request is handed to aiohttp); `server_*` is measured by the test upstream's own "
-                "clock when its handler starts (same CLOCK_MONOTONIC), so it adds loopback and the upstream's event-loop delay. "
+                "clock when its handler starts (same CLOCK_MONOTONIC), so it adds loopback and the upstream's "
+                "event-loop delay. "
                 f"Poisson arrivals, {OUTPUT_TOKENS} streamed tokens per request, run lengths "
                 + ", ".join(f"{s:g} s at {r}/s" for r, s in RATES_AND_SECONDS)
                 + ". "
