@@ -37,34 +37,30 @@ def _rate(values: list[bool | None]) -> float | None:
     return sum(known) / len(known) if known else None
 
 
+def _not_measured(note: str) -> QualitySummary:
+    return QualitySummary(
+        measured=False,
+        tasks=[],
+        baseline_pass_rate=None,
+        candidate_pass_rate=None,
+        identical_fraction=None,
+        violations=[],
+        note=note,
+    )
+
+
 def summarise_quality(path: Path, limits: QualityLimits) -> QualitySummary:
     """Pass rates, cross-arm agreement and limit violations; a missing or unreadable file is a note, not a crash."""
     if not path.exists():
         note = "no quality.json: quality was not measured" + (
             " (but [quality] required = true)" if limits.required else ""
         )
-        return QualitySummary(
-            measured=False,
-            tasks=[],
-            baseline_pass_rate=None,
-            candidate_pass_rate=None,
-            identical_fraction=None,
-            violations=[],
-            note=note,
-        )
+        return _not_measured(note)
     try:
         records = _QualityFile.model_validate(json.loads(path.read_text(encoding="utf-8"))).tasks
     except (OSError, ValueError, ValidationError) as error:
         first_line = str(error).splitlines()[0]
-        return QualitySummary(
-            measured=False,
-            tasks=[],
-            baseline_pass_rate=None,
-            candidate_pass_rate=None,
-            identical_fraction=None,
-            violations=[],
-            note=f"quality.json is unreadable ({first_line}); re-run the quality tasks",
-        )
+        return _not_measured(f"quality.json is unreadable ({first_line}); re-run the quality tasks")
     tasks = [
         QualityTask(
             task_id=t.task_id,
