@@ -61,10 +61,4 @@ app = _ReplaybenchApp(
 )
 
 for _module_name in COMMAND_MODULES:
-    try:
-        _module = importlib.import_module(_module_name)
-    except ModuleNotFoundError as missing:
-        if missing.name != _module_name:
-            raise
-        continue
-    _module.register(app)
+    importlib.import_module(_module_name).register(app)
