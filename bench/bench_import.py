@@ -86,8 +86,8 @@ def main() -> None:
     notes = (
         "Each import runs in a fresh Python process: imports, CSV parse (pyarrow), timestamp parse, "
         "validation and the zstd Parquet write, i.e. what `replaybench import azure` does minus CLI start-up. "
-        "Measured on the shared 2-core development machine while ~8 other engineers ran tests, "
-        "so these times are pessimistic. Peak RSS includes the interpreter and pyarrow/numpy (~100 MiB)."
+        "Peak RSS includes the interpreter and pyarrow/numpy (~100 MiB). The header gives the machine and its "
+        "load average when the run ended."
     )
     write_results("bench_import", "Importing Azure-format CSV traces", rows_out, notes)
 

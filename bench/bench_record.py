@@ -360,7 +360,7 @@ def main() -> None:
     busy = (
         f"an otherwise idle {CORES}-core host"
         if CORES > 4
-        else f"a {CORES}-core machine shared with ~8 other engineers building and testing at the same time"
+        else f"a {CORES}-core machine (the development box; see its load average in the header)"
     )
     notes = "\n\n".join(
         [

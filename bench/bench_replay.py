@@ -242,10 +242,9 @@ def main() -> None:
         throughput = chunk_throughput(tmp)
         cores = os.cpu_count() or 1
         machine = (
-            f"Measured on a shared {cores}-core machine with ~8 other engineers building and testing at the "
-            "same time: the client, the upstream and their neighbours compete for the cores, so every figure "
-            "here is pessimistic. The same benchmark on an otherwise idle 16-core host (no other load) is in "
-            "bench/results/bench_replay-16core-host.md."
+            f"Measured on a {cores}-core machine (load average in the header): the client and the upstream "
+            "compete for the same cores, so every figure here is pessimistic. The same benchmark on an "
+            "otherwise idle 16-core host is in bench/results/bench_replay-16core-host.md."
             if cores <= 4
             else f"Measured on an otherwise idle {cores}-core host (the GPU host of the device lease)."
         )

@@ -15,7 +15,8 @@ def write_results(name: str, title: str, rows: list[dict[str, object]], notes: s
     """Save `rows` to results/<name>.json and results/<name>.md, and print the table."""
     RESULTS_DIR.mkdir(exist_ok=True)
     command = f"make bench  # or: python -m bench {name.removeprefix('bench_')}"
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}"
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, load average {load}"
     payload = {"benchmark": name, "title": title, "command": command, "machine": machine, "rows": rows, "notes": notes}
     (RESULTS_DIR / f"{name}.json").write_text(json.dumps(payload, indent=1) + "\n")
     columns = list(rows[0]) if rows else []
