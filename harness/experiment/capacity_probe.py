@@ -17,6 +17,7 @@ from harness.experiment.arm_server import ArmServer
 from harness.experiment.capacity import Probe, ProbeRun, judge_probe
 from harness.experiment.config import ExperimentConfig
 from harness.experiment.openai_http import first_model, generate
+from harness.experiment.replay_settings import replay_options
 from harness.experiment.runner import WARMUP_MAX_TOKENS, WARMUP_PROMPT, Progress
 from harness.replay import ReplayOptions
 from harness.servers import ServerStartError
@@ -117,16 +118,11 @@ class ArmProber:
 
     def _options(self, time_scale: float) -> ReplayOptions:
         """The paired runs' replay settings, at the probe's time scale instead of the config's."""
-        settings, decision = self.config.replay, self.config.decision
-        return ReplayOptions(
-            api=self.server.arm.api,
+        return replay_options(
+            self.config,
+            self.arm,
+            self._model,
+            {"replaybench.capacity": "true"},
             time_scale=time_scale,
-            workers=settings.workers,
-            max_inflight=settings.max_inflight,
-            seed=settings.seed,
-            model=self._model,
-            lag_budget_s=decision.lag_budget_s,
-            rate_tolerance=decision.rate_tolerance,
-            request_timeout_s=settings.request_timeout_s,
-            extra_metadata={"replaybench.experiment": self.config.name, "replaybench.capacity": "true"},
+            save_outputs=False,
         )

@@ -22,6 +22,7 @@ from harness.experiment.environment import record_server
 from harness.experiment.openai_http import first_model, generate, tokenize
 from harness.experiment.ordering import arm_order
 from harness.experiment.quality import compare_outputs, load_tasks
+from harness.experiment.replay_settings import replay_options
 from harness.experiment.simultaneous import ReplayJob, replay_together
 from harness.records.result_schema import META_SIMULATED
 from harness.records.run_dir import RunDir
@@ -225,25 +226,12 @@ class ExperimentRunner:
             )
 
     def _options(self, arm: str, attempt: int) -> ReplayOptions:
-        settings, decision, arm_config = self.config.replay, self.config.decision, self.config.arm(arm)
-        return ReplayOptions(
-            api=arm_config.api,
-            time_scale=self.config.trace.time_scale,
-            workers=settings.workers,
-            max_inflight=settings.max_inflight,
-            seed=settings.seed,
-            model=self._models.get(arm),
-            lag_budget_s=decision.lag_budget_s,
-            rate_tolerance=decision.rate_tolerance,
-            save_outputs=settings.save_outputs,
-            request_timeout_s=settings.request_timeout_s,
-            extra_metadata={
-                "replaybench.experiment": self.config.name,
-                "replaybench.attempt": str(attempt),
-                "replaybench.mode": str(self.config.mode),
-                META_SIMULATED: str(self._simulated.get(arm, False)).lower(),
-            },
-        )
+        metadata = {
+            "replaybench.attempt": str(attempt),
+            "replaybench.mode": str(self.config.mode),
+            META_SIMULATED: str(self._simulated.get(arm, False)).lower(),
+        }
+        return replay_options(self.config, arm, self._models.get(arm), metadata)
 
     def _replay(self, arm: str, repeat: int, attempt: int, output: Path) -> ReplayOutcome:
         from harness.replay import run_replay
