@@ -9,6 +9,7 @@ current and its ring empty; with split precision the bf16 copy of those rows is 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from vllm.model_executor.custom_op import PluggableLayer, op_registry_oot
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
+from vllm.v1.kv_cache_interface import MambaSpec
 
 from replayssm_patch.backend import ReplayMamba2AttentionBackend, ReplayMamba2AttentionMetadata
 from replayssm_patch.config import replayssm_config_of
@@ -33,12 +35,19 @@ class ReplayMambaMixer2(MambaMixer2):
             # Registration is process-wide; a model built without the knob gets vLLM's exact layer.
             self.__class__ = MambaMixer2
 
-    def get_state_shape(self) -> tuple[tuple[int, ...], ...]:
-        return replay_state_shapes(super().get_state_shape(), self.replayssm, is_conv_state_dim_first())
+    def get_kv_cache_spec(self, vllm_config: Any) -> MambaSpec:
+        """vLLM's spec with the ring (and bf16 copy) appended to every block's page.
 
-    def get_state_dtype(self) -> tuple[torch.dtype, ...]:
-        assert self.model_config is not None
-        return replay_state_dtypes(super().get_state_dtype(), self.model_config.dtype, self.replayssm)
+        Extended here and not in ``get_state_shape``/``get_state_dtype``: vLLM's own layer code unpacks
+        those as exactly (conv, ssm) (its SSD warm-up in the profile run does), so they stay stock.
+        """
+        spec = super().get_kv_cache_spec(vllm_config)
+        assert isinstance(spec, MambaSpec) and self.model_config is not None
+        return replace(
+            spec,
+            shapes=replay_state_shapes(spec.shapes, self.replayssm, is_conv_state_dim_first()),
+            dtypes=replay_state_dtypes(spec.dtypes, self.model_config.dtype, self.replayssm),
+        )
 
     def get_attn_backend(self) -> type[ReplayMamba2AttentionBackend]:
         return ReplayMamba2AttentionBackend

@@ -146,6 +146,14 @@ def test_replay_layer_matches_vllm_layer_step_by_step(layer_check, mode, toleran
 
 
 @pytest.mark.parametrize("mode", ["fp32", "split"])
+def test_profile_run_passes_through_vllms_warm_up(layer_check, mode):
+    """vLLM's profile run (no metadata) unpacks get_state_dtype() as (conv, ssm): those stay stock."""
+    got = layer_check[mode]
+    assert got["profile_run"] == "ok"
+    assert len(got["state_dtypes"]) == 2 and got["state_dtypes"][1] == "torch.float32"  # (conv, fp32 ssm)
+
+
+@pytest.mark.parametrize("mode", ["fp32", "split"])
 def test_fold_before_prefill_leaves_the_exact_state(layer_check, mode):
     got = layer_check[mode]
     assert got["pending"] == [1, 1, 1, 0]  # one entry since the last flush; the fresh prompt folds nothing

@@ -23,6 +23,7 @@ platforms.current_platform = CpuPlatform()
 import vllm.utils.torch_utils as torch_utils  # noqa: E402
 
 torch_utils.PIN_MEMORY = False
+torch.accelerator.empty_cache = lambda: None  # the profile run's warm-up frees GPU cache; there is none here
 from vllm.config import set_current_vllm_config  # noqa: E402
 from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment  # noqa: E402
 from vllm.forward_context import set_forward_context  # noqa: E402
@@ -61,10 +62,41 @@ def make_layer(config, prefix: str) -> MambaMixer2:
         )  # fmt: skip
 
 
+def paged_state_tensors(spec) -> list[torch.Tensor]:
+    """The layer's state tensors laid out as vLLM's GPU runner does: views into one buffer of NUM_BLOCKS pages,
+    each block's tensors packed one after another in its page (so block strides are the page, not dense)."""
+    pages = torch.zeros(NUM_BLOCKS * spec.page_size_bytes, dtype=torch.uint8)
+    tensors, offset = [], 0
+    for shape, dtype in zip(spec.shapes, spec.dtypes, strict=True):
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        dense = torch.empty((NUM_BLOCKS, *shape), dtype=dtype, device="meta").stride()
+        assert offset % itemsize == 0, f"state tensor {shape} {dtype} starts misaligned at byte {offset}"
+        stride = (spec.page_size_bytes // itemsize, *dense[1:])
+        tensors.append(torch.as_strided(pages.view(dtype), (NUM_BLOCKS, *shape), stride, offset // itemsize))
+        offset += dense[0] * itemsize
+    return tensors
+
+
 def with_cache_and_builder(layer: MambaMixer2, config):
     spec = layer.get_kv_cache_spec(config)
-    layer.kv_cache = [torch.zeros((NUM_BLOCKS, *s), dtype=d) for s, d in zip(spec.shapes, spec.dtypes, strict=True)]
+    layer.kv_cache = paged_state_tensors(spec)
     return layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device("cpu"))
+
+
+def projected_width(layer: MambaMixer2) -> int:
+    """Columns of in_proj's output: gate, x, B, C and dt."""
+    return 2 * layer.intermediate_size + 2 * layer.n_groups * layer.ssm_state_size + layer.num_heads
+
+
+def profile_run(layer: MambaMixer2, config) -> str:
+    """vLLM's profile run calls the layer with no attention metadata (its SSD warm-up reads get_state_dtype)."""
+    projected = torch.randn(4, projected_width(layer))
+    try:
+        with set_forward_context(None, config), torch.no_grad():
+            layer.conv_ssm_forward(projected, torch.zeros(4, layer.intermediate_size))
+    except Exception as error:  # reported, and asserted on, by the test
+        return f"{type(error).__name__}: {error}"
+    return "ok"
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -86,6 +118,7 @@ def scenario(tiny: Path, split: bool, gen: torch.Generator) -> dict:
         base.conv1d.weight.copy_(torch.randn(base.conv1d.weight.shape, generator=gen) * 0.5)
         base.conv1d.bias.copy_(torch.randn(base.conv1d.bias.shape, generator=gen) * 0.1)
         rep.load_state_dict(base.state_dict())
+    profiled = profile_run(rep, rep_cfg)
     builders = {"base": with_cache_and_builder(base, base_cfg), "rep": with_cache_and_builder(rep, rep_cfg)}
     conv0 = torch.randn(base.kv_cache[0].shape, generator=gen)
     ssm0 = torch.randn(base.kv_cache[1].shape, generator=gen) * 0.5
@@ -94,7 +127,7 @@ def scenario(tiny: Path, split: bool, gen: torch.Generator) -> dict:
         layer.kv_cache[1].copy_(ssm0)
     if split:
         rep.kv_cache[5].copy_(ssm0.to(torch.bfloat16))  # a prefill leaves the bf16 copy in step with the master
-    width = 2 * base.intermediate_size + 2 * base.n_groups * base.ssm_state_size + heads
+    width = projected_width(base)
     errors, cursors = [], []
     for step in range(DECODE_STEPS):
         projected = torch.randn(len(SLOTS), width, generator=gen)
@@ -111,7 +144,8 @@ def scenario(tiny: Path, split: bool, gen: torch.Generator) -> dict:
     plan = builders["rep"].build(0, common_metadata([1, 1, 1, 5], [40, 50, 60, 5], [*SLOTS, 4], [False] * 3 + [True]))
     with torch.no_grad():
         rep._materialise(rep._batch_slots(plan), plan.replay_pending)
-    return {"output_rel_err": errors, "cursors": cursors, "pending": plan.replay_pending.tolist(),
+    return {"profile_run": profiled, "state_dtypes": [str(d) for d in rep.get_state_dtype()],
+            "output_rel_err": errors, "cursors": cursors, "pending": plan.replay_pending.tolist(),
             "state_rel_err_after_fold": rel(rep.kv_cache[1][SLOTS], base.kv_cache[1][SLOTS]),
             "conv_state_equal": bool(torch.equal(rep.kv_cache[0][SLOTS], base.kv_cache[0][SLOTS]))}  # fmt: skip
 
