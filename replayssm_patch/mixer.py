@@ -9,6 +9,7 @@ current and its ring empty; with split precision the bf16 copy of those rows is 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -22,9 +23,11 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_upd
 from vllm.v1.kv_cache_interface import MambaSpec
 
 from replayssm_patch.backend import ReplayMamba2AttentionBackend, ReplayMamba2AttentionMetadata
-from replayssm_patch.config import replayssm_config_of
+from replayssm_patch.config import ReplaySSMConfig, replayssm_config_of
 from replayssm_patch.cursors import NULL_BLOCK_ID
 from replayssm_patch.state_layout import RING_B, RING_DT, RING_X, STATE_BF16, replay_state_dtypes, replay_state_shapes
+
+logger = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: same handler and level as its own lines
 
 
 class ReplayMambaMixer2(MambaMixer2):
@@ -135,7 +138,16 @@ class ReplayMambaMixer2(MambaMixer2):
         )
 
 
-def install_replay_mixer() -> None:
-    """Make vLLM build ``ReplayMambaMixer2`` wherever a model asks for ``MambaMixer2`` (once per process)."""
+def install_replay_mixer(config: ReplaySSMConfig) -> None:
+    """Make vLLM build ``ReplayMambaMixer2`` wherever a model asks for ``MambaMixer2`` (once per process).
+
+    Logs one line through vLLM's logger, so the server log proves the plugin is active (the command line
+    naming ``replayssm`` in --additional-config does not: vLLM ignores config keys nobody reads).
+    """
     if op_registry_oot.get(MambaMixer2.__name__) is not ReplayMambaMixer2:
         PluggableLayer.register_oot(ReplayMambaMixer2, name=MambaMixer2.__name__)
+        logger.info(
+            "ReplaySSM active: MambaMixer2 layers replaced (buffer_len=%d, split_precision=%s)",
+            config.buffer_len,
+            config.split_precision,
+        )

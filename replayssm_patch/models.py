@@ -35,10 +35,11 @@ class ReplaySSMModelMixin:
     """Put first in the bases: ``super()`` is the vLLM model class."""
 
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
-        if active_config(vllm_config).enable:
+        config = active_config(vllm_config)
+        if config.enable:
             from replayssm_patch.mixer import install_replay_mixer
 
-            install_replay_mixer()  # before super().__init__ builds the MambaMixer2 layers
+            install_replay_mixer(config)  # before super().__init__ builds the MambaMixer2 layers
         super().__init__(vllm_config=vllm_config, prefix=prefix)  # type: ignore[call-arg]
 
     @classmethod

@@ -145,6 +145,13 @@ def test_replay_layer_matches_vllm_layer_step_by_step(layer_check, mode, toleran
     assert got["cursors"] == [[(s + 1) % 4] * 3 for s in range(9)]  # L=4: flushes on steps 3 and 7
 
 
+def test_installing_the_layer_logs_that_replayssm_is_active(layer_check):
+    """The server log must prove the plugin ran: the harness's plugin check reads it."""
+    assert layer_check["install_log"] == [
+        "ReplaySSM active: MambaMixer2 layers replaced (buffer_len=4, split_precision=False)"
+    ]
+
+
 @pytest.mark.parametrize("mode", ["fp32", "split"])
 def test_profile_run_passes_through_vllms_warm_up(layer_check, mode):
     """vLLM's profile run (no metadata) unpacks get_state_dtype() as (conv, ssm): those stay stock."""

@@ -145,9 +145,10 @@ def main(model_dir: Path, tiny_dir: Path, result_file: Path) -> None:
             block_size=-1,
         )
         if name == "enabled":
+            from replayssm_patch.config import replayssm_config_of
             from replayssm_patch.mixer import install_replay_mixer
 
-            install_replay_mixer()  # what the model class does before building its layers
+            install_replay_mixer(replayssm_config_of(config))  # what the model class does before building layers
         layer = layer_of(config)
         layer_spec = layer.get_kv_cache_spec(config)
         out[name] = {

@@ -11,6 +11,7 @@ Args: tiny model dir (float32), result file. Writes one JSON object.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2  # noqa: E
 from vllm.model_executor.layers.mamba.ops import ssu_dispatch  # noqa: E402
 from vllm_checks import common_metadata, vllm_config  # noqa: E402
 
+from replayssm_patch.config import ReplaySSMConfig  # noqa: E402
 from replayssm_patch.kernels.ground_truth import recurrence_step_fp64  # noqa: E402
 from replayssm_patch.mixer import install_replay_mixer  # noqa: E402
 
@@ -150,6 +152,21 @@ def scenario(tiny: Path, split: bool, gen: torch.Generator) -> dict:
             "conv_state_equal": bool(torch.equal(rep.kv_cache[0][SLOTS], base.kv_cache[0][SLOTS]))}  # fmt: skip
 
 
+def logged_by(action, logger_name: str) -> list[str]:
+    """Messages ``action`` logs at INFO or above on ``logger_name`` (the test env quiets vLLM to WARNING)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger(logger_name)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        action()
+    finally:
+        logger.removeHandler(handler)
+    return [record.getMessage() for record in records]
+
+
 def main(tiny: Path, result_file: Path) -> None:
     config = vllm_config(None, tiny, max_model_len=512)
     with socket.socket() as s:
@@ -159,10 +176,11 @@ def main(tiny: Path, result_file: Path) -> None:
         init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
         ensure_model_parallel_initialized(1, 1)
     ssu_dispatch._mamba_ssu_backend = Fp64SSUBackend(config.mamba_config)  # baseline SSU on CPU
-    install_replay_mixer()
+    logged = logged_by(lambda: install_replay_mixer(ReplaySSMConfig(enable=True, buffer_len=BUFFER_LEN)),
+                       "vllm.replayssm_patch.mixer")  # fmt: skip
     torch.set_grad_enabled(False)
     gen = torch.Generator().manual_seed(0)
-    result = {"fp32": scenario(tiny, False, gen), "split": scenario(tiny, True, gen)}
+    result = {"fp32": scenario(tiny, False, gen), "split": scenario(tiny, True, gen), "install_log": logged}
     result_file.write_text(json.dumps(result))
 
 
