@@ -10,6 +10,11 @@ concurrency vLLM logs, then runs a closed loop at batch 64/128/256: C concurrent
 tokens, exactly 256 output tokens. The median inter-token gap is the decode step time. Writes
 DIR/serve_check.json and DIR/serve_check.md after every measurement (a crash keeps what was done) and
 each server's log to DIR/<variant>.log. Run it from the checkout root so the plugin is importable.
+
+    python3 -m replayssm_patch.gpu.serve_check --model MODEL_DIR --out DIR --attach PORT --name NAME --log LOG
+
+measures a server that is already running (started by tools/gpu/session.sh, say, so servers on two GPUs
+can start in parallel) under the variant name NAME, reading its facts from LOG; results add to DIR's.
 """
 
 from __future__ import annotations
@@ -198,6 +203,18 @@ def write_report(out: Path, results: list[VariantResult]) -> None:
     (out / "serve_check.md").write_text(text)
 
 
+def measure_loads(result: VariantResult, port: int, log: Path, args: argparse.Namespace, results: list) -> None:
+    """The server's capacity facts from its log, then the closed loop at every batch size (report after each)."""
+    result.facts = log_facts(log)
+    write_report(args.out, results)
+    for concurrency in args.concurrency:
+        if time.monotonic() > args.deadline:
+            result.error = f"skipped batch {concurrency}: time budget spent"
+            break
+        result.loads.append(asyncio.run(closed_loop(port, concurrency)))
+        write_report(args.out, results)
+
+
 def run_variant(name: str, extra: dict | None, args: argparse.Namespace, results: list[VariantResult]) -> None:
     result = VariantResult(name, extra)
     results.append(result)
@@ -209,17 +226,28 @@ def run_variant(name: str, extra: dict | None, args: argparse.Namespace, results
             result.error = f"server not healthy after {time.monotonic() - began:.0f}s: {last_log_line(log)}"
             return
         result.startup_s = round(time.monotonic() - began, 1)
-        result.facts = log_facts(log)
-        write_report(args.out, results)
-        for concurrency in args.concurrency:
-            if time.monotonic() > args.deadline:
-                result.error = f"skipped batch {concurrency}: time budget spent"
-                break
-            result.loads.append(asyncio.run(closed_loop(args.port, concurrency)))
-            write_report(args.out, results)
+        measure_loads(result, args.port, log, args, results)
     finally:
         stop_server(proc)
         write_report(args.out, results)
+
+
+def attach_variant(args: argparse.Namespace, results: list[VariantResult]) -> None:
+    """Measure an already running server as variant ``args.name``, replacing an earlier result of that name."""
+    results[:] = [r for r in results if r.name != args.name]
+    result = VariantResult(args.name, None)
+    results.append(result)
+    measure_loads(result, args.attach, args.log, args, results)
+
+
+def saved_results(out: Path) -> list[VariantResult]:
+    """Results an earlier (attach) run left in ``out``, so several servers' measurements share one report."""
+    saved = out / "serve_check.json"
+    if not saved.exists():
+        return []
+    return [
+        VariantResult(**{**r, "loads": [LoadResult(**lr) for lr in r["loads"]]}) for r in json.loads(saved.read_text())
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,16 +259,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCIES))
     parser.add_argument("--startup-timeout-s", type=float, default=200)
     parser.add_argument("--budget-s", type=float, default=530, help="stop starting new measurements after this")
+    parser.add_argument("--attach", type=int, metavar="PORT", help="measure the server already on PORT instead")
+    parser.add_argument("--name", help="--attach: variant name in the report (baseline_fp32 is the reference)")
+    parser.add_argument("--log", type=Path, help="--attach: that server's log, for its KV capacity lines")
     args = parser.parse_args(argv)
+    if args.attach is not None and (args.name is None or args.log is None):
+        print("error: --attach needs --name (the variant) and --log (that server's log file)")
+        return 2
     for needed in ("config.json", "tokenizer.json"):
         if not (args.model / needed).exists():
             print(f"error: {args.model / needed} missing; run ../shared/gpu/make-tokenizer.py {args.model} first")
             return 2
     args.out.mkdir(parents=True, exist_ok=True)
     args.deadline = time.monotonic() + args.budget_s
-    results: list[VariantResult] = []
-    for name in args.variants:
-        run_variant(name, VARIANTS[name], args, results)
+    results = saved_results(args.out)
+    if args.attach is not None:
+        attach_variant(args, results)
+    else:
+        for name in args.variants:
+            run_variant(name, VARIANTS[name], args, results)
     print((args.out / "serve_check.md").read_text())
     return 0 if all(r.error is None for r in results) else 1
 

@@ -13,6 +13,7 @@ from replayssm_patch.gpu.serve_check import (
     prompt_of,
     write_report,
 )
+from tests.sim.support import start_sim
 
 LOG = """INFO 11-30 08:00:01 [interface.py:774] Setting attention block size to 1040 tokens to ensure that ...
 INFO 11-30 08:01:10 [kv_cache_utils.py:2146] GPU KV cache size: 2,633,728 tokens
@@ -62,3 +63,38 @@ def test_missing_tokenizer_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["--model", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     out = capsys.readouterr().out.strip()
     assert out.count("\n") == 0 and "make-tokenizer.py" in out
+
+
+def test_attach_measures_a_running_server_and_adds_to_the_report(tmp_path):
+    """--attach against a real OpenAI-compatible server on loopback (the embedded engine): exact lengths and
+    ITLs land in the report beside an earlier result, and the reference variant gives the speed-up."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")
+    out = tmp_path / "out"
+    out.mkdir()
+    write_report(out, [VariantResult("baseline_fp32", None, 150.0, {}, [_load(2, 40.0)])])
+    log = tmp_path / "server.log"
+    log.write_text(LOG)
+    sim = start_sim("--max-num-seqs", "8")
+    try:
+        port = int(sim.url.rsplit(":", 1)[1])
+        code = main(["--model", str(model), "--out", str(out), "--attach", str(port), "--name", "candidate",
+                     "--log", str(log), "--concurrency", "2"])  # fmt: skip
+    finally:
+        sim.stop()
+    assert code == 0
+    saved = {r["name"]: r for r in json.loads((out / "serve_check.json").read_text())}
+    assert set(saved) == {"baseline_fp32", "candidate"}
+    load = saved["candidate"]["loads"][0]
+    assert (load["concurrency"], load["errors"], load["exact_lengths"]) == (2, 0, 2)
+    assert load["itl_p50_ms"] > 0
+    assert saved["candidate"]["facts"]["max_concurrency"] == 643.0
+    assert f"{40.0 / load['itl_p50_ms']:.2f}x" in (out / "serve_check.md").read_text()
+
+
+def test_attach_without_name_or_log_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["--model", str(tmp_path), "--out", str(tmp_path / "out"), "--attach", "8000"]) == 2
+    out = capsys.readouterr().out.strip()
+    assert out.count("\n") == 0 and "--name" in out and "--log" in out
