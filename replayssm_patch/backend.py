@@ -9,6 +9,8 @@ zeros and never advance real cursors.
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,6 +23,8 @@ from vllm.v1.attention.backends.mamba2_attn import (
 
 from replayssm_patch.config import replayssm_config_of
 from replayssm_patch.cursors import CursorTable
+
+logger = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger
 
 
 @dataclass
@@ -44,6 +48,7 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         self.write_pos = torch.zeros(max_rows, dtype=torch.int32, device=device)
         self.flush_len = torch.zeros(max_rows, dtype=torch.int32, device=device)
         self.cursors: CursorTable | None = None  # sized at the first build, once the KV cache is bound
+        self.full_decode_graphs = vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs()
         self._capturing = False
 
     def _cursor_table(self) -> CursorTable:
@@ -64,7 +69,20 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False, **kwargs: Any
     ) -> ReplayMamba2AttentionMetadata:
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build, **kwargs)
+        if metadata.num_prefills and common_attn_metadata.max_query_len == 1 and self.full_decode_graphs:
+            warn_single_token_prompts()
         return plan_ring(metadata, self._cursor_table, self.write_pos, self.flush_len, dry_run=self._capturing)
+
+
+@functools.cache
+def warn_single_token_prompts() -> None:
+    """Once per process: a step whose rows all have one token replays vLLM's decode graph even when one row is a
+    new 1-token prompt, so no Python (fold, cursor plan) runs for that step; vLLM's stock layer has the same
+    stale-index hazard there. Prompts of 2+ tokens never take this path."""
+    logger.warning(
+        "ReplaySSM: a step of one-token rows holds a new one-token prompt; vLLM replays its decode CUDA graph for "
+        "it, so ring state of that step may be wrong. Send prompts of at least 2 tokens, or run with enforce-eager."
+    )
 
 
 def plan_ring(

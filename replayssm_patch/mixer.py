@@ -72,7 +72,7 @@ class ReplayMambaMixer2(MambaMixer2):
         if self.replayssm.split_precision:
             from replayssm_patch.kernels import copy_state_to_bf16
 
-            copy_state_to_bf16(self.kv_cache[1], self.kv_cache[STATE_BF16], slots, pad_slot_id=NULL_BLOCK_ID)
+            copy_state_to_bf16(self.kv_cache[1], self.kv_cache[STATE_BF16], slots, pad_slot_id=None)  # eager: no pads
 
     @staticmethod
     def _batch_slots(metadata: ReplayMamba2AttentionMetadata) -> torch.Tensor:

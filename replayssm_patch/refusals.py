@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-logger = logging.getLogger("replayssm")
+logger = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: the refusal shows like its own lines
 
 
 class ReplaySSMRefused(RuntimeError):

@@ -131,14 +131,18 @@ def per_head_dt(dt: torch.Tensor) -> torch.Tensor:
 
 
 def copy_state_to_bf16(
-    ssm_state: torch.Tensor, state_bf16: torch.Tensor, state_indices: torch.Tensor, pad_slot_id: int = PAD_SLOT_ID
+    ssm_state: torch.Tensor,
+    state_bf16: torch.Tensor,
+    state_indices: torch.Tensor,
+    pad_slot_id: int | None = PAD_SLOT_ID,
 ) -> None:
     """Refresh the bf16 copy of the given slots from the master (call after a prefill wrote the master).
 
-    Padding rows are skipped. Uses indexing with a data-dependent mask, so call it outside CUDA graphs
-    (prefill is never graph-captured in FULL_DECODE_ONLY mode).
+    Padding rows are skipped; that needs a data-dependent mask (a device sync). ``pad_slot_id=None`` says
+    every row is real (vLLM's eager prefill steps are not padded) and copies without the mask or the sync.
+    Call it outside CUDA graphs (prefill is never graph-captured in FULL_DECODE_ONLY mode).
     """
-    slots = state_indices.reshape(-1)
-    slots = slots[valid_rows(slots, pad_slot_id)].long()
-    if slots.numel():
-        state_bf16[slots] = ssm_state[slots].to(state_bf16.dtype)
+    slots = state_indices.reshape(-1).long()
+    if pad_slot_id is not None:
+        slots = slots[valid_rows(slots, pad_slot_id)]
+    state_bf16[slots] = ssm_state[slots].to(state_bf16.dtype)

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # Stages of a GPU session on the H200 host (run through the `device` tool, one stage list per call).
 #   recv K        copy bundle part K (and, for K=0, the installer files) from .gpu/ to /tmp/pkg
-#   setup         unpack vLLM 0.24.0 to /tmp/site, add our package + carried wheels, build the model dir
+#   setup         unpack vLLM 0.24.0 to /tmp/site, add the carried wheels, make this checkout's plugin visible
+#                 (a dist-info under /tmp/rb-site, see replayssm_patch/plugin_site.py), build the model dir
 #   serve ARM GPU PORT [EXTRA...]   start a vLLM server detached (setsid); ARM names the log/pid files
 #   wait TIMEOUT_S PORT...          poll /health of each port until ready (exit 1 on timeout or death)
 #   stop ARM      kill a server started by `serve` (its whole session)
+#   decode PORT NAME C...           closed-loop decode timing of a running server (replayssm_patch.gpu.serve_check
+#                                   --attach: C streams, prompt 1024, exactly 256 output tokens) -> results serve/
+#   diagnose ARM  the lines of a server log that say why it died
 #   pack NAME     copy server logs into the results and tar them to $OUT/NAME.tgz (one file comes back)
-#   decode PORT NAME C...           closed-loop decode timing with `vllm bench serve` (prompt 1024, output 256,
-#                                   2C requests at concurrency C, as in the calibration file) -> results NAME-cC.json
 # Logs and pids live in /tmp/gpu (survives between calls while the host is kept); `pack` sends the results back.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 STATE=/tmp/gpu
 RES=$STATE/out  # everything worth keeping; `pack` tars it into $OUT
 mkdir -p "$STATE" "$RES" /tmp/pkg
-export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:/tmp/rb-site:$ROOT VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 MODEL=/tmp/model
 VLLM_FLAGS=(--model "$MODEL" --served-model-name m --load-format dummy --max-num-seqs 256 --max-model-len 4096
@@ -30,8 +32,8 @@ recv() {
 setup() {
   bash /tmp/pkg/install-bundle.sh || return 1
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$ROOT"/.whl/*.whl
-  (cd "$ROOT" && python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site-rb . \
-    && cp -r /tmp/site-rb/. /tmp/site/) || return 1
+  python3 -c "from pathlib import Path; from replayssm_patch.plugin_site import write_plugin_site; \
+write_plugin_site(Path('/tmp/rb-site'))" || return 1
   mkdir -p "$MODEL" && cp "$ROOT/.device/model/config.json" "$MODEL/"
   python3 "$ROOT/.device/make-tokenizer.py" "$MODEL"
   python3 -c "import vllm, harness, replayssm_patch, importlib.metadata as m; \
@@ -44,7 +46,7 @@ serve() {
   CUDA_VISIBLE_DEVICES=$gpu setsid python3 -m vllm.entrypoints.openai.api_server "${VLLM_FLAGS[@]}" --port "$port" "$@" \
     > "$STATE/$arm.log" 2>&1 < /dev/null &
   echo $! > "$STATE/$arm.pid"
-  echo "started $arm on GPU $gpu port $port pid $(cat "$STATE/$arm.pid")"
+  echo "started $arm on GPU $gpu port $port pid $(cat "$STATE/$arm.pid") at ${SECONDS}s"
 }
 
 wait_ready() {
@@ -62,20 +64,19 @@ wait_ready() {
 
 stop() {
   local pid; pid=$(cat "$STATE/$1.pid" 2>/dev/null) || return 0
-  kill -TERM -- "-$pid" 2>/dev/null; sleep 5; kill -KILL -- "-$pid" 2>/dev/null; echo "stopped $1"
+  kill -TERM -- "-$pid" 2>/dev/null; sleep 4; kill -KILL -- "-$pid" 2>/dev/null; rm -f "$STATE/$1.pid"; echo "stopped $1"
 }
 
 decode() {
   local port=$1 name=$2; shift 2
-  for c in "$@"; do
-    timeout 300 python3 -m vllm.entrypoints.cli.main bench serve --backend vllm --base-url "http://127.0.0.1:$port" \
-      --model m --tokenizer "$MODEL" --dataset-name random --random-input-len 1024 --random-output-len 256 \
-      --num-prompts $((2 * c < 8 ? 8 : 2 * c)) --max-concurrency "$c" --ignore-eos --percentile-metrics ttft,tpot,itl,e2el \
-      --save-result --result-dir "$RES" --result-filename "$name-c$c.json" > "$STATE/$name-c$c.log" 2>&1
-    python3 -c "import json; d = json.load(open('$RES/$name-c$c.json')); \
-print('$name c=$c', 'itl_p50_ms', round(d['median_itl_ms'], 2), 'tok/s', round(d['output_throughput'], 1))" \
-      || tail -5 "$STATE/$name-c$c.log"
-  done
+  timeout 240 python3 -m replayssm_patch.gpu.serve_check --model "$MODEL" --out "$RES/serve" --attach "$port" \
+    --name "$name" --log "$STATE/$name.log" --concurrency "$@" --budget-s 200 > "$STATE/decode-$name.log" 2>&1
+  grep -E "^\| $name " "$RES/serve/serve_check.md" || tail -5 "$STATE/decode-$name.log"
+}
+
+diagnose() {
+  grep -nE "Traceback|Error|error|ReplaySSM|replayssm" "$STATE/$1.log" | tail -25
+  tail -15 "$STATE/$1.log"
 }
 
 pack() {
@@ -91,6 +92,7 @@ case $cmd in
   wait) wait_ready "$@" ;;
   stop) stop "$@" ;;
   decode) decode "$@" ;;
+  diagnose) diagnose "$@" ;;
   pack) pack "$@" ;;
   *) echo "unknown stage $cmd"; exit 2 ;;
 esac

@@ -391,6 +391,14 @@ def test_copy_state_to_bf16_refreshes_real_slots_only() -> None:
     assert (copy[[0, 2, 4]] == 0).all()
 
 
+def test_copy_state_to_bf16_without_pads_copies_every_row() -> None:
+    master = torch.randn(5, 2, 3, 4)
+    copy = torch.zeros(5, 2, 3, 4, dtype=torch.bfloat16)
+    copy_state_to_bf16(master, copy, torch.tensor([0, 4], dtype=torch.int32), pad_slot_id=None)
+    assert torch.equal(copy[[0, 4]], master[[0, 4]].to(torch.bfloat16))
+    assert (copy[[1, 2, 3]] == 0).all()
+
+
 def test_ring_shapes_and_bytes() -> None:
     spec = ring_shapes(nheads=128, head_dim=64, ngroups=8, d_state=128, buffer_len=16, split_precision=True)
     assert spec.ring_x == (16, 128, 64) and spec.ring_B == (16, 8, 128) and spec.ring_dt == (16, 128)
