@@ -159,7 +159,8 @@ class Baseline:
             "dt_bias": layer.dt_bias[:, None].expand(-1, P),
             "dt_softplus": True,
             "state_batch_indices": indices,
-            "pad_slot_id": PAD,
+            "pad_slot_id": PAD,  # older vLLM
+            "null_block_id": PAD,  # vLLM 0.24: rows whose index equals it are skipped (its default, 0, is a real row)
             "out": out,
         }
         params = inspect.signature(self.fn).parameters
@@ -175,6 +176,7 @@ class Baseline:
             return self
         import torch
 
+        from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
         from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
 
         gen = torch.Generator(device).manual_seed(0)
@@ -183,12 +185,18 @@ class Baseline:
             2, plan.nheads, plan.head_dim, plan.ngroups, plan.d_state, layer, gen, torch.bfloat16
         )
         state = torch.zeros(2, plan.nheads, plan.head_dim, plan.d_state, device=device)
+        out = torch.full_like(inputs.x, float("nan"))
         try:
-            self.step(
-                state, inputs, layer, torch.arange(2, dtype=torch.int32, device=device), torch.empty_like(inputs.x)
-            )
+            self.step(state, inputs, layer, torch.arange(2, dtype=torch.int32, device=device), out)
         except Exception as exc:
             return Baseline(None, f"fp64 reference recurrence ({self.note} failed on a probe call: {exc!r})")
+        expected = recurrence_step_fp64(
+            torch.zeros_like(state, dtype=torch.float64), inputs.x, inputs.dt, layer.A, inputs.B, inputs.C,
+            D=layer.D, dt_bias=layer.dt_bias,
+        )  # fmt: skip
+        error = ((out.double() - expected).abs().max() / expected.abs().max()).item()
+        if not error <= 1e-2:  # also catches rows it skipped (left NaN)
+            return Baseline(None, f"fp64 reference recurrence ({self.note} disagreed on a probe call: error {error})")
         return self
 
 

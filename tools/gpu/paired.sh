@@ -1,50 +1,81 @@
 #!/usr/bin/env bash
-# Issue 9 in GPU calls on a 2x H200 host (kind nvidia-h200-x2), after `session.sh recv 0..2` calls:
-#   paired.sh start     recv part 3, install, start baseline (GPU 0, :8000) and ReplaySSM (GPU 1, :8001), wait,
-#                       then run the paired experiment (stops itself at ~8.5 min; `resume` finishes it)
-#   paired.sh resume    finish the paired experiment, then swap GPU 1 to a second baseline and time decode +
-#                       `vllm bench serve` on the exported trace against the baseline while it starts
-#   paired.sh aa        the A/A experiment on the two baselines; packs everything into $OUT/h200.tgz
-# Every stage tees its log into /tmp/gpu/out, which `pack` sends back; servers run detached between calls.
+# Issues 8 and 9 in three GPU calls on a 2x H200 host (kind nvidia-h200-x2), after `session.sh recv 0..2` calls.
+# Each stage keeps inside one call's 10 minutes (CALL_S, default 585 s) and skips what no longer fits:
+#   paired.sh start    recv part 3, install, start baseline (GPU 0, :8000) and ReplaySSM fp32 (GPU 1, :8001),
+#                      check, then the paired experiment until the call's time is up (`resume` finishes it)
+#   paired.sh resume   finish the paired run; decode timing of ReplaySSM fp32; then in parallel:
+#                        GPU 1: ReplaySSM split precision start + decode timing, then the second baseline starts
+#                        GPU 0: baseline decode timing, `vllm bench serve` on the exported trace, kernel benchmark
+#   paired.sh aa [N]   the A/A experiment (baseline vs baseline, N repeats, default the config's); packs all
+# Every stage tees its log into /tmp/gpu/out, which `pack` sends back as $OUT/h200.tgz; servers run detached.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 S="bash tools/gpu/session.sh"
 RES=/tmp/gpu/out RUNS=/tmp/gpu/runs
-export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-REPLAYSSM='{"replayssm": {"enable": true, "buffer_len": 16, "split_precision": false}}'
+export PYTHONPATH=/tmp/site:/tmp/rb-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+FP32='{"replayssm": {"enable": true, "buffer_len": 16, "split_precision": false}}'
+SPLIT='{"replayssm": {"enable": true, "buffer_len": 16, "split_precision": true}}'
 RB="python3 -m harness"
+CALL_S=${CALL_S:-585}
+left() { echo $((CALL_S - SECONDS)); }
 latest() { ls -td "$RUNS"/"$1"-2* 2>/dev/null | head -1; }
-trap '$S pack h200' EXIT
+finish_paired() {  # run (or resume) the paired experiment with what is left of this call
+  local run; run=$(latest h200-nemotron-h-8b)
+  if [ -z "$run" ]; then
+    timeout $(($(left) - 10)) $RB run --config configs/h200-nemotron-h-8b.toml --output-dir "$RUNS" 2>&1 \
+      | tee -a "$RES/run.log" | tail -25
+  elif [ ! -f "$run/decision.json" ]; then
+    timeout $(($(left) - 10)) $RB run --resume "$run" 2>&1 | tee -a "$RES/run.log" | tail -25
+  fi
+}
+mkdir -p "$RES"
+trap '$S pack h200; echo "call used ${SECONDS}s"' EXIT
 
 case ${1:-} in
   start)
     $S recv 3 > /dev/null
-    $S setup 2>&1 | tee "$RES/setup.log" | tail -4 || exit 1
+    $S setup 2>&1 | tee "$RES/setup.log" | tail -4
+    [ -d /tmp/site/vllm ] || exit 1
     $S serve baseline 0 8000
-    $S serve candidate 1 8001 --additional-config "$REPLAYSSM"
-    $S wait 300 8000 8001 || { grep -iE "replayssm|error" /tmp/gpu/candidate.log | tail -20; exit 1; }
-    $RB check configs/h200-nemotron-h-8b.toml 2>&1 | tee "$RES/check.log"
-    timeout 330 $RB run --config configs/h200-nemotron-h-8b.toml --output-dir "$RUNS" 2>&1 | tee "$RES/run.log" | tail -30
+    $S serve candidate 1 8001 --additional-config "$FP32"
+    $S wait 330 8000 8001 || { $S diagnose candidate; $S diagnose baseline; exit 1; }
+    grep -h "ReplaySSM active\|Setting attention block size\|Maximum concurrency" /tmp/gpu/candidate.log /tmp/gpu/baseline.log
+    $RB check configs/h200-nemotron-h-8b.toml 2>&1 | tee "$RES/check.log" | grep -v "^  ok"
+    finish_paired
     ;;
   resume)
-    run=$(latest h200-nemotron-h-8b)
-    [ -f "$run/decision.json" ] || timeout 400 $RB run --resume "$run" 2>&1 | tee -a "$RES/run.log" | tail -30
-    $S decode 8001 candidate 64 128 256
+    finish_paired
+    cp -r "$(latest h200-nemotron-h-8b)" "$RES/" 2>/dev/null
+    $S decode 8001 candidate replayssm_fp32 64 128 256
     $S stop candidate
+    $S serve candidate-split 1 8001 --additional-config "$SPLIT"
+    (  # GPU 0 while the split server starts on GPU 1
+      $S decode 8000 baseline baseline_fp32 64 128 256
+      $RB slice traces/azure-conv-2023.parquet --start 600 --duration 150 --time-scale 0.32 -o "$RES/slice.parquet"
+      $RB export "$RES/slice.parquet" --format vllm-timed -o "$RES/timed.jsonl" > "$RES/export.log" 2>&1
+      # the export prints the matching `vllm bench serve --dataset-name timed_trace ...` line: run it on :8000
+      cmd=$(grep -o 'vllm bench serve.*' "$RES/export.log" | head -1)
+      [ -n "$cmd" ] && timeout 150 python3 -m vllm.entrypoints.cli.main ${cmd#vllm } --base-url http://127.0.0.1:8000 \
+        --model m --tokenizer /tmp/model --save-result --result-dir "$RES" --result-filename peer-timed.json \
+        > "$RES/peer-timed.log" 2>&1
+      tail -22 "$RES/peer-timed.log"
+      CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m replayssm_patch.gpu.kernel_bench --out "$RES/kernels" \
+        > "$RES/kernel_bench.log" 2>&1
+      echo "kernel bench exit $?"; grep -A4 "## Layer-level" "$RES/kernels/kernel_bench.md"
+    ) > "$RES/gpu0.log" 2>&1 &
+    gpu0=$!
+    if $S wait 240 8001; then $S decode 8001 candidate-split replayssm_split 64 128 256; else $S diagnose candidate-split; fi
+    $S stop candidate-split
     $S serve baseline-b 1 8001
-    $S decode 8000 baseline 64 128 256
-    $RB slice traces/azure-conv-2023.parquet --start 600 --duration 190 --time-scale 0.32 -o "$RES/slice.parquet"
-    $RB export "$RES/slice.parquet" --format vllm-timed -o "$RES/timed.jsonl" 2>&1 | tee "$RES/export.log"
-    # the export prints the matching `vllm bench serve --dataset-name timed_trace ...` line: run it on :8000
-    cmd=$(grep -o 'vllm bench serve.*' "$RES/export.log" | head -1)
-    [ -n "$cmd" ] && timeout 150 python3 -m vllm.entrypoints.cli.main ${cmd#vllm } --base-url http://127.0.0.1:8000 \
-      --model m --tokenizer /tmp/model --save-result --result-dir "$RES" --result-filename peer-timed.json \
-      > "$RES/peer-timed.log" 2>&1; tail -25 "$RES/peer-timed.log"
+    wait $gpu0; cat "$RES/gpu0.log"
     ;;
   aa)
-    $S wait 300 8001 || exit 1
-    timeout 420 $RB run --config configs/h200-nemotron-h-8b-aa.toml --output-dir "$RUNS" 2>&1 | tee "$RES/aa.log" | tail -30
+    $S wait 300 8001 || { $S diagnose baseline-b; exit 1; }
+    [ -n "${2:-}" ] && sed -i "s/^repeats = .*/repeats = $2/" configs/h200-nemotron-h-8b-aa.toml
+    timeout $(($(left) - 15)) $RB run --config configs/h200-nemotron-h-8b-aa.toml --output-dir "$RUNS" 2>&1 \
+      | tee "$RES/aa.log" | tail -25
     cp -r "$(latest h200-nemotron-h-8b)" "$(latest h200-nemotron-h-8b-aa)" "$RES/" 2>/dev/null
     ;;
-  *) echo "usage: paired.sh start|resume|aa"; exit 2 ;;
+  *) echo "usage: paired.sh start|resume|aa [REPEATS]"; exit 2 ;;
 esac

@@ -6,7 +6,7 @@
 #   serve ARM GPU PORT [EXTRA...]   start a vLLM server detached (setsid); ARM names the log/pid files
 #   wait TIMEOUT_S PORT...          poll /health of each port until ready (exit 1 on timeout or death)
 #   stop ARM      kill a server started by `serve` (its whole session)
-#   decode PORT NAME C...           closed-loop decode timing of a running server (replayssm_patch.gpu.serve_check
+#   decode PORT ARM NAME C...       closed-loop decode timing of ARM's running server as variant NAME (serve_check
 #                                   --attach: C streams, prompt 1024, exactly 256 output tokens) -> results serve/
 #   diagnose ARM  the lines of a server log that say why it died
 #   pack NAME     copy server logs into the results and tar them to $OUT/NAME.tgz (one file comes back)
@@ -68,9 +68,9 @@ stop() {
 }
 
 decode() {
-  local port=$1 name=$2; shift 2
+  local port=$1 arm=$2 name=$3; shift 3
   timeout 240 python3 -m replayssm_patch.gpu.serve_check --model "$MODEL" --out "$RES/serve" --attach "$port" \
-    --name "$name" --log "$STATE/$name.log" --concurrency "$@" --budget-s 200 > "$STATE/decode-$name.log" 2>&1
+    --name "$name" --log "$STATE/$arm.log" --concurrency "$@" --budget-s 200 > "$STATE/decode-$name.log" 2>&1
   grep -E "^\| $name " "$RES/serve/serve_check.md" || tail -5 "$STATE/decode-$name.log"
 }
 

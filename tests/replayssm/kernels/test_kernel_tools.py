@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -72,14 +73,16 @@ def test_kernels_compile_for_hopper() -> None:
 
 
 def selective_state_update_stand_in(
-    state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, state_batch_indices=None,
-    pad_slot_id=-1, out=None,
+    state, x, dt, A, B, C, D, dt_bias, z=None, dt_softplus=False, state_batch_indices=None,
+    dst_state_batch_indices=None, null_block_id=0, out=None,
 ):  # fmt: skip
-    """vLLM's selective_state_update contract (shapes it asserts, pad rows keep their state), in fp64.
+    """vLLM 0.24's selective_state_update contract (its signature, the shapes it asserts; rows whose index is
+    null_block_id, default 0, are skipped), in fp64.
 
     Stands in for vLLM, which this venv lacks, so the benchmark's vLLM code path (argument plumbing, padding,
     error bookkeeping) runs on CPU; the GPU run uses the real one.
     """
+    pad_slot_id = null_block_id
     _, nheads, head_dim = x.shape
     d_state = state.shape[-1]
     assert dt.shape == x.shape and A.shape == (nheads, head_dim, d_state) and B.shape == C.shape
@@ -93,6 +96,18 @@ def selective_state_update_stand_in(
     )  # fmt: skip
     state[slots] = h.to(state.dtype)
     out[rows] = y.to(out.dtype)
+
+
+def test_a_baseline_that_skips_rows_falls_back_to_the_fp64_reference() -> None:
+    """The probe call compares against fp64: a baseline leaving a row unwritten is not used (0.24 skipped row 0
+    when called with the old pad_slot_id keyword only)."""
+
+    @functools.wraps(selective_state_update_stand_in)  # same signature, so the same keywords reach it
+    def skips_slot_zero(*args, null_block_id=0, **kwargs):
+        selective_state_update_stand_in(*args, null_block_id=0, **kwargs)
+
+    baseline = Baseline(skips_slot_zero, "skips slot 0").checked(SMOKE_PLAN, "cpu")
+    assert baseline.fn is None and "disagreed on a probe call" in baseline.note
 
 
 def test_kernel_bench_vllm_path_with_a_stand_in(tmp_path: Path) -> None:
