@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -46,17 +47,18 @@ def compile_for_hopper(
 def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, object], int]]:
     """(label, kernel, pointer types, constexprs, num_warps) for the default launch of each variant."""
     from replayssm_patch.kernels.flush import _flush_kernel
-    from replayssm_patch.kernels.replay_decode import _replay_decode_kernel
+    from replayssm_patch.kernels.replay_decode import _replay_decode_kernel, default_replay_block_p
 
     found = []
-    for state in ("fp32", "bf16"):
+    for state, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         pointers = {**_REPLAY_POINTERS, "state_ptr": f"*{state}"}
         consts = {"HAS_D": True, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True, "BLOCK_L": 16, "BLOCK_N": 128}
-        found.append((f"replay, {state} checkpoint", _replay_decode_kernel, pointers, {**consts, "BLOCK_P": 16}, 4))
+        consts["BLOCK_P"] = default_replay_block_p(dtype)
+        found.append((f"replay, {state} checkpoint", _replay_decode_kernel, pointers, consts, 4))
     for copy in (False, True):
         pointers = {**_FLUSH_POINTERS, "bf16_ptr": "*bf16" if copy else "*fp32"}
-        consts = {"HAS_BF16": copy, "BLOCK_L": 16, "BLOCK_P": 16, "BLOCK_N": 128}
-        found.append((f"flush, bf16 copy {copy}", _flush_kernel, pointers, consts, 8))
+        consts = {"HAS_BF16": copy, "BLOCK_L": 16, "BLOCK_P": 16, "BLOCK_N": 128, "P_BLOCKS": 4}  # head_dim 64
+        found.append((f"flush, bf16 copy {copy}", _flush_kernel, pointers, consts, 4))
     return found
 
 

@@ -2,8 +2,9 @@
 
 h' = exp(A * sum dt) * h + X^T diag(w) B, with w_s = exp(A * dt summed after s) * dt_s. Reads and writes
 the master checkpoint (fp32 in split precision) and refreshes the bf16 copy in the same pass. One program
-per (batch row, head, head_dim block); rows with flush_len == 0 or a padding slot return at once, so the
-kernel can run every decode step with a fixed grid (CUDA-graph safe).
+per (batch row, head), looping over head_dim blocks; rows with flush_len == 0 or a padding slot return at
+once, so the kernel can run every decode step with a fixed grid (CUDA-graph safe) for about the cost of
+one early exit per (row, head).
 """
 
 from __future__ import annotations
@@ -23,19 +24,17 @@ def _flush_kernel(
     ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n,
     srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h,
     HAS_BF16: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    P_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     head = tl.program_id(1)
-    pblock = tl.program_id(2)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     count = tl.minimum(tl.load(len_ptr + row), ring_len)
     if (slot == pad_slot_id) | (slot < 0) | (count <= 0):
         return
     group = head // heads_per_group
-    offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
     offs_l = tl.arange(0, BLOCK_L)
-    mask_p = offs_p < head_dim
     mask_n = offs_n < d_state
     live = offs_l < count
 
@@ -43,24 +42,26 @@ def _flush_kernel(
     dt = tl.load(ring_dt_ptr + slot * srdt_slot + offs_l * srdt_l + head * srdt_h, mask=live, other=0.0)
     dt = dt.to(tl.float32)
     weight = tl.where(live, tl.exp(A * decay_sum_after(dt, offs_l)) * dt, 0.0)
-    ring_x = tl.load(
-        ring_x_ptr + slot * srx_slot + offs_l[:, None] * srx_l + head * srx_h + offs_p[None, :] * srx_p,
-        mask=live[:, None] & mask_p[None, :], other=0.0,
-    ).to(tl.float32)  # fmt: skip
+    decay = tl.exp(A * tl.sum(dt, axis=0))
     ring_B = tl.load(
         ring_B_ptr + slot * srB_slot + offs_l[:, None] * srB_l + group * srB_g + offs_n[None, :] * srB_n,
         mask=live[:, None] & mask_n[None, :], other=0.0,
     ).to(tl.float32)  # fmt: skip
-    update = tl.dot(tl.trans(ring_x * weight[:, None]), ring_B, input_precision="ieee")  # [P, N]
-
-    mask_pn = mask_p[:, None] & mask_n[None, :]
-    state_at = state_ptr + slot * ss_slot + head * ss_h + offs_p[:, None] * ss_p + offs_n[None, :] * ss_n
-    h = tl.load(state_at, mask=mask_pn, other=0.0).to(tl.float32)
-    h = tl.exp(A * tl.sum(dt, axis=0)) * h + update
-    tl.store(state_at, h.to(state_ptr.dtype.element_ty), mask=mask_pn)
-    if HAS_BF16:
-        copy_at = bf16_ptr + slot * sc_slot + head * sc_h + offs_p[:, None] * sc_p + offs_n[None, :] * sc_n
-        tl.store(copy_at, h.to(bf16_ptr.dtype.element_ty), mask=mask_pn)
+    for pblock in tl.static_range(P_BLOCKS):  # all head_dim blocks in one program: an idle row exits once
+        offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
+        mask_p = offs_p < head_dim
+        ring_x = tl.load(
+            ring_x_ptr + slot * srx_slot + offs_l[:, None] * srx_l + head * srx_h + offs_p[None, :] * srx_p,
+            mask=live[:, None] & mask_p[None, :], other=0.0,
+        ).to(tl.float32)  # fmt: skip
+        update = tl.dot(tl.trans(ring_x * weight[:, None]), ring_B, input_precision="ieee")  # [P, N]
+        mask_pn = mask_p[:, None] & mask_n[None, :]
+        state_at = state_ptr + slot * ss_slot + head * ss_h + offs_p[:, None] * ss_p + offs_n[None, :] * ss_n
+        h = decay * tl.load(state_at, mask=mask_pn, other=0.0).to(tl.float32) + update
+        tl.store(state_at, h.to(state_ptr.dtype.element_ty), mask=mask_pn)
+        if HAS_BF16:
+            copy_at = bf16_ptr + slot * sc_slot + head * sc_h + offs_p[:, None] * sc_p + offs_n[None, :] * sc_n
+            tl.store(copy_at, h.to(bf16_ptr.dtype.element_ty), mask=mask_pn)
 
 
 def flush_ring(
@@ -75,7 +76,7 @@ def flush_ring(
     state_bf16: torch.Tensor | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
     block_p: int | None = None,
-    num_warps: int = 8,
+    num_warps: int = 4,
 ) -> None:
     """Fold ring entries [0, flush_len) of each row into ssm_state in place (and into state_bf16 if given).
 
@@ -95,13 +96,13 @@ def flush_ring(
         return
     BLOCK_P = block_size(head_dim, cap=block_p or 16, floor=16)
     copy = state_bf16 if state_bf16 is not None else ssm_state
-    _flush_kernel[(batch, nheads, triton.cdiv(head_dim, BLOCK_P))](
+    _flush_kernel[(batch, nheads)](
         A, ssm_state, copy, ring_x, ring_B, ring_dt, state_indices, flush_len,
         head_dim, d_state, ring_x.shape[1], nheads // ngroups, pad_slot_id,
         *ssm_state.stride(), *copy.stride(), *ring_x.stride(), *ring_B.stride(), *ring_dt.stride(),
         HAS_BF16=state_bf16 is not None,
         BLOCK_L=block_size(ring_x.shape[1], floor=16), BLOCK_P=BLOCK_P, BLOCK_N=block_size(d_state, floor=16),
-        num_warps=num_warps,
+        P_BLOCKS=triton.cdiv(head_dim, BLOCK_P), num_warps=num_warps,
     )  # fmt: skip
 
 
@@ -117,7 +118,7 @@ def flush_ring_reference(
     state_bf16: torch.Tensor | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
     block_p: int | None = None,
-    num_warps: int = 8,
+    num_warps: int = 4,
 ) -> None:
     """Plain-PyTorch twin of ``flush_ring`` (same arguments; block_p / num_warps are ignored), in fp32."""
     del block_p, num_warps

@@ -112,6 +112,13 @@ def _step_inputs(
     return per_head_dt(dt), per_head(A, nheads), per_head(D, nheads), per_head(dt_bias, nheads), out
 
 
+def default_replay_block_p(state_dtype: torch.dtype) -> int:
+    """head_dim rows per program: the fastest of the H200 sweep at Nemotron-H-8B shapes, batch 256
+    (replayssm_patch/gpu/results/kernel_bench-h200.md: fp32 checkpoint 32 -> 342 us, 16 -> 438 us; bf16 copy
+    64 -> 226 us, 16 -> 439 us). The narrower bf16 rows want more of them per program."""
+    return 64 if state_dtype.itemsize <= 2 else 32
+
+
 def replay_decode(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -141,8 +148,8 @@ def replay_decode(
     else the master); ring tensors as in the package docstring; state_indices / write_pos int [batch].
     The checkpoint is never written. Padding rows (slot == pad_slot_id or < 0) are skipped and their
     ``out`` rows are left as they were; so are rows whose write_pos is off the ring (a metadata bug must not
-    write into another slot). ``block_p`` (head_dim rows per program, default 16) and
-    ``num_warps`` are GPU tuning knobs only.
+    write into another slot). ``block_p`` (head_dim rows per program, default ``default_replay_block_p``)
+    and ``num_warps`` are GPU tuning knobs only.
     """
     check_launchable(x, state)
     batch, nheads, head_dim = x.shape
@@ -150,7 +157,7 @@ def replay_decode(
     dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
     if batch == 0:
         return out
-    BLOCK_P = block_size(head_dim, cap=block_p or 16)
+    BLOCK_P = block_size(head_dim, cap=block_p or default_replay_block_p(state.dtype))
     grid = (batch, nheads, triton.cdiv(head_dim, BLOCK_P))
     _replay_decode_kernel[grid](
         x, dt, A, B, C, D if D is not None else A, dt_bias if dt_bias is not None else A,

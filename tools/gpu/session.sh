@@ -81,7 +81,7 @@ diagnose() {
 
 pack() {
   cp "$STATE"/*.log "$RES/" 2>/dev/null
-  tar czf "$OUT/${1:-results}.tgz" -C "$STATE" out && ls -la "$OUT"
+  tar czf - -C "$STATE" out | split -b 15m - "$OUT/${1:-results}.tgz.part" && ls -la "$OUT"
 }
 
 cmd=$1; shift
