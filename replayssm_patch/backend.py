@@ -2,8 +2,8 @@
 
 Why in the builder: it runs on the CPU before every step, including steps that replay a captured CUDA
 graph, so it is where cursors can advance. It writes each decode row's write position and flush length
-into persistent buffers (fixed addresses the graph reads) and, for steps with a prefill, the ring entry
-counts the layer must fold into the checkpoint first. CUDA-graph capture builds (dummy batches) write
+into persistent buffers (fixed addresses the graph reads) and, for prefill rows, the ring entry counts
+the layer must fold into the checkpoint first. CUDA-graph capture builds (dummy batches) write
 zeros and never advance real cursors.
 """
 
@@ -29,10 +29,10 @@ logger = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger
 
 @dataclass
 class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
-    # Decode-only steps: one row per state_indices_tensor_d row (graph padding rows get 0).
+    # Decode rows: one per state_indices_tensor_d row (graph padding rows get 0).
     replay_write_pos: torch.Tensor | None = None
     replay_flush_len: torch.Tensor | None = None
-    # Steps with a prefill: ring entries per row (decode rows, then prefill rows) to fold in first.
+    # Steps with a prefill: ring entries per prefill row to fold into the checkpoint first.
     replay_pending: torch.Tensor | None = None
 
 
@@ -93,28 +93,25 @@ def plan_ring(
     *,
     dry_run: bool,
 ) -> ReplayMamba2AttentionMetadata:
-    """Attach this step's ring plan to ``metadata`` (``cursor_table`` is called only when cursors move)."""
-    if metadata.num_prefills == 0:
-        if metadata.state_indices_tensor_d is None:
-            return metadata
-        rows = metadata.state_indices_tensor_d.shape[0]
-        write_pos, flush_len = write_pos_buffer[:rows], flush_len_buffer[:rows]
+    """Attach this step's ring plan to ``metadata`` (``cursor_table`` is called only when cursors move).
+
+    Decode rows append to their ring whether or not the step also holds prefills (decode rows come first in
+    vLLM's batch); prefill rows get the entries their ring still holds (to fold in before vLLM's prefill
+    reads the checkpoint) and restart at 0.
+    """
+    rows = 0 if metadata.state_indices_tensor_d is None else metadata.state_indices_tensor_d.shape[0]
+    write_pos, flush_len = write_pos_buffer[:rows], flush_len_buffer[:rows]
+    if rows:
         write_pos.zero_()
         flush_len.zero_()
-        if not dry_run:
+        if not dry_run and metadata.num_decodes:
             real = metadata.num_decodes
             slots = metadata.state_indices_tensor_d[:real, 0]
             cursor_table().decode_step(slots, write_pos[:real], flush_len[:real])
-        return replace(metadata, replay_write_pos=write_pos, replay_flush_len=flush_len)
-    slots_p = metadata.state_indices_tensor_p
-    parts_slots = [slots_p]
-    parts_state = [metadata.has_initial_states_p]
-    if metadata.num_decodes:
-        slots_d = metadata.state_indices_tensor_d[: metadata.num_decodes, 0]
-        parts_slots.insert(0, slots_d)
-        parts_state.insert(0, torch.ones_like(slots_d, dtype=torch.bool))
-    pending = cursor_table().take_pending(torch.cat(parts_slots), torch.cat(parts_state))
-    return replace(metadata, replay_pending=pending)
+    pending = None
+    if metadata.num_prefills:
+        pending = cursor_table().take_pending(metadata.state_indices_tensor_p, metadata.has_initial_states_p)
+    return replace(metadata, replay_write_pos=write_pos, replay_flush_len=flush_len, replay_pending=pending)
 
 
 class ReplayMamba2AttentionBackend(Mamba2AttentionBackend):

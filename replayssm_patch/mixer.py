@@ -1,10 +1,12 @@
 """The Mamba-2 layer with ReplaySSM state management (vLLM ``MambaMixer2`` out-of-tree replacement).
 
-Decode-only steps (the CUDA-graph path) run vLLM's causal-conv update, then the ReplaySSM decode step:
-append x/B/dt to the ring, answer from checkpoint + ring, and fold the ring into the checkpoint on the
-step that fills it. Any step with a prefill first folds every row's pending ring entries into the
-checkpoint (materialise-before-prefill), then runs vLLM's own path, which leaves each row's checkpoint
-current and its ring empty; with split precision the bf16 copy of those rows is refreshed afterwards.
+Decode rows (all of a CUDA-graph step, the first rows of a mixed one) run vLLM's causal-conv update, then
+the ReplaySSM decode step: append x/B/dt to the ring, answer from checkpoint + ring, and fold the ring
+into the checkpoint on the step that fills it. Prefill rows first fold whatever their ring still holds
+(materialise-before-prefill; only a sequence that decoded before has any), then run vLLM's own path,
+which leaves their checkpoint current; with split precision their bf16 copy is refreshed afterwards.
+Decode rows never fold early because a prefill shares their step: under steady traffic nearly every step
+holds one, and folding every ring each step would cost more than vLLM's own decode.
 """
 
 from __future__ import annotations
@@ -62,28 +64,34 @@ class ReplayMambaMixer2(MambaMixer2):
             super().conv_ssm_forward(projected_states=projected_states, output=output)
             return
         assert isinstance(metadata, ReplayMamba2AttentionMetadata)
-        if metadata.num_prefills == 0:
-            if metadata.num_decodes:
-                self._replay_decode(projected_states, output, metadata)
-            return
-        slots = self._batch_slots(metadata)
+        if metadata.num_decodes:
+            self._replay_decode(projected_states, output, metadata)
+        if metadata.num_prefills:
+            self._prefill(projected_states, output, metadata, raw)
+
+    def _prefill(
+        self, projected_states: torch.Tensor, output: torch.Tensor, metadata: ReplayMamba2AttentionMetadata, raw: dict
+    ) -> None:
+        """The step's prefill rows through vLLM's own path, reading checkpoints made current first.
+
+        vLLM's layer reads its metadata from the forward context, so for this call the layer's entry says
+        "no decode rows" and the tensors start at the first prefill token (decode rows come first).
+        """
+        slots = metadata.state_indices_tensor_p.to(torch.int32)
         self._materialise(slots, metadata.replay_pending)
-        super().conv_ssm_forward(projected_states=projected_states, output=output)
+        skip = metadata.num_decode_tokens
+        raw[self.prefix] = replace(metadata, num_decodes=0, num_decode_tokens=0)
+        try:
+            super().conv_ssm_forward(projected_states=projected_states[skip:], output=output[skip:])
+        finally:
+            raw[self.prefix] = metadata
         if self.replayssm.split_precision:
             from replayssm_patch.kernels import copy_state_to_bf16
 
             copy_state_to_bf16(self.kv_cache[1], self.kv_cache[STATE_BF16], slots, pad_slot_id=None)  # eager: no pads
 
-    @staticmethod
-    def _batch_slots(metadata: ReplayMamba2AttentionMetadata) -> torch.Tensor:
-        """State slot of every row, decode rows first (vLLM's batch order)."""
-        parts = [metadata.state_indices_tensor_p]
-        if metadata.num_decodes:
-            parts.insert(0, metadata.state_indices_tensor_d[: metadata.num_decodes, 0])
-        return torch.cat(parts).to(torch.int32)
-
     def _materialise(self, slots: torch.Tensor, pending: torch.Tensor | None) -> None:
-        """Fold pending ring entries into the fp32 checkpoint so vLLM's prefill/decode read current state."""
+        """Fold pending ring entries into the fp32 checkpoint so vLLM's prefill reads the current state."""
         from replayssm_patch.kernels import flush_ring
 
         assert pending is not None

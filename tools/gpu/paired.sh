@@ -7,6 +7,8 @@
 #                        GPU 1: ReplaySSM split precision start + decode timing, then the second baseline starts
 #                        GPU 0: baseline decode timing, `vllm bench serve` on the exported trace, kernel benchmark
 #   paired.sh aa [N]   the A/A experiment (baseline vs baseline, N repeats, default the config's); packs all
+#   paired.sh rerun [N]  one call after a plugin change (instead of start/resume/aa): recv part 3, install, the
+#                      GPU layer check, both servers, a paired run of N repeats (default 3), decode timings
 # Every stage tees its log into /tmp/gpu/out, which `pack` sends back as $OUT/h200.tgz; servers run detached.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -77,5 +79,22 @@ case ${1:-} in
       | tee "$RES/aa.log" | tail -25
     cp -r "$(latest h200-nemotron-h-8b)" "$(latest h200-nemotron-h-8b-aa)" "$RES/" 2>/dev/null
     ;;
-  *) echo "usage: paired.sh start|resume|aa [REPEATS]"; exit 2 ;;
+  rerun)  # after a plugin change, in one call: GPU layer check, both servers, a paired run, decode timings
+    $S recv 3 > /dev/null
+    $S setup 2>&1 | tee "$RES/setup.log" | tail -3
+    [ -d /tmp/site/vllm ] || exit 1
+    $S serve baseline 0 8000
+    $S serve candidate 1 8001 --additional-config "$FP32"
+    # on GPU 0 while the servers start (a few GB beside the baseline's start-up)
+    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m replayssm_patch.gpu.layer_check --model /tmp/model \
+      --out "$RES/layer" > "$RES/layer_check.log" 2>&1; tail -6 "$RES/layer_check.log"
+    $S wait 300 8000 8001 || { $S diagnose candidate; $S diagnose baseline; exit 1; }
+    $S decode 8000 baseline baseline_fp32 64 128 256 & timing=$!
+    $S decode 8001 candidate replayssm_fp32 64 128 256
+    wait $timing
+    timeout $(($(left) - 15)) $RB run --config configs/h200-nemotron-h-8b.toml --repeats "${2:-3}" \
+      --output-dir "$RUNS" 2>&1 | tee "$RES/run.log" | tail -22
+    cp -r "$(latest h200-nemotron-h-8b)" "$RES/" 2>/dev/null
+    ;;
+  *) echo "usage: paired.sh start|resume|aa [REPEATS]|rerun [REPEATS]"; exit 2 ;;
 esac

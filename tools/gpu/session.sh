@@ -7,7 +7,7 @@
 #   wait TIMEOUT_S PORT...          poll /health of each port until ready (exit 1 on timeout or death)
 #   stop ARM      kill a server started by `serve` (its whole session)
 #   decode PORT ARM NAME C...       closed-loop decode timing of ARM's running server as variant NAME (serve_check
-#                                   --attach: C streams, prompt 1024, exactly 256 output tokens) -> results serve/
+#                                   --attach: C streams, prompt 1024, exactly 256 output tokens) -> results serve-NAME/
 #   diagnose ARM  the lines of a server log that say why it died
 #   pack NAME     copy server logs into the results and tar them to $OUT/NAME.tgz (one file comes back)
 # Logs and pids live in /tmp/gpu (survives between calls while the host is kept); `pack` sends the results back.
@@ -19,7 +19,7 @@ mkdir -p "$STATE" "$RES" /tmp/pkg
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$ROOT VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 MODEL=/tmp/model
-VLLM_FLAGS=(--model "$MODEL" --served-model-name m --load-format dummy --max-num-seqs 256 --max-model-len 4096
+VLLM_FLAGS=(--model "$MODEL" --served-model-name m --load-format dummy --max-num-seqs 256 --max-model-len "${MAX_LEN:-8192}"
   --gpu-memory-utilization 0.85 --mamba-ssm-cache-dtype float32 -O0 -cc '{"cudagraph_mode":"FULL_DECODE_ONLY"}')
 
 recv() {
@@ -69,9 +69,9 @@ stop() {
 
 decode() {
   local port=$1 arm=$2 name=$3; shift 3
-  timeout 240 python3 -m replayssm_patch.gpu.serve_check --model "$MODEL" --out "$RES/serve" --attach "$port" \
+  timeout 240 python3 -m replayssm_patch.gpu.serve_check --model "$MODEL" --out "$RES/serve-$name" --attach "$port" \
     --name "$name" --log "$STATE/$arm.log" --concurrency "$@" --budget-s 200 > "$STATE/decode-$name.log" 2>&1
-  grep -E "^\| $name " "$RES/serve/serve_check.md" || tail -5 "$STATE/decode-$name.log"
+  grep -E "^\| $name " "$RES/serve-$name/serve_check.md" || tail -5 "$STATE/decode-$name.log"
 }
 
 diagnose() {

@@ -23,22 +23,15 @@ torch_utils.PIN_MEMORY = False  # no pinned-memory allocator without a GPU; set 
 
 from vllm.config import set_current_vllm_config  # noqa: E402
 from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment  # noqa: E402
-from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2  # noqa: E402
 from vllm.model_executor.models import ModelRegistry  # noqa: E402
 from vllm.plugins import load_general_plugins  # noqa: E402
 from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionBackend  # noqa: E402
 from vllm.v1.kv_cache_interface import MambaSpec  # noqa: E402
 
+from replayssm_patch.gpu.layer_check import common_metadata, make_layer, vllm_config  # noqa: E402
+
 ENABLED = {"replayssm": {"enable": True, "buffer_len": 16, "split_precision": True}}
-
-
-def vllm_config(additional_config: dict | None, model_dir: Path, **engine_args):
-    args = EngineArgs(
-        model=str(model_dir), skip_tokenizer_init=True, load_format="dummy", mamba_ssm_cache_dtype="float32",
-        additional_config=additional_config or {}, **{"max_model_len": 4096, **engine_args},
-    )  # fmt: skip
-    return args.create_engine_config()
 
 
 def model_spec(config) -> MambaSpec:
@@ -51,37 +44,9 @@ def model_spec(config) -> MambaSpec:
     return model_cls, spec
 
 
-def layer_of(config) -> MambaMixer2:
-    hf = config.model_config.hf_config
-    with set_current_vllm_config(config):
-        return MambaMixer2(
-            hidden_size=hf.hidden_size, ssm_state_size=hf.ssm_state_size, conv_kernel_size=hf.conv_kernel,
-            intermediate_size=hf.mamba_num_heads * hf.mamba_head_dim, use_conv_bias=True, use_bias=False,
-            n_groups=hf.n_groups, num_heads=hf.mamba_num_heads, head_dim=hf.mamba_head_dim,
-            model_config=config.model_config, cache_config=config.cache_config, prefix=f"layer{id(config)}",
-        )  # fmt: skip
-
-
 def describe(spec: MambaSpec) -> dict:
     return {"shapes": [list(s) for s in spec.shapes], "dtypes": [str(d) for d in spec.dtypes],
             "page_size_bytes": spec.page_size_bytes}  # fmt: skip
-
-
-def common_metadata(query_lens: list[int], seq_lens: list[int], blocks: list[int], prefilling: list[bool]):
-    """One step's batch as vLLM's model runner hands it to the builders (one mamba block per request)."""
-    from vllm.v1.attention.backend import CommonAttentionMetadata
-
-    ql = torch.tensor(query_lens, dtype=torch.int32)
-    qsl = torch.zeros(len(ql) + 1, dtype=torch.int32)
-    qsl[1:] = ql.cumsum(0)
-    sl = torch.tensor(seq_lens, dtype=torch.int32)
-    return CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=sl, num_reqs=len(ql),
-        num_actual_tokens=int(ql.sum()), max_query_len=int(ql.max()), max_seq_len=int(sl.max()),
-        block_table_tensor=torch.tensor(blocks, dtype=torch.int32).unsqueeze(1),
-        slot_mapping=torch.zeros(int(ql.sum()), dtype=torch.int64), is_prefilling=torch.tensor(prefilling),
-        seq_lens_cpu_upper_bound=sl.clone(),
-    )  # fmt: skip
 
 
 def tiny_model_checks(tiny_dir: Path) -> dict:
@@ -108,7 +73,8 @@ def tiny_model_checks(tiny_dir: Path) -> dict:
     # block 3 decodes beside a fresh 7-token prompt in reused block 6 (whose stale cursor is 2)
     builder.cursors.positions[6] = 2
     m = builder.build(0, common_metadata([1, 7], [16, 7], [3, 6], [False, True]))
-    steps.append({"decodes": m.num_decodes, "prefills": m.num_prefills, "pending": m.replay_pending.tolist(),
+    steps.append({"decodes": m.num_decodes, "prefills": m.num_prefills, "write_pos": m.replay_write_pos.tolist(),
+                  "flush_len": m.replay_flush_len.tolist(), "pending": m.replay_pending.tolist(),
                   "after": builder.cursors.positions.tolist()})  # fmt: skip
     refused = None
     try:
@@ -149,7 +115,7 @@ def main(model_dir: Path, tiny_dir: Path, result_file: Path) -> None:
             from replayssm_patch.mixer import install_replay_mixer
 
             install_replay_mixer(replayssm_config_of(config))  # what the model class does before building layers
-        layer = layer_of(config)
+        layer = make_layer(config, f"layer{id(config)}")
         layer_spec = layer.get_kv_cache_spec(config)
         out[name] = {
             "model_class": model_cls.__name__,

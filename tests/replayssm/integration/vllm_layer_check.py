@@ -30,9 +30,16 @@ from vllm.distributed import ensure_model_parallel_initialized, init_distributed
 from vllm.forward_context import set_forward_context  # noqa: E402
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2  # noqa: E402
 from vllm.model_executor.layers.mamba.ops import ssu_dispatch  # noqa: E402
-from vllm_checks import common_metadata, vllm_config  # noqa: E402
 
 from replayssm_patch.config import ReplaySSMConfig  # noqa: E402
+from replayssm_patch.gpu.layer_check import (  # noqa: E402
+    common_metadata,
+    make_layer,
+    paged_state_tensors,
+    projected_width,
+    realistic_weights,
+    vllm_config,
+)
 from replayssm_patch.kernels.ground_truth import recurrence_step_fp64  # noqa: E402
 from replayssm_patch.mixer import install_replay_mixer  # noqa: E402
 
@@ -53,41 +60,10 @@ class Fp64SSUBackend(ssu_dispatch.MambaSSUBackend):
         out.copy_(y.to(out.dtype))
 
 
-def make_layer(config, prefix: str) -> MambaMixer2:
-    hf = config.model_config.hf_config
-    with set_current_vllm_config(config):
-        return MambaMixer2(
-            hidden_size=hf.hidden_size, ssm_state_size=hf.ssm_state_size, conv_kernel_size=hf.conv_kernel,
-            intermediate_size=hf.mamba_num_heads * hf.mamba_head_dim, use_conv_bias=True, use_bias=False,
-            n_groups=hf.n_groups, num_heads=hf.mamba_num_heads, head_dim=hf.mamba_head_dim,
-            model_config=config.model_config, cache_config=config.cache_config, prefix=prefix,
-        )  # fmt: skip
-
-
-def paged_state_tensors(spec) -> list[torch.Tensor]:
-    """The layer's state tensors laid out as vLLM's GPU runner does: views into one buffer of NUM_BLOCKS pages,
-    each block's tensors packed one after another in its page (so block strides are the page, not dense)."""
-    pages = torch.zeros(NUM_BLOCKS * spec.page_size_bytes, dtype=torch.uint8)
-    tensors, offset = [], 0
-    for shape, dtype in zip(spec.shapes, spec.dtypes, strict=True):
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        dense = torch.empty((NUM_BLOCKS, *shape), dtype=dtype, device="meta").stride()
-        assert offset % itemsize == 0, f"state tensor {shape} {dtype} starts misaligned at byte {offset}"
-        stride = (spec.page_size_bytes // itemsize, *dense[1:])
-        tensors.append(torch.as_strided(pages.view(dtype), (NUM_BLOCKS, *shape), stride, offset // itemsize))
-        offset += dense[0] * itemsize
-    return tensors
-
-
 def with_cache_and_builder(layer: MambaMixer2, config):
     spec = layer.get_kv_cache_spec(config)
-    layer.kv_cache = paged_state_tensors(spec)
+    layer.kv_cache = paged_state_tensors(spec, NUM_BLOCKS)
     return layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device("cpu"))
-
-
-def projected_width(layer: MambaMixer2) -> int:
-    """Columns of in_proj's output: gate, x, B, C and dt."""
-    return 2 * layer.intermediate_size + 2 * layer.n_groups * layer.ssm_state_size + layer.num_heads
 
 
 def profile_run(layer: MambaMixer2, config) -> str:
@@ -112,13 +88,8 @@ def scenario(tiny: Path, split: bool, gen: torch.Generator) -> dict:
     rep_cfg = vllm_config({"replayssm": knobs}, tiny, max_model_len=512)
     tag = "split" if split else "fp32"
     base, rep = make_layer(base_cfg, f"base_{tag}.mixer"), make_layer(rep_cfg, f"rep_{tag}.mixer")
-    heads = base.num_heads
+    realistic_weights(base, gen)
     with torch.no_grad():
-        base.A.copy_(-torch.exp(torch.rand(heads, generator=gen) * torch.log(torch.tensor(16.0))))
-        base.dt_bias.copy_(torch.rand(heads, generator=gen) * 5 - 5)  # softplus(dt) spans ~0.01..0.7
-        base.D.copy_(torch.randn(heads, generator=gen))
-        base.conv1d.weight.copy_(torch.randn(base.conv1d.weight.shape, generator=gen) * 0.5)
-        base.conv1d.bias.copy_(torch.randn(base.conv1d.bias.shape, generator=gen) * 0.1)
         rep.load_state_dict(base.state_dict())
     profiled = profile_run(rep, rep_cfg)
     builders = {"base": with_cache_and_builder(base, base_cfg), "rep": with_cache_and_builder(rep, rep_cfg)}
@@ -142,10 +113,11 @@ def scenario(tiny: Path, split: bool, gen: torch.Generator) -> dict:
                 layer.conv_ssm_forward(projected, outs[name])
         errors.append(rel(outs["rep"], outs["base"]))
         cursors.append(builders["rep"].cursors.positions[SLOTS].tolist())
-    # a step with a prefill: the decode rows' pending entries are folded into the checkpoint first
-    plan = builders["rep"].build(0, common_metadata([1, 1, 1, 5], [40, 50, 60, 5], [*SLOTS, 4], [False] * 3 + [True]))
+    # prefill rows that continue a sequence (SLOTS, 5 more tokens each) beside a fresh prompt (slot 4): what the
+    # continuing rows' rings hold is folded into the checkpoint before vLLM's prefill would read it
+    plan = builders["rep"].build(0, common_metadata([5, 5, 5, 5], [45, 55, 65, 5], [*SLOTS, 4], [True] * 4))
     with torch.no_grad():
-        rep._materialise(rep._batch_slots(plan), plan.replay_pending)
+        rep._materialise(plan.state_indices_tensor_p.to(torch.int32), plan.replay_pending)
     return {"profile_run": profiled, "state_dtypes": [str(d) for d in rep.get_state_dtype()],
             "output_rel_err": errors, "cursors": cursors, "pending": plan.replay_pending.tolist(),
             "state_rel_err_after_fold": rel(rep.kv_cache[1][SLOTS], base.kv_cache[1][SLOTS]),

@@ -124,3 +124,12 @@ def test_kernel_bench_vllm_path_with_a_stand_in(tmp_path: Path) -> None:
     markdown = render_markdown({"meta": {}, "equivalence": {"status": "ok", "seconds": 0, **eq}, "timing": {
         "status": "ok", **timing}})  # fmt: skip
     assert "| 2 | baseline fp32 state |" in markdown and "1.00x" in markdown
+
+
+def test_layer_check_without_gpu_refuses_in_one_line(tmp_path: Path) -> None:
+    done = run_module("replayssm_patch.gpu.layer_check", "--model", str(tmp_path), "--out", str(tmp_path / "o"),
+                      interpret=False, timeout=60)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stdout.strip().splitlines() == [
+        "error: no CUDA GPU; this check runs vLLM's own GPU kernels (tests/ hold the CPU version)"
+    ]
