@@ -106,6 +106,17 @@ def realistic_weights(layer: Any, gen: torch.Generator) -> None:
         layer.conv1d.bias.copy_(torch.randn(layer.conv1d.bias.shape, generator=gen) * 0.1)
 
 
+def select_vllm_ssu_backend(config: Any, spec: Any, layer_name: str) -> None:
+    """Pick vLLM's selective_state_update backend as its model runner does once the KV cache is known."""
+    from vllm.model_executor.layers.mamba.ops.ssu_dispatch import initialize_mamba_ssu_backend
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    kv_cache = KVCacheConfig(
+        num_blocks=BATCH + 1, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec([layer_name], spec)]
+    )
+    initialize_mamba_ssu_backend(config.mamba_config, kv_cache)
+
+
 class Schedule:
     """Which sequence each slot holds and how far it is: yields vLLM-ordered batches (decode rows first)."""
 
@@ -149,6 +160,7 @@ def run(model_dir: Path, split: bool, device: str = "cuda") -> dict[str, Any]:
         spec = layer.get_kv_cache_spec(config)
         layer.kv_cache = paged_state_tensors(spec, BATCH + 1, device)
         builders[name] = layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device(device))
+    select_vllm_ssu_backend(base_cfg, base.get_kv_cache_spec(base_cfg), base.prefix)
     schedule = Schedule(gen)
     worst: dict[str, float] = defaultdict(float)
     for index in range(STEPS):
