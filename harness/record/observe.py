@@ -22,27 +22,39 @@ class ResponseOutcome:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None
-    token_chunks: int = 0  # stream chunks that carried tokens (fallback output count when usage is missing)
+    token_chunks: int = 0  # token-carrying chunks: the output length when usage is missing (only then all counted)
 
     def observe(self, obj: dict[str, Any], now: float) -> None:
+        self.take_usage(obj)
+        if self.take_choices(obj):
+            self.token_chunks += 1
+            if self.first_token_at is None:
+                self.first_token_at = now
+
+    def take_usage(self, obj: dict[str, Any]) -> None:
         usage = obj.get("usage")
         if isinstance(usage, dict):
             self.prompt_tokens = _int_or(usage.get("prompt_tokens"), self.prompt_tokens)
             self.completion_tokens = _int_or(usage.get("completion_tokens"), self.completion_tokens)
-        choices = obj.get("choices")
-        if not isinstance(choices, list):
-            return
-        carries = False
-        for choice in choices:
-            if not isinstance(choice, dict):
-                continue
-            carries = carries or _carries_tokens(choice)
-            if choice.get("finish_reason"):
-                self.finish_reason = str(choice["finish_reason"])
-        if carries:
-            self.token_chunks += 1
-            if self.first_token_at is None:
-                self.first_token_at = now
+
+    def take_choices(self, obj: dict[str, Any]) -> bool:
+        """Keep the chunk's finish reason, if it has one; whether it carries tokens."""
+        choices = _choices(obj)
+        finish = _finish_reason_of(choices)
+        if finish is not None:
+            self.finish_reason = finish
+        return any(_carries_tokens(choice) for choice in choices)
+
+
+def _choices(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    choices = obj.get("choices")
+    return [choice for choice in choices if isinstance(choice, dict)] if isinstance(choices, list) else []
+
+
+def _finish_reason_of(choices: list[dict[str, Any]]) -> str | None:
+    """The last finish reason among `choices` (None if none has one)."""
+    reasons = [str(choice["finish_reason"]) for choice in choices if choice.get("finish_reason")]
+    return reasons[-1] if reasons else None
 
 
 def _int_or(value: Any, default: int | None) -> int | None:
@@ -56,26 +68,83 @@ def _carries_tokens(choice: dict[str, Any]) -> bool:
     return isinstance(delta, dict) and any(delta.get(key) for key in _TOKEN_DELTA_KEYS)
 
 
+LATER_BUDGET = 256 * 1024  # bytes of unread events an SseObserver holds before it reads them anyway
+
+
 class SseObserver:
-    """Streams: passes bytes through as they come, or whole events at a time when it must strip usage."""
+    """Streams: passes bytes through as they come, or whole events at a time when it must strip usage.
+
+    Events are parsed as they pass only until the first token (its arrival is the TTFT). Later events are kept
+    and read when the stream ends, and then only as far as needed: those that mention usage, and backwards up
+    to the last finish reason; all of them only when the upstream sent no usage, to count the output from the
+    chunks. So one or two chunks per stream are parsed on the way to the client instead of every one.
+    """
 
     def __init__(self, strip_usage: bool) -> None:
         self.outcome = ResponseOutcome()
         self._strip = strip_usage
-        self._pending = b""
+        self._pending = b""  # an event still missing its end
+        self._later: list[bytes | dict[str, Any]] = []  # events after the first token, in order: raw or parsed
+        self._later_size = 0
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         data = self._pending + chunk if self._pending else chunk
         end = complete_prefix_end(data)
         self._pending = data[end:]
-        kept = self._process(data[:end], now) if end else b""
+        kept = self._whole(data[:end], now) if end else b""
         return kept if self._strip else chunk
 
     def close(self, now: float) -> bytes:
         """The bytes still held back at the end of the stream (an unterminated last event)."""
         rest, self._pending = self._pending, b""
-        kept = self._process(rest, now) if rest.strip() else rest
+        kept = self._whole(rest, now) if rest.strip() else rest
+        self._read_later(everything=False)
         return kept if self._strip else b""
+
+    def _whole(self, data: bytes, now: float) -> bytes:
+        """Whole events (or the unterminated tail): read now until the first token, else keep them for later;
+        returns them as the client must see them."""
+        if self.outcome.first_token_at is None:
+            return self._process(data, now)
+        if not (self._strip and b'"usage"' in data):
+            self._keep(data, len(data))
+            return data
+        out: list[bytes] = []
+        for event in events(data) or [data]:
+            obj = json_payload(event) if b'"usage"' in event else None
+            self._keep(event if obj is None else obj, len(event))
+            out.append(event if obj is None else self._without_usage(event, obj))
+        return b"".join(out)
+
+    def _keep(self, later: bytes | dict[str, Any], size: int) -> None:
+        self._later.append(later)
+        self._later_size += size
+        if self._later_size > LATER_BUDGET:  # a long stream: read what is held so far, so memory stays bounded
+            self._read_later(everything=True)
+
+    def _read_later(self, everything: bool) -> None:
+        """Observe the kept events, in order: all of them (`everything`, or when no usage arrived: the output is
+        then counted from the chunks), else only those naming usage and the last finish reason."""
+        if not everything:
+            for item in self._later:
+                for obj in _parsed(item, only_usage=True):
+                    self.outcome.take_usage(obj)
+            everything = self.outcome.completion_tokens is None
+            if not everything:
+                self._take_last_finish_reason()
+        if everything:
+            for item in self._later:
+                for obj in _parsed(item, only_usage=False):
+                    self.outcome.observe(obj, now=0.0)  # first_token_at is already set: `now` is not used
+        self._later, self._later_size = [], 0
+
+    def _take_last_finish_reason(self) -> None:
+        for item in reversed(self._later):
+            for obj in reversed(_parsed(item, only_usage=False)):
+                finish = _finish_reason_of(_choices(obj))
+                if finish is not None:
+                    self.outcome.finish_reason = finish
+                    return
 
     def _process(self, data: bytes, now: float) -> bytes:
         """Observe each event of `data`; when stripping, return the events as the client must see them."""
@@ -104,6 +173,16 @@ class SseObserver:
         if edited is None:  # the member could not be cut exactly: re-serialise without it
             edited = _compact_without_usage(obj)
         return event[:start] + edited + event[end:]
+
+
+def _parsed(item: bytes | dict[str, Any], only_usage: bool) -> list[dict[str, Any]]:
+    """The JSON objects of a kept item (one parsed event, or raw events); `only_usage`: of events naming usage."""
+    if isinstance(item, dict):
+        return [item]
+    if only_usage and b'"usage"' not in item:
+        return []
+    found = (json_payload(event) for event in events(item) or [item] if not only_usage or b'"usage"' in event)
+    return [obj for obj in found if obj is not None]
 
 
 def _compact_without_usage(obj: dict[str, Any]) -> bytes:
