@@ -88,6 +88,14 @@ class SseObserver:
         self._later_size = 0
 
     def feed(self, chunk: bytes, now: float) -> bytes:
+        if (
+            self.outcome.first_token_at is not None
+            and not self._pending
+            and chunk.endswith(b"\n\n")
+            and not (self._strip and b'"usage"' in chunk)
+        ):  # the usual chunk: whole events after the first token, nothing to cut - kept for the end, as it is
+            self._keep(chunk, len(chunk))
+            return chunk
         data = self._pending + chunk if self._pending else chunk
         end = complete_prefix_end(data)
         self._pending = data[end:]
@@ -126,7 +134,7 @@ class SseObserver:
         """Observe the kept events, in order: all of them (`everything`, or when no usage arrived: the output is
         then counted from the chunks), else only those naming usage and the last finish reason."""
         if not everything:
-            for item in self._later:
+            for item in [item for item in self._later if isinstance(item, dict) or b'"usage"' in item]:
                 for obj in _parsed(item, only_usage=True):
                     self.outcome.take_usage(obj)
             everything = self.outcome.completion_tokens is None
