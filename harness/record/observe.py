@@ -8,6 +8,7 @@ the proxy asked the upstream for `stream_options.include_usage`, so the usage-on
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,24 +69,24 @@ def _carries_tokens(choice: dict[str, Any]) -> bool:
     return isinstance(delta, dict) and any(delta.get(key) for key in _TOKEN_DELTA_KEYS)
 
 
-LATER_BUDGET = 256 * 1024  # bytes of unread events an SseObserver holds before it reads them anyway
+LATER_LIMIT = 64  # reads an SseObserver holds unparsed; past it, the oldest is parsed as each new one comes
 
 
 class SseObserver:
     """Streams: passes bytes through as they come, or whole events at a time when it must strip usage.
 
-    Events are parsed as they pass only until the first token (its arrival is the TTFT). Later events are kept
-    and read when the stream ends, and then only as far as needed: those that mention usage, and backwards up
-    to the last finish reason; all of them only when the upstream sent no usage, to count the output from the
-    chunks. So one or two chunks per stream are parsed on the way to the client instead of every one.
+    Events are parsed as they pass only until the first token (its arrival is the TTFT). The next LATER_LIMIT
+    reads are kept and parsed when the stream ends, and then only as far as needed: those that mention usage,
+    and backwards up to the last finish reason; all of them only when the upstream sent no usage, to count the
+    output from the chunks. So a short stream has one or two chunks parsed instead of every one, and a long one
+    LATER_LIMIT fewer; events are always observed in stream order, and never many at once.
     """
 
     def __init__(self, strip_usage: bool) -> None:
         self.outcome = ResponseOutcome()
         self._strip = strip_usage
         self._pending = b""  # an event still missing its end
-        self._later: list[bytes | dict[str, Any]] = []  # events after the first token, in order: raw or parsed
-        self._later_size = 0
+        self._later: deque[bytes | dict[str, Any]] = deque()  # events after the first token, in order: raw or parsed
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         if (
@@ -94,7 +95,7 @@ class SseObserver:
             and chunk.endswith(b"\n\n")
             and not (self._strip and b'"usage"' in chunk)
         ):  # the usual chunk: whole events after the first token, nothing to cut - kept for the end, as it is
-            self._keep(chunk, len(chunk))
+            self._keep(chunk)
             return chunk
         data = self._pending + chunk if self._pending else chunk
         end = complete_prefix_end(data)
@@ -106,7 +107,7 @@ class SseObserver:
         """The bytes still held back at the end of the stream (an unterminated last event)."""
         rest, self._pending = self._pending, b""
         kept = self._whole(rest, now) if rest.strip() else rest
-        self._read_later(everything=False)
+        self._read_later()
         return kept if self._strip else b""
 
     def _whole(self, data: bytes, now: float) -> bytes:
@@ -115,36 +116,36 @@ class SseObserver:
         if self.outcome.first_token_at is None:
             return self._process(data, now)
         if not (self._strip and b'"usage"' in data):
-            self._keep(data, len(data))
+            self._keep(data)
             return data
         out: list[bytes] = []
         for event in events(data) or [data]:
             obj = json_payload(event) if b'"usage"' in event else None
-            self._keep(event if obj is None else obj, len(event))
+            self._keep(event if obj is None else obj)
             out.append(event if obj is None else self._without_usage(event, obj))
         return b"".join(out)
 
-    def _keep(self, later: bytes | dict[str, Any], size: int) -> None:
+    def _keep(self, later: bytes | dict[str, Any]) -> None:
         self._later.append(later)
-        self._later_size += size
-        if self._later_size > LATER_BUDGET:  # a long stream: read what is held so far, so memory stays bounded
-            self._read_later(everything=True)
+        if len(self._later) > LATER_LIMIT:  # a long stream: memory stays bounded, the order kept
+            self._observe_all([self._later.popleft()])
 
-    def _read_later(self, everything: bool) -> None:
-        """Observe the kept events, in order: all of them (`everything`, or when no usage arrived: the output is
-        then counted from the chunks), else only those naming usage and the last finish reason."""
-        if not everything:
-            for item in [item for item in self._later if isinstance(item, dict) or b'"usage"' in item]:
-                for obj in _parsed(item, only_usage=True):
-                    self.outcome.take_usage(obj)
-            everything = self.outcome.completion_tokens is None
-            if not everything:
-                self._take_last_finish_reason()
-        if everything:
-            for item in self._later:
-                for obj in _parsed(item, only_usage=False):
-                    self.outcome.observe(obj, now=0.0)  # first_token_at is already set: `now` is not used
-        self._later, self._later_size = [], 0
+    def _observe_all(self, items: list[bytes | dict[str, Any]] | deque[bytes | dict[str, Any]]) -> None:
+        for item in items:
+            for obj in _parsed(item, only_usage=False):
+                self.outcome.observe(obj, now=0.0)  # first_token_at is already set: `now` is not used
+
+    def _read_later(self) -> None:
+        """Observe the kept events: usage first; then all of them in order when no usage arrived (the output is
+        counted from the chunks), else only the last finish reason."""
+        for item in [item for item in self._later if isinstance(item, dict) or b'"usage"' in item]:
+            for obj in _parsed(item, only_usage=True):
+                self.outcome.take_usage(obj)
+        if self.outcome.completion_tokens is None:
+            self._observe_all(self._later)
+        else:
+            self._take_last_finish_reason()
+        self._later.clear()
 
     def _take_last_finish_reason(self) -> None:
         for item in reversed(self._later):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from harness.record import observe
-from harness.record.observe import LATER_BUDGET, BodyObserver, ResponseOutcome, SseObserver
+from harness.record.observe import LATER_LIMIT, BodyObserver, ResponseOutcome, SseObserver
 from harness.record.sse import events, json_payload, without_key
 
 
@@ -144,6 +144,17 @@ def _vllm_style_stream(tokens: int, usage: bool, choices: int = 1) -> bytes:
     return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
 
 
+def _staggered_finish_stream(usage: bool) -> bytes:
+    """Two choices: the first finishes early ("length"), the other at the end ("stop"): the last one counts."""
+    chunks: list[dict[str, object]] = [{"choices": [{"index": 1, "text": " a", "finish_reason": None}]}]
+    chunks.append({"choices": [{"index": 0, "text": " b", "finish_reason": "length"}]})
+    chunks += [{"choices": [{"index": 1, "text": f" t{i}", "finish_reason": None}]} for i in range(20)]
+    chunks.append({"choices": [{"index": 1, "text": "", "finish_reason": "stop"}]})
+    if usage:
+        chunks.append({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 22}})
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
 def _every_event_read(stream: bytes) -> ResponseOutcome:
     """The reference: every event observed as it arrives."""
     outcome = ResponseOutcome()
@@ -166,13 +177,15 @@ def _every_event_read(stream: bytes) -> ResponseOutcome:
         _vllm_style_stream(3, usage=True, choices=2),
         _vllm_style_stream(300, usage=True),
         _vllm_style_stream(300, usage=False),
+        _staggered_finish_stream(usage=True),
+        _staggered_finish_stream(usage=False),
     ],
 )
-@pytest.mark.parametrize("budget", [LATER_BUDGET, 500])  # 500: long streams are read in batches on the way
+@pytest.mark.parametrize("limit", [LATER_LIMIT, 3])  # 3: the oldest kept events are read as new ones come
 def test_reading_later_events_lazily_gives_what_reading_every_event_gives(
-    stream: bytes, strip: bool, piece: int, budget: int, monkeypatch: pytest.MonkeyPatch
+    stream: bytes, strip: bool, piece: int, limit: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(observe, "LATER_BUDGET", budget)
+    monkeypatch.setattr(observe, "LATER_LIMIT", limit)
     observer = SseObserver(strip_usage=strip)
     _run(observer, stream, piece)
     got, want = observer.outcome, _every_event_read(stream)
@@ -185,12 +198,11 @@ def test_reading_later_events_lazily_gives_what_reading_every_event_gives(
         assert got.token_chunks == want.token_chunks > 0
 
 
-def test_long_streams_are_read_on_the_way_so_memory_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(observe, "LATER_BUDGET", 4096)
+def test_long_streams_are_read_on_the_way_so_memory_stays_bounded() -> None:
     stream = _vllm_style_stream(3000, usage=True)
     observer = SseObserver(strip_usage=False)
     for i in range(0, len(stream), 100):
         observer.feed(stream[i : i + 100], 0.0)
-        assert sum(len(item) for item in observer._later if isinstance(item, bytes)) <= 4096 + 100
+        assert len(observer._later) <= LATER_LIMIT
     observer.close(0.0)
     assert (observer.outcome.completion_tokens, observer.outcome.finish_reason) == (3000, "stop")
