@@ -39,23 +39,18 @@ class ResponseOutcome:
             self.completion_tokens = _int_or(usage.get("completion_tokens"), self.completion_tokens)
 
     def take_choices(self, obj: dict[str, Any]) -> bool:
-        """Keep the chunk's finish reason, if it has one; whether it carries tokens."""
-        choices = _choices(obj)
-        finish = _finish_reason_of(choices)
-        if finish is not None:
-            self.finish_reason = finish
-        return any(_carries_tokens(choice) for choice in choices)
-
-
-def _choices(obj: dict[str, Any]) -> list[dict[str, Any]]:
-    choices = obj.get("choices")
-    return [choice for choice in choices if isinstance(choice, dict)] if isinstance(choices, list) else []
-
-
-def _finish_reason_of(choices: list[dict[str, Any]]) -> str | None:
-    """The last finish reason among `choices` (None if none has one)."""
-    reasons = [str(choice["finish_reason"]) for choice in choices if choice.get("finish_reason")]
-    return reasons[-1] if reasons else None
+        """Keep the chunk's (last) finish reason, if it has one; whether it carries tokens."""
+        choices = obj.get("choices")
+        if not isinstance(choices, list):
+            return False
+        carries = False
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            carries = carries or _carries_tokens(choice)
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+        return carries
 
 
 def _int_or(value: Any, default: int | None) -> int | None:
@@ -126,14 +121,20 @@ class SseObserver:
         return b"".join(out)
 
     def _keep(self, later: bytes | dict[str, Any]) -> None:
-        self._later.append(later)
-        if len(self._later) > LATER_LIMIT:  # a long stream: memory stays bounded, the order kept
-            self._observe_all([self._later.popleft()])
+        kept = self._later
+        kept.append(later)
+        if len(kept) > LATER_LIMIT:  # a long stream: memory stays bounded, the order kept
+            self._observe(kept.popleft())
 
-    def _observe_all(self, items: list[bytes | dict[str, Any]] | deque[bytes | dict[str, Any]]) -> None:
-        for item in items:
-            for obj in _parsed(item, only_usage=False):
-                self.outcome.observe(obj, now=0.0)  # first_token_at is already set: `now` is not used
+    def _observe(self, item: bytes | dict[str, Any]) -> None:
+        """Observe a kept item (first_token_at is already set, so the time does not matter)."""
+        if isinstance(item, dict):
+            self.outcome.observe(item, 0.0)
+            return
+        for event in events(item) or [item]:
+            obj = json_payload(event)
+            if obj is not None:
+                self.outcome.observe(obj, 0.0)
 
     def _read_later(self) -> None:
         """Observe the kept events: usage first; then all of them in order when no usage arrived (the output is
@@ -142,7 +143,8 @@ class SseObserver:
             for obj in _parsed(item, only_usage=True):
                 self.outcome.take_usage(obj)
         if self.outcome.completion_tokens is None:
-            self._observe_all(self._later)
+            for item in self._later:
+                self._observe(item)
         else:
             self._take_last_finish_reason()
         self._later.clear()
@@ -150,9 +152,10 @@ class SseObserver:
     def _take_last_finish_reason(self) -> None:
         for item in reversed(self._later):
             for obj in reversed(_parsed(item, only_usage=False)):
-                finish = _finish_reason_of(_choices(obj))
-                if finish is not None:
-                    self.outcome.finish_reason = finish
+                probe = ResponseOutcome()
+                probe.take_choices(obj)
+                if probe.finish_reason is not None:
+                    self.outcome.finish_reason = probe.finish_reason
                     return
 
     def _process(self, data: bytes, now: float) -> bytes:
