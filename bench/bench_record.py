@@ -413,6 +413,13 @@ def _notes(rows: list[dict], quick: bool, load_before: str, load_after: str) -> 
             f"{STEADY_STREAMS[0]} streams with the default `--workers auto` ({AUTO_WORKERS} on this host): "
             f"{target_row['added p99 (ms)']} ms (steady state)."
             + (
+                " On this few-core machine that difference says nothing about the target: direct's own p99 moves by "
+                "milliseconds between runs (waiting for a core), so the added p99 can even come out negative; judge by "
+                "CPU per request and per chunk here, and by a run on a quiet many-core host."
+                if CORES <= 4
+                else ""
+            )
+            + (
                 f" Quick run (`python -m bench.bench_record --quick`): only the {STEADY_STREAMS[0]}-stream case."
                 if quick
                 else ""
