@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from harness.record.options import RecordOptions
 
 NON_TTY_STATUS_EVERY_S = 60.0
-MAX_WORKERS = 64
 
 
 def record(
@@ -39,11 +38,12 @@ def record(
     block_size: int = typer.Option(DEFAULT_BLOCK_SIZE, "--block-size", help="Tokens per prefix block (hash mode)."),
     drain: str = typer.Option("10s", "--drain", help="On shutdown, wait this long for requests in flight."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow listening on a non-loopback address."),
-    workers: int = typer.Option(
-        1,
+    workers: str = typer.Option(
+        "auto",
         "--workers",
-        help="Proxy processes sharing the port (SO_REUSEPORT); each writes "
-        "its own parts, OUT-w1-0001.parquet, OUT-w2-0001.parquet, ...",
+        metavar="N|auto",
+        help="Proxy processes sharing the port (SO_REUSEPORT): a number, or auto = one per 4 cores, at most 4 "
+        "(1 below 8 cores). With more than one, each writes its own parts, OUT-w1-0001.parquet, ...",
     ),
     recover: Path = typer.Option(
         None, "--recover", help="Turn segments left in DIR by a killed recorder into Parquet parts, then exit."
@@ -82,7 +82,7 @@ def _options(
     block_size: int,
     drain: str,
     allow_remote: bool,
-    workers: int,
+    workers: str,
 ) -> RecordOptions:
     from harness.record.options import (
         RecordOptions,
@@ -92,6 +92,8 @@ def _options(
         parse_listen,
         parse_size,
         parse_upstream,
+        parse_workers,
+        usable_cores,
     )
 
     if upstream is None or output is None:
@@ -101,8 +103,6 @@ def _options(
         )
     if block_size < 1:
         raise UserError(f"--block-size must be at least 1 (got {block_size}); 16 matches vLLM's KV block")
-    if not 1 <= workers <= MAX_WORKERS:
-        raise UserError(f"--workers must be between 1 and {MAX_WORKERS} (got {workers}); about one per free core")
     host, port = parse_listen(listen, allow_remote)
     return RecordOptions(
         upstream=parse_upstream(upstream),
@@ -116,7 +116,7 @@ def _options(
         tenant_header=check_header_name(tenant_header, "--tenant-header"),
         block_size=block_size,
         drain_s=parse_duration(drain, "--drain"),
-        workers=workers,
+        workers=parse_workers(workers, usable_cores()),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import errno
+import gc
 import secrets
 import signal
 import time
@@ -147,6 +148,7 @@ async def record(
         try:
             url = await _start_site(runner, options, reuse_port=shard is not None)
             recording.open()
+            _freeze_startup_heap()
             announce(f"listening on {url} -> {shown_url(options)}; recording {options.redact!r} to {naming.pattern}")
             background += [
                 asyncio.create_task(recording.sync_forever()),
@@ -163,6 +165,14 @@ async def record(
         await capturer.drain()
         await recording.close()
     return stats
+
+
+def _freeze_startup_heap() -> None:
+    """Move everything alive once listening (modules, pyarrow, the app: ~60k objects) out of the garbage
+    collector's reach. A full collection then walks only what requests allocated, instead of stalling every
+    stream for ~10 ms each time it runs."""
+    gc.collect()
+    gc.freeze()
 
 
 def _stop_on_signals() -> asyncio.Event:

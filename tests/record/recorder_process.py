@@ -55,10 +55,12 @@ def recorder(
     listen: str = "127.0.0.1:0",
     preexec: Callable[[], None] | None = None,
 ) -> Iterator[Recorder]:
-    """Start `replaybench record --upstream URL --listen LISTEN -o OUTPUT ARGS`; yield once it listens."""
+    """Start `replaybench record --upstream URL --listen LISTEN -o OUTPUT ARGS`; yield once it listens. One worker
+    unless ARGS say otherwise: `--workers auto` depends on the host's cores, and so would the part names."""
     logs.mkdir(parents=True, exist_ok=True)
     stdout, stderr = logs / "recorder.stdout", logs / "recorder.stderr"
-    cmd = [*REPLAYBENCH, "record", "--upstream", upstream_url, "--listen", listen, "-o", str(output), *args]
+    pinned = () if "--workers" in args else ("--workers", "1")
+    cmd = [*REPLAYBENCH, "record", "--upstream", upstream_url, "--listen", listen, "-o", str(output), *pinned, *args]
     with open(stdout, "wb") as out, open(stderr, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True, preexec_fn=preexec)
     try:

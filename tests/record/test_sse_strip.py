@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from harness.record.observe import BodyObserver, SseObserver
-from harness.record.sse import without_key
+from harness.record import observe
+from harness.record.observe import LATER_LIMIT, BodyObserver, ResponseOutcome, SseObserver
+from harness.record.sse import events, json_payload, without_key
 
 
 def _openai_style_stream(include_usage: bool, separators: tuple[str, str] = (",", ":")) -> bytes:
@@ -52,7 +53,7 @@ def test_strip_restores_the_stream_without_usage(piece: int, separators: tuple[s
     assert out == _openai_style_stream(False, separators)
     outcome = observer.outcome
     assert (outcome.prompt_tokens, outcome.completion_tokens, outcome.finish_reason) == (9, 2, "stop")
-    assert outcome.token_chunks == 2 and outcome.first_token_at is not None
+    assert outcome.first_token_at is not None
 
 
 def test_pass_through_forwards_every_chunk_immediately() -> None:
@@ -128,3 +129,80 @@ def test_text_that_looks_like_sse_inside_json_is_left_alone() -> None:
     out = _run(observer, stream, 3)
     expected = {k: v for k, v in chunk.items() if k != "usage"}
     assert out == b"event: message\ndata: " + json.dumps(expected).encode() + b"\n\n"
+
+
+def _vllm_style_stream(tokens: int, usage: bool, choices: int = 1) -> bytes:
+    """Like vLLM: no usage member in token chunks; with include_usage one usage-only chunk before [DONE]."""
+    chunks: list[dict[str, object]] = []
+    for i in range(tokens):
+        finish = ("stop", "length") if i == tokens - 1 else (None, None)
+        chunks += [
+            {"choices": [{"index": c, "text": f" t{i}", "finish_reason": finish[min(c, 1)]}]} for c in range(choices)
+        ]
+    if usage:
+        chunks.append({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": tokens * choices}})
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+def _staggered_finish_stream(usage: bool) -> bytes:
+    """Two choices: the first finishes early ("length"), the other at the end ("stop"): the last one counts."""
+    chunks: list[dict[str, object]] = [{"choices": [{"index": 1, "text": " a", "finish_reason": None}]}]
+    chunks.append({"choices": [{"index": 0, "text": " b", "finish_reason": "length"}]})
+    chunks += [{"choices": [{"index": 1, "text": f" t{i}", "finish_reason": None}]} for i in range(20)]
+    chunks.append({"choices": [{"index": 1, "text": "", "finish_reason": "stop"}]})
+    if usage:
+        chunks.append({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 22}})
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+def _every_event_read(stream: bytes) -> ResponseOutcome:
+    """The reference: every event observed as it arrives."""
+    outcome = ResponseOutcome()
+    for event in events(stream):
+        obj = json_payload(event)
+        if obj is not None:
+            outcome.observe(obj, 0.0)
+    return outcome
+
+
+@pytest.mark.parametrize("piece", [1, 7, 64, 10_000])
+@pytest.mark.parametrize("strip", [True, False])
+@pytest.mark.parametrize(
+    "stream",
+    [
+        _openai_style_stream(True),
+        _openai_style_stream(False),
+        _vllm_style_stream(5, usage=True),
+        _vllm_style_stream(5, usage=False),
+        _vllm_style_stream(3, usage=True, choices=2),
+        _vllm_style_stream(300, usage=True),
+        _vllm_style_stream(300, usage=False),
+        _staggered_finish_stream(usage=True),
+        _staggered_finish_stream(usage=False),
+    ],
+)
+@pytest.mark.parametrize("limit", [LATER_LIMIT, 3])  # 3: the oldest kept events are read as new ones come
+def test_reading_later_events_lazily_gives_what_reading_every_event_gives(
+    stream: bytes, strip: bool, piece: int, limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(observe, "LATER_LIMIT", limit)
+    observer = SseObserver(strip_usage=strip)
+    _run(observer, stream, piece)
+    got, want = observer.outcome, _every_event_read(stream)
+    assert (got.prompt_tokens, got.completion_tokens, got.finish_reason) == (
+        want.prompt_tokens,
+        want.completion_tokens,
+        want.finish_reason,
+    )
+    if want.completion_tokens is None:  # no usage: the output length is the count of token chunks
+        assert got.token_chunks == want.token_chunks > 0
+
+
+def test_long_streams_are_read_on_the_way_so_memory_stays_bounded() -> None:
+    stream = _vllm_style_stream(3000, usage=True)
+    observer = SseObserver(strip_usage=False)
+    for i in range(0, len(stream), 100):
+        observer.feed(stream[i : i + 100], 0.0)
+        assert len(observer._later) <= LATER_LIMIT
+    observer.close(0.0)
+    assert (observer.outcome.completion_tokens, observer.outcome.finish_reason) == (3000, "stop")

@@ -9,7 +9,15 @@ import pytest
 
 from harness.errors import UserError
 from harness.record.naming import PartNaming, part_for_segment
-from harness.record.options import check_header_name, parse_duration, parse_listen, parse_size, parse_upstream
+from harness.record.options import (
+    auto_workers,
+    check_header_name,
+    parse_duration,
+    parse_listen,
+    parse_size,
+    parse_upstream,
+    parse_workers,
+)
 from harness.record.row import RecordedRow
 from harness.record.secrets import REDACTED, is_secret_name, scrub, scrub_text
 from harness.record.segment import SegmentWriter, read_segment
@@ -33,6 +41,17 @@ def test_parse_duration(text: str, seconds: float) -> None:
 def test_bad_quantities_are_one_line_user_errors(bad: str) -> None:
     with pytest.raises(UserError, match="write it like"):
         parse_size(bad)
+
+
+@pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 1), (7, 1), (8, 2), (15, 3), (16, 4), (128, 4)])
+def test_auto_workers_scale_with_cores_up_to_four(cores: int, workers: int) -> None:
+    assert auto_workers(cores) == workers
+    assert parse_workers("auto", cores) == parse_workers("AUTO", cores) == workers
+
+
+def test_explicit_workers_are_kept_whatever_the_cores() -> None:
+    assert parse_workers("1", cores=16) == 1
+    assert parse_workers("6", cores=2) == 6
 
 
 def test_listen_loopback_only_unless_allowed() -> None:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from harness.trace.model import Trace
 from tests.record.recorder_process import recorder, run_cli
@@ -129,6 +130,8 @@ def test_a_second_recorder_cannot_join_the_port(tmp_path: Path) -> None:
     assert second.returncode == 2 and second.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}")
 
 
-def test_workers_option_is_checked() -> None:
-    result = run_cli("record", "--upstream", "http://127.0.0.1:9", "-o", "x.parquet", "--workers", "0")
-    assert result.returncode == 2 and result.stderr.startswith("error: --workers must be between 1 and 64")
+@pytest.mark.parametrize("bad", ["0", "65", "many", "-1"])
+def test_workers_option_is_checked(bad: str) -> None:
+    result = run_cli("record", "--upstream", "http://127.0.0.1:9", "-o", "x.parquet", "--workers", bad)
+    assert result.returncode == 2 and result.stderr.startswith("error: --workers must be auto or a number between 1")
+    assert result.stderr.count("\n") == 1
