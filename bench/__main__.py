@@ -11,6 +11,11 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     here = Path(__file__).parent
     names = sorted(m.name for m in pkgutil.iter_modules([str(here)]) if m.name.startswith("bench_"))
+    options = [a for a in argv if a.startswith("-")]
+    if options:
+        print(f"error: {' '.join(options)}: options go to one benchmark module, e.g. "
+              "python -m bench.bench_record --quick --out DIR", file=sys.stderr)  # fmt: skip
+        return 2
     wanted = [n if n.startswith("bench_") else f"bench_{n}" for n in argv] or names
     unknown = sorted(set(wanted) - set(names))
     if unknown:

@@ -24,7 +24,6 @@ import importlib.metadata
 import importlib.util
 import os
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -451,11 +450,9 @@ def main(quick: bool = False, out: Path | None = None, suffix: str = "") -> None
     rows = _measure(quick)
     notes = _notes(rows, quick, load_before, _uptime())
     name = f"bench_record-{suffix}" if suffix else "bench_record"
-    write_results(name, "Recording proxy overhead (replaybench record)", rows, notes)
-    if out is not None and out.resolve() != RESULTS_DIR.resolve():
-        out.mkdir(parents=True, exist_ok=True)
-        for ext in ("json", "md"):
-            shutil.move(RESULTS_DIR / f"{name}.{ext}", out / f"{name}.{ext}")
+    command = "python -m bench.bench_record --quick --out DIR" if quick else None
+    write_results(name, "Recording proxy overhead (replaybench record)", rows, notes, command=command,
+                  out_dir=out or RESULTS_DIR)  # fmt: skip
 
 
 def _cli(argv: list[str]) -> None:
