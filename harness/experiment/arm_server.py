@@ -88,9 +88,14 @@ class ArmServer:
         # Without a log (an attached server with no `log`), `check` warns that the plugin cannot be verified.
         if arm.plugin is not None and self.log_path is not None and not self.plugin_logged():
             raise UserError(
-                f"arm {self.label}: plugin {arm.plugin!r} does not appear in the server log "
-                f"{self.log_path}; install/enable it or remove arms.{self.label}.plugin"
+                f"arm {self.label}: plugin {arm.plugin!r} is not active: no line of the server log "
+                f"{self.log_path} contains {self.plugin_evidence()!r}; install/enable it or remove "
+                f"arms.{self.label}.plugin"
             )
+
+    def plugin_evidence(self) -> str:
+        """The text a server log line must contain to show the plugin is active."""
+        return self.arm.plugin_log_line or self.arm.plugin or ""
 
     def plugin_logged(self) -> bool:
         if self.arm.plugin is None or self.log_path is None:
@@ -100,7 +105,8 @@ class ArmServer:
         except OSError:
             return False
         # our own header lines quote the command line, which names the plugin: only the server's lines count
-        return any(self.arm.plugin.lower() in line for line in lines if not line.startswith(LOG_HEADER.lower()))
+        needle = self.plugin_evidence().lower()
+        return any(needle in line for line in lines if not line.startswith(LOG_HEADER.lower()))
 
     def stop(self) -> None:
         if self._process is not None:

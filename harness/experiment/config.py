@@ -21,7 +21,7 @@ from harness.records.decision_config import CostConfig, DecisionConfig, QualityL
 ARMS = ("baseline", "candidate")
 ORDERS = ("abba", "simultaneous", "random")
 # Arm keys that say *where* a server runs, not *how* it serves: they may differ in an A/A experiment.
-PLACEMENT_KEYS = frozenset({"port", "gpus", "url", "ready_url", "log"})
+PLACEMENT_KEYS = frozenset({"port", "gpus", "url", "ready_url", "log", "plugin_log_line"})
 
 
 class _Strict(BaseModel):
@@ -69,6 +69,9 @@ class ArmConfig(_Strict):
     api: Literal["completions", "chat"] | None = None  # None: each trace row's api
     version: str | None = None  # expected server version, checked against GET /version once it is up
     plugin: str | None = None  # a plugin that must show in the server log (e.g. "replayssm")
+    # the text of the log line that proves it is active (default: its name); a server's echo of its own
+    # command line names the plugin whether or not it loaded, so a line the plugin itself logs is stronger
+    plugin_log_line: str | None = None
     log: Path | None = None  # the server log of a `url` arm, for the plugin check
     supports: list[str] = Field(default_factory=list)  # model architectures this server supports (checked)
 
