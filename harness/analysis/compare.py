@@ -14,6 +14,7 @@ from harness.analysis.paired_stats import (
     minimum_detectable_effect,
     non_inferior,
     p_two_sided,
+    repeats_to_detect,
     t_interval,
     verdicts,
 )
@@ -83,7 +84,8 @@ def compare_metrics(pairs: list[tuple[RunMetrics, RunMetrics]], decision: Decisi
     if exploratory_ok.any():
         q[exploratory_ok] = benjamini_hochberg(p_two[exploratory_ok])
     verdict = verdicts(low, high, margins)
-    mde = np.expm1(minimum_detectable_effect(np.sqrt(n_eff) * se, n_eff, alpha, decision.power))
+    per_repeat_sd = np.sqrt(n_eff) * se
+    mde = np.expm1(minimum_detectable_effect(per_repeat_sd, n_eff, alpha, decision.power))
     boot = _bootstrap_cis(pairs, [m for m, ok in zip(names, computable, strict=True) if ok], decision) if n >= 2 else {}
 
     def to_ratio(x: float, lower_is_better: bool) -> float | None:
@@ -112,6 +114,11 @@ def compare_metrics(pairs: list[tuple[RunMetrics, RunMetrics]], decision: Decisi
                 p_regression=_maybe(p_regression[i]) if ok and role != "exploratory" else None,
                 regression_flag=bool(ok and role != "exploratory" and p_regression[i] < alpha / 2),
                 mde=_maybe(mde[i]) if ok else None,
+                repeats_needed=(
+                    repeats_to_detect(float(per_repeat_sd[i]), math.log1p(margin), alpha, decision.power)
+                    if ok and margin
+                    else None
+                ),
                 bootstrap_low=boot_ci[0],
                 bootstrap_high=boot_ci[1],
                 note=""

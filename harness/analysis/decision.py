@@ -101,7 +101,8 @@ def decide(
         return result(
             Outcome.INCONCLUSIVE,
             f"{describe_change(target)} is not shown better than its {target.margin:.0%} margin "
-            f"(smallest effect detectable with {len(repeats_used)} repeats: {target.mde or 0:.1%}).",
+            f"(smallest effect detectable with {len(repeats_used)} repeats: {target.mde or 0:.1%}; "
+            f"{repeats_advice(target)}).",
         )
     first = not_shown[0]
     return result(
@@ -109,3 +110,10 @@ def decide(
         f"{describe_change(first)} is not shown within its {first.margin:.0%} "
         f"margin; add repeats to narrow the interval.",
     )
+
+
+def repeats_advice(target: MetricComparison) -> str:
+    """How many repeats the next run needs to resolve the target's margin at the noise this run showed."""
+    if target.repeats_needed is None:
+        return f"at this noise more than 100 repeats would be needed to detect {target.margin:.0%}"
+    return f"about {target.repeats_needed} repeats would detect {target.margin:.0%} at this noise"

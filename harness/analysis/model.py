@@ -46,6 +46,7 @@ class MetricComparison(_Record):
     p_regression: float | None  # one-sided "worse by more than δ", Holm-adjusted over the decision family
     regression_flag: bool
     mde: float | None  # minimum detectable relative effect at the configured power
+    repeats_needed: int | None = None  # repeats that would detect a change of `margin` at this noise (None: >100)
     bootstrap_low: float | None  # two-stage block bootstrap CI (quantile metrics)
     bootstrap_high: float | None
     note: str = ""

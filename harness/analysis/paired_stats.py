@@ -91,3 +91,12 @@ def benjamini_hochberg(p_values: np.ndarray) -> np.ndarray:
 def minimum_detectable_effect(sd: np.ndarray, n: int, alpha: float, power: float) -> np.ndarray:
     """Smallest true log-ratio the paired t-test finds with probability `power` at this noise and n."""
     return (stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * np.asarray(sd) / np.sqrt(n)
+
+
+def repeats_to_detect(sd: float, effect: float, alpha: float, power: float, most: int = 100) -> int | None:
+    """Fewest repeats whose minimum detectable log-ratio is at most `effect` at per-repeat noise `sd`; None when
+    more than `most` would be needed. Plans the next run of an inconclusive experiment."""
+    for n in range(2, most + 1):
+        if minimum_detectable_effect(sd, n, alpha, power) <= effect:
+            return n
+    return None

@@ -70,6 +70,9 @@ def test_one_percent_change_with_five_percent_margin_is_equivalent(tmp_path: Pat
     assert target.ratio == pytest.approx(0.99, abs=0.02)
     assert analysis.summary.decision.outcome is Outcome.INCONCLUSIVE  # equivalent is not an improvement
     assert "not shown better" in analysis.summary.decision.reason
+    # the reason plans the next run: the repeats that resolve the margin at the noise this run showed
+    assert target.repeats_needed is not None and target.repeats_needed >= 2
+    assert f"about {target.repeats_needed} repeats would detect 5% at this noise" in analysis.summary.decision.reason
 
 
 def test_twenty_five_percent_regression_is_rejected(tmp_path: Path) -> None:

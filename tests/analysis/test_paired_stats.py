@@ -14,6 +14,7 @@ from harness.analysis.paired_stats import (
     minimum_detectable_effect,
     p_two_sided,
     p_worse_than_margin,
+    repeats_to_detect,
     t_interval,
     verdicts,
 )
@@ -77,6 +78,15 @@ def test_minimum_detectable_effect_has_the_stated_power() -> None:
     _, _, low, _ = t_interval(w, 0.05)
     # noncentral-t power at the MDE is ~0.8 (the usual approximation is slightly conservative)
     assert 0.75 < (low > 0).mean() < 0.9
+
+
+def test_repeats_to_detect_is_the_first_count_whose_mde_reaches_the_effect() -> None:
+    sd, effect = 0.08, np.log1p(0.05)
+    n = repeats_to_detect(sd, effect, 0.05, 0.8)
+    assert n is not None and n > 5
+    assert minimum_detectable_effect(sd, n, 0.05, 0.8) <= effect < minimum_detectable_effect(sd, n - 1, 0.05, 0.8)
+    assert repeats_to_detect(sd / 2, effect, 0.05, 0.8) < n  # less noise, fewer repeats
+    assert repeats_to_detect(1.0, effect, 0.05, 0.8) is None  # beyond 100 repeats
 
 
 def _aa_log_ratios(rng: np.random.Generator, experiments: int, repeats: int, requests: int) -> np.ndarray:
