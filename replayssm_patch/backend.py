@@ -38,8 +38,10 @@ class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
 
 class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
     metadata_cls = ReplayMamba2AttentionMetadata
-    # Cursor tables are per builder (per KV-cache group): every group must run its own build().
-    supports_update_block_table = False
+    # vLLM builds the first Mamba KV-cache group each step and updates the others' block tables from it
+    # (update_block_table). Every group holds the same requests at the same point, so a request's ring
+    # cursor is the same in all of them: the first group's builder keeps the cursor table and plans the
+    # ring; the others copy that plan into their own graph buffers.
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -72,6 +74,14 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         if metadata.num_prefills and common_attn_metadata.max_query_len == 1 and self.full_decode_graphs:
             warn_single_token_prompts()
         return plan_ring(metadata, self._cursor_table, self.write_pos, self.flush_len, dry_run=self._capturing)
+
+    def update_block_table(
+        self, metadata: ReplayMamba2AttentionMetadata, blk_table: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> ReplayMamba2AttentionMetadata:
+        """Another group's metadata for this group's blocks, with that group's ring plan in this builder's
+        buffers (the addresses this group's captured decode graphs read)."""
+        updated = super().update_block_table(metadata, blk_table, slot_mapping)
+        return copy_ring_plan(updated, self.write_pos, self.flush_len)
 
 
 @functools.cache
@@ -112,6 +122,19 @@ def plan_ring(
     if metadata.num_prefills:
         pending = cursor_table().take_pending(metadata.state_indices_tensor_p, metadata.has_initial_states_p)
     return replace(metadata, replay_write_pos=write_pos, replay_flush_len=flush_len, replay_pending=pending)
+
+
+def copy_ring_plan(
+    metadata: ReplayMamba2AttentionMetadata, write_pos_buffer: torch.Tensor, flush_len_buffer: torch.Tensor
+) -> ReplayMamba2AttentionMetadata:
+    """``metadata`` with its decode rows' plan copied into these persistent buffers (pending is eager-only)."""
+    if metadata.replay_write_pos is None or metadata.replay_flush_len is None:
+        return metadata
+    rows = metadata.replay_write_pos.shape[0]
+    write_pos, flush_len = write_pos_buffer[:rows], flush_len_buffer[:rows]
+    write_pos.copy_(metadata.replay_write_pos)
+    flush_len.copy_(metadata.replay_flush_len)
+    return replace(metadata, replay_write_pos=write_pos, replay_flush_len=flush_len)
 
 
 class ReplayMamba2AttentionBackend(Mamba2AttentionBackend):

@@ -132,6 +132,15 @@ def test_real_builder_plans_capture_decode_and_prefill(checks):
                         "after": [0, 0, 0, 2, 0, 1, 0, 0]}  # fmt: skip
 
 
+def test_other_kv_cache_groups_reuse_the_plan_in_their_own_graph_buffers(checks):
+    """vLLM builds one Mamba group per step and updates the rest (update_block_table): a request's cursor is the
+    same in every group, so they take the first group's plan (flush step: [3, 3] / [4, 4]) for their own blocks,
+    in their own persistent buffers (what their captured graphs read), and keep no cursor table."""
+    assert checks["tiny_model"]["other_group"] == {
+        "slots": [2, 4], "write_pos": [3, 3], "flush_len": [4, 4], "own_buffers": True, "cursor_table": False,
+    }  # fmt: skip
+
+
 def test_prefix_caching_is_refused_from_a_real_config(checks):
     refused = checks["tiny_model"]["refused_prefix_caching"]
     assert refused.startswith("ReplaySSMRefused: ReplaySSM refused: mamba prefix caching mode 'all'")

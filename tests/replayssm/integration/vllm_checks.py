@@ -70,6 +70,17 @@ def tiny_model_checks(tiny_dir: Path) -> dict:
     for step in range(5):  # two decoding sequences in blocks 3 and 5
         m = builder.build(0, common_metadata([1, 1], [10 + step, 20 + step], [3, 5], [False, False]))
         steps.append({"write_pos": m.replay_write_pos.tolist(), "flush_len": m.replay_flush_len.tolist()})
+        if step == 3:  # the flush step, as another KV-cache group (blocks 2 and 4) gets it from vLLM
+            other = layer.get_attn_backend().get_builder_cls()(spec, [mixers[1].prefix], config, torch.device("cpu"))
+            theirs = common_metadata([1, 1], [13, 23], [2, 4], [False, False])
+            shared = other.update_block_table(m, theirs.block_table_tensor, theirs.slot_mapping)
+            other_group = {
+                "slots": shared.state_indices_tensor_d[:, 0].tolist(), "write_pos": shared.replay_write_pos.tolist(),
+                "flush_len": shared.replay_flush_len.tolist(),
+                "own_buffers": shared.replay_write_pos.data_ptr() == other.write_pos.data_ptr()
+                and shared.replay_flush_len.data_ptr() == other.flush_len.data_ptr(),
+                "cursor_table": other.cursors is not None,
+            }  # fmt: skip
     # block 3 decodes beside a fresh 7-token prompt in reused block 6 (whose stale cursor is 2)
     builder.cursors.positions[6] = 2
     m = builder.build(0, common_metadata([1, 7], [16, 7], [3, 6], [False, True]))
@@ -84,7 +95,7 @@ def tiny_model_checks(tiny_dir: Path) -> dict:
     except Exception as exc:
         refused = f"{type(exc).__name__}: {exc}"
     return {"mixer_classes": sorted({type(mod).__name__ for mod in mixers}), "mixers": len(mixers),
-            "steps": steps, "refused_prefix_caching": refused}  # fmt: skip
+            "steps": steps, "other_group": other_group, "refused_prefix_caching": refused}  # fmt: skip
 
 
 def main(model_dir: Path, tiny_dir: Path, result_file: Path) -> None:
