@@ -38,6 +38,7 @@ from replayssm_patch.gpu.layer_check import (  # noqa: E402
     paged_state_tensors,
     projected_width,
     realistic_weights,
+    relative_error,
     vllm_config,
 )
 from replayssm_patch.kernels.ground_truth import recurrence_step_fp64  # noqa: E402
@@ -77,10 +78,6 @@ def profile_run(layer: MambaMixer2, config) -> str:
     return "ok"
 
 
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
-
-
 def scenario(tiny: Path, split: bool, gen: torch.Generator) -> dict:
     """Decode DECODE_STEPS steps on both layers (flushes at L-1), then fold the ring as before a prefill."""
     base_cfg = vllm_config(None, tiny, max_model_len=512)
@@ -111,7 +108,7 @@ def scenario(tiny: Path, split: bool, gen: torch.Generator) -> dict:
             outs[name] = torch.zeros(len(SLOTS), base.intermediate_size)
             with set_forward_context({layer.prefix: md}, config), torch.no_grad():
                 layer.conv_ssm_forward(projected, outs[name])
-        errors.append(rel(outs["rep"], outs["base"]))
+        errors.append(relative_error(outs["rep"], outs["base"]))
         cursors.append(builders["rep"].cursors.positions[SLOTS].tolist())
     # prefill rows that continue a sequence (SLOTS, 5 more tokens each) beside a fresh prompt (slot 4): what the
     # continuing rows' rings hold is folded into the checkpoint before vLLM's prefill would read it
@@ -120,7 +117,7 @@ def scenario(tiny: Path, split: bool, gen: torch.Generator) -> dict:
         rep._materialise(plan.state_indices_tensor_p.to(torch.int32), plan.replay_pending)
     return {"profile_run": profiled, "state_dtypes": [str(d) for d in rep.get_state_dtype()],
             "output_rel_err": errors, "cursors": cursors, "pending": plan.replay_pending.tolist(),
-            "state_rel_err_after_fold": rel(rep.kv_cache[1][SLOTS], base.kv_cache[1][SLOTS]),
+            "state_rel_err_after_fold": relative_error(rep.kv_cache[1][SLOTS], base.kv_cache[1][SLOTS]),
             "conv_state_equal": bool(torch.equal(rep.kv_cache[0][SLOTS], base.kv_cache[0][SLOTS]))}  # fmt: skip
 
 
