@@ -207,7 +207,7 @@ def write_report(out: Path, results: dict[str, Any]) -> None:
     lines = [
         "# ReplaySSM layer vs vLLM's MambaMixer2 (vLLM 0.24.0, real builders, paged cache)", "",
         f"{STEPS} steps, {BATCH} sequences, ring {BUFFER_LEN}; fresh prompts join every {FRESH_EVERY} steps.", "",
-        "| checkpoint | prefill steps | decode steps | mixed steps | other KV-cache group vs first (must be 0) "
+        "| checkpoint | prefill steps | decode steps | mixed steps | other KV-cache group vs first (expected 0) "
         "| final state |", "|---|---|---|---|---|---|",
     ]  # fmt: skip
     for mode, got in results.items():
