@@ -31,16 +31,19 @@ finish_paired() {  # run (or resume) the paired experiment with what is left of 
     timeout $(($(left) - 10)) $RB run --resume "$run" 2>&1 | tee -a "$RES/run.log" | tail -25
   fi
 }
+install_and_start_pair() {  # last bundle part, install, then baseline (GPU 0, :8000) and ReplaySSM (GPU 1, :8001)
+  $S recv 3 > /dev/null
+  $S setup 2>&1 | tee "$RES/setup.log" | tail -4
+  [ -d /tmp/site/vllm ] || return 1
+  $S serve baseline 0 8000
+  $S serve candidate 1 8001 --additional-config "$FP32"
+}
 mkdir -p "$RES"
 trap '$S pack h200; echo "call used ${SECONDS}s"' EXIT
 
 case ${1:-} in
   start)
-    $S recv 3 > /dev/null
-    $S setup 2>&1 | tee "$RES/setup.log" | tail -4
-    [ -d /tmp/site/vllm ] || exit 1
-    $S serve baseline 0 8000
-    $S serve candidate 1 8001 --additional-config "$FP32"
+    install_and_start_pair || exit 1
     $S wait 330 8000 8001 || { $S diagnose candidate; $S diagnose baseline; exit 1; }
     grep -h "ReplaySSM active\|Setting attention block size\|Maximum concurrency" /tmp/gpu/candidate.log /tmp/gpu/baseline.log
     $RB check configs/h200-nemotron-h-8b.toml 2>&1 | tee "$RES/check.log" | grep -v "^  ok"
@@ -80,11 +83,7 @@ case ${1:-} in
     cp -r "$(latest h200-nemotron-h-8b)" "$(latest h200-nemotron-h-8b-aa)" "$RES/" 2>/dev/null
     ;;
   rerun)  # after a plugin change, in one call: GPU layer check, both servers, a paired run, decode timings
-    $S recv 3 > /dev/null
-    $S setup 2>&1 | tee "$RES/setup.log" | tail -3
-    [ -d /tmp/site/vllm ] || exit 1
-    $S serve baseline 0 8000
-    $S serve candidate 1 8001 --additional-config "$FP32"
+    install_and_start_pair || exit 1
     # on GPU 0 while the servers start (a few GB beside the baseline's start-up)
     CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m replayssm_patch.gpu.layer_check --model /tmp/model \
       --out "$RES/layer" > "$RES/layer_check.log" 2>&1; tail -6 "$RES/layer_check.log"
