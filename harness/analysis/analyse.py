@@ -18,13 +18,16 @@ from harness.analysis.cost import summarise_cost
 from harness.analysis.decision import decide
 from harness.analysis.inputs import ARMS, RunInputs, final_attempt, read_inputs
 from harness.analysis.model import ExcludedRepeat, RunRow, Summary
+from harness.analysis.planning import plan_next_run
 from harness.analysis.quality import summarise_quality
 from harness.analysis.review import review_tables
 from harness.analysis.run_metrics import RunMetrics, TimeBlocks, load_run
+from harness.analysis.stability import assess_stability
 from harness.errors import UserError
 from harness.records.decision_config import AnalysisConfig
 
 MAX_BLOCKS = 64  # more blocks add memory, not information: a block should be long against queue memory
+BLOCK_S = 10.0  # shortest trace-time window of the per-block histograms and the review's windows
 
 
 @dataclass
@@ -167,11 +170,12 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
     """Re-analyse a run directory from its files. Raises `UnusableRunDir` only when there are no results."""
     inputs = read_inputs(root)
     config = inputs.config
-    blocks = time_blocks(list(inputs.results.values()), config.decision.bootstrap.block_s)
+    blocks = time_blocks(list(inputs.results.values()), BLOCK_S)
     runs, problems = _load_runs(inputs, blocks)
     used, excluded = _pairs(inputs, runs, problems)
     pairs = [(runs[("baseline", k)], runs[("candidate", k)]) for k in used]
     comparisons = compare_metrics(pairs, config.decision)
+    planning = plan_next_run(comparisons, config.decision, len(pairs))
     quality = summarise_quality(inputs.run.quality_json, config.quality)
     config_note = next((n for n in inputs.notes if "experiment.toml" in n), "")
     decision = decide(
@@ -182,6 +186,7 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         declared=inputs.declared,
         repeats_used=used,
         excluded=excluded,
+        planning=planning,
         config_note=config_note,
     )
     cost = summarise_cost(
@@ -196,6 +201,8 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         mode=inputs.mode,
         decision=decision,
         comparisons=comparisons,
+        planning=planning,
+        stability=assess_stability(pairs, inputs.capacity),
         runs=[_run_row(runs[key]) for key in sorted(runs, key=lambda k: (k[1], k[0]))],
         quality=quality,
         cost=cost,

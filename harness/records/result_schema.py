@@ -43,3 +43,4 @@ META_TIME_SCALE = "replaybench.time_scale"
 META_OFFERED_RATE = "replaybench.offered_rate"
 META_TRACE_SOURCE = "replaybench.trace"
 META_SIMULATED = "replaybench.simulated"  # "true" when produced by the embedded engine
+META_LOAD_SHARE = "replaybench.load_share"  # optional: the offered load as a share of the baseline's capacity

@@ -101,8 +101,6 @@ def forest_plot(comparisons: list[MetricComparison]) -> str:
         colour = VERDICT_COLOURS.get(c.verdict, VERDICT_COLOURS[None])
         axis.plot([c.ci_low, c.ci_high], [row, row], color=colour, lw=2.4, solid_capstyle="round")
         axis.plot([c.ratio], [row], "o", color=colour, ms=6)
-        if c.bootstrap_low is not None:
-            axis.plot([c.bootstrap_low, c.bootstrap_high], [row - 0.22] * 2, color=colour, lw=1, alpha=0.55)
         if c.margin:
             axis.add_patch(
                 plt.Rectangle(
@@ -124,7 +122,7 @@ def forest_plot(comparisons: list[MetricComparison]) -> str:
     axis.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(_spaced_ratio_ticks(*axis.get_xlim())))
     axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{(x - 1) * 100:+.0f}%"))
     axis.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    axis.set_xlabel("candidate vs baseline (95% t-interval over repeats; thin line: block bootstrap; grey: ±δ)")
+    axis.set_xlabel("candidate vs baseline (95% t-interval over repeats; grey: ±δ)")
     axis.grid(axis="y", visible=False)
     return _data_uri(figure)
 

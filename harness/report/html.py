@@ -14,6 +14,7 @@ from harness.analysis.decision import pct, pct_interval
 from harness.analysis.inputs import ARMS
 from harness.records.decision_config import SloConfig
 from harness.report import figures
+from harness.report.text_outputs import load_text
 
 REPEAT_TABLE_METRICS = (
     "ttft_p50",
@@ -105,6 +106,7 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
         repeat_metrics=REPEAT_TABLE_METRICS,
         environment=_environment(s.environment),
         slo_text=_slo_text(slo),
+        load_text=load_text(s.stability),
         window_s=plots.window_s,
         generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         pct=lambda ratio: "—" if ratio is None else pct(ratio),

@@ -6,7 +6,7 @@ import json
 from xml.etree import ElementTree as ET
 
 from harness.analysis.decision import describe_change, pct, pct_interval
-from harness.analysis.model import Summary
+from harness.analysis.model import Estimator, Stability, Summary
 
 OUTCOME_ICONS = {"KEEP": "✅", "REJECT": "❌", "INCONCLUSIVE": "⚠️", "INVALID": "⛔"}
 
@@ -23,6 +23,22 @@ def summary_json(summary: Summary) -> str:
     return summary.model_dump_json(indent=1) + "\n"
 
 
+def load_text(stability: Stability) -> str:
+    """E.g. "~99 % of the baseline's capacity (capacity.json: ...)", or why it is not known."""
+    if stability.load_share is None:
+        return f"unknown share of capacity ({stability.load_class}; run `replaybench capacity` to measure it)"
+    about = "≥" if stability.load_at_least else "~"
+    return f"{about}{stability.load_share:.0%} of the baseline's capacity ({stability.load_source})"
+
+
+def estimator_lines(summary: Summary) -> list[str]:
+    """Which metrics each estimator was used for, one line per estimator."""
+    used: dict[Estimator, list[str]] = {}
+    for c in summary.comparisons:
+        used.setdefault(c.estimator, []).append(c.metric)
+    return [f"{estimator.value}: {', '.join(metrics)}" for estimator, metrics in used.items()]
+
+
 def summary_markdown(summary: Summary) -> str:
     """A short Markdown summary that fits a pull-request comment."""
     d = summary.decision
@@ -32,6 +48,8 @@ def summary_markdown(summary: Summary) -> str:
         d.reason,
         "",
     ]
+    if summary.stability.banner:
+        lines += [f"> ⚠️ **{summary.stability.load_class.capitalize()}.** {summary.stability.banner}", ""]
     if summary.simulated:
         lines += ["> Results come from the **simulated engine**, not real servers.", ""]
     if summary.mode == "A/A":
@@ -50,6 +68,9 @@ def summary_markdown(summary: Summary) -> str:
     lines += [
         "",
         f"Repeats used: {len(d.repeats_used)}" + (f" · excluded: {excluded}" if excluded else ""),
+        f"Load: {load_text(summary.stability)}",
+        "Estimators: " + "; ".join(estimator_lines(summary)),
+        summary.planning.line,
         f"Cost: {summary.cost.line}",
     ]
     if summary.quality.measured:

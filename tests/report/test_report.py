@@ -25,7 +25,6 @@ CONFIG = {
             {"metric": "e2e_p50", "margin": 0.05},
         ],
         "exploratory": ["itl_p99", "throughput"],
-        "bootstrap": {"resamples": 60},
     },
     "cost": {"monthly_requests": 5e8, "setup_cost": 2000.0},
 }
