@@ -107,6 +107,7 @@ class RunStability(_Record):
 
     arm: str
     repeat: int
+    arrival_span_s: float | None  # first to last scheduled arrival
     arrival_rate: float | None  # requests/s of the schedule
     completed_before_last_arrival: float | None  # share of all requests
     inflight_mean_second_half: float | None  # Little's law: requests between send and end, 2nd half mean

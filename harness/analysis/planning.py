@@ -65,12 +65,17 @@ def plan_next_run(comparisons: list[MetricComparison], decision: DecisionConfig,
     gates_text = (
         f"; the gates (assumed unchanged) all pass with {gate_power:.0%}, an upper bound on KEEP" if gates else ""
     )
+    degenerate = (
+        " This run showed no noise at all (a deterministic engine?), so the plan is degenerate."
+        if target.sd == 0
+        else ""
+    )
     line = (
         f"Planning (not evidence), at this run's noise (sd of the per-repeat log-ratio {target.sd:.3f} for "
         f"{target.metric}, uncertain ×{sd_range[0]:.2g}-{sd_range[1]:.2g} from {repeats} repeats): if {target.metric} "
         f"truly improves {effect:.0%}, KEEP has probability {keep:.0%} at {repeats} repeats and {needed_text}; "
         f"at {repeats} repeats its CI clears the {margins[0]:.0%} margin with {goal:.0%} probability from a true "
-        f"improvement of {detectable:.1%}{gates_text}."
+        f"improvement of {detectable:.1%}{gates_text}.{degenerate}"
     )
     return Planning(
         repeats=repeats,

@@ -46,6 +46,7 @@ def run_stability(run: RunMetrics) -> RunStability:
     none = RunStability(
         arm=run.arm,
         repeat=run.repeat,
+        arrival_span_s=None,
         arrival_rate=None,
         completed_before_last_arrival=None,
         inflight_mean_second_half=None,
@@ -65,6 +66,7 @@ def run_stability(run: RunMetrics) -> RunStability:
     slope = float(np.polyfit(grid[second_half], inflight[second_half], 1)[0])
     return none.model_copy(
         update={
+            "arrival_span_s": span,
             "arrival_rate": rate,
             "completed_before_last_arrival": float(completed.mean()),
             "inflight_mean_second_half": float(inflight[second_half].mean()),
@@ -155,7 +157,8 @@ def _detectors(
             threshold=ref.COMPLETION_SHARE_NEAR,
             below=True,
             means="near capacity",
-            source=f"{ref.REVIEW}, §2 detector table: 0.93 / 0.86 / 0.73 / 0.53 at 66 / 85 / 99 / 119 % load",
+            source=f"{ref.REVIEW}, §2 detector table: 0.93 / 0.86 / 0.73 / 0.53 at 66 / 85 / 99 / 119 % load "
+            f"(37-68 s of arrivals; not judged below {ref.COMPLETION_MIN_SPAN_S:g} s)",
         ),
         _detector(
             name="in-flight growth over the 2nd half, share of the arrival rate",
@@ -226,7 +229,7 @@ def _banner(stability: Stability, candidate_past: bool) -> str | None:
     )
     candidate = " The candidate's backlog grew too: it was past its capacity." if candidate_past else ""
     return (
-        f"{s.load_class.capitalize()}: {where}. {amplification} (review elasticity table), so effects are "
+        f"{where[0].upper()}{where[1:]}. {amplification} (review elasticity table), so effects are "
         f"amplified and repeats disagree; {advice}.{candidate} Fired: {fired}."
     )
 
@@ -235,12 +238,14 @@ def assess_stability(pairs: list[tuple[RunMetrics, RunMetrics]], capacity: dict[
     """The `stability` section of summary.json, over the valid repeat pairs."""
     runs = [run_stability(run) for pair in pairs for run in pair]
     baseline = [r for r in runs if r.arm == "baseline"]
-    completion = _median([r.completed_before_last_arrival for r in baseline])
+    completion = _median(
+        [r.completed_before_last_arrival for r in baseline if (r.arrival_span_s or 0) >= ref.COMPLETION_MIN_SPAN_S]
+    )
     growth = _median([r.backlog_growth for r in baseline])
     spread, correlation = _spread_and_correlation(pairs)
     load, source = _measured_load(baseline, [b for b, _ in pairs], capacity)
     detectors = _detectors(load, source, completion, growth, spread, correlation)
-    load_class = _load_class(detectors, known=completion is not None or load is not None)
+    load_class = _load_class(detectors, known=any(v is not None for v in (load, completion, growth)))
     at_least = False
     if load is None and completion is not None and load_class != "below capacity":
         load, at_least = ref.load_from_completion_share(completion)
