@@ -102,17 +102,19 @@ def p_upper_below(bound: np.ndarray, mean: np.ndarray, sd: np.ndarray, n: np.nda
 def keep_power(
     effect: float, target_sd: float, gate_sds: np.ndarray, n: np.ndarray, margins: np.ndarray, alpha: float
 ) -> tuple[np.ndarray, np.ndarray]:
-    """P(KEEP) under the applied rule, and the target's part alone, at `n` repeats (an array is fine).
+    """P(KEEP) under the applied rule at `n` repeats (an array is fine), and each metric's part of it.
 
     Assumes the target truly improves by the relative `effect` (ratio 1 / (1 + effect)) and every gate metric
     is truly unchanged, each metric independent of the others; `margins` lists the target's first.
     The target must clear -log(1 + δ); each gate's CI must stay below +log(1 + δ) (non-inferiority).
+    Returns (P(KEEP), parts) with parts[0] the target's and parts[k] the k-th gate's probability.
     """
     margins = np.asarray(margins, float)
     n = np.asarray(n, float)
     target = p_upper_below(-np.log1p(margins[0]), -np.log1p(effect), target_sd, n, alpha)
     gates = [p_upper_below(np.log1p(m), 0.0, sd, n, alpha) for sd, m in zip(gate_sds, margins[1:], strict=True)]
-    return target * np.prod(gates, axis=0) if gates else target, target
+    parts = np.stack([target, *gates])
+    return parts.prod(axis=0), parts
 
 
 def repeats_to_keep(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.analysis.model import MetricComparison, PlannedMetric, Planning
-from harness.analysis.paired_stats import detectable_effect, keep_power, p_upper_below, repeats_to_keep, sd_uncertainty
+from harness.analysis.paired_stats import detectable_effect, keep_power, repeats_to_keep, sd_uncertainty
 from harness.records.decision_config import DecisionConfig
 
 MOST_REPEATS = 100  # beyond this, "more than 100 repeats" is the useful answer
@@ -46,8 +46,8 @@ def plan_next_run(comparisons: list[MetricComparison], decision: DecisionConfig,
     effect, alpha, goal = decision.assumed_effect, decision.alpha, decision.power
     margins = np.array([c.margin or 0.0 for c in deciding])
     gate_sds = np.array([c.sd for c in gates], float)
-    keep, target_power = (float(v) for v in keep_power(effect, target.sd, gate_sds, repeats, margins, alpha))
-    gate_powers = [float(p_upper_below(np.log1p(c.margin or 0.0), 0.0, c.sd, repeats, alpha)) for c in gates]
+    keep, parts = keep_power(effect, target.sd, gate_sds, repeats, margins, alpha)
+    target_power, gate_powers = float(parts[0]), [float(p) for p in parts[1:]]
     needed = repeats_to_keep(effect, target.sd, gate_sds, margins, alpha, goal, MOST_REPEATS)
     detectable = detectable_effect(target.sd, repeats, margins[0], alpha, goal)
     gate_power = float(np.prod(gate_powers))
@@ -59,9 +59,6 @@ def plan_next_run(comparisons: list[MetricComparison], decision: DecisionConfig,
         PlannedMetric(metric=c.metric, role="gate", sd=c.sd, assumed_change=0.0, power=p)
         for c, p in zip(gates, gate_powers, strict=True)
     ]
-    needed_text = (
-        f"about {needed} repeats give {goal:.0%}" if needed else f"more than {MOST_REPEATS} repeats for {goal:.0%}"
-    )
     gates_text = (
         f"; the gates (assumed unchanged) all pass with {gate_power:.0%}, an upper bound on KEEP" if gates else ""
     )
@@ -73,7 +70,8 @@ def plan_next_run(comparisons: list[MetricComparison], decision: DecisionConfig,
     line = (
         f"Planning (not evidence), at this run's noise (sd of the per-repeat log-ratio {target.sd:.3f} for "
         f"{target.metric}, uncertain ×{sd_range[0]:.2g}-{sd_range[1]:.2g} from {repeats} repeats): if {target.metric} "
-        f"truly improves {effect:.0%}, KEEP has probability {keep:.0%} at {repeats} repeats and {needed_text}; "
+        f"truly improves {effect:.0%}, KEEP has probability {keep:.0%} at {repeats} repeats, "
+        f"{_repeats_text(needed, goal)}; "
         f"at {repeats} repeats its CI clears the {margins[0]:.0%} margin with {goal:.0%} probability from a true "
         f"improvement of {detectable:.1%}{gates_text}.{degenerate}"
     )
@@ -81,7 +79,7 @@ def plan_next_run(comparisons: list[MetricComparison], decision: DecisionConfig,
         repeats=repeats,
         power_goal=goal,
         assumed_effect=effect,
-        keep_power=keep,
+        keep_power=float(keep),
         repeats_needed=needed,
         detectable_effect=detectable,
         gate_power=gate_power if gates else None,
@@ -95,12 +93,13 @@ def advice(planning: Planning) -> str:
     """The short form for an INCONCLUSIVE reason."""
     if planning.keep_power is None:
         return planning.line.removeprefix("Planning (not evidence): ").rstrip(".")
-    needed = (
-        f"about {planning.repeats_needed} repeats for {planning.power_goal:.0%}"
-        if planning.repeats_needed
-        else f"more than {MOST_REPEATS} repeats for {planning.power_goal:.0%}"
-    )
+    noise = "no noise (a deterministic engine?)" if planning.metrics[0].sd == 0 else "this noise"
     return (
-        f"planning, not evidence: at this noise a true {planning.assumed_effect:.0%} improvement is KEPT with "
-        f"probability {planning.keep_power:.0%} at {planning.repeats} repeats; {needed}"
+        f"planning, not evidence: at {noise} a true {planning.assumed_effect:.0%} improvement is KEPT with "
+        f"probability {planning.keep_power:.0%} at {planning.repeats} repeats; "
+        f"{_repeats_text(planning.repeats_needed, planning.power_goal)}"
     )
+
+
+def _repeats_text(needed: int | None, goal: float) -> str:
+    return f"about {needed} repeats for {goal:.0%}" if needed else f"more than {MOST_REPEATS} repeats for {goal:.0%}"

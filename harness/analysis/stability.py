@@ -23,7 +23,6 @@ from harness.analysis.run_metrics import RunMetrics
 from harness.records.result_schema import META_LOAD_SHARE
 
 GRID_POINTS = 200  # in-flight count sampled this many times over the arrival window
-CLASS_ORDER: tuple[LoadClass, ...] = ("unknown", "below capacity", "near capacity", "past capacity")
 
 
 def _load_share_of(run: RunMetrics) -> float | None:
@@ -114,78 +113,41 @@ def _measured_load(
     )
 
 
-def _detector(*, name: str, value: float | None, threshold: float, below: bool, means: str, source: str) -> Detector:
-    fired = value is not None and (value < threshold if below else value >= threshold)
-    return Detector(
-        name=name, value=value, threshold=threshold, fires_below=below, fired=fired, means=means, source=source
-    )
-
-
-def _detectors(
-    load: float | None,
-    load_source: str,
-    completion: float | None,
-    growth: float | None,
-    spread: float | None,
-    correlation: float | None,
-) -> list[Detector]:
-    found = []
-    if load is not None:
-        found += [
-            _detector(
-                name="load share of capacity",
-                value=load,
-                threshold=ref.NEAR_CAPACITY_LOAD,
-                below=False,
-                means="near capacity",
-                source=f"{load_source}; TPOT p50 elasticity passes 3 here ({ref.REVIEW}, §2 elasticity table)",
-            ),
-            _detector(
-                name="load share of capacity",
-                value=load,
-                threshold=ref.PAST_CAPACITY_LOAD,
-                below=False,
-                means="past capacity",
-                source=f"{load_source}; SLO attainment falls below its target beyond capacity",
-            ),
-        ]
+def _specs(load_source: str) -> list[tuple[str, str, float, bool, str, str]]:
+    """(measure, name, threshold, fires below?, what it says, where the threshold comes from) per detector."""
+    elasticity = f"{ref.REVIEW}, §2 elasticity table"
     return [
-        *found,
-        _detector(
-            name="share of requests completed before the last arrival",
-            value=completion,
-            threshold=ref.COMPLETION_SHARE_NEAR,
-            below=True,
-            means="near capacity",
-            source=f"{ref.REVIEW}, §2 detector table: 0.93 / 0.86 / 0.73 / 0.53 at 66 / 85 / 99 / 119 % load "
-            f"(37-68 s of arrivals; not judged below {ref.COMPLETION_MIN_SPAN_S:g} s)",
-        ),
-        _detector(
-            name="in-flight growth over the 2nd half, share of the arrival rate",
-            value=growth,
-            threshold=ref.BACKLOG_GROWTH_PAST,
-            below=False,
-            means="past capacity",
-            source=f"{ref.REVIEW}, §2 sweep: <= 0.04 up to 99 % load, 0.15 / 0.26 at 102 / 106 %",
-        ),
-        _detector(
-            name="between-repeat sd of the baseline's log TPOT p50",
-            value=spread,
-            threshold=ref.SPREAD_FACTOR * ref.AA_SPREAD_FLOOR,
-            below=False,
-            means="noise amplified",
-            source=f"{ref.SPREAD_FACTOR:g}x the A/A floor {ref.AA_SPREAD_FLOOR} (H200 A/A 0.09-0.11 at ~92 % load "
-            f"x0.35 for 65 %; {ref.REVIEW}, §2 and §4)",
-        ),
-        _detector(
-            name="correlation of the arms' log TPOT p50 across repeats",
-            value=correlation,
-            threshold=ref.CORRELATION_FLOOR,
-            below=True,
-            means="noise amplified",
-            source=f"{ref.REVIEW}, §2: +0.84 in the H200 A/A, -0.48 in the rerun at 99-102 % load",
-        ),
-    ]
+        ("load", "load share of capacity", ref.NEAR_CAPACITY_LOAD, False, "near capacity",
+         f"{load_source}; TPOT p50 elasticity passes 3 here ({elasticity})"),
+        ("load", "load share of capacity", ref.PAST_CAPACITY_LOAD, False, "past capacity",
+         f"{load_source}; SLO attainment falls below its target beyond capacity"),
+        ("completion", "share of requests completed before the last arrival", ref.COMPLETION_SHARE_NEAR, True,
+         "near capacity", f"{ref.REVIEW}, §2 detector table: 0.93 / 0.86 / 0.73 / 0.53 at 66 / 85 / 99 / 119 % "
+         f"load (37-68 s of arrivals; not judged below {ref.COMPLETION_MIN_SPAN_S:g} s)"),
+        ("growth", "in-flight growth over the 2nd half, share of the arrival rate", ref.BACKLOG_GROWTH_PAST, False,
+         "past capacity", f"{ref.REVIEW}, §2 sweep: <= 0.04 up to 99 % load, 0.15 / 0.26 at 102 / 106 %"),
+        ("spread", "between-repeat sd of the baseline's log TPOT p50", ref.SPREAD_FACTOR * ref.AA_SPREAD_FLOOR, False,
+         "noise amplified", f"{ref.SPREAD_FACTOR:g}x the A/A floor {ref.AA_SPREAD_FLOOR} (H200 A/A 0.09-0.11 at "
+         f"~92 % load x0.35 for 65 %; {ref.REVIEW}, §2 and §4)"),
+        ("correlation", "correlation of the arms' log TPOT p50 across repeats", ref.CORRELATION_FLOOR, True,
+         "noise amplified", f"{ref.REVIEW}, §2: +0.84 in the H200 A/A, -0.48 in the rerun at 99-102 % load"),
+    ]  # fmt: skip
+
+
+def _detectors(measured: dict[str, float | None], load_source: str) -> list[Detector]:
+    """Every detector with its value; the load share ones only when the load is known."""
+    out = []
+    for measure, name, threshold, below, means, source in _specs(load_source):
+        value = measured[measure]
+        if measure == "load" and value is None:
+            continue
+        fired = value is not None and (value < threshold if below else value >= threshold)
+        out.append(
+            Detector(
+                name=name, value=value, threshold=threshold, fires_below=below, fired=fired, means=means, source=source
+            )
+        )
+    return out
 
 
 def _load_class(detectors: list[Detector], known: bool) -> LoadClass:
@@ -244,7 +206,8 @@ def assess_stability(pairs: list[tuple[RunMetrics, RunMetrics]], capacity: dict[
     growth = _median([r.backlog_growth for r in baseline])
     spread, correlation = _spread_and_correlation(pairs)
     load, source = _measured_load(baseline, [b for b, _ in pairs], capacity)
-    detectors = _detectors(load, source, completion, growth, spread, correlation)
+    measured = {"load": load, "completion": completion, "growth": growth, "spread": spread, "correlation": correlation}
+    detectors = _detectors(measured, source)
     load_class = _load_class(detectors, known=any(v is not None for v in (load, completion, growth)))
     at_least = False
     if load is None and completion is not None and load_class != "below capacity":
