@@ -22,7 +22,8 @@ from harness.analysis.quality import summarise_quality
 from harness.analysis.review import review_tables
 from harness.analysis.run_metrics import RunMetrics, TimeBlocks, load_run
 from harness.errors import UserError
-from harness.records.decision_config import AnalysisConfig
+from harness.records.decision_config import LATENCY_METRICS, AnalysisConfig
+from harness.records.result_schema import CHUNKS, FINAL_USAGE, TEXT_CHUNKS
 
 MAX_BLOCKS = 64  # more blocks add memory, not information: a block should be long against queue memory
 
@@ -128,6 +129,7 @@ def _run_row(run: RunMetrics) -> RunRow:
         duration_s=run.duration_s,
         time_scale=run.time_scale,
         simulated=run.simulated,
+        token_count_sources=run.token_count_sources,
     )
 
 
@@ -152,15 +154,33 @@ def _plot_data(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks) -
     histograms, attainment, lags = {}, {}, {}
     for index, arm in enumerate(ARMS):
         runs = [pair[index] for pair in pairs]
-        histograms[arm] = (
-            sum(r.histograms.sum(axis=1, dtype=np.int64) for r in runs) if runs else np.zeros((4, 1), np.int64)
-        )
+        empty = np.zeros((len(LATENCY_METRICS), 1), np.int64)
+        histograms[arm] = sum(r.histograms.sum(axis=1, dtype=np.int64) for r in runs) if runs else empty
         per_run = [_attainment(r, starts, width) for r in runs]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # an empty window is NaN in every run
             attainment[arm] = np.nanmean(per_run, axis=0) if per_run else np.full(len(starts), np.nan)
         lags[arm] = np.concatenate([r.requests["lag_s"].to_numpy() for r in runs]) if runs else np.empty(0)
     return PlotData(histograms=histograms, attainment=attainment, window_starts_s=starts, window_s=width, lags_s=lags)
+
+
+TOKEN_COUNT_NOTES = {
+    TEXT_CHUNKS: "TPOT/ITL of {n} run(s) are chunk-counted (superseded): written before tokens were counted by "
+    "the server, every chunk with text counted as one token; re-run for token-counted figures",
+    CHUNKS: "{n} run(s) got no usage from the server: TPOT/ITL count each streamed chunk as one token",
+    FINAL_USAGE: "{n} run(s) got usage only at the end of each stream: TPOT uses the server's token count, "
+    "but ITL counts each chunk as one token (enable continuous usage stats for per-token ITL)",
+}
+
+
+def token_count_notes(runs: list[RunMetrics]) -> list[str]:
+    """Say where TPOT/ITL rest on less than per-chunk server token counts (DESIGN: a number is its clock)."""
+    notes = []
+    for source, text in TOKEN_COUNT_NOTES.items():
+        n = sum(1 for run in runs if run.token_count_sources.get(source))
+        if n:
+            notes.append(text.format(n=n))
+    return notes
 
 
 def analyse_run_dir(root: Path) -> RunAnalysis:
@@ -205,7 +225,7 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         environment=inputs.environment,
         failed_attempts=[a for a in inputs.attempts if a.status != "accepted"],
         simulated=any(r.simulated for r in runs.values()),
-        notes=inputs.notes + ([quality.note] if quality.note else []),
+        notes=inputs.notes + token_count_notes(list(runs.values())) + ([quality.note] if quality.note else []),
         alpha=config.decision.alpha,
     )
     return RunAnalysis(summary=summary, plots=_plot_data(pairs, blocks), config=config)

@@ -73,6 +73,7 @@ class RunRow(_Record):
     duration_s: float
     time_scale: float | None  # trace time compression the run replayed at (< 1: faster than recorded)
     simulated: bool
+    token_count_sources: dict[str, int] = {}  # how streamed tokens were counted -> requests (stream_parse)
 
 
 class Attempt(BaseModel):

@@ -6,8 +6,8 @@ Every model forbids unknown keys, so a typo is an error that names the key inste
 
     [slo]                          # per-request service-level objectives; a failed request is a miss
     ttft_s = 2.0                   # time to first token, seconds (omit a key to not constrain it)
-    tpot_s = 0.10                  # time per output token after the first = (e2e - ttft) / (n - 1)
-    itl_s = 0.5                    # longest single inter-token gap (a stall) allowed in a request
+    tpot_s = 0.10                  # time per output token after the first = (last - first token time) / (n - 1)
+    itl_s = 0.5                    # longest silence between streamed chunks (a stall) allowed in a request
     e2e_s = 60.0                   # end-to-end latency
     attainment_target = 0.90       # fraction of requests that must meet every SLO (used for capacity)
 
@@ -58,7 +58,7 @@ from harness.errors import UserError
 
 Direction = Literal["lower", "higher"]
 
-LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
+LATENCY_METRICS = ("ttft", "itl", "icl", "tpot", "e2e")  # icl: inter-chunk latency
 QUANTILES = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
 
 # Every metric the analysis computes per arm per repeat, and which direction is better.

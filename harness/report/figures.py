@@ -29,6 +29,7 @@ PERCENT_TICKS = (-90, -75, -50, -30, -20, -10, -5, -2, 0, 2, 5, 10, 20, 30, 50, 
 LATENCY_TITLES = {
     "ttft": "Time to first token",
     "itl": "Inter-token latency",
+    "icl": "Inter-chunk latency",
     "tpot": "Time per output token",
     "e2e": "End-to-end latency",
 }
