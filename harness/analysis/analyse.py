@@ -21,8 +21,10 @@ from harness.analysis.model import ExcludedRepeat, RunRow, Summary
 from harness.analysis.quality import summarise_quality
 from harness.analysis.review import review_tables
 from harness.analysis.run_metrics import RunMetrics, TimeBlocks, load_run
+from harness.analysis.vllm_aliases import vllm_aliases
 from harness.errors import UserError
 from harness.records.decision_config import AnalysisConfig
+from harness.records.metric_registry import LATENCY_METRICS
 
 MAX_BLOCKS = 64  # more blocks add memory, not information: a block should be long against queue memory
 
@@ -62,6 +64,7 @@ def time_blocks(paths: list[Path], block_s: float) -> TimeBlocks:
 
 
 RunKey = tuple[str, int]  # (arm, repeat)
+Pair = tuple[RunMetrics, RunMetrics]  # (baseline, candidate) of one repeat
 
 
 def _load_runs(inputs: RunInputs, blocks: TimeBlocks) -> tuple[dict[RunKey, RunMetrics], dict[RunKey, str]]:
@@ -153,7 +156,9 @@ def _plot_data(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks) -
     for index, arm in enumerate(ARMS):
         runs = [pair[index] for pair in pairs]
         histograms[arm] = (
-            sum(r.histograms.sum(axis=1, dtype=np.int64) for r in runs) if runs else np.zeros((4, 1), np.int64)
+            sum(r.histograms.sum(axis=1, dtype=np.int64) for r in runs)
+            if runs
+            else np.zeros((len(LATENCY_METRICS), 1), np.int64)
         )
         per_run = [_attainment(r, starts, width) for r in runs]
         with warnings.catch_warnings():
@@ -161,6 +166,12 @@ def _plot_data(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks) -
             attainment[arm] = np.nanmean(per_run, axis=0) if per_run else np.full(len(starts), np.nan)
         lags[arm] = np.concatenate([r.requests["lag_s"].to_numpy() for r in runs]) if runs else np.empty(0)
     return PlotData(histograms=histograms, attainment=attainment, window_starts_s=starts, window_s=width, lags_s=lags)
+
+
+def _alias_runs(arm: str, pairs: list[Pair], runs: dict[RunKey, RunMetrics]) -> list[RunMetrics]:
+    """The arm's runs of the valid repeat pairs; every readable run of the arm when no pair is valid."""
+    used = [pair[ARMS.index(arm)] for pair in pairs]
+    return used or [run for (name, _), run in sorted(runs.items()) if name == arm]
 
 
 def analyse_run_dir(root: Path) -> RunAnalysis:
@@ -207,5 +218,6 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         simulated=any(r.simulated for r in runs.values()),
         notes=inputs.notes + ([quality.note] if quality.note else []),
         alpha=config.decision.alpha,
+        vllm_aliases={arm: vllm_aliases(_alias_runs(arm, pairs, runs)) for arm in ARMS},
     )
     return RunAnalysis(summary=summary, plots=_plot_data(pairs, blocks), config=config)

@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from harness.analysis.log_histogram import block_histograms, quantiles_from_counts
-from harness.records.decision_config import LATENCY_METRICS, QUANTILES, CostConfig, DecisionConfig, SloConfig
+from harness.records.decision_config import CostConfig, DecisionConfig, SloConfig
 from harness.records.fidelity import Fidelity, replay_fidelity
+from harness.records.metric_registry import LATENCY_METRICS, QUANTILES
 from harness.records.result_io import read_results
 from harness.records.result_schema import META_ARM, META_OFFERED_RATE, META_REPEAT, META_SIMULATED, META_TIME_SCALE
 
@@ -130,14 +131,17 @@ def _request_frame(table: pa.Table, slo: SloConfig) -> tuple[pd.DataFrame, np.nd
     return frame, gaps[keep], rows[keep]
 
 
-def _quantile_metrics(name: str, values: np.ndarray) -> dict[str, float]:
+def _latency_statistics(name: str, values: np.ndarray, quantiles: np.ndarray | None = None) -> dict[str, float]:
+    """`<name>_<statistic>` for every registry statistic; `quantiles` when they come from a histogram instead."""
     values = values[np.isfinite(values)]
-    points = np.quantile(values, list(QUANTILES.values())) if len(values) else [math.nan] * len(QUANTILES)
-    return {f"{name}_{q}": float(v) for q, v in zip(QUANTILES, points, strict=True)}
+    if quantiles is None:
+        quantiles = np.quantile(values, list(QUANTILES.values())) if len(values) else [math.nan] * len(QUANTILES)
+    mean = float(np.mean(values, dtype=np.float64)) if len(values) else math.nan
+    return {f"{name}_mean": mean} | {f"{name}_{q}": float(v) for q, v in zip(QUANTILES, quantiles, strict=True)}
 
 
 def _count_metrics(
-    met: int, successes: int, n: int, duration: float, gpu_cost: float, zero_as: float
+    met: int, successes: int, n: int, output_tokens: float, duration: float, gpu_cost: float, zero_as: float
 ) -> dict[str, float]:
     """Metrics built from request counts; a zero count is replaced by `zero_as` (see `RunMetrics.comparable`)."""
 
@@ -149,6 +153,7 @@ def _count_metrics(
         "slo_attainment": count(met) / max(n, 1),
         "goodput": count(met) / duration,
         "throughput": count(successes) / duration,
+        "output_throughput": count(output_tokens) / duration,
         "failure_rate": count(n - successes) / max(n, 1),
         "cost_per_success": cost_per_success,
     }
@@ -177,12 +182,13 @@ def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionC
     # A run can hold tens of millions of gaps: their quantiles come from the histogram (within 0.25 %).
     itl_points = quantiles_from_counts(histograms[LATENCY_METRICS.index("itl")].sum(axis=0), tuple(QUANTILES.values()))
     metrics = {
-        **_quantile_metrics("ttft", ttft),
-        **{f"itl_{q}": float(v) for q, v in zip(QUANTILES, itl_points, strict=True)},
-        **_quantile_metrics("tpot", tpot),
-        **_quantile_metrics("e2e", e2e),
+        **_latency_statistics("ttft", ttft),
+        **_latency_statistics("itl", gaps, itl_points),
+        **_latency_statistics("tpot", tpot),
+        **_latency_statistics("e2e", e2e),
     }
-    counts = (int(met.sum()), successes, n, duration, gpu_hours * cost.gpu_hour_price)
+    output_tokens = float(np.nansum(frame["output_tokens"].to_numpy()[ok]))
+    counts = (int(met.sum()), successes, n, output_tokens, duration, gpu_hours * cost.gpu_hour_price)
     failures = {str(k): int(v) for k, v in frame.loc[~ok, "error"].fillna("bad_status").value_counts().items()}
     return RunMetrics(
         arm=meta[META_ARM],
