@@ -105,6 +105,7 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
         arms=ARMS,
         failures=failures,
         repeat_metrics=REPEAT_TABLE_METRICS,
+        definitions=list(dict.fromkeys(metric_of(c.metric) for c in s.comparisons)),
         environment=_environment(s.environment),
         slo_text=_slo_text(slo),
         window_s=plots.window_s,
