@@ -9,10 +9,9 @@ check against the repository's README.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
-
-import typer
 
 from harness.analysis.vllm_aliases import LATENCY_STATISTICS, TOTALS
 from harness.errors import UserError
@@ -93,26 +92,30 @@ def up_to_date_readme(readme: Path) -> tuple[str, str]:
     return current, replace_marked_block(current, MARKER, definitions_markdown(), str(readme))
 
 
-def main(
-    readme: Path = typer.Argument(Path("README.md"), help="the README holding the marked block"),
-    check: bool = typer.Option(False, "--check", help="only report whether the block is up to date"),
-) -> None:
-    """Rewrite (or --check) the README's metric definitions from harness/records/metric_registry.py."""
+def rewrite_or_check(readme: Path, check: bool) -> int:
+    """Rewrite the block (exit status 0), or with `check` only say whether it is stale (1) or not (0)."""
     current, fresh = up_to_date_readme(readme)
     if current == fresh:
-        return
+        return 0
     if check:
         print(f"{readme}: metric definitions are out of date; run `{COMMAND}`", file=sys.stderr)
-        raise typer.Exit(1)
+        return 1
     readme.write_text(fresh, encoding="utf-8")
     print(f"{readme}: metric definitions rewritten")
+    return 0
+
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
+    parser.add_argument("readme", nargs="?", type=Path, default=Path("README.md"), help="default ./README.md")
+    parser.add_argument("--check", action="store_true", help="only report whether the block is up to date")
+    args = parser.parse_args(argv)
+    try:
+        return rewrite_or_check(args.readme, args.check)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
 
 
 if __name__ == "__main__":
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command()(main)
-    try:
-        app()
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(error.exit_code)
+    sys.exit(_cli(sys.argv[1:]))
