@@ -21,8 +21,10 @@ from harness.analysis.model import ExcludedRepeat, RunRow, Summary
 from harness.analysis.quality import summarise_quality
 from harness.analysis.review import review_tables
 from harness.analysis.run_metrics import RunMetrics, TimeBlocks, load_run
+from harness.analysis.vllm_aliases import vllm_aliases
 from harness.errors import UserError
-from harness.records.decision_config import LATENCY_METRICS, AnalysisConfig
+from harness.records.decision_config import AnalysisConfig
+from harness.records.metric_registry import LATENCY_METRICS
 from harness.records.result_schema import CHUNKS, FINAL_USAGE, TEXT_CHUNKS
 
 MAX_BLOCKS = 64  # more blocks add memory, not information: a block should be long against queue memory
@@ -63,6 +65,7 @@ def time_blocks(paths: list[Path], block_s: float) -> TimeBlocks:
 
 
 RunKey = tuple[str, int]  # (arm, repeat)
+Pair = tuple[RunMetrics, RunMetrics]  # (baseline, candidate) of one repeat
 
 
 def _load_runs(inputs: RunInputs, blocks: TimeBlocks) -> tuple[dict[RunKey, RunMetrics], dict[RunKey, str]]:
@@ -183,6 +186,12 @@ def token_count_notes(runs: list[RunMetrics]) -> list[str]:
     return notes
 
 
+def _alias_runs(arm: str, pairs: list[Pair], runs: dict[RunKey, RunMetrics]) -> list[RunMetrics]:
+    """The arm's runs of the valid repeat pairs; every readable run of the arm when no pair is valid."""
+    used = [pair[ARMS.index(arm)] for pair in pairs]
+    return used or [run for (name, _), run in sorted(runs.items()) if name == arm]
+
+
 def analyse_run_dir(root: Path) -> RunAnalysis:
     """Re-analyse a run directory from its files. Raises `UnusableRunDir` only when there are no results."""
     inputs = read_inputs(root)
@@ -227,5 +236,6 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         simulated=any(r.simulated for r in runs.values()),
         notes=inputs.notes + token_count_notes(list(runs.values())) + ([quality.note] if quality.note else []),
         alpha=config.decision.alpha,
+        vllm_aliases={arm: vllm_aliases(_alias_runs(arm, pairs, runs)) for arm in ARMS},
     )
     return RunAnalysis(summary=summary, plots=_plot_data(pairs, blocks), config=config)

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from harness.records.metric_registry import Direction
+
 
 class Outcome(StrEnum):
     KEEP = "KEEP"
@@ -32,7 +34,7 @@ class MetricComparison(_Record):
 
     metric: str
     role: Role
-    better: Literal["lower", "higher"]
+    better: Direction
     margin: float | None  # δ for target/gate metrics
     baseline: list[float | None]  # one value per valid repeat (None: undefined, e.g. no successful request)
     candidate: list[float | None]
@@ -188,3 +190,5 @@ class Summary(_Record):
     simulated: bool
     notes: list[str]
     alpha: float
+    # arm -> our numbers under `vllm bench serve` result names (mean over the valid repeats; analysis/vllm_aliases.py)
+    vllm_aliases: dict[str, dict[str, float | None]]

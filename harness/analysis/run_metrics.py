@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from harness.analysis.log_histogram import block_histograms, quantiles_from_counts
-from harness.records.decision_config import LATENCY_METRICS, QUANTILES, CostConfig, DecisionConfig, SloConfig
+from harness.records.decision_config import CostConfig, DecisionConfig, SloConfig
 from harness.records.fidelity import Fidelity, replay_fidelity
+from harness.records.metric_registry import LATENCY_METRICS, QUANTILES
 from harness.records.result_io import read_results
 from harness.records.result_schema import META_ARM, META_OFFERED_RATE, META_REPEAT, META_SIMULATED, META_TIME_SCALE
 
@@ -175,14 +176,17 @@ def _request_frame(table: pa.Table, slo: SloConfig) -> tuple[pd.DataFrame, dict[
     return frame, kept
 
 
-def _quantile_metrics(name: str, values: np.ndarray) -> dict[str, float]:
+def _latency_statistics(name: str, values: np.ndarray, quantiles: np.ndarray | None = None) -> dict[str, float]:
+    """`<name>_<statistic>` for every registry statistic; `quantiles` when they come from a histogram instead."""
     values = values[np.isfinite(values)]
-    points = np.quantile(values, list(QUANTILES.values())) if len(values) else [math.nan] * len(QUANTILES)
-    return {f"{name}_{q}": float(v) for q, v in zip(QUANTILES, points, strict=True)}
+    if quantiles is None:
+        quantiles = np.quantile(values, list(QUANTILES.values())) if len(values) else [math.nan] * len(QUANTILES)
+    mean = float(np.mean(values, dtype=np.float64)) if len(values) else math.nan
+    return {f"{name}_mean": mean} | {f"{name}_{q}": float(v) for q, v in zip(QUANTILES, quantiles, strict=True)}
 
 
 def _count_metrics(
-    met: int, successes: int, n: int, duration: float, gpu_cost: float, zero_as: float
+    met: int, successes: int, n: int, output_tokens: float, duration: float, gpu_cost: float, zero_as: float
 ) -> dict[str, float]:
     """Metrics built from request counts; a zero count is replaced by `zero_as` (see `RunMetrics.comparable`)."""
 
@@ -194,6 +198,7 @@ def _count_metrics(
         "slo_attainment": count(met) / max(n, 1),
         "goodput": count(met) / duration,
         "throughput": count(successes) / duration,
+        "output_throughput": count(output_tokens) / duration,
         "failure_rate": count(n - successes) / max(n, 1),
         "cost_per_success": cost_per_success,
     }
@@ -227,13 +232,14 @@ def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionC
     histograms = np.stack([block_histograms(*by_metric[name], blocks.count) for name in LATENCY_METRICS])
     metrics = {}
     for name in LATENCY_METRICS:
+        values = by_metric[name][0]
         if name in gaps:  # tens of millions of gaps: their quantiles come from the histogram (within 0.25 %)
             pooled = histograms[LATENCY_METRICS.index(name)].sum(axis=0)
-            points = quantiles_from_counts(pooled, tuple(QUANTILES.values()))
-            metrics |= {f"{name}_{q}": float(v) for q, v in zip(QUANTILES, points, strict=True)}
+            metrics |= _latency_statistics(name, values, quantiles_from_counts(pooled, tuple(QUANTILES.values())))
         else:
-            metrics |= _quantile_metrics(name, by_metric[name][0])
-    counts = (int(met.sum()), successes, n, duration, gpu_hours * cost.gpu_hour_price)
+            metrics |= _latency_statistics(name, values)
+    output_tokens = float(np.nansum(frame["output_tokens"].to_numpy()[ok]))
+    counts = (int(met.sum()), successes, n, output_tokens, duration, gpu_hours * cost.gpu_hour_price)
     failures = {str(k): int(v) for k, v in frame.loc[~ok, "error"].fillna("bad_status").value_counts().items()}
     return RunMetrics(
         arm=meta[META_ARM],

@@ -43,33 +43,18 @@ Every model forbids unknown keys, so a typo is an error that names the key inste
 
 A margin δ is a fraction on the ratio scale: 0.05 means "worse by more than 5 %" is a ratio beyond 1.05 in
 the bad direction, and "better by more than 5 %" beyond 1 / 1.05 in the good one (symmetric in log space).
-Metric names (and which way is better) are in `METRIC_DIRECTIONS`.
+Metric names, their definitions and which way is better are in `harness/records/metric_registry.py`.
 """
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import UserError
-
-Direction = Literal["lower", "higher"]
-
-LATENCY_METRICS = ("ttft", "itl", "icl", "tpot", "e2e")  # icl: inter-chunk latency
-QUANTILES = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
-
-# Every metric the analysis computes per arm per repeat, and which direction is better.
-METRIC_DIRECTIONS: dict[str, Direction] = {
-    **{f"{m}_{q}": "lower" for m in LATENCY_METRICS for q in QUANTILES},
-    "slo_attainment": "higher",
-    "goodput": "higher",
-    "throughput": "higher",
-    "failure_rate": "lower",
-    "cost_per_success": "lower",
-}
+from harness.records.metric_registry import METRIC_DIRECTIONS, Direction
 
 
 class _Strict(BaseModel):

@@ -13,6 +13,7 @@ from harness.analysis.analyse import RunAnalysis
 from harness.analysis.decision import pct, pct_interval
 from harness.analysis.inputs import ARMS
 from harness.records.decision_config import SloConfig
+from harness.records.metric_registry import metric_of
 from harness.report import figures
 
 REPEAT_TABLE_METRICS = (
@@ -44,14 +45,15 @@ def _secs(value: float | None) -> str:
 
 
 def _value(metric: str, value: float | None) -> str:
-    """Format a metric value in its natural unit."""
+    """Format a metric value in its unit from the registry."""
     if value is None or not math.isfinite(value):
         return "—"
-    if metric in ("slo_attainment", "failure_rate"):
+    unit = metric_of(metric).unit
+    if unit == "fraction":
         return f"{value:.2%}"
-    if metric in ("goodput", "throughput"):
-        return f"{value:.2f}/s"
-    if metric == "cost_per_success":
+    if unit in ("req/s", "tokens/s"):
+        return f"{value:.2f} {unit}"
+    if unit == "currency":
         return f"{value:.3g}"
     return _secs(value)
 
@@ -103,6 +105,7 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
         arms=ARMS,
         failures=failures,
         repeat_metrics=REPEAT_TABLE_METRICS,
+        definitions=list(dict.fromkeys(metric_of(c.metric) for c in s.comparisons)),
         environment=_environment(s.environment),
         slo_text=_slo_text(slo),
         window_s=plots.window_s,

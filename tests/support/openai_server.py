@@ -227,7 +227,7 @@ class Upstream:
             await send([opener], usage_so_far(0))
         if first_delay:
             await asyncio.sleep(first_delay)
-        done, chunk = 0, 0
+        done, chunk, first_at = 0, 0, time.monotonic()
         while done < n_out:
             if mode in ("stall", "drop") and done >= self.behaviour.fault_after:
                 if mode == "drop":
@@ -236,8 +236,9 @@ class Upstream:
                     return response
                 await asyncio.sleep(3600)
             k = min(self.behaviour.chunk_tokens[chunk % len(self.behaviour.chunk_tokens)], n_out - done)
-            if done and self.behaviour.token_delay:
-                await asyncio.sleep(self.behaviour.token_delay * k)
+            if done and self.behaviour.token_delay:  # against a deadline, so a busy host keeps the pace
+                deadline = first_at + (done + k - 1) * self.behaviour.token_delay
+                await asyncio.sleep(max(0.0, deadline - time.monotonic()))
             empty = self.behaviour.empty_every and (chunk + 1) % self.behaviour.empty_every == 0
             piece = "" if empty else "".join(f" t{i}" for i in range(done, done + k))
             done, chunk = done + k, chunk + 1
