@@ -14,7 +14,7 @@ stamped, the client's per-token numbers are suspect. What each direction means:
 Either is a fidelity *warning*: the run stays valid (the paired comparison is unaffected when both arms
 share the bias), but the report says which side is slow. Client means use the same successful requests as
 the rest of the analysis; the client's mean ITL is the token-weighted TPOT, sum(TPOT x (tokens - 1)) /
-sum(tokens - 1), which is what the mean of per-token ITL samples comes to.
+sum(tokens - 1): the mean of the per-token ITL samples whenever the first chunk carries one token.
 """
 
 from __future__ import annotations
