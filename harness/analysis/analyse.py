@@ -17,10 +17,11 @@ from harness.analysis.compare import compare_metrics
 from harness.analysis.cost import summarise_cost
 from harness.analysis.decision import decide
 from harness.analysis.inputs import ARMS, RunInputs, final_attempt, read_inputs
-from harness.analysis.model import ExcludedRepeat, RunRow, Summary
+from harness.analysis.model import ExcludedRepeat, RunRow, ServerCheck, Summary
 from harness.analysis.quality import summarise_quality
 from harness.analysis.review import review_tables
 from harness.analysis.run_metrics import RunMetrics, TimeBlocks, load_run
+from harness.analysis.server_check import arm_means, server_check
 from harness.analysis.vllm_aliases import vllm_aliases
 from harness.errors import UserError
 from harness.records.decision_config import AnalysisConfig
@@ -107,7 +108,7 @@ def _pairs(
     return used, excluded
 
 
-def _run_row(run: RunMetrics) -> RunRow:
+def _run_row(run: RunMetrics, check: ServerCheck) -> RunRow:
     f = run.fidelity
 
     def ms(value: float | None) -> float | None:
@@ -119,6 +120,7 @@ def _run_row(run: RunMetrics) -> RunRow:
         file=run.path.name,
         valid=f.valid,
         reasons=list(f.reasons),
+        warnings=[check.warning] if check.warning else [],
         requests=len(run.requests),
         successes=int(run.requests["ok"].sum()),
         metrics=run.metrics,
@@ -133,6 +135,7 @@ def _run_row(run: RunMetrics) -> RunRow:
         time_scale=run.time_scale,
         simulated=run.simulated,
         token_count_sources=run.token_count_sources,
+        server_check=check,
     )
 
 
@@ -219,13 +222,19 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         config.cost,
     )
     review_requests, review_windows = review_tables(pairs, blocks)
+    tolerance = config.decision.server_tpot_tolerance
+    rows = [
+        _run_row(runs[key], server_check(runs[key], inputs.run, tolerance))
+        for key in sorted(runs, key=lambda k: (k[1], k[0]))
+    ]
     summary = Summary(
         run_dir=str(inputs.run.root),
         experiment=inputs.experiment,
         mode=inputs.mode,
         decision=decision,
         comparisons=comparisons,
-        runs=[_run_row(runs[key]) for key in sorted(runs, key=lambda k: (k[1], k[0]))],
+        runs=rows,
+        server_check=arm_means(rows, ARMS),
         quality=quality,
         cost=cost,
         capacity=inputs.capacity,

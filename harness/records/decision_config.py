@@ -22,6 +22,7 @@ Every model forbids unknown keys, so a typo is an error that names the key inste
     min_repeats = 3                # fewer valid repeat pairs than this -> INVALID
     lag_budget_s = 0.002           # a run whose p99 send lag exceeds this is invalid
     rate_tolerance = 0.01          # ... or whose achieved rate misses the offered rate by more than this
+    server_tpot_tolerance = 0.05   # warn (not invalid) when the client's mean TPOT is off the server's own by more
     power = 0.8                    # for the minimum detectable effect shown in the report
     [decision.bootstrap]
     resamples = 400                # two-stage block bootstrap of quantile ratios
@@ -122,6 +123,8 @@ class DecisionConfig(_Strict):
     min_repeats: int = Field(default=3, ge=2)
     lag_budget_s: float = Field(default=0.002, gt=0)
     rate_tolerance: float = Field(default=0.01, gt=0, lt=1)
+    # Client mean TPOT vs the server's (/metrics): beyond x (1 + tol) or below / (1 + tol) is a fidelity warning.
+    server_tpot_tolerance: float = Field(default=0.05, gt=0, lt=1)
     power: float = Field(default=0.8, gt=0, lt=1)
     bootstrap: BootstrapConfig = BootstrapConfig()
 
