@@ -11,7 +11,8 @@ from harness.analysis.model import Estimator, MetricComparison, Role
 from harness.analysis.paired_stats import benjamini_hochberg, non_inferior, p_two_sided, t_interval, verdicts
 from harness.analysis.request_pairing import REQUEST_PAIRED_METRICS, median_log_ratios
 from harness.analysis.run_metrics import RunMetrics
-from harness.records.decision_config import LATENCY_METRICS, METRIC_DIRECTIONS, QUANTILES, DecisionConfig
+from harness.records.decision_config import DecisionConfig
+from harness.records.metric_registry import LATENCY_METRICS, METRIC_DIRECTIONS, QUANTILES
 
 QUANTILE_METRICS = frozenset(f"{kind}_{q}" for kind in LATENCY_METRICS for q in QUANTILES)
 

@@ -28,6 +28,7 @@ gate = [{ metric = "ttft_p99", margin = 0.10 }, { metric = "goodput", margin = 0
 exploratory = ["e2e_p99"]
 request_paired = false
 planning_effect = 0.08
+server_tpot_tolerance = 0.1
 [cost]
 gpu_hour_price = 2.0
 monthly_requests = 1e9
@@ -42,6 +43,7 @@ def test_documented_tables_parse_and_round_trip_through_toml() -> None:
     assert config.decision.target.metric == "itl_p50" and config.decision.target.better == "lower"
     assert [rule.better for rule in config.decision.gate] == ["lower", "higher"]
     assert not config.decision.request_paired and config.decision.assumed_effect == 0.08
+    assert config.decision.server_tpot_tolerance == 0.1 and AnalysisConfig().decision.server_tpot_tolerance == 0.05
     frozen = tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
     assert analysis_config_from_mapping(tomllib.loads(frozen), "frozen") == config
 
@@ -69,6 +71,7 @@ def test_defaults_are_a_valid_rule() -> None:
         ('[decision]\nexploratory = ["tpot_p50"]\n', "also listed as exploratory"),
         ("[cost]\ngpus_per_arm = 0\n", "`cost.gpus_per_arm`"),
         ("[decision]\nplanning_effect = 0.03\n", "must exceed the target margin"),
+        ("[decision]\nserver_tpot_tolerance = 0\n", "`decision.server_tpot_tolerance`"),
     ],
 )
 def test_errors_are_one_line_and_name_the_key(document: str, expected: str) -> None:
