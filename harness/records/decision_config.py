@@ -21,6 +21,7 @@ Every model forbids unknown keys, so a typo is an error that names the key inste
     exploratory = ["itl_p99", "e2e_p99", "throughput", "failure_rate"]   # Benjamini-Hochberg; never decide
     min_repeats = 3                # fewer valid repeat pairs than this -> INVALID
     lag_budget_s = 0.002           # a run whose p99 send lag exceeds this is invalid
+    receive_lag_budget_s = 0.005   # ... or whose busiest replay worker's loop runs later than this at p99
     rate_tolerance = 0.01          # ... or whose achieved rate misses the offered rate by more than this
     power = 0.8                    # for the minimum detectable effect shown in the report
     [decision.bootstrap]
@@ -55,6 +56,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import UserError
+from harness.records.fidelity import DEFAULT_LAG_BUDGET_S, DEFAULT_RECEIVE_LAG_BUDGET_S
 
 Direction = Literal["lower", "higher"]
 
@@ -135,7 +137,8 @@ class DecisionConfig(_Strict):
         "cost_per_success",
     )
     min_repeats: int = Field(default=3, ge=2)
-    lag_budget_s: float = Field(default=0.002, gt=0)
+    lag_budget_s: float = Field(default=DEFAULT_LAG_BUDGET_S, gt=0)
+    receive_lag_budget_s: float = Field(default=DEFAULT_RECEIVE_LAG_BUDGET_S, gt=0)
     rate_tolerance: float = Field(default=0.01, gt=0, lt=1)
     power: float = Field(default=0.8, gt=0, lt=1)
     bootstrap: BootstrapConfig = BootstrapConfig()

@@ -43,3 +43,4 @@ META_TIME_SCALE = "replaybench.time_scale"
 META_OFFERED_RATE = "replaybench.offered_rate"
 META_TRACE_SOURCE = "replaybench.trace"
 META_SIMULATED = "replaybench.simulated"  # "true" when produced by the embedded engine
+META_WORKER_LOADS = "replaybench.worker_loads"  # JSON: each replay worker's receive lag and CPU share

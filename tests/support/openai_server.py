@@ -22,7 +22,8 @@ Endpoints
 
 Options: --mode {ok,stall,drop,429,500,slow-first}, --fault-after K (tokens sent before stall/drop,
 default 2), --fault-every N (fault only requests whose arrival number is a multiple of N, default 1 = all),
---token-delay S (between tokens), --first-token-delay S (before the first token; mode slow-first uses it),
+--token-delay S (between tokens, on a fixed grid: token i is due i × S after the first, so wake-up errors
+never add up), --first-token-delay S (before the first token; mode slow-first uses it),
 --natural-len N, --log FILE (JSONL, one line per generation request: `seq`, `path`, `recv_mono_ns`
 (time.monotonic_ns at handler entry; CLOCK_MONOTONIC is system-wide on Linux, so it is directly
 comparable with a client's time.monotonic on the same host), `recv_real_ns` (time.time_ns), `body` (the raw
@@ -215,6 +216,7 @@ class Upstream:
             await send([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
         if first_delay:
             await asyncio.sleep(first_delay)
+        first_token_at = time.monotonic()
         for i in range(n_out):
             if mode in ("stall", "drop") and i == self.behaviour.fault_after:
                 if mode == "drop":
@@ -222,8 +224,8 @@ class Upstream:
                     request.transport.close()
                     return response
                 await asyncio.sleep(3600)
-            if i and self.behaviour.token_delay:
-                await asyncio.sleep(self.behaviour.token_delay)
+            if i and self.behaviour.token_delay:  # on a fixed grid: token i is due i delays after the first
+                await asyncio.sleep(max(0.0, first_token_at + i * self.behaviour.token_delay - time.monotonic()))
             done = finish if i == n_out - 1 else None
             piece = f" t{i}"
             choice = (
