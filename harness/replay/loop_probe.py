@@ -2,9 +2,10 @@
 
 Every chunk a worker reads is stamped when its event loop gets to it. A loop busy with other streams' chunks
 gets there late, so every token time, ITL and TTFT it records is late by as much; send lag never sees it.
-A timer on a fixed grid (every PERIOD_S on time.monotonic()) records how late it wakes: if the loop stalls
-for D, the ticks due during the stall wake at its end, late by D, D - PERIOD_S, ..., which is the delay an
-event arriving at a random moment of the stall would have suffered. With uvloop the floor (an idle loop) is
+A timer on a fixed grid (a tick every PERIOD_S on time.monotonic()) records how late each tick is served: if
+the loop stalls for D, every tick that fell due during the stall is served by the one wake-up at its end,
+late by D, D - PERIOD_S, ..., the delay an event arriving at a random moment of the stall suffers. So the
+samples are spread evenly over wall time, however long the loop's iterations. With uvloop the floor (an idle loop) is
 about 0.2 ms p50 / 0.7 ms p99, libuv's millisecond timer granularity.
 
 The samples go to `loop-<worker>.jsonl` beside the result segments, one line every REPORT_EVERY ticks
@@ -47,12 +48,14 @@ class LoopProbe:
 
     async def run(self) -> None:
         self._wall0, self._cpu0 = time.monotonic(), time.process_time()
-        due = self._wall0
+        due = self._wall0 + self.period_s
         while True:
-            due += self.period_s
             delay = due - time.monotonic()
             await asyncio.sleep(delay if delay > 0 else 0)
-            self._lateness_us.append(int((time.monotonic() - due) * 1e6))
+            now = time.monotonic()
+            while due <= now:  # every tick that fell due by now is served by this one wake-up
+                self._lateness_us.append(int((now - due) * 1e6))
+                due += self.period_s
             if len(self._lateness_us) >= REPORT_EVERY:
                 self._write()
 
