@@ -23,11 +23,13 @@ DEFAULT_LAG_BUDGET_S = 0.002
 DEFAULT_RECEIVE_LAG_BUDGET_S = 0.005
 DEFAULT_RATE_TOLERANCE = 0.01
 CLIENT_BOUND = "client-bound"  # how the receive-lag reason starts
+STARVED_CPU_SHARE = 0.5  # a late worker that used less than this share of a core was starved by the host
 
 
 @dataclass(frozen=True)
 class Fidelity:
-    """Send-timing and output-length fidelity of one replay run; `valid` is False when any reason holds."""
+    """Send timing, receive timing (per worker) and output lengths of one replay run; `valid` is False when any
+    reason holds."""
 
     requests: int  # rows in the result table
     sent: int  # requests that left the client (sent_s not null)
@@ -144,8 +146,14 @@ def _client_bound_reason(loads: tuple[WorkerLoad, ...] | None, budget_s: float) 
         return None
     late = sum(w.receive_lag_p99_s is not None and w.receive_lag_p99_s > budget_s for w in loads or ())
     cpu = "" if worst.cpu_share is None else f" at {worst.cpu_share * 100:.0f} % CPU"
+    starved = worst.cpu_share is not None and worst.cpu_share < STARVED_CPU_SHARE
+    fix = (
+        "other processes on the host kept it off the CPU: give the replay idle cores"
+        if starved
+        else "use more replay workers (--workers N|auto, [replay] workers) or a lighter load"
+    )
     return (
         f"{CLIENT_BOUND}: p99 receive lag {worst.receive_lag_p99_s * 1e3:.2f} ms on replay worker {worst.worker}"
-        f"{cpu} exceeds the {budget_s * 1e3:g} ms budget ({late} of {len(loads or ())} worker(s) over it); "
-        "the client read the answers late: use more replay workers (--workers, [replay] workers) or a lighter load"
+        f"{cpu} exceeds the {budget_s * 1e3:g} ms budget ({late} of {len(loads or ())} worker(s) over it), so "
+        f"token times were stamped late; {fix}"
     )

@@ -10,8 +10,8 @@ about 0.2 ms p50 / 0.7 ms p99, libuv's millisecond timer granularity.
 
 The samples go to `loop-<worker>.jsonl` beside the result segments, one line every REPORT_EVERY ticks
 (lateness in whole microseconds, plus the process CPU time and wall time since the probe started), so a
-replay whose process is killed still leaves all but the last second of them for `replay-recover`.
-A tick costs a few microseconds: 200 a second are far below 0.1 % of a core.
+replay whose process is killed still leaves all but the last 50 ms of them for `replay-recover`.
+A tick costs a few microseconds and a line a few tens: together well below 0.1 % of a core.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 from harness.records.worker_load import WorkerLoad, worker_load
 
 PERIOD_S = 0.005
-REPORT_EVERY = 200  # ticks per line written (one second at PERIOD_S)
+REPORT_EVERY = 10  # ticks per line written: every 50 ms, the beat the result segments are flushed on
 
 
 def probe_path(directory: Path, worker: int) -> Path:
@@ -37,7 +37,7 @@ def probe_path(directory: Path, worker: int) -> Path:
 
 
 class LoopProbe:
-    """Samples the running loop's lateness until `stop()`; `run()` is the task, started at t0."""
+    """Samples the running loop's lateness until `stop()`; made at t0, just before `run()` becomes its task."""
 
     def __init__(self, path: Path, period_s: float = PERIOD_S) -> None:
         self.period_s = period_s
@@ -47,7 +47,6 @@ class LoopProbe:
         self._cpu0 = time.process_time()
 
     async def run(self) -> None:
-        self._wall0, self._cpu0 = time.monotonic(), time.process_time()
         due = self._wall0 + self.period_s
         while True:
             delay = due - time.monotonic()

@@ -53,8 +53,10 @@ def _ms(value: float | None) -> str:
 def receive_lag_line(f: Fidelity) -> str:
     """The busiest worker's event-loop lateness and the highest CPU share, or why they are unknown."""
     busiest = f.busiest_worker
-    if busiest is None:
+    if f.worker_loads is None:
         return "receive lag: unknown (not measured: the result file predates it); not gated"
+    if busiest is None:
+        return "receive lag: no samples (the workers stopped before their first tick); not gated"
     shares = [w.cpu_share for w in f.worker_loads or () if w.cpu_share is not None]
     cpu = f"; CPU share max {max(shares) * 100:.0f} %" if shares else ""
     return (
