@@ -17,12 +17,16 @@ from harness.analysis.compare import compare_metrics
 from harness.analysis.cost import summarise_cost
 from harness.analysis.decision import decide
 from harness.analysis.inputs import ARMS, RunInputs, final_attempt, read_inputs
-from harness.analysis.model import ExcludedRepeat, RunRow, Summary
+from harness.analysis.model import ExcludedRepeat, RunRow, ServerCheck, Summary
 from harness.analysis.quality import summarise_quality
 from harness.analysis.review import review_tables
 from harness.analysis.run_metrics import RunMetrics, TimeBlocks, load_run
+from harness.analysis.server_check import arm_means, server_check
+from harness.analysis.vllm_aliases import vllm_aliases
 from harness.errors import UserError
 from harness.records.decision_config import AnalysisConfig
+from harness.records.metric_registry import LATENCY_METRICS
+from harness.records.result_schema import CHUNKS, FINAL_USAGE, TEXT_CHUNKS
 
 MAX_BLOCKS = 64  # more blocks add memory, not information: a block should be long against queue memory
 
@@ -62,6 +66,7 @@ def time_blocks(paths: list[Path], block_s: float) -> TimeBlocks:
 
 
 RunKey = tuple[str, int]  # (arm, repeat)
+Pair = tuple[RunMetrics, RunMetrics]  # (baseline, candidate) of one repeat
 
 
 def _load_runs(inputs: RunInputs, blocks: TimeBlocks) -> tuple[dict[RunKey, RunMetrics], dict[RunKey, str]]:
@@ -103,7 +108,7 @@ def _pairs(
     return used, excluded
 
 
-def _run_row(run: RunMetrics) -> RunRow:
+def _run_row(run: RunMetrics, check: ServerCheck) -> RunRow:
     f = run.fidelity
     busiest = f.busiest_worker
     shares = [w.cpu_share for w in f.worker_loads or () if w.cpu_share is not None]
@@ -117,6 +122,7 @@ def _run_row(run: RunMetrics) -> RunRow:
         file=run.path.name,
         valid=f.valid,
         reasons=list(f.reasons),
+        warnings=[check.warning] if check.warning else [],
         requests=len(run.requests),
         successes=int(run.requests["ok"].sum()),
         metrics=run.metrics,
@@ -130,6 +136,8 @@ def _run_row(run: RunMetrics) -> RunRow:
         duration_s=run.duration_s,
         time_scale=run.time_scale,
         simulated=run.simulated,
+        token_count_sources=run.token_count_sources,
+        server_check=check,
         receive_lag_p50_ms=ms(busiest.receive_lag_p50_s) if busiest else None,
         receive_lag_p99_ms=ms(busiest.receive_lag_p99_s) if busiest else None,
         receive_lag_max_ms=ms(busiest.receive_lag_max_s) if busiest else None,
@@ -169,15 +177,39 @@ def _plot_data(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks) -
     histograms, attainment, lags = {}, {}, {}
     for index, arm in enumerate(ARMS):
         runs = [pair[index] for pair in pairs]
-        histograms[arm] = (
-            sum(r.histograms.sum(axis=1, dtype=np.int64) for r in runs) if runs else np.zeros((4, 1), np.int64)
-        )
+        empty = np.zeros((len(LATENCY_METRICS), 1), np.int64)
+        histograms[arm] = sum(r.histograms.sum(axis=1, dtype=np.int64) for r in runs) if runs else empty
         per_run = [_attainment(r, starts, width) for r in runs]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # an empty window is NaN in every run
             attainment[arm] = np.nanmean(per_run, axis=0) if per_run else np.full(len(starts), np.nan)
         lags[arm] = np.concatenate([r.requests["lag_s"].to_numpy() for r in runs]) if runs else np.empty(0)
     return PlotData(histograms=histograms, attainment=attainment, window_starts_s=starts, window_s=width, lags_s=lags)
+
+
+TOKEN_COUNT_NOTES = {
+    TEXT_CHUNKS: "TPOT/ITL of {n} run(s) are chunk-counted (superseded): written before tokens were counted by "
+    "the server, every chunk with text counted as one token; re-run for token-counted figures",
+    CHUNKS: "{n} run(s) got no usage from the server: TPOT/ITL count each streamed chunk as one token",
+    FINAL_USAGE: "{n} run(s) got usage only at the end of each stream: TPOT uses the server's token count, "
+    "but ITL counts each chunk as one token (enable continuous usage stats for per-token ITL)",
+}
+
+
+def token_count_notes(runs: list[RunMetrics]) -> list[str]:
+    """Say where TPOT/ITL rest on less than per-chunk server token counts (DESIGN: a number is its clock)."""
+    notes = []
+    for source, text in TOKEN_COUNT_NOTES.items():
+        n = sum(1 for run in runs if run.token_count_sources.get(source))
+        if n:
+            notes.append(text.format(n=n))
+    return notes
+
+
+def _alias_runs(arm: str, pairs: list[Pair], runs: dict[RunKey, RunMetrics]) -> list[RunMetrics]:
+    """The arm's runs of the valid repeat pairs; every readable run of the arm when no pair is valid."""
+    used = [pair[ARMS.index(arm)] for pair in pairs]
+    return used or [run for (name, _), run in sorted(runs.items()) if name == arm]
 
 
 def analyse_run_dir(root: Path) -> RunAnalysis:
@@ -207,13 +239,19 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         config.cost,
     )
     review_requests, review_windows = review_tables(pairs, blocks)
+    tolerance = config.decision.server_tpot_tolerance
+    rows = [
+        _run_row(runs[key], server_check(runs[key], inputs.run, tolerance))
+        for key in sorted(runs, key=lambda k: (k[1], k[0]))
+    ]
     summary = Summary(
         run_dir=str(inputs.run.root),
         experiment=inputs.experiment,
         mode=inputs.mode,
         decision=decision,
         comparisons=comparisons,
-        runs=[_run_row(runs[key]) for key in sorted(runs, key=lambda k: (k[1], k[0]))],
+        runs=rows,
+        server_check=arm_means(rows, ARMS),
         quality=quality,
         cost=cost,
         capacity=inputs.capacity,
@@ -222,7 +260,11 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         environment=inputs.environment,
         failed_attempts=[a for a in inputs.attempts if a.status != "accepted"],
         simulated=any(r.simulated for r in runs.values()),
-        notes=inputs.notes + ([quality.note] if quality.note else []) + _unmeasured_receive_lag(runs),
+        notes=inputs.notes
+        + token_count_notes(list(runs.values()))
+        + ([quality.note] if quality.note else [])
+        + _unmeasured_receive_lag(runs),
         alpha=config.decision.alpha,
+        vllm_aliases={arm: vllm_aliases(_alias_runs(arm, pairs, runs)) for arm in ARMS},
     )
     return RunAnalysis(summary=summary, plots=_plot_data(pairs, blocks), config=config)

@@ -19,7 +19,8 @@ from harness.analysis.paired_stats import (
     verdicts,
 )
 from harness.analysis.run_metrics import RunMetrics
-from harness.records.decision_config import LATENCY_METRICS, METRIC_DIRECTIONS, QUANTILES, DecisionConfig
+from harness.records.decision_config import DecisionConfig
+from harness.records.metric_registry import LATENCY_METRICS, METRIC_DIRECTIONS, QUANTILES
 
 
 def _maybe(value: float) -> float | None:

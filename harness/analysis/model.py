@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from harness.records.metric_registry import Direction
+
 
 class Outcome(StrEnum):
     KEEP = "KEEP"
@@ -32,7 +34,7 @@ class MetricComparison(_Record):
 
     metric: str
     role: Role
-    better: Literal["lower", "higher"]
+    better: Direction
     margin: float | None  # δ for target/gate metrics
     baseline: list[float | None]  # one value per valid repeat (None: undefined, e.g. no successful request)
     candidate: list[float | None]
@@ -52,6 +54,41 @@ class MetricComparison(_Record):
     note: str = ""
 
 
+# The values a server cross-check puts side by side (client-measured / the server's own), in this order.
+CHECK_FIELDS = (
+    "ttft_mean_s",
+    "tpot_mean_s",
+    "itl_mean_s",
+    "e2e_mean_s",
+    "generated_tokens",
+    "prompt_tokens",
+    "requests",
+    "preemptions",
+)
+SlowSide = Literal["client", "server"]
+
+
+class ServerCheck(_Record):
+    """One run's client-measured values beside the server's own (increase of its /metrics over the run)."""
+
+    client: dict[str, float | None]  # CHECK_FIELDS; None where the client cannot tell (preemptions)
+    server: dict[str, float | None]  # CHECK_FIELDS; None where the server's /metrics did not say
+    missing: list[str]  # vLLM series absent from the server's /metrics
+    notes: list[str]
+    tpot_ratio: float | None  # client mean TPOT / server mean TPOT
+    slow_side: SlowSide | None  # set when tpot_ratio is beyond [decision] server_tpot_tolerance
+    warning: str  # "" unless slow_side is set
+
+
+class ServerCheckMeans(_Record):
+    """One arm's server cross-check: each value's mean over the arm's valid runs that have it."""
+
+    runs: int
+    client: dict[str, float | None]
+    server: dict[str, float | None]
+    flagged: int  # runs whose TPOT cross-check warned
+
+
 class RunRow(_Record):
     """One (arm, repeat) run for the per-repeat table."""
 
@@ -60,6 +97,7 @@ class RunRow(_Record):
     file: str
     valid: bool
     reasons: list[str]
+    warnings: list[str]  # fidelity warnings that do not invalidate the run (the server cross-check's)
     requests: int
     successes: int
     metrics: dict[str, float | None]
@@ -73,6 +111,8 @@ class RunRow(_Record):
     duration_s: float
     time_scale: float | None  # trace time compression the run replayed at (< 1: faster than recorded)
     simulated: bool
+    token_count_sources: dict[str, int] = {}  # how streamed tokens were counted -> requests (stream_parse)
+    server_check: ServerCheck
     # The busiest replay worker's event-loop lateness and the highest worker CPU share; None: not measured
     # (a result file written before receive lag was, or by the virtual-time simulator), so not gated.
     receive_lag_p50_ms: float | None = None
@@ -183,6 +223,7 @@ class Summary(_Record):
     decision: Decision
     comparisons: list[MetricComparison]
     runs: list[RunRow]
+    server_check: dict[str, ServerCheckMeans]  # arm -> client vs server means over its valid runs
     quality: QualitySummary
     cost: CostSummary
     capacity: dict[str, CapacityEntry]
@@ -193,3 +234,5 @@ class Summary(_Record):
     simulated: bool
     notes: list[str]
     alpha: float
+    # arm -> our numbers under `vllm bench serve` result names (mean over the valid repeats; analysis/vllm_aliases.py)
+    vllm_aliases: dict[str, dict[str, float | None]]

@@ -6,8 +6,8 @@ Every model forbids unknown keys, so a typo is an error that names the key inste
 
     [slo]                          # per-request service-level objectives; a failed request is a miss
     ttft_s = 2.0                   # time to first token, seconds (omit a key to not constrain it)
-    tpot_s = 0.10                  # time per output token after the first = (e2e - ttft) / (n - 1)
-    itl_s = 0.5                    # longest single inter-token gap (a stall) allowed in a request
+    tpot_s = 0.10                  # time per output token after the first = (last - first token time) / (n - 1)
+    itl_s = 0.5                    # longest silence between streamed chunks (a stall) allowed in a request
     e2e_s = 60.0                   # end-to-end latency
     attainment_target = 0.90       # fraction of requests that must meet every SLO (used for capacity)
 
@@ -23,6 +23,7 @@ Every model forbids unknown keys, so a typo is an error that names the key inste
     lag_budget_s = 0.002           # a run whose p99 send lag exceeds this is invalid
     receive_lag_budget_s = 0.005   # ... or whose busiest replay worker's loop runs later than this at p99
     rate_tolerance = 0.01          # ... or whose achieved rate misses the offered rate by more than this
+    server_tpot_tolerance = 0.05   # warn (not invalid) when the client's mean TPOT is off the server's own by more
     power = 0.8                    # for the minimum detectable effect shown in the report
     [decision.bootstrap]
     resamples = 400                # two-stage block bootstrap of quantile ratios
@@ -44,34 +45,19 @@ Every model forbids unknown keys, so a typo is an error that names the key inste
 
 A margin δ is a fraction on the ratio scale: 0.05 means "worse by more than 5 %" is a ratio beyond 1.05 in
 the bad direction, and "better by more than 5 %" beyond 1 / 1.05 in the good one (symmetric in log space).
-Metric names (and which way is better) are in `METRIC_DIRECTIONS`.
+Metric names, their definitions and which way is better are in `harness/records/metric_registry.py`.
 """
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import UserError
 from harness.records.fidelity import DEFAULT_LAG_BUDGET_S, DEFAULT_RECEIVE_LAG_BUDGET_S
-
-Direction = Literal["lower", "higher"]
-
-LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
-QUANTILES = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
-
-# Every metric the analysis computes per arm per repeat, and which direction is better.
-METRIC_DIRECTIONS: dict[str, Direction] = {
-    **{f"{m}_{q}": "lower" for m in LATENCY_METRICS for q in QUANTILES},
-    "slo_attainment": "higher",
-    "goodput": "higher",
-    "throughput": "higher",
-    "failure_rate": "lower",
-    "cost_per_success": "lower",
-}
+from harness.records.metric_registry import METRIC_DIRECTIONS, Direction
 
 
 class _Strict(BaseModel):
@@ -140,6 +126,8 @@ class DecisionConfig(_Strict):
     lag_budget_s: float = Field(default=DEFAULT_LAG_BUDGET_S, gt=0)
     receive_lag_budget_s: float = Field(default=DEFAULT_RECEIVE_LAG_BUDGET_S, gt=0)
     rate_tolerance: float = Field(default=0.01, gt=0, lt=1)
+    # Client mean TPOT vs the server's (/metrics): beyond x (1 + tol) or below / (1 + tol) is a fidelity warning.
+    server_tpot_tolerance: float = Field(default=0.05, gt=0, lt=1)
     power: float = Field(default=0.8, gt=0, lt=1)
     bootstrap: BootstrapConfig = BootstrapConfig()
 

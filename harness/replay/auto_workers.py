@@ -13,10 +13,10 @@ gets there late (receive lag, harness/replay/loop_probe.py). The count is
   how sharp the peaks are, and a pace faster than the server's overstates them, so the guess errs on the
   side of more workers.
 - `event_cost_s`: measured at start-up in this process: the time to parse CALIBRATION_CHUNKS synthetic SSE
-  chunks (a vLLM-shaped completions chunk each) with the replay's own stream reader, best of
+  chunks (vLLM-shaped completions chunks with continuous usage) with the replay's own stream reader, best of
   CALIBRATION_ROUNDS, times READ_OVERHEAD for the rest of a wake-up (socket read, aiohttp, the task
   switch). READ_OVERHEAD is the ratio of a worker's CPU per received chunk (CPU share × wall / chunks,
-  streams paced at 2-5 ms per token) to the parse time alone, measured on a 2-core box: 23-33 µs against 4-6 µs.
+  streams paced at 2-5 ms per token) to the parse time alone, measured on a 2-core box: 23-37 µs against 4-6 µs.
 """
 
 from __future__ import annotations
@@ -80,21 +80,25 @@ def peak_event_rate(
     return float(np.max(events_before(candidates + window_s) - events_before(candidates))) / window_s
 
 
-def _synthetic_chunk() -> bytes:
-    chunk = {
-        "id": "cmpl-0123456789abcdef0123456789abcdef",
-        "object": "text_completion",
-        "created": 1_700_000_000,
-        "model": "calibration-model",
-        "choices": [{"index": 0, "text": " word", "logprobs": None, "finish_reason": None, "stop_reason": None}],
-        "usage": None,
-    }
-    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+def synthetic_chunks(count: int) -> list[bytes]:
+    """`count` SSE events shaped like vLLM's completions stream with continuous usage: one token each."""
+    chunks = []
+    for i in range(count):
+        chunk = {
+            "id": "cmpl-0123456789abcdef0123456789abcdef",
+            "object": "text_completion",
+            "created": 1_700_000_000,
+            "model": "calibration-model",
+            "choices": [{"index": 0, "text": " word", "logprobs": None, "finish_reason": None, "stop_reason": None}],
+            "usage": {"prompt_tokens": 100, "total_tokens": 101 + i, "completion_tokens": 1 + i},
+        }
+        chunks.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    return chunks
 
 
 def measured_event_cost_s(chunks: int = CALIBRATION_CHUNKS) -> float:
     """Seconds one streamed event costs a worker here: parse time per synthetic chunk × READ_OVERHEAD."""
-    chunk = _synthetic_chunk()
+    events = synthetic_chunks(chunks)
     best = math.inf
     for _ in range(CALIBRATION_ROUNDS):
         row = ResultRow(
@@ -103,13 +107,13 @@ def measured_event_cost_s(chunks: int = CALIBRATION_CHUNKS) -> float:
             repeat=0,
             intended_s=0.0,
             worker=0,
-            prompt_tokens=1,
-            expected_output_tokens=0,
+            prompt_tokens=100,
+            expected_output_tokens=chunks,
         )
         reader = StreamReader(row, keep_text=False)
         began = time.perf_counter()
-        for i in range(chunks):
-            reader.feed_bytes(chunk, i * 1e-3)
+        for i, event in enumerate(events):
+            reader.feed_bytes(event, i * 1e-3)
         best = min(best, (time.perf_counter() - began) / chunks)
     return best * READ_OVERHEAD
 

@@ -51,6 +51,7 @@ def summary_markdown(summary: Summary) -> str:
         "",
         f"Repeats used: {len(d.repeats_used)}" + (f" · excluded: {excluded}" if excluded else ""),
         f"Cost: {summary.cost.line}",
+        *_server_check_lines(summary),
     ]
     if summary.quality.measured:
         q = summary.quality
@@ -60,6 +61,22 @@ def summary_markdown(summary: Summary) -> str:
         )
     lines += ["", f"<sub>Rule: {d.rule}</sub>", ""]
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value * 1e3:.2f}"
+
+
+def _server_check_lines(summary: Summary) -> list[str]:
+    """Mean TPOT client / server per arm, and each run whose cross-check warned (nothing without server data)."""
+    means = summary.server_check
+    if not any(m.server["tpot_mean_s"] is not None for m in means.values()):
+        return []
+    pairs = " · ".join(
+        f"{arm} {_ms(m.client['tpot_mean_s'])} / {_ms(m.server['tpot_mean_s'])} ms" for arm, m in means.items()
+    )
+    warned = [f"⚠️ {r.arm} r{r.repeat}: {w}" for r in summary.runs for w in r.warnings]
+    return [f"Server cross-check, mean TPOT client / server: {pairs}", *warned]
 
 
 def junit_xml(summary: Summary) -> str:

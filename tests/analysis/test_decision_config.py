@@ -26,6 +26,7 @@ alpha = 0.1
 target = { metric = "itl_p50", margin = 0.03 }
 gate = [{ metric = "ttft_p99", margin = 0.10 }, { metric = "goodput", margin = 0.02, direction = "higher" }]
 exploratory = ["e2e_p99"]
+server_tpot_tolerance = 0.1
 [decision.bootstrap]
 resamples = 100
 [cost]
@@ -42,6 +43,7 @@ def test_documented_tables_parse_and_round_trip_through_toml() -> None:
     assert config.decision.target.metric == "itl_p50" and config.decision.target.better == "lower"
     assert [rule.better for rule in config.decision.gate] == ["lower", "higher"]
     assert config.decision.bootstrap.resamples == 100
+    assert config.decision.server_tpot_tolerance == 0.1 and AnalysisConfig().decision.server_tpot_tolerance == 0.05
     frozen = tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
     assert analysis_config_from_mapping(tomllib.loads(frozen), "frozen") == config
 
@@ -61,6 +63,7 @@ def test_defaults_are_a_valid_rule() -> None:
         ('[decision]\ngate = [{ metric = "tpot_p50" }]\n', "appears twice"),
         ('[decision]\nexploratory = ["tpot_p50"]\n', "also listed as exploratory"),
         ("[cost]\ngpus_per_arm = 0\n", "`cost.gpus_per_arm`"),
+        ("[decision]\nserver_tpot_tolerance = 0\n", "`decision.server_tpot_tolerance`"),
     ],
 )
 def test_errors_are_one_line_and_name_the_key(document: str, expected: str) -> None:

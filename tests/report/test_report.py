@@ -12,6 +12,7 @@ from xml.etree import ElementTree as ET
 import pytest
 
 from harness.analysis.model import Summary
+from harness.records.metric_registry import BY_NAME
 from harness.records.run_dir import RunDir
 from harness.report.build import build_report
 from tests.support.synthetic_results import Scenario, write_run_dir
@@ -114,6 +115,7 @@ def test_html_is_self_contained_and_complete(kept: RunDir) -> None:
     assert "KEEP" in html and "Rule:" in html
     assert "1.8" in html  # capacity shown
     assert "answer " in html  # saved output text of reviewed requests
+    assert f"<b>tpot</b> (Time per output token, s): {BY_NAME['tpot'].formula}" in html  # definitions of the rows
 
 
 def test_real_engine_runs_are_not_labelled_simulated(tmp_path: Path) -> None:
