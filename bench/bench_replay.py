@@ -84,6 +84,7 @@ def timing_row(trace: Trace, rate: int, workers: int, url: str, log: Path, out: 
         "server_lag_p99_ms": ms(server_lag, 0.99),
         "server_abs_lag_p99_ms": ms(np.abs(server_lag), 0.99),
         "server_lag_max_ms": ms(server_lag, 1.0),
+        "receive_lag_p99_ms": None if f.receive_lag_p99_s is None else round(f.receive_lag_p99_s * 1e3, 3),
         "achieved_vs_offered_%": round((f.rate_error or 0.0) * 100, 3),
         "errors": sum(outcome.errors.values()),
         "valid": f.valid,

@@ -113,6 +113,8 @@ def _pairs(
 
 def _run_row(run: RunMetrics, check: ServerCheck) -> RunRow:
     f = run.fidelity
+    busiest = f.busiest_worker
+    shares = [w.cpu_share for w in f.worker_loads or () if w.cpu_share is not None]
 
     def ms(value: float | None) -> float | None:
         return None if value is None else value * 1e3
@@ -139,7 +141,22 @@ def _run_row(run: RunMetrics, check: ServerCheck) -> RunRow:
         simulated=run.simulated,
         token_count_sources=run.token_count_sources,
         server_check=check,
+        receive_lag_p50_ms=ms(busiest.receive_lag_p50_s) if busiest else None,
+        receive_lag_p99_ms=ms(busiest.receive_lag_p99_s) if busiest else None,
+        receive_lag_max_ms=ms(busiest.receive_lag_max_s) if busiest else None,
+        client_cpu_share=max(shares) if shares else None,
     )
+
+
+def _unmeasured_receive_lag(runs: dict[RunKey, RunMetrics]) -> list[str]:
+    """A note naming how many result files carry no receive lag (and so were not gated on it)."""
+    unmeasured = sum(run.fidelity.worker_loads is None for run in runs.values())
+    if not unmeasured:
+        return []
+    return [
+        f"receive lag not measured in {unmeasured} of {len(runs)} result file(s) (written before replay measured "
+        "it, or by the virtual-time simulator): those runs are not gated on it"
+    ]
 
 
 def _attainment_windows(runs: list[RunMetrics], blocks: TimeBlocks) -> tuple[np.ndarray, float]:
@@ -250,7 +267,10 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         environment=inputs.environment,
         failed_attempts=[a for a in inputs.attempts if a.status != "accepted"],
         simulated=any(r.simulated for r in runs.values()),
-        notes=inputs.notes + token_count_notes(list(runs.values())) + ([quality.note] if quality.note else []),
+        notes=inputs.notes
+        + token_count_notes(list(runs.values()))
+        + ([quality.note] if quality.note else [])
+        + _unmeasured_receive_lag(runs),
         alpha=config.decision.alpha,
         vllm_aliases={arm: vllm_aliases(_alias_runs(arm, pairs, runs)) for arm in ARMS},
     )

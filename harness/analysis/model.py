@@ -193,6 +193,12 @@ class RunRow(_Record):
     simulated: bool
     token_count_sources: dict[str, int] = {}  # how streamed tokens were counted -> requests (stream_parse)
     server_check: ServerCheck
+    # The busiest replay worker's event-loop lateness and the highest worker CPU share; None: not measured
+    # (a result file written before receive lag was, or by the virtual-time simulator), so not gated.
+    receive_lag_p50_ms: float | None = None
+    receive_lag_p99_ms: float | None = None
+    receive_lag_max_ms: float | None = None
+    client_cpu_share: float | None = None
 
 
 class Attempt(BaseModel):

@@ -21,6 +21,7 @@ from harness.records.fidelity import Fidelity, replay_fidelity
 from harness.records.metric_registry import LATENCY_METRICS, QUANTILES
 from harness.records.result_io import read_results
 from harness.records.result_schema import META_ARM, META_OFFERED_RATE, META_REPEAT, META_SIMULATED, META_TIME_SCALE
+from harness.records.worker_load import loads_from_meta
 
 REQUEST_COLUMNS = (
     "request_id",
@@ -216,7 +217,14 @@ def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionC
     intended = frame["intended_s"].to_numpy()
     frame["block"] = blocks.of(intended)
     offered = float(meta[META_OFFERED_RATE]) if meta.get(META_OFFERED_RATE) else None
-    fidelity = replay_fidelity(table, offered, decision.lag_budget_s, decision.rate_tolerance)
+    fidelity = replay_fidelity(
+        table,
+        offered,
+        decision.lag_budget_s,
+        decision.rate_tolerance,
+        worker_loads=loads_from_meta(meta),
+        receive_lag_budget_s=decision.receive_lag_budget_s,
+    )
 
     ends = frame["sent_s"].to_numpy() + frame["e2e_s"].to_numpy()
     last = np.nanmax(ends) if np.isfinite(ends).any() else np.nanmax(intended)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -41,7 +41,8 @@ class TraceSelection(_Strict):
 class ReplaySettings(_Strict):
     """How each arm is driven; the same for both arms so their requests are byte-identical."""
 
-    workers: int = Field(default=1, ge=1)
+    # sender processes; "auto" sizes them from the trace's peak token-event rate (harness/replay/auto_workers.py)
+    workers: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
     seed: int = 0  # prompt synthesis seed
     max_inflight: int | None = Field(default=None, ge=1)
     warmup_requests: int = Field(default=4, ge=0)  # sent after readiness, outside the trace, not measured

@@ -25,6 +25,7 @@ def replay_options(
         usage_per_chunk=settings.usage_per_chunk,
         model=model,
         lag_budget_s=decision.lag_budget_s,
+        receive_lag_budget_s=decision.receive_lag_budget_s,
         rate_tolerance=decision.rate_tolerance,
         save_outputs=settings.save_outputs if save_outputs is None else save_outputs,
         request_timeout_s=settings.request_timeout_s,

@@ -23,6 +23,7 @@ Every model forbids unknown keys, so a typo is an error that names the key inste
                                    # log(candidate / baseline) of the same request; false: ratio of per-run p50s
     min_repeats = 3                # fewer valid repeat pairs than this -> INVALID
     lag_budget_s = 0.002           # a run whose p99 send lag exceeds this is invalid
+    receive_lag_budget_s = 0.005   # ... or whose busiest replay worker's loop runs later than this at p99
     rate_tolerance = 0.01          # ... or whose achieved rate misses the offered rate by more than this
     server_tpot_tolerance = 0.05   # warn (not invalid) when the client's mean TPOT is off the server's own by more
     power = 0.8                    # planning: the chance of KEEP the next run should have ...
@@ -55,6 +56,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import UserError
+from harness.records.fidelity import DEFAULT_LAG_BUDGET_S, DEFAULT_RECEIVE_LAG_BUDGET_S
 from harness.records.metric_registry import METRIC_DIRECTIONS, Direction
 
 
@@ -116,7 +118,8 @@ class DecisionConfig(_Strict):
     )
     request_paired: bool = True
     min_repeats: int = Field(default=3, ge=2)
-    lag_budget_s: float = Field(default=0.002, gt=0)
+    lag_budget_s: float = Field(default=DEFAULT_LAG_BUDGET_S, gt=0)
+    receive_lag_budget_s: float = Field(default=DEFAULT_RECEIVE_LAG_BUDGET_S, gt=0)
     rate_tolerance: float = Field(default=0.01, gt=0, lt=1)
     # Client mean TPOT vs the server's (/metrics): beyond x (1 + tol) or below / (1 + tol) is a fidelity warning.
     server_tpot_tolerance: float = Field(default=0.05, gt=0, lt=1)

@@ -1,8 +1,11 @@
-"""Replay fidelity of one result table: did the client send every request when the trace said (DESIGN §4)?
+"""Replay fidelity of one result table: did the client send every request when the trace said (DESIGN §4),
+and could it read every answer as it came?
 
 A run whose p99 send lag exceeds its budget, or whose achieved request rate misses the trace's offered rate
-by more than the tolerance, did not reproduce the trace's load and must not be compared. Replay computes this
-at the end of a run; analysis recomputes it from the result file, so it lives here in the lowest layer.
+by more than the tolerance, did not reproduce the trace's load and must not be compared. A run whose worst
+worker's event loop ran later than the receive-lag budget at p99 stamped its token times late: it measured
+the client, not the server ("client-bound"). Replay computes this at the end of a run; analysis recomputes
+it from the result file, so it lives here in the lowest layer.
 """
 
 from __future__ import annotations
@@ -14,13 +17,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from harness.records.worker_load import WorkerLoad
+
 DEFAULT_LAG_BUDGET_S = 0.002
+DEFAULT_RECEIVE_LAG_BUDGET_S = 0.005
 DEFAULT_RATE_TOLERANCE = 0.01
+CLIENT_BOUND = "client-bound"  # how the receive-lag reason starts
+STARVED_CPU_SHARE = 0.5  # a late worker that used less than this share of a core was starved by the host
 
 
 @dataclass(frozen=True)
 class Fidelity:
-    """Send-timing and output-length fidelity of one replay run; `valid` is False when any reason holds."""
+    """Send timing, receive timing (per worker) and output lengths of one replay run; `valid` is False when any
+    reason holds."""
 
     requests: int  # rows in the result table
     sent: int  # requests that left the client (sent_s not null)
@@ -36,6 +45,24 @@ class Fidelity:
     rate_tolerance: float
     valid: bool
     reasons: tuple[str, ...]
+    worker_loads: tuple[WorkerLoad, ...] | None = None  # None: receive lag not measured (an older file), not gated
+    receive_lag_budget_s: float = DEFAULT_RECEIVE_LAG_BUDGET_S
+
+    @property
+    def busiest_worker(self) -> WorkerLoad | None:
+        return busiest_worker(self.worker_loads)
+
+    @property
+    def receive_lag_p99_s(self) -> float | None:
+        """The run's receive lag: its busiest worker's p99 (None: not measured)."""
+        busiest = self.busiest_worker
+        return None if busiest is None else busiest.receive_lag_p99_s
+
+
+def busiest_worker(loads: Sequence[WorkerLoad] | None) -> WorkerLoad | None:
+    """The worker with the highest p99 receive lag (None when not measured or no worker has samples)."""
+    measured = [w for w in loads or () if w.receive_lag_p99_s is not None]
+    return max(measured, key=lambda w: w.receive_lag_p99_s or 0.0) if measured else None
 
 
 def offered_rate_of(intended_s: Sequence[float] | np.ndarray) -> float | None:
@@ -51,12 +78,15 @@ def replay_fidelity(
     offered_rate: float | None = None,
     lag_budget_s: float = DEFAULT_LAG_BUDGET_S,
     rate_tolerance: float = DEFAULT_RATE_TOLERANCE,
+    worker_loads: Sequence[WorkerLoad] | None = None,
+    receive_lag_budget_s: float = DEFAULT_RECEIVE_LAG_BUDGET_S,
 ) -> Fidelity:
-    """Fidelity of a result table (RESULT_SCHEMA).
+    """Fidelity of a result table (RESULT_SCHEMA) and, when measured, of its workers' event loops.
 
     Achieved rate = sent requests / (last send - first send). `offered_rate` defaults to the trace's rate over
     the same requests (n / span of their `intended_s`), the same definition, so a perfect replay scores
     exactly the offered rate, also for an interrupted run that sent only part of the trace.
+    `worker_loads` None (a file without them) leaves receive lag unknown and ungated.
     """
     sent_mask = pc.is_valid(table.column("sent_s"))
     sent_s = table.column("sent_s").filter(sent_mask).to_numpy(zero_copy_only=False).astype(float)
@@ -85,6 +115,10 @@ def replay_fidelity(
         )
     if queue_errors:
         reasons.append(f"{queue_errors} request(s) could not be sent by the client (--max-inflight cap)")
+    loads = None if worker_loads is None else tuple(worker_loads)
+    client_bound = _client_bound_reason(loads, receive_lag_budget_s)
+    if client_bound:
+        reasons.append(client_bound)
     return Fidelity(
         requests=table.num_rows,
         sent=len(lags),
@@ -100,4 +134,26 @@ def replay_fidelity(
         rate_tolerance=rate_tolerance,
         valid=not reasons,
         reasons=tuple(reasons),
+        worker_loads=loads,
+        receive_lag_budget_s=receive_lag_budget_s,
+    )
+
+
+def _client_bound_reason(loads: tuple[WorkerLoad, ...] | None, budget_s: float) -> str | None:
+    """The reason a run is client-bound (its busiest worker's p99 receive lag over budget), else None."""
+    worst = busiest_worker(loads)
+    if worst is None or worst.receive_lag_p99_s is None or worst.receive_lag_p99_s <= budget_s:
+        return None
+    late = sum(w.receive_lag_p99_s is not None and w.receive_lag_p99_s > budget_s for w in loads or ())
+    cpu = "" if worst.cpu_share is None else f" at {worst.cpu_share * 100:.0f} % CPU"
+    starved = worst.cpu_share is not None and worst.cpu_share < STARVED_CPU_SHARE
+    fix = (
+        "other processes on the host kept it off the CPU: give the replay idle cores"
+        if starved
+        else "use more replay workers (--workers N|auto, [replay] workers) or a lighter load"
+    )
+    return (
+        f"{CLIENT_BOUND}: p99 receive lag {worst.receive_lag_p99_s * 1e3:.2f} ms on replay worker {worst.worker}"
+        f"{cpu} exceeds the {budget_s * 1e3:g} ms budget ({late} of {len(loads or ())} worker(s) over it), so "
+        f"token times were stamped late; {fix}"
     )

@@ -7,7 +7,8 @@ Public API (used by `replaybench replay` and by the paired experiment runner):
     outcome = run_replay(trace, "http://127.0.0.1:8000", ReplayOptions(time_scale=0.5, workers=2, seed=0),
                          output=Path("results/baseline-r0.parquet"), arm="baseline", repeat=0, progress=False)
     outcome.path          # the result Parquet (RESULT_SCHEMA), written atomically at the end
-    outcome.fidelity      # harness.records.fidelity.Fidelity: lag p50/p99/max, achieved vs offered rate, valid
+    outcome.fidelity      # harness.records.fidelity.Fidelity: send lag, achieved vs offered rate, per-worker
+                          # receive lag (worker_loads) and CPU share, valid
     outcome.complete      # False when interrupted (Ctrl-C / SIGTERM): the file keeps every finished request
     outcome.interrupted   # True after Ctrl-C / SIGTERM; the caller should stop too
 

@@ -33,11 +33,19 @@ def register(app: typer.Typer) -> None:
         output: Path = typer.Option(..., "-o", "--output", help="Result file to write (.parquet)."),
         api: str | None = typer.Option(None, "--api", help="completions | chat for all (default: per trace row)."),
         time_scale: float = typer.Option(1.0, "--time-scale", help="Multiply arrival times (0.5 = twice the rate)."),
-        workers: int = typer.Option(1, "--workers", help="Sender processes sharing one clock."),
+        workers: str = typer.Option(
+            "1",
+            "--workers",
+            metavar="N|auto",
+            help="Sender processes sharing one clock; auto sizes them from the trace's peak token-event rate.",
+        ),
         max_inflight: int | None = typer.Option(None, "--max-inflight", help="Cap on requests in flight."),
         seed: int = typer.Option(0, "--seed", help="Prompt synthesis seed (same seed = identical request bodies)."),
         model: str | None = typer.Option(None, "--model", help="Model name to send (default: the server's)."),
         lag_budget_ms: float = typer.Option(2.0, "--lag-budget-ms", help="p99 send lag budget of a valid run."),
+        receive_lag_budget_ms: float = typer.Option(
+            5.0, "--receive-lag-budget-ms", help="p99 receive lag (event-loop lateness) budget of every worker."
+        ),
         save_outputs: bool = typer.Option(False, "--save-outputs", help="Keep the generated text in the results."),
         stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream responses (needed for TTFT and ITL)."),
         usage_per_chunk: bool = typer.Option(
@@ -60,20 +68,21 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Replay a trace open-loop with exact arrival timing against one server; write per-request results."""
-        from harness.replay.options import ReplayOptions
+        from harness.replay.options import ReplayOptions, parse_workers
         from harness.replay.runner import run_replay
         from harness.trace.model import Trace
 
         options = ReplayOptions(
             api=api,
             time_scale=time_scale,
-            workers=workers,
+            workers=parse_workers(workers),
             max_inflight=max_inflight,
             seed=seed,
             model=model,
             stream=stream,
             usage_per_chunk=usage_per_chunk,
             lag_budget_s=lag_budget_ms / 1e3,
+            receive_lag_budget_s=receive_lag_budget_ms / 1e3,
             save_outputs=save_outputs,
             request_timeout_s=request_timeout,
             read_timeout_s=read_timeout,

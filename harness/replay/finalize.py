@@ -9,14 +9,17 @@ from pathlib import Path
 import pyarrow as pa
 
 from harness.errors import UserError
-from harness.records.fidelity import Fidelity, replay_fidelity
+from harness.records.fidelity import DEFAULT_RECEIVE_LAG_BUDGET_S, Fidelity, replay_fidelity
 from harness.records.result_io import results_table, write_results
 from harness.records.result_schema import META_COMPLETE
+from harness.records.worker_load import loads_to_meta
+from harness.replay.loop_probe import read_worker_loads
 from harness.replay.segments import read_meta, read_rows
 
 # Run metadata keys this package adds beside those of result_schema.
 META_SCHEDULED = "replaybench.scheduled"
 META_LAG_BUDGET_S = "replaybench.lag_budget_s"
+META_RECEIVE_LAG_BUDGET_S = "replaybench.receive_lag_budget_s"
 META_RATE_TOLERANCE = "replaybench.rate_tolerance"
 META_SEED = "replaybench.seed"
 META_WORKERS = "replaybench.workers"
@@ -39,10 +42,15 @@ def finalize(directory: Path, output: Path, complete: bool) -> tuple[pa.Table, F
     rows = sorted(read_rows(directory), key=lambda r: (r["intended_s"], r["request_id"]))
     table = results_table(rows)
     complete = complete and len(rows) == int(meta[META_SCHEDULED])
+    loads = read_worker_loads(directory)
     fidelity = replay_fidelity(
-        table, lag_budget_s=float(meta[META_LAG_BUDGET_S]), rate_tolerance=float(meta[META_RATE_TOLERANCE])
+        table,
+        lag_budget_s=float(meta[META_LAG_BUDGET_S]),
+        rate_tolerance=float(meta[META_RATE_TOLERANCE]),
+        worker_loads=loads,
+        receive_lag_budget_s=float(meta.get(META_RECEIVE_LAG_BUDGET_S, DEFAULT_RECEIVE_LAG_BUDGET_S)),
     )
-    meta |= {
+    meta |= ({} if loads is None else loads_to_meta(loads)) | {
         META_COMPLETE: str(complete).lower(),
         META_VALID: str(fidelity.valid and complete).lower(),
         META_INVALID_REASONS: "; ".join(fidelity.reasons + (() if complete else ("run incomplete",))),

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from harness.errors import UserError
-from harness.records.fidelity import DEFAULT_LAG_BUDGET_S, DEFAULT_RATE_TOLERANCE, Fidelity
+from harness.records.fidelity import (
+    DEFAULT_LAG_BUDGET_S,
+    DEFAULT_RATE_TOLERANCE,
+    DEFAULT_RECEIVE_LAG_BUDGET_S,
+    Fidelity,
+)
 from harness.records.trace_schema import TRACE_API_VALUES
 
 
@@ -16,7 +22,7 @@ class ReplayOptions:
 
     api: str | None = None  # "completions" | "chat" for every request; None = each row's trace `api`
     time_scale: float = 1.0  # < 1 compresses the trace (0.5 = twice the rate)
-    workers: int = 1  # sender processes sharing one t0 (round-robin shards)
+    workers: int | Literal["auto"] = 1  # sender processes sharing one t0 (round-robin shards); auto_workers.py
     max_inflight: int | None = None  # None = open loop; a cap makes late sends count as client queueing
     seed: int = 0  # prompt synthesis seed: same trace + seed -> byte-identical request bodies
     model: str | None = None  # None = the trace's model if the server serves it, else the server's first model
@@ -25,6 +31,7 @@ class ReplayOptions:
     # tokens are counted by the server; off for servers that reject the field (then only the final usage).
     usage_per_chunk: bool = True
     lag_budget_s: float = DEFAULT_LAG_BUDGET_S
+    receive_lag_budget_s: float = DEFAULT_RECEIVE_LAG_BUDGET_S  # p99 event-loop lateness of the busiest worker
     rate_tolerance: float = DEFAULT_RATE_TOLERANCE
     save_outputs: bool = False  # keep generated text in `output_text`
     request_timeout_s: float = 600.0  # whole request, send to last byte
@@ -38,14 +45,26 @@ class ReplayOptions:
             raise UserError(f"--api must be one of {', '.join(TRACE_API_VALUES)} (got {self.api!r})")
         if self.time_scale <= 0:
             raise UserError(f"--time-scale must be > 0 (got {self.time_scale}); use 0.5 to double the rate")
-        if self.workers < 1:
-            raise UserError(f"--workers must be at least 1 (got {self.workers})")
+        if self.workers != "auto" and (not isinstance(self.workers, int) or self.workers < 1):
+            raise UserError(f"--workers must be auto or at least 1 (got {self.workers!r})")
         if self.max_inflight is not None and self.max_inflight < 1:
             raise UserError(f"--max-inflight must be at least 1 (got {self.max_inflight}); omit it for open loop")
         if self.lag_budget_s <= 0:
             raise UserError(f"--lag-budget-ms must be > 0 (got {self.lag_budget_s * 1e3:g})")
+        if self.receive_lag_budget_s <= 0:
+            raise UserError(f"--receive-lag-budget-ms must be > 0 (got {self.receive_lag_budget_s * 1e3:g})")
         if min(self.request_timeout_s, self.read_timeout_s, self.queue_timeout_s or 1.0) <= 0:
             raise UserError("timeouts must be > 0 seconds")
+
+
+def parse_workers(text: str) -> int | Literal["auto"]:
+    """`--workers N|auto` as given on the command line."""
+    text = text.strip().lower()
+    if text == "auto":
+        return "auto"
+    if not text.isdigit() or int(text) < 1:
+        raise UserError(f"--workers must be auto or a whole number of at least 1 (got {text!r})")
+    return int(text)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from types import FrameType
 import aiohttp
 
 from harness.errors import UserError
+from harness.record.options import usable_cores
 from harness.records.fidelity import offered_rate_of
 from harness.records.result_schema import (
     META_ARM,
@@ -28,7 +29,9 @@ from harness.records.result_schema import (
 )
 from harness.records.trace_schema import META_SOURCE
 from harness.replay import finalize as fin
+from harness.replay.auto_workers import size_workers
 from harness.replay.counters import WorkerCounters
+from harness.replay.loop_probe import probe_path
 from harness.replay.options import ReplayOptions, ReplayOutcome
 from harness.replay.payloads import PreparedRequest, prepare_requests
 from harness.replay.progress import progress_display
@@ -78,6 +81,7 @@ def _run_meta(
         META_TRACE_SOURCE: trace.metadata.get(META_SOURCE, ""),
         fin.META_SCHEDULED: str(len(requests)),
         fin.META_LAG_BUDGET_S: repr(options.lag_budget_s),
+        fin.META_RECEIVE_LAG_BUDGET_S: repr(options.receive_lag_budget_s),
         fin.META_RATE_TOLERANCE: repr(options.rate_tolerance),
         fin.META_SEED: str(options.seed),
         fin.META_WORKERS: str(options.workers),
@@ -162,6 +166,7 @@ def _run_workers(
             repeat=repeat,
             options=options,
             segment=segment_path(directory, k),
+            probe=probe_path(directory, k),
             parent_pid=os.getpid(),
         )
         processes.append(
@@ -250,6 +255,7 @@ def run_replay(
     _check_writable(output)
     scaled = trace.slice(time_scale=options.time_scale)  # also re-bases: the first request is due at t0
     requests = asyncio.run(_prepare(scaled, url, options))
+    options = size_workers(options, requests, usable_cores())
     write_meta(directory, _run_meta(trace, url, options, arm, repeat, requests))
     end = _run_workers(requests, url, arm, repeat, options, directory, progress, start_gate)
     outcome = _outcome(output, directory, complete=not (end.interrupted or end.failed), interrupted=end.interrupted)

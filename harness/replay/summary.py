@@ -11,6 +11,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from harness.records.fidelity import Fidelity
 from harness.replay.options import ReplayOutcome
 
 PERCENTILES = (50, 90, 99)
@@ -49,6 +50,22 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.2f} ms"
 
 
+def receive_lag_line(f: Fidelity) -> str:
+    """The busiest worker's event-loop lateness and the highest CPU share, or why they are unknown."""
+    busiest = f.busiest_worker
+    if f.worker_loads is None:
+        return "receive lag: unknown (not measured: the result file predates it); not gated"
+    if busiest is None:
+        return "receive lag: no samples (the workers stopped before their first tick); not gated"
+    shares = [w.cpu_share for w in f.worker_loads or () if w.cpu_share is not None]
+    cpu = f"; CPU share max {max(shares) * 100:.0f} %" if shares else ""
+    return (
+        f"receive lag: p50 {_ms(busiest.receive_lag_p50_s)}, p99 {_ms(busiest.receive_lag_p99_s)}, "
+        f"max {_ms(busiest.receive_lag_max_s)} on the busiest of {len(f.worker_loads or ())} worker(s) "
+        f"(budget {f.receive_lag_budget_s * 1e3:g} ms){cpu}"
+    )
+
+
 def render_summary(outcome: ReplayOutcome, table: pa.Table) -> Group:
     f = outcome.fidelity
     verdict = Text("VALID", style="bold green") if f.valid and outcome.complete else Text("INVALID", style="bold red")
@@ -71,6 +88,7 @@ def render_summary(outcome: ReplayOutcome, table: pa.Table) -> Group:
             + " req/s"
             + ("" if f.rate_error is None else f" ({f.rate_error * 100:+.3f} %)")
         ),
+        Text(receive_lag_line(f)),
         Text(f"output-length mismatches: {f.output_mismatches}"),
     ]
     lines += [Text(f"invalid: {reason}", style="red") for reason in f.reasons]

@@ -24,6 +24,7 @@ import aiohttp
 
 from harness.replay.client import ClientSettings, queue_timeout_row, send
 from harness.replay.counters import DONE, ERRORS, INFLIGHT, LAG, SENT, WorkerCounters
+from harness.replay.loop_probe import LoopProbe
 from harness.replay.options import ReplayOptions
 from harness.replay.payloads import PreparedRequest
 from harness.replay.schedule import wait_until
@@ -45,6 +46,7 @@ class WorkerJob:
     repeat: int
     options: ReplayOptions
     segment: Path
+    probe: Path  # where the worker's loop probe writes its receive lag samples
     parent_pid: int
 
 
@@ -186,6 +188,8 @@ async def _run_shard(
         for task in list(pending):
             task.cancel()
 
+    probe = LoopProbe(job.probe)
+    sampling = asyncio.create_task(probe.run())
     scheduler = asyncio.create_task(schedule())
     guard = asyncio.create_task(watchdog(scheduler))
     with contextlib.suppress(asyncio.CancelledError):
@@ -193,3 +197,7 @@ async def _run_shard(
     while pending:
         await asyncio.wait(list(pending))
     guard.cancel()
+    sampling.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await sampling
+    probe.stop()

@@ -15,6 +15,7 @@ from harness.analysis.inputs import UnusableRunDir
 from harness.analysis.model import Estimator, Outcome
 from harness.records.result_io import read_results, write_results
 from harness.records.run_dir import RunDir
+from harness.records.worker_load import WorkerLoad, loads_to_meta
 from tests.support.synthetic_results import Scenario, write_run_dir
 
 CONFIG = {
@@ -111,6 +112,39 @@ def test_invalid_and_missing_runs_are_excluded_and_named(tmp_path: Path) -> None
     assert "crashed" in excluded[4] and "137" in excluded[4]
     assert excluded[5] == "candidate: invalid (p99 lag 9 ms)"
     assert decision.outcome is Outcome.KEEP
+
+
+def _set_worker_loads(path: Path, p99_s: float) -> None:
+    table, meta = read_results(path)
+    write_results(path, table, meta | loads_to_meta([WorkerLoad(0, 500, p99_s / 3, p99_s, p99_s * 2, 0.6)]))
+
+
+def test_a_client_bound_run_is_rejudged_from_its_file_and_excluded(tmp_path: Path) -> None:
+    run = make_run(tmp_path, itl_factor=0.8, repeats=4, seed=4)
+    for arm in ("baseline", "candidate"):
+        for repeat in range(4):
+            _set_worker_loads(run.result(arm, repeat), 0.001)
+    _set_worker_loads(run.result("baseline", 1), 0.02)  # over the default 5 ms receive-lag budget
+    summary = analyse_run_dir(run.root).summary
+    assert summary.decision.repeats_used == [0, 2, 3]
+    (excluded,) = summary.decision.excluded
+    assert (
+        excluded.repeat == 1
+        and "baseline: invalid replay (client-bound: p99 receive lag 20.00 ms" in excluded.reasons[0]
+    )
+    row = next(r for r in summary.runs if (r.arm, r.repeat) == ("baseline", 1))
+    assert (row.valid, row.receive_lag_p99_ms, row.client_cpu_share) == (False, pytest.approx(20.0), 0.6)
+    assert not any("receive lag not measured" in note for note in summary.notes)
+    toml = run.experiment_toml.read_text().replace("[decision]", "[decision]\nreceive_lag_budget_s = 0.05", 1)
+    run.experiment_toml.write_text(toml)
+    assert analyse_run_dir(run.root).summary.decision.repeats_used == [0, 1, 2, 3]  # the config's budget judges
+
+
+def test_results_without_receive_lag_are_analysed_and_not_gated(improved: RunDir) -> None:
+    summary = analyse_run_dir(improved.root).summary  # synthetic files carry no worker loads, like older runs
+    assert all(r.valid and r.receive_lag_p99_ms is None and r.client_cpu_share is None for r in summary.runs)
+    assert any(f"receive lag not measured in {len(summary.runs)} of {len(summary.runs)}" in n for n in summary.notes)
+    assert summary.decision.outcome is Outcome.KEEP
 
 
 def test_too_few_valid_repeats_is_invalid(tmp_path: Path) -> None:

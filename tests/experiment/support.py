@@ -61,7 +61,7 @@ def config_dict(trace: Path, **top: object) -> dict[str, object]:
             "candidate": {"command": sim_command("replayssm"), "startup_timeout_s": 60, "stop_grace_s": 5},
         },
         "slo": {"ttft_s": 2.0, "tpot_s": 0.1},
-        "decision": {"lag_budget_s": 0.25, "rate_tolerance": 0.5, "min_repeats": 2},
+        "decision": {"lag_budget_s": 0.25, "receive_lag_budget_s": 0.25, "rate_tolerance": 0.5, "min_repeats": 2},
     }
     return document | top
 

@@ -13,6 +13,7 @@ import pytest
 
 from harness.records.result_io import read_results
 from harness.records.result_schema import META_COMPLETE
+from harness.records.worker_load import loads_from_meta
 from tests.replay.support import CLI, cli, make_trace, replay
 from tests.support.openai_server import REPO_ROOT, stop_process_group, upstream
 
@@ -85,6 +86,8 @@ def test_interrupted_replay_keeps_finished_rows(ok_url: str, tmp_path: Path, sig
     assert 3 <= table.num_rows < 200
     assert all(r["error"] is None and r["output_tokens"] == 4 for r in table.to_pylist())
     assert not (tmp_path / "r.parquet.partial").exists()
+    (load,) = loads_from_meta(meta) or ()  # the worker's receive lag up to the interruption
+    assert load.samples > 0 and load.receive_lag_p99_s is not None
 
 
 def test_killed_replay_is_recovered(ok_url: str, tmp_path: Path) -> None:
@@ -105,3 +108,5 @@ def test_killed_replay_is_recovered(ok_url: str, tmp_path: Path) -> None:
     table, meta = read_results(out)
     assert meta[META_COMPLETE] == "false" and 3 <= table.num_rows < 200
     assert all(r["error"] is None for r in table.to_pylist())
+    (load,) = loads_from_meta(meta) or ()  # all but the last 50 ms of the killed worker's probe samples
+    assert load.samples > 0

@@ -162,6 +162,11 @@ def test_report_command_rewrites_outputs_without_servers(kept: RunDir) -> None:
     assert result.returncode == 0, result.stderr
     assert "KEEP" in result.stderr
     assert all(getattr(kept, name).exists() for name in OUTPUTS)
+    # its result files predate receive-lag measurement: shown as unknown, said so, and not gated
+    html = kept.index_html.read_text()
+    assert "receive lag p99 (ms)" in html and "receive lag not measured in 6 of 6 result file(s)" in html
+    runs = json.loads(kept.summary_json.read_text())["runs"]
+    assert all(r["valid"] and r["receive_lag_p99_ms"] is None for r in runs)
 
 
 def test_report_without_experiment_config_still_renders(tmp_path: Path) -> None:

@@ -24,13 +24,16 @@ Endpoints
 
 Options: --mode {ok,stall,drop,429,500,slow-first}, --fault-after K (tokens sent before stall/drop,
 default 2), --fault-every N (fault only requests whose arrival number is a multiple of N, default 1 = all),
---token-delay S (between tokens), --first-token-delay S (before the first token; mode slow-first uses it),
+--token-delay S (between tokens, on a fixed grid: token i is due i × S after the first, so wake-up errors
+never add up), --first-token-delay S (before the first token; mode slow-first uses it),
 --natural-len N, --log FILE (JSONL, one line per generation request: `seq`, `path`, `recv_mono_ns`
 (time.monotonic_ns at handler entry; CLOCK_MONOTONIC is system-wide on Linux, so it is directly
 comparable with a client's time.monotonic on the same host), `recv_real_ns` (time.time_ns), `body` (the raw
 request body, decoded as UTF-8)), --procs N (N processes accept on one socket, for load benchmarks; fault
 counting (--fault-every, `seq`) is then per process), --no-tokenize (no /tokenize route: a server like
-most non-vLLM ones).
+most non-vLLM ones), --burst (mode ok, streaming, no delays: the whole SSE answer in one write, rendered once
+per length and kept, so the server spends almost nothing per token and any client reading it is the
+bottleneck; for saturating a replay worker).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -70,6 +74,7 @@ class Behaviour:
     token_delay: float = 0.0
     first_token_delay: float = 0.0
     natural_len: int = 8
+    burst: bool = False
     chunk_tokens: tuple[int, ...] = (1,)  # tokens per streamed chunk, cycled (a chunk of k waits k token delays)
     empty_every: int = 0  # every Nth chunk carries its tokens with empty text (0 = never)
 
@@ -152,6 +157,9 @@ class Upstream:
             "total_tokens": len(prompt_words(body)) + n_out,
         }
         first_delay = self.behaviour.first_token_delay if mode in ("slow-first", "ok") else 0.0
+        if body.get("stream") and self.behaviour.burst:
+            with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return await self._burst(request, chat, n_out, finish, usage, with_usage)
         if body.get("stream"):
             return await self._stream(request, body, chat, n_out, finish, usage, mode, first_delay)
         return await self._whole(request, body, chat, n_out, finish, usage, mode, first_delay)
@@ -254,6 +262,17 @@ class Upstream:
         await response.write_eof()
         return response
 
+    async def _burst(
+        self, request: web.Request, chat: bool, n_out: int, finish: str, usage: dict[str, int], with_usage: bool
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        await response.write(burst_body(chat, n_out, finish))
+        tail = b"data: " + json.dumps({"id": "cmpl-test", "choices": [], "usage": usage}).encode() + b"\n\n"
+        await response.write((tail if with_usage else b"") + b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
         words = prompt_words(body)
@@ -272,6 +291,19 @@ class Upstream:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+
+@functools.cache
+def burst_body(chat: bool, n_out: int, finish: str) -> bytes:
+    """Every token chunk of an answer of `n_out` tokens as one byte string (SSE events, one token each)."""
+    head = {"id": "cmpl-test", "object": "chat.completion.chunk" if chat else "text_completion", "model": MODEL_NAME}
+    events = []
+    for i in range(n_out):
+        piece = {"content": f" t{i}"}
+        choice = {"index": 0, "delta": piece} if chat else {"index": 0, "text": piece["content"], "logprobs": None}
+        choice["finish_reason"] = finish if i == n_out - 1 else None
+        events.append(b"data: " + json.dumps(head | {"choices": [choice]}).encode() + b"\n\n")
+    return b"".join(events)
 
 
 def build_app(upstream_: Upstream, tokenize: bool = True) -> web.Application:
@@ -295,6 +327,7 @@ async def serve(args: argparse.Namespace, sock: socket.socket, primary: bool) ->
         natural_len=args.natural_len,
         chunk_tokens=tuple(int(k) for k in args.chunk_tokens.split(",")),
         empty_every=args.empty_every,
+        burst=args.burst,
     )
     log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if args.log else None
     app = build_app(Upstream(behaviour, log), tokenize=not args.no_tokenize)
@@ -346,6 +379,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log")
     parser.add_argument("--procs", type=int, default=1)
     parser.add_argument("--no-tokenize", action="store_true")
+    parser.add_argument("--burst", action="store_true")
     parser.add_argument("--chunk-tokens", default="1", help="tokens per chunk, cycled, e.g. 1,3,2,4")
     parser.add_argument("--empty-every", type=int, default=0, help="every Nth chunk has empty text")
     return parser.parse_args(argv)
@@ -363,6 +397,7 @@ def upstream(
     natural_len: int = 8,
     procs: int = 1,
     tokenize: bool = True,
+    burst: bool = False,
     chunk_tokens: tuple[int, ...] = (1,),
     empty_every: int = 0,
     start_timeout_s: float = 30.0,
@@ -397,6 +432,8 @@ def upstream(
             "--empty-every",
             str(empty_every),
         ] + ([] if tokenize else ["--no-tokenize"])
+        if burst:
+            cmd.append("--burst")
         if log is not None:
             cmd += ["--log", str(log)]
         env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
