@@ -84,6 +84,35 @@ def layer_check(vllm_python, tmp_path_factory) -> dict:
     )
 
 
+@pytest.fixture(scope="module")
+def llm_args(vllm_python, tmp_path_factory) -> dict:
+    return _run_check(vllm_python, tmp_path_factory.mktemp("vllm_llm"), "vllm_llm_args_check.py", ["nemotron_h_8b"])
+
+
+@pytest.mark.parametrize("variant", ["baseline", "replayssm_fp32", "replayssm_split"])
+def test_engine_step_llm_arguments_build_vllm_024_configs(llm_args, variant):
+    """engine_step's LLM(...) keywords, through vLLM's own constructor: O0 is -O0 with full decode graphs, default
+    is vLLM's level 2; both with the fixed engine settings and the variant's knob as the plugin reads it."""
+    o0, default = llm_args["cases"][f"{variant}/O0"], llm_args["cases"][f"{variant}/default"]
+    assert (o0["optimization_level"], o0["cudagraph_mode"]) == (0, "FULL_DECODE_ONLY")
+    assert (default["optimization_level"], default["cudagraph_mode"]) == (2, "None")  # None: vLLM picks per level
+    for case in (o0, default):
+        assert (case["load_format"], case["mamba_ssm_cache_dtype"], case["gpu_memory_utilization"]) == (
+            "dummy", "float32", 0.45)  # fmt: skip
+        assert (case["max_num_seqs"], case["max_model_len"]) == (256, 4096)
+        assert case["config_prefix_caching"] is False and case["disable_log_stats"] is False
+        assert case["replayssm"]["enable"] == (variant != "baseline")
+        assert case["replayssm"]["split_precision"] == (variant == "replayssm_split")
+
+
+def test_step_profile_arguments_and_generate_api_exist_in_vllm_024(llm_args):
+    assert llm_args["profiled"]["profiler"] == "torch" and llm_args["profiled"]["profiler_with_stack"] is False
+    assert llm_args["sampling"] == {"max_tokens": 272, "min_tokens": 272, "ignore_eos": True, "temperature": 0.0,
+                                    "detokenize": False}  # fmt: skip
+    assert llm_args["prompt"] == [11, 12]
+    assert llm_args["llm_methods"] == ["apply_model", "generate", "get_metrics", "start_profile", "stop_profile"]
+
+
 def test_entry_point_is_declared_and_loads(checks):
     assert checks["entry_point"] == "replayssm_patch:register"
     assert checks["disabled"]["model_class"] == "ReplayNemotronHForCausalLM"  # registered by load_general_plugins

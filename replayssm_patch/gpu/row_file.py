@@ -1,0 +1,61 @@
+"""A JSON results file of rows keyed by (variant, mode, batch), filled by several runs, sessions and machines.
+
+    {"what": "...", "command": "<latest>", "commands": [...], "machine": {...latest...}, "rows": [...]}
+
+A new row replaces the row of the same key; rows stay ordered by variant (VARIANTS), mode (MODES), batch.
+The file is rewritten atomically after every row, so a crash keeps what was measured.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.atomic import atomic_path
+from replayssm_patch.gpu.variants import MODES, VARIANTS
+
+ROW_KEY = ("variant", "mode", "batch")
+
+
+class RowFileError(ValueError):
+    """The file named is not such a results file; the message names the fix."""
+
+
+def _row_order(row: dict[str, Any]) -> tuple[int, int, int]:
+    def rank(values: list[str], value: str) -> int:
+        return values.index(value) if value in values else len(values)
+
+    return rank(list(VARIANTS), row["variant"]), rank(list(MODES), row["mode"]), int(row["batch"])
+
+
+def merge_rows(rows: Sequence[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, Any]]:
+    """`rows` with `new` in place of any row of the same (variant, mode, batch), ordered variant, mode, batch."""
+    key = tuple(new[k] for k in ROW_KEY)
+    kept = [r for r in rows if tuple(r[k] for k in ROW_KEY) != key]
+    return sorted([*kept, new], key=_row_order)
+
+
+def read_row_file(path: Path, what: str) -> dict[str, Any]:
+    """The file to merge into; a fresh payload saying `what` when it does not exist yet."""
+    if not path.exists():
+        return {"what": what, "rows": []}
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RowFileError(f"{path}: not readable JSON ({exc}); give another --out or move the file away") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("rows"), list):
+        raise RowFileError(f"{path}: not a results file of rows (no 'rows' list); give another --out")
+    return payload
+
+
+def record_row(path: Path, row: dict[str, Any], what: str, command: str, machine: dict[str, Any]) -> dict[str, Any]:
+    """Merge `row` into the file at `path`, stamped with the command and machine; returns what was written."""
+    payload = read_row_file(path, what)
+    commands = [c for c in payload.get("commands", []) if c != command] + [command]
+    payload |= {"command": command, "commands": commands, "machine": machine}
+    payload["rows"] = merge_rows(payload["rows"], row)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(payload, indent=1) + "\n")
+    return payload
