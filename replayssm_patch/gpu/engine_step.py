@@ -9,8 +9,11 @@ token ids generated with exactly 16 and exactly 272 output tokens (ignore_eos, m
 no detokenisation); step = (t272 - t16) / 256, so prefill and start-up cancel and flush steps are included.
 Each batch gets one warm-up generate, then 3 repeats whose order alternates (16, 272 / 272, 16 / ...);
 the row holds the mean step and the spread (max - min) of the repeats, whether every output had its exact
-length, and vLLM's preemption count over the repeats (must be 0: the whole batch ran at once). Every generate
-has fresh prompts and prefix caching is off, so no call reuses another's prefill.
+length, and vLLM's preemption count over the repeats (must be 0: the whole batch ran at once). It also holds
+engine_tpot_ms: the mean per-request TPOT of the 272-token generates from vLLM's engine-core timestamps, which,
+unlike the step, includes the steps that early requests decode beside later ones' chunked prefill (the
+figure a client's TPOT of the same load compares with). Every generate has fresh prompts and prefix caching
+is off, so no call reuses another's prefill.
 
 One variant (replayssm_patch/gpu/variants.py) and one compile mode per run: O0 is `-O0` with cudagraph_mode
 FULL_DECODE_ONLY (the calibration's), default is vLLM's own (torch.compile, FULL_AND_PIECEWISE). Rows merge
@@ -46,8 +49,9 @@ WHAT = (
     f"Engine-side decode step (vLLM LLM.generate, no HTTP): B prompts of {PROMPT_TOKENS} random token ids with "
     f"exactly {SHORT_TOKENS} and exactly {LONG_TOKENS} output tokens (ignore_eos, min_tokens = max_tokens, greedy); "
     f"per repeat step = (t{LONG_TOKENS} - t{SHORT_TOKENS}) / {LONG_TOKENS - SHORT_TOKENS}, so prefill cancels and "
-    "flush steps are included; step_ms = mean of the repeats, spread_ms = their max - min. "
-    "Written by replayssm_patch/gpu/engine_step.py."
+    "flush steps are included; step_ms = mean of the repeats, spread_ms = their max - min. engine_tpot_ms = mean "
+    f"per-request TPOT of the {LONG_TOKENS}-token generates from vLLM's engine-core timestamps (includes decode "
+    "steps beside other requests' prefill). Written by replayssm_patch/gpu/engine_step.py."
 )
 
 
@@ -132,7 +136,8 @@ def row_line(row: dict[str, Any]) -> str:
     return (
         f"{row['variant']} {row['mode']} B={row['batch']}: step {row['step_ms']:.3f} ms (spread "
         f"{row['spread_ms']:.3f}), t{SHORT_TOKENS} {row[f't{SHORT_TOKENS}_s']:.2f} s, t{LONG_TOKENS} "
-        f"{row[f't{LONG_TOKENS}_s']:.2f} s, exact lengths {row.get('exact')}, preemptions {row.get('preemptions')}"
+        f"{row[f't{LONG_TOKENS}_s']:.2f} s, engine TPOT {row.get('engine_tpot_ms')} ms, exact lengths "
+        f"{row.get('exact')}, preemptions {row.get('preemptions')}"
     )
 
 
@@ -239,8 +244,15 @@ def preemptions(llm: Any) -> int | None:
         return None
 
 
-def timed_generate(llm: Any, prompts: list[list[int]], tokens: int) -> tuple[float, bool]:
-    """Seconds of one `generate` and whether every output has exactly `tokens` tokens."""
+def engine_tpot_s(stats: Any) -> float | None:
+    """One request's TPOT from vLLM's engine-core timestamps (RequestOutput.metrics with stats on), else None."""
+    tokens = getattr(stats, "num_generation_tokens", 0)
+    first, last = getattr(stats, "first_token_ts", 0.0), getattr(stats, "last_token_ts", 0.0)
+    return (last - first) / (tokens - 1) if tokens > 1 and last > first > 0 else None
+
+
+def timed_generate(llm: Any, prompts: list[list[int]], tokens: int) -> tuple[float, bool, list[float]]:
+    """Seconds of one `generate`, whether every output has exactly `tokens` tokens, and the engine's TPOTs."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -249,25 +261,30 @@ def timed_generate(llm: Any, prompts: list[list[int]], tokens: int) -> tuple[flo
     began = time.perf_counter()
     outputs = llm.generate(inputs, params, use_tqdm=False)
     elapsed = time.perf_counter() - began
-    return elapsed, all(len(o.outputs[0].token_ids) == tokens for o in outputs)
+    tpots = [t for t in (engine_tpot_s(o.metrics) for o in outputs) if t is not None]
+    return elapsed, all(len(o.outputs[0].token_ids) == tokens for o in outputs), tpots
 
 
 def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: int) -> dict[str, Any]:
     rng = np.random.default_rng([args.seed, batch])
     timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), SHORT_TOKENS)  # warm-up
     before = preemptions(llm)
-    repeats, exact = [], True
+    repeats, exact, tpots = [], True, []
     for r in range(args.repeats):
         times = {}
         for tokens in repeat_order(r):
-            times[tokens], ok = timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), tokens)
+            prompts = prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size)
+            times[tokens], ok, request_tpots = timed_generate(llm, prompts, tokens)
             exact &= ok
+            tpots += request_tpots if tokens == LONG_TOKENS else []
         short, long = times[SHORT_TOKENS], times[LONG_TOKENS]
         repeats.append(Repeat(short, long, step_ms(short, long)))
         print(f"  B={batch} repeat {r}: step {repeats[-1].step_ms:.3f} ms", flush=True)
     after = preemptions(llm)
     lost = after - before if before is not None and after is not None else None
-    return make_row(args, batch, repeats, exact=exact, preemptions=lost)
+    engine_tpot = round(statistics.fmean(tpots) * 1e3, 3) if tpots else None
+    return make_row(args, batch, repeats, exact=exact, preemptions=lost, engine_tpot_ms=engine_tpot,
+                    engine_tpot_tokens=LONG_TOKENS)  # fmt: skip
 
 
 def start_engine(args: argparse.Namespace, **extra: Any) -> tuple[Any, dict[str, Any]] | None:

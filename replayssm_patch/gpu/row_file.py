@@ -1,9 +1,9 @@
-"""A JSON results file of rows keyed by (variant, mode, batch), filled by several runs, sessions and machines.
+"""A JSON results file of rows keyed by (variant, mode, batch, ...), filled by several runs, sessions and machines.
 
     {"what": "...", "command": "<latest>", "commands": [...], "machine": {...latest...}, "rows": [...]}
 
-A new row replaces the row of the same key; rows stay ordered by variant (VARIANTS), mode (MODES), batch.
-The file is rewritten atomically after every row, so a crash keeps what was measured.
+A new row replaces the row of the same key; rows stay ordered by variant (VARIANTS), mode (MODES), batch and
+then any further key field. The file is rewritten atomically after every row, so a crash keeps what was measured.
 """
 
 from __future__ import annotations
@@ -23,18 +23,19 @@ class RowFileError(ValueError):
     """The file named is not such a results file; the message names the fix."""
 
 
-def _row_order(row: dict[str, Any]) -> tuple[int, int, int]:
+def _row_order(row: dict[str, Any], key: tuple[str, ...]) -> tuple[Any, ...]:
     def rank(values: list[str], value: str) -> int:
         return values.index(value) if value in values else len(values)
 
-    return rank(list(VARIANTS), row["variant"]), rank(list(MODES), row["mode"]), int(row["batch"])
+    known = (rank(list(VARIANTS), row["variant"]), rank(list(MODES), row["mode"]), int(row["batch"]))
+    return known + tuple(row[k] for k in key[len(ROW_KEY) :])
 
 
-def merge_rows(rows: Sequence[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, Any]]:
-    """`rows` with `new` in place of any row of the same (variant, mode, batch), ordered variant, mode, batch."""
-    key = tuple(new[k] for k in ROW_KEY)
-    kept = [r for r in rows if tuple(r[k] for k in ROW_KEY) != key]
-    return sorted([*kept, new], key=_row_order)
+def merge_rows(rows: Sequence[dict[str, Any]], new: dict[str, Any], key: tuple[str, ...] = ROW_KEY) -> list[dict]:
+    """`rows` with `new` in place of any row of the same `key` values, ordered variant, mode, batch, the rest."""
+    mine = tuple(new[k] for k in key)
+    kept = [r for r in rows if tuple(r.get(k) for k in key) != mine]
+    return sorted([*kept, new], key=lambda r: _row_order(r, key))
 
 
 def read_row_file(path: Path, what: str) -> dict[str, Any]:
@@ -50,12 +51,14 @@ def read_row_file(path: Path, what: str) -> dict[str, Any]:
     return payload
 
 
-def record_row(path: Path, row: dict[str, Any], what: str, command: str, machine: dict[str, Any]) -> dict[str, Any]:
+def record_row(
+    path: Path, row: dict[str, Any], what: str, command: str, machine: dict[str, Any], key: tuple[str, ...] = ROW_KEY
+) -> dict[str, Any]:
     """Merge `row` into the file at `path`, stamped with the command and machine; returns what was written."""
     payload = read_row_file(path, what)
     commands = [c for c in payload.get("commands", []) if c != command] + [command]
     payload |= {"command": command, "commands": commands, "machine": machine}
-    payload["rows"] = merge_rows(payload["rows"], row)
+    payload["rows"] = merge_rows(payload["rows"], row, key)
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(payload, indent=1) + "\n")
     return payload

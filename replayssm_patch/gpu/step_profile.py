@@ -85,7 +85,7 @@ def profile_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: in
     tokens = profiled_tokens(batch, budget, args.steps)
     since = time.time()
     llm.start_profile()
-    seconds, exact = timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), tokens)
+    seconds, exact, _ = timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), tokens)
     llm.stop_profile()
     row: dict[str, Any] = {"variant": args.variant, "mode": args.mode, "batch": batch, "output_tokens": tokens,
                            "generate_s": round(seconds, 2), "exact": exact}  # fmt: skip

@@ -5,6 +5,7 @@ test_vllm_integration.py.
 """
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from replayssm_patch.gpu.engine_step import (
     FIRST_TOKEN_ID,
     WHAT,
     Repeat,
+    engine_tpot_s,
     layers_problem,
     llm_kwargs,
     main,
@@ -168,3 +170,11 @@ def test_a_run_whose_layers_do_not_match_its_variant_is_refused():
     assert "did not load" in layers_problem("replayssm_split", 0)
     assert "inactive" in layers_problem("baseline", 24)
     assert layers_problem("replayssm_fp32", "not checked: RuntimeError: x") is None  # unknown: measured, recorded
+
+
+def test_engine_tpot_comes_from_vllms_engine_core_timestamps():
+    """RequestOutput.metrics with stats on: (last - first token time) / (tokens - 1); absent stats give None."""
+    stats = SimpleNamespace(num_generation_tokens=272, first_token_ts=100.0, last_token_ts=102.71)
+    assert engine_tpot_s(stats) == pytest.approx(0.01)
+    assert engine_tpot_s(None) is None
+    assert engine_tpot_s(SimpleNamespace(num_generation_tokens=1, first_token_ts=1.0, last_token_ts=1.0)) is None
