@@ -8,8 +8,10 @@ Method (the one of ../shared/gpu/calibration/h200-2026-12-01-engine-vs-http.json
 token ids generated with exactly 16 and exactly 272 output tokens (ignore_eos, min_tokens = max_tokens, greedy,
 no detokenisation); step = (t272 - t16) / 256, so prefill and start-up cancel and flush steps are included.
 Each batch gets one warm-up generate, then 3 repeats whose order alternates (16, 272 / 272, 16 / ...);
-the row holds the mean step and the spread (max - min) of the repeats, whether every output had its exact
-length, and vLLM's preemption count over the repeats (must be 0: the whole batch ran at once). It also holds
+the row holds the mean step and the spread (max - min) of the repeats and its validity: every output of the
+exact length, no preemption, and the whole batch running at once in every 272-token generate (engine
+timestamps: some moment with every first token out and no last one; a KV cache too small for B runs waves).
+It also holds
 engine_tpot_ms: the mean per-request TPOT of the 272-token generates from vLLM's engine-core timestamps, which,
 unlike the step, includes the steps that early requests decode beside later ones' chunked prefill (the
 figure a client's TPOT of the same load compares with). Every generate has fresh prompts and prefix caching
@@ -136,8 +138,8 @@ def row_line(row: dict[str, Any]) -> str:
     return (
         f"{row['variant']} {row['mode']} B={row['batch']}: step {row['step_ms']:.3f} ms (spread "
         f"{row['spread_ms']:.3f}), t{SHORT_TOKENS} {row[f't{SHORT_TOKENS}_s']:.2f} s, t{LONG_TOKENS} "
-        f"{row[f't{LONG_TOKENS}_s']:.2f} s, engine TPOT {row.get('engine_tpot_ms')} ms, exact lengths "
-        f"{row.get('exact')}, preemptions {row.get('preemptions')}"
+        f"{row[f't{LONG_TOKENS}_s']:.2f} s, engine TPOT {row.get('engine_tpot_ms')} ms"
+        + ("" if row.get("valid", True) else " INVALID: " + "; ".join(row.get("problems", [])))
     )
 
 
@@ -198,6 +200,59 @@ def command_line(module: str, argv: list[str] | None) -> str:
     return f"python3 -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
+@dataclass(frozen=True)
+class Generated:
+    """One timed generate."""
+
+    seconds: float
+    exact: bool  # every output has exactly the tokens asked for
+    tpots_s: list[float]  # per request, from the engine's timestamps
+    together: bool | None  # the whole batch was running at one moment (None: no engine stats)
+
+
+def engine_tpot_s(stats: Any) -> float | None:
+    """One request's TPOT from vLLM's engine-core timestamps (RequestOutput.metrics with stats on), else None."""
+    tokens = getattr(stats, "num_generation_tokens", 0)
+    first, last = getattr(stats, "first_token_ts", 0.0), getattr(stats, "last_token_ts", 0.0)
+    return (last - first) / (tokens - 1) if tokens > 1 and last > first > 0 else None
+
+
+def batch_ran_together(stats: Sequence[Any]) -> bool | None:
+    """Whether at some moment every request had its first token and none had its last: a batch larger than the
+    KV cache holds runs in waves instead (False), and its step is not the step at that batch."""
+    firsts = [getattr(s, "first_token_ts", 0.0) for s in stats]
+    lasts = [getattr(s, "last_token_ts", 0.0) for s in stats]
+    if not stats or min(firsts) <= 0:
+        return None
+    return max(firsts) < min(lasts)
+
+
+def run_checks(runs: Sequence[tuple[int, Generated]], preempted: int | None) -> dict[str, Any]:
+    """The row's validity facts over a batch's timed generates; `problems` is empty for a valid row."""
+    long = [g for tokens, g in runs if tokens == LONG_TOKENS]
+    problems = []
+    if not all(g.exact for _, g in runs):
+        problems.append("some outputs were not of the exact length asked")
+    if preempted is None:
+        problems.append("vLLM's preemption counter was unreadable")
+    elif preempted:
+        problems.append(f"{preempted} preemptions: raise --gpu-memory-utilization")
+    together = [g.together for g in long]
+    if None in together:
+        problems.append("no engine timestamps: cannot tell whether the batch ran at once")
+    elif not all(together):
+        problems.append("the batch did not run at once (KV cache too small?): raise --gpu-memory-utilization")
+    tpots = [t for g in long for t in g.tpots_s]
+    return {
+        "engine_tpot_ms": round(statistics.fmean(tpots) * 1e3, 3) if tpots else None,
+        "engine_tpot_tokens": LONG_TOKENS,
+        "exact": all(g.exact for _, g in runs),
+        "preemptions": preempted,
+        "valid": not problems,
+        "problems": problems,
+    }
+
+
 # ---- on the GPU host: everything below imports vLLM or torch --------------------------------------------------
 
 
@@ -244,15 +299,8 @@ def preemptions(llm: Any) -> int | None:
         return None
 
 
-def engine_tpot_s(stats: Any) -> float | None:
-    """One request's TPOT from vLLM's engine-core timestamps (RequestOutput.metrics with stats on), else None."""
-    tokens = getattr(stats, "num_generation_tokens", 0)
-    first, last = getattr(stats, "first_token_ts", 0.0), getattr(stats, "last_token_ts", 0.0)
-    return (last - first) / (tokens - 1) if tokens > 1 and last > first > 0 else None
-
-
-def timed_generate(llm: Any, prompts: list[list[int]], tokens: int) -> tuple[float, bool, list[float]]:
-    """Seconds of one `generate`, whether every output has exactly `tokens` tokens, and the engine's TPOTs."""
+def timed_generate(llm: Any, prompts: list[list[int]], tokens: int) -> Generated:
+    """One timed `generate` of `tokens` tokens per prompt, with what vLLM's engine stats say about it."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -261,30 +309,32 @@ def timed_generate(llm: Any, prompts: list[list[int]], tokens: int) -> tuple[flo
     began = time.perf_counter()
     outputs = llm.generate(inputs, params, use_tqdm=False)
     elapsed = time.perf_counter() - began
-    tpots = [t for t in (engine_tpot_s(o.metrics) for o in outputs) if t is not None]
-    return elapsed, all(len(o.outputs[0].token_ids) == tokens for o in outputs), tpots
+    stats = [o.metrics for o in outputs]
+    return Generated(
+        seconds=elapsed,
+        exact=all(len(o.outputs[0].token_ids) == tokens for o in outputs),
+        tpots_s=[t for t in map(engine_tpot_s, stats) if t is not None],
+        together=batch_ran_together(stats),
+    )
 
 
 def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: int) -> dict[str, Any]:
     rng = np.random.default_rng([args.seed, batch])
     timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), SHORT_TOKENS)  # warm-up
     before = preemptions(llm)
-    repeats, exact, tpots = [], True, []
+    repeats, runs = [], []
     for r in range(args.repeats):
         times = {}
         for tokens in repeat_order(r):
-            prompts = prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size)
-            times[tokens], ok, request_tpots = timed_generate(llm, prompts, tokens)
-            exact &= ok
-            tpots += request_tpots if tokens == LONG_TOKENS else []
+            run = timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), tokens)
+            times[tokens] = run.seconds
+            runs.append((tokens, run))
         short, long = times[SHORT_TOKENS], times[LONG_TOKENS]
         repeats.append(Repeat(short, long, step_ms(short, long)))
         print(f"  B={batch} repeat {r}: step {repeats[-1].step_ms:.3f} ms", flush=True)
     after = preemptions(llm)
     lost = after - before if before is not None and after is not None else None
-    engine_tpot = round(statistics.fmean(tpots) * 1e3, 3) if tpots else None
-    return make_row(args, batch, repeats, exact=exact, preemptions=lost, engine_tpot_ms=engine_tpot,
-                    engine_tpot_tokens=LONG_TOKENS)  # fmt: skip
+    return make_row(args, batch, repeats, **run_checks(runs, lost))
 
 
 def start_engine(args: argparse.Namespace, **extra: Any) -> tuple[Any, dict[str, Any]] | None:

@@ -85,10 +85,11 @@ def profile_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: in
     tokens = profiled_tokens(batch, budget, args.steps)
     since = time.time()
     llm.start_profile()
-    seconds, exact, _ = timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), tokens)
+    run = timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), tokens)
     llm.stop_profile()
     row: dict[str, Any] = {"variant": args.variant, "mode": args.mode, "batch": batch, "output_tokens": tokens,
-                           "generate_s": round(seconds, 2), "exact": exact}  # fmt: skip
+                           "generate_s": round(run.seconds, 2), "exact": run.exact,
+                           "ran_together": run.together}  # fmt: skip
     trace = newest_trace(trace_dir, since)
     if trace is None:
         return row | {"error": f"no {TRACE_GLOB} written to {trace_dir}"}

@@ -13,7 +13,9 @@ import pytest
 from replayssm_patch.gpu.engine_step import (
     FIRST_TOKEN_ID,
     WHAT,
+    Generated,
     Repeat,
+    batch_ran_together,
     engine_tpot_s,
     layers_problem,
     llm_kwargs,
@@ -23,6 +25,7 @@ from replayssm_patch.gpu.engine_step import (
     prompt_token_ids,
     repeat_order,
     row_line,
+    run_checks,
     sampling_kwargs,
     step_ms,
 )
@@ -110,7 +113,9 @@ def test_row_has_mean_step_spread_and_every_repeat(tmp_path):
     assert row["spread_ms"] == pytest.approx(10.547 - 9.375, abs=1e-3)
     assert (row["t16_s"], row["t272_s"]) == (2.0, pytest.approx(4.553, abs=1e-3))
     assert len(row["repeats"]) == 3 and row["repeats"][1] == {"t_short_s": 2.1, "t_long_s": 4.5, "step_ms": 9.375}
-    assert "step 9.974 ms" in row_line(row) and "preemptions 0" in row_line(row)
+    assert "step 9.974 ms" in row_line(row) and "INVALID" not in row_line(row)
+    row |= {"valid": False, "problems": ["3 preemptions: raise --gpu-memory-utilization"]}
+    assert row_line(row).endswith("INVALID: 3 preemptions: raise --gpu-memory-utilization")
 
 
 def _row(variant, mode, batch, step):
@@ -178,3 +183,24 @@ def test_engine_tpot_comes_from_vllms_engine_core_timestamps():
     assert engine_tpot_s(stats) == pytest.approx(0.01)
     assert engine_tpot_s(None) is None
     assert engine_tpot_s(SimpleNamespace(num_generation_tokens=1, first_token_ts=1.0, last_token_ts=1.0)) is None
+
+
+def _stats(first, last, tokens=272):
+    return SimpleNamespace(num_generation_tokens=tokens, first_token_ts=first, last_token_ts=last)
+
+
+def test_a_batch_ran_together_when_every_first_token_precedes_every_last():
+    assert batch_ran_together([_stats(1.0, 5.0), _stats(2.0, 6.0)]) is True
+    assert batch_ran_together([_stats(1.0, 3.0), _stats(3.5, 6.0)]) is False  # a second wave: it waited for room
+    assert batch_ran_together([None, None]) is None
+
+
+def test_row_checks_name_every_reason_a_step_would_be_wrong():
+    good = Generated(5.0, True, [0.02, 0.03], True)
+    runs = [(16, Generated(2.0, True, [], False)), (272, good)]  # a short run never has everyone at once: fine
+    ok = run_checks(runs, preempted=0)
+    assert ok["valid"] and ok["problems"] == [] and ok["engine_tpot_ms"] == pytest.approx(25.0)
+    bad = run_checks([(16, Generated(2.0, False, [], None)), (272, Generated(5.0, True, [], False))], preempted=2)
+    assert not bad["valid"] and bad["engine_tpot_ms"] is None
+    assert [p.split(" ")[0] for p in bad["problems"]] == ["some", "2", "the"]
+    assert "unreadable" in run_checks([(272, good)], preempted=None)["problems"][0]
