@@ -188,11 +188,14 @@ def case_row(variant: str, mode: str, streams: int, workers: int, pace: ClientPa
 
 
 def case_line(row: dict[str, Any]) -> str:
+    def times(value: float | None) -> str:
+        return "-" if value is None else f"{value}x"
+
     return (
         f"{row['variant']} {row['mode']} streams {row['batch']} workers {row['workers']}: window "
-        f"{row['window_step_ms']} ms vs engine step {row['engine_step_ms']} ms ({row['window_vs_engine']}x); TPOT "
-        f"mean {row['tpot_mean_ms']} ms (p50 {row['tpot_p50_ms']}) vs engine TPOT {row['engine_tpot_ms']} ms "
-        f"({row['tpot_vs_engine_tpot']}x); exact {row['exact']}/{row['requests']}, errors {row['errors']}, "
+        f"{row['window_step_ms']} ms vs engine step {row['engine_step_ms']} ms ({times(row['window_vs_engine'])}); "
+        f"TPOT mean {row['tpot_mean_ms']} ms (p50 {row['tpot_p50_ms']}) vs engine TPOT {row['engine_tpot_ms']} ms "
+        f"({times(row['tpot_vs_engine_tpot'])}); exact {row['exact']}/{row['requests']}, errors {row['errors']}, "
         f"send lag p99 {row['lag_p99_ms']} ms"
     )
 

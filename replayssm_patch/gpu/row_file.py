@@ -3,11 +3,13 @@
     {"what": "...", "command": "<latest>", "commands": [...], "machine": {...latest...}, "rows": [...]}
 
 A new row replaces the row of the same key; rows stay ordered by variant (VARIANTS), mode (MODES), batch and
-then any further key field. The file is rewritten atomically after every row, so a crash keeps what was measured.
+then any further key field. The file is rewritten atomically after every row, so a crash keeps what was measured,
+under a lock, so processes on several GPUs can merge into the same file.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,10 +57,13 @@ def record_row(
     path: Path, row: dict[str, Any], what: str, command: str, machine: dict[str, Any], key: tuple[str, ...] = ROW_KEY
 ) -> dict[str, Any]:
     """Merge `row` into the file at `path`, stamped with the command and machine; returns what was written."""
-    payload = read_row_file(path, what)
-    commands = [c for c in payload.get("commands", []) if c != command] + [command]
-    payload |= {"command": command, "commands": commands, "machine": machine}
-    payload["rows"] = merge_rows(payload["rows"], row, key)
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(payload, indent=1) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # engines on several GPUs merge into one file: one at a time
+        payload = read_row_file(path, what)
+        commands = [c for c in payload.get("commands", []) if c != command] + [command]
+        payload |= {"command": command, "commands": commands, "machine": machine}
+        payload["rows"] = merge_rows(payload["rows"], row, key)
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(payload, indent=1) + "\n")
     return payload

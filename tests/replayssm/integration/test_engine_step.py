@@ -5,6 +5,7 @@ test_vllm_integration.py.
 """
 
 import json
+import multiprocessing
 from types import SimpleNamespace
 
 import numpy as np
@@ -204,3 +205,22 @@ def test_row_checks_name_every_reason_a_step_would_be_wrong():
     assert not bad["valid"] and bad["engine_tpot_ms"] is None
     assert [p.split(" ")[0] for p in bad["problems"]] == ["some", "2", "the"]
     assert "unreadable" in run_checks([(272, good)], preempted=None)["problems"][0]
+
+
+def _record_many(path, variant, count):
+    for batch in range(1, count + 1):
+        record_row(path, _row(variant, "O0", batch, float(batch)), WHAT, f"cmd {variant}", {})
+
+
+def test_engines_on_several_gpus_merge_into_one_file_without_losing_rows(tmp_path):
+    """paired.sh `steps` runs one engine per GPU, all writing engine_step-h200.json."""
+    out = tmp_path / "engine_step-h200.json"
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_record_many, args=(out, v, 15)) for v in VARIANTS]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert [w.exitcode for w in workers] == [0] * len(VARIANTS)
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 15 * len(VARIANTS) and [r["variant"] for r in rows[::15]] == list(VARIANTS)
