@@ -77,20 +77,13 @@ stop() {
   kill -TERM -- "-$pid" 2>/dev/null; sleep 4; kill -KILL -- "-$pid" 2>/dev/null; rm -f "$STATE/$1.pid"; echo "stopped $1"
 }
 
-engine() {  # ENGINE_UTIL: the engine's share of GPU memory (0.45 leaves room for a server beside it)
-  local variant=$1 gpu=$2 batches=${3:-64,256}
-  CUDA_VISIBLE_DEVICES=$gpu timeout "${ENGINE_TIMEOUT_S:-540}" python3 -m replayssm_patch.gpu.engine_step \
+on_gpu() {  # MODULE VARIANT GPU BATCHES OUT SHOWN: one engine-side script (ENGINE_UTIL: its GPU memory share,
+            # 0.45 leaves room for a server beside it); prints its exit code and the log lines matching SHOWN
+  local module=$1 variant=$2 gpu=$3 batches=$4 out=$5 shown=$6 log=$STATE/$1-$2-$MODE.log
+  CUDA_VISIBLE_DEVICES=$gpu timeout "${ENGINE_TIMEOUT_S:-540}" python3 -m "replayssm_patch.gpu.$module" \
     --model "$MODEL" --variant "$variant" --mode "$MODE" --batches "$batches" \
-    --gpu-memory-utilization "${ENGINE_UTIL:-0.45}" --out "$STEPS" > "$STATE/engine-$variant-$MODE.log" 2>&1
-  echo "engine $variant $MODE exit $?"; grep -E "step .* ms \(spread|^error" "$STATE/engine-$variant-$MODE.log"
-}
-
-profile() {
-  local variant=$1 gpu=$2 batches=${3:-64,256}
-  CUDA_VISIBLE_DEVICES=$gpu timeout "${ENGINE_TIMEOUT_S:-540}" python3 -m replayssm_patch.gpu.step_profile \
-    --model "$MODEL" --variant "$variant" --mode "$MODE" --batches "$batches" \
-    --gpu-memory-utilization "${ENGINE_UTIL:-0.45}" --out "$RES/profile" > "$STATE/profile-$variant-$MODE.log" 2>&1
-  echo "profile $variant $MODE exit $?"; grep -E "B=[0-9]+: |^error" "$STATE/profile-$variant-$MODE.log"
+    --gpu-memory-utilization "${ENGINE_UTIL:-0.45}" --out "$out" > "$log" 2>&1
+  echo "$module $variant $MODE exit $?"; grep -E "$shown|^error" "$log"
 }
 
 pace() {
@@ -119,8 +112,8 @@ case $cmd in
   serve) serve "$@" ;;
   wait) wait_ready "$@" ;;
   stop) stop "$@" ;;
-  engine) engine "$@" ;;
-  profile) profile "$@" ;;
+  engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" ;;
+  profile) on_gpu step_profile "$1" "$2" "${3:-64,256}" "$RES/profile" "B=[0-9]+: " ;;
   pace) pace "$@" ;;
   diagnose) diagnose "$@" ;;
   pack) pack "$@" ;;
