@@ -21,11 +21,12 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 STATE=/tmp/gpu
 RES=$STATE/out  # everything worth keeping; `pack` tars it into $OUT
+MODE=${MODE:-O0}
+case $MODE in O0 | default) ;; *) echo "MODE=$MODE: use MODE=O0 or MODE=default"; exit 2 ;; esac
 mkdir -p "$STATE" "$RES" /tmp/pkg
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$ROOT VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 MODEL=/tmp/model
-MODE=${MODE:-O0}
 mapfile -t MODE_FLAGS < <(python3 -m replayssm_patch.gpu.variants --mode "$MODE")
 VLLM_FLAGS=(--model "$MODEL" --served-model-name m --load-format dummy --max-num-seqs 256 --max-model-len "${MAX_LEN:-8192}"
   --gpu-memory-utilization 0.85 --mamba-ssm-cache-dtype float32 "${MODE_FLAGS[@]}")
