@@ -365,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     llm, facts = started
     vocab_size = llm.llm_engine.model_config.get_vocab_size()
+    invalid = 0
     for batch in args.batches:
         if args.budget_s is not None and time.monotonic() - began > args.budget_s:
             print(f"skipped B={batch} and later: --budget-s {args.budget_s:g} spent", flush=True)
@@ -373,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         row |= {k: facts[k] for k in ("replayssm_layers", "startup_s", "gpu", "vllm", "date")}
         record_row(args.out, row, WHAT, command_line("replayssm_patch.gpu.engine_step", argv), facts)
         print(row_line(row), flush=True)
-    return 0
+        invalid += not row["valid"]
+    return 1 if invalid else 0  # invalid rows are kept (with their problems), but the run says it failed
 
 
 if __name__ == "__main__":
