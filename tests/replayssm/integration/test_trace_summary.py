@@ -17,57 +17,7 @@ from replayssm_patch.gpu.trace_summary import (
     summarise_events,
     summarise_trace,
 )
-
-STEP_US = 1000.0
-GRAPH_KERNELS = (  # (name, µs) of one decode step's CUDA graph, Nemotron-H-like names
-    ("_replay_decode_kernel", 30.0),
-    ("_selective_scan_update_kernel", 20.0),
-    ("void flash::FlashAttnFwdSm90<cutlass::bfloat16_t>", 10.0),
-    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNN", 100.0),
-    ("void vllm::rms_norm_kernel<c10::BFloat16>", 5.0),
-)
-
-
-class TraceBuilder:
-    """Events as torch.profiler writes them: host ranges and launches on the CPU clock, device ops with the
-    launch's correlation id on the GPU timeline."""
-
-    def __init__(self):
-        self.events = [{"ph": "M", "name": "process_name", "args": {"name": "python"}}]
-        self.correlation = 0
-
-    def launch(self, host_ts, name="cudaLaunchKernel"):
-        self.correlation += 1
-        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "ts": host_ts, "dur": 3,
-                            "args": {"correlation": self.correlation}})  # fmt: skip
-        return self.correlation
-
-    def device(self, name, ts, dur, correlation, cat="kernel"):
-        self.events.append({"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,
-                            "args": {"correlation": correlation, "stream": 7}})  # fmt: skip
-
-    def step(self, host_ts, gpu_ts, context, generation, flush=False):
-        name = f"execute_context_{context}({context * 1024})_generation_{generation}({generation})"
-        self.events.append({"ph": "X", "cat": "user_annotation", "name": name, "ts": host_ts, "dur": 50.0})
-        self.device("Memcpy HtoD (Pinned -> Device)", gpu_ts, 2.0, self.launch(host_ts + 5), cat="gpu_memcpy")
-        graph = self.launch(host_ts + 20, "cudaGraphLaunch")
-        at = gpu_ts + 10
-        kernels = [*GRAPH_KERNELS, *((("_flush_kernel", 40.0),) if flush else ())]
-        for name, dur in kernels:
-            self.device(name, at, dur, graph)
-            at += dur + 1
-        # the sampler, launched after the range closed (async scheduling), still runs inside this step's span
-        self.device("void at::native::reduce_kernel<ArgMaxOps>", gpu_ts + 300, 4.0, self.launch(host_ts + 80))
-
-
-def decode_trace():
-    """A prefill, three decode steps at batch 2 (the middle one flushes), and a step after one request ended."""
-    t = TraceBuilder()
-    t.step(0.0, 100.0, context=2, generation=0)
-    for k in range(3):
-        t.step(1000.0 * (k + 1), 1100.0 + STEP_US * k, context=0, generation=2, flush=k == 1)
-    t.step(4000.0, 1100.0 + STEP_US * 3, context=0, generation=1)
-    return t.events
+from tests.replayssm.integration.trace_fixture import GRAPH_KERNELS, STEP_US, decode_trace
 
 
 def test_every_microsecond_of_a_decode_step_is_in_a_kind_or_the_gap():
