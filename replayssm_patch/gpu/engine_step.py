@@ -7,15 +7,16 @@
 Method (the one of ../shared/gpu/calibration/h200-2026-12-01-engine-vs-http.json): B prompts of 1024 random
 token ids generated with exactly 16 and exactly 272 output tokens (ignore_eos, min_tokens = max_tokens, greedy,
 no detokenisation); step = (t272 - t16) / 256, so prefill and start-up cancel and flush steps are included.
-Each batch gets one warm-up generate, then 3 repeats whose order alternates (16, 272 / 272, 16 / ...);
-the row holds the mean step and the spread (max - min) of the repeats and its validity: every output of the
-exact length, no preemption, and the whole batch running at once in every 272-token generate (engine
-timestamps: some moment with every first token out and no last one; a KV cache too small for B runs waves).
-It also holds
-engine_tpot_ms: the mean per-request TPOT of the 272-token generates from vLLM's engine-core timestamps, which,
-unlike the step, includes the steps that early requests decode beside later ones' chunked prefill (the
-figure a client's TPOT of the same load compares with). Every generate has fresh prompts and prefix caching
-is off, so no call reuses another's prefill.
+Each batch gets one warm-up generate, then 3 repeats whose order alternates (16, 272 / 272, 16 / ...).
+The row holds the mean step and the spread (max - min) of the repeats, and whether it is valid:
+- every output has the exact length;
+- no request was preempted;
+- in every 272-token generate the whole batch ran at once: the engine's timestamps show some moment with
+  every first token out and no last one yet (a KV cache too small for B runs the batch in waves).
+The row also holds engine_tpot_ms, the mean per-request TPOT of the 272-token generates from vLLM's engine-core
+timestamps. Unlike the step, it includes the steps that early requests decode beside later ones' chunked
+prefill; it is the figure that a client's TPOT of the same load compares with. Every generate has fresh
+prompts and prefix caching is off, so no call reuses another's prefill.
 
 One variant (replayssm_patch/gpu/variants.py) and one compile mode per run: O0 is `-O0` with cudagraph_mode
 FULL_DECODE_ONLY (the calibration's), default is vLLM's own (torch.compile, FULL_AND_PIECEWISE). Rows merge

@@ -38,7 +38,7 @@ from replayssm_patch.gpu.row_file import read_row_file, record_row
 from replayssm_patch.gpu.trace_summary import TraceError, markdown, summarise_trace
 
 STEPS = 16
-SLACK_STEPS = 4  # decode steps beyond what the prefill estimate needs, so the last ones are bounded
+SLACK_STEPS = 8  # beyond the estimate: decode tokens share the prefill budget, and the last steps need a successor
 WHAT = (
     "Kernel time per decode step by layer kind (torch profiler through vLLM's profiler_config; "
     "replayssm_patch/gpu/step_profile.py and trace_summary.py): microseconds per step, averaged over the "

@@ -151,7 +151,7 @@ def test_engine_step_rows_merge_from_two_runs_into_one_valid_file(engine_flow):
 def test_step_profile_profiles_one_generate_per_batch_and_keeps_only_the_summary(engine_flow):
     profile = engine_flow["profile"]
     assert profile["exit"] == 0 and "'profiler': 'torch'" in profile["kwargs"]["profiler_config"]
-    assert [(c["max_tokens"], c["profiling"]) for c in profile["calls"]] == [(16, False), (2 + 16 + 4, True)]
+    assert [(c["max_tokens"], c["profiling"]) for c in profile["calls"]] == [(16, False), (2 + 16 + 8, True)]
     (row,) = engine_flow["profile_file"]["rows"]
     assert (row["variant"], row["batch"], row["steps"], row["span_us"]) == ("replayssm_fp32", 4, 16, 1000.0)
     assert row["kinds"]["gemm"]["us"] == 100.0 and row["ran_together"] is True
