@@ -85,6 +85,7 @@ class ClientPace:
     requests: int
     errors: int
     exact: int  # successful requests whose server-counted output length is the one asked for
+    prompt_exact: int  # successful requests whose server-counted prompt length is the trace's
     tpot_mean_ms: float | None
     tpot_p50_ms: float | None
     window_step_ms: float | None
@@ -126,6 +127,8 @@ def client_pace(result: Path) -> ClientPace:
     has_counts = "token_counts" in table.column_names
     usage = good.column("output_tokens_usage").to_numpy(zero_copy_only=False)
     asked = good.column("expected_output_tokens").to_numpy(zero_copy_only=False)
+    server_prompt = good.column("prompt_tokens_server").to_numpy(zero_copy_only=False)
+    trace_prompt = good.column("prompt_tokens").to_numpy(zero_copy_only=False)
     window, tokens = decode_window(
         good.column("sent_s").to_pylist(),
         good.column("token_times").to_pylist(),
@@ -135,6 +138,7 @@ def client_pace(result: Path) -> ClientPace:
         requests=len(frame),
         errors=int((~ok).sum()),
         exact=int(np.sum(usage == asked)),
+        prompt_exact=int(np.sum(server_prompt == trace_prompt)),
         tpot_mean_ms=_ms(float(np.mean(tpot))) if len(tpot) else None,
         tpot_p50_ms=_ms(float(np.median(tpot))) if len(tpot) else None,
         window_step_ms=_ms(window / tokens) if window and tokens else None,
@@ -195,7 +199,8 @@ def case_line(row: dict[str, Any]) -> str:
         f"{row['variant']} {row['mode']} streams {row['batch']} workers {row['workers']}: window "
         f"{row['window_step_ms']} ms vs engine step {row['engine_step_ms']} ms ({times(row['window_vs_engine'])}); "
         f"TPOT mean {row['tpot_mean_ms']} ms (p50 {row['tpot_p50_ms']}) vs engine TPOT {row['engine_tpot_ms']} ms "
-        f"({times(row['tpot_vs_engine_tpot'])}); exact {row['exact']}/{row['requests']}, errors {row['errors']}, "
+        f"({times(row['tpot_vs_engine_tpot'])}); exact {row['exact']}/{row['requests']} (prompts "
+        f"{row['prompt_exact']}), errors {row['errors']}, "
         f"send lag p99 {row['lag_p99_ms']} ms"
     )
 

@@ -55,7 +55,7 @@ def test_virtual_truth_of_one_stream_is_its_own_decode_step():
 
 
 def test_case_row_compares_tpot_only_with_an_engine_tpot_of_the_same_length():
-    pace = ClientPace(64, 0, 64, 22.0, 21.0, 10.5, 2.0, 190.0, 3.0, False, "one per streamed chunk")
+    pace = ClientPace(64, 0, 64, 64, 22.0, 21.0, 10.5, 2.0, 190.0, 3.0, False, "one per streamed chunk")
     engine = {"step_ms": 10.0, "engine_tpot_ms": 20.0, "engine_tpot_tokens": 272}
     row = case_row("baseline", "O0", 64, 1, pace, engine, output_tokens=256)
     assert (row["window_vs_engine"], row["tpot_vs_engine_step"], row["engine_tpot_ms"]) == (1.05, 2.2, None)
@@ -82,7 +82,7 @@ def test_gpu_entry_point_against_serve_sim(tmp_path, capsys):
     assert [(r["batch"], r["workers"]) for r in rows] == [(1, 1), (1, 2), (4, 1), (4, 2)]
     assert set(ROW_KEY) <= set(rows[0]) and saved["command"].startswith("python3 -m bench.decode_pace --url")
     for r in rows:
-        assert (r["requests"], r["errors"], r["exact"]) == (r["batch"], 0, r["batch"])
+        assert (r["requests"], r["errors"], r["exact"], r["prompt_exact"]) == (r["batch"], 0, r["batch"], r["batch"])
         assert r["tpot_mean_ms"] > 0 and r["window_step_ms"] > 0 and r["window_tokens"] > 0
     four = rows[2]
     assert four["engine_step_ms"] == 5.0 and four["window_vs_engine"] == round(four["window_step_ms"] / 5.0, 4)
