@@ -6,21 +6,32 @@
 #   serve ARM GPU PORT [EXTRA...]   start a vLLM server detached (setsid); ARM names the log/pid files
 #   wait TIMEOUT_S PORT...          poll /health of each port until ready (exit 1 on timeout or death)
 #   stop ARM      kill a server started by `serve` (its whole session)
-#   decode PORT ARM NAME C...       closed-loop decode timing of ARM's running server as variant NAME (serve_check
-#                                   --attach: C streams, prompt 1024, exactly 256 output tokens) -> results serve-NAME/
+#   engine VARIANT GPU [BATCHES]    engine-side decode step (replayssm_patch/gpu/engine_step.py, LLM.generate, no
+#                                   HTTP; default batches 64,256) -> rows merged into engine_step-h200.json
+#   profile VARIANT GPU [BATCHES]   kernel time per layer kind of a decode step (step_profile.py) -> profile/
+#   pace PORT VARIANT [STREAMS]     client-seen decode pace of the server on PORT through `replaybench replay`
+#                                   (bench/decode_pace.py: 1 and 4 workers, prompt 1024, exactly 256 tokens; default
+#                                   streams 64,256) against engine_step-h200.json -> rows merged into decode_pace-h200.json
 #   diagnose ARM  the lines of a server log that say why it died
 #   pack NAME     copy server logs into the results and tar them to $OUT/NAME.tgz (one file comes back)
+# MODE=O0 (default: -O0 + FULL_DECODE_ONLY graphs) or MODE=default (vLLM's torch.compile mode) applies to serve,
+# engine, profile and pace alike (replayssm_patch/gpu/variants.py holds the flags and each variant's knob).
 # Logs and pids live in /tmp/gpu (survives between calls while the host is kept); `pack` sends the results back.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 STATE=/tmp/gpu
 RES=$STATE/out  # everything worth keeping; `pack` tars it into $OUT
+MODE=${MODE:-O0}
+case $MODE in O0 | default) ;; *) echo "MODE=$MODE: use MODE=O0 or MODE=default"; exit 2 ;; esac
 mkdir -p "$STATE" "$RES" /tmp/pkg
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$ROOT VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 MODEL=/tmp/model
+mapfile -t MODE_FLAGS < <(python3 -m replayssm_patch.gpu.variants --mode "$MODE")
 VLLM_FLAGS=(--model "$MODEL" --served-model-name m --load-format dummy --max-num-seqs 256 --max-model-len "${MAX_LEN:-8192}"
-  --gpu-memory-utilization 0.85 --mamba-ssm-cache-dtype float32 -O0 -cc '{"cudagraph_mode":"FULL_DECODE_ONLY"}')
+  --gpu-memory-utilization 0.85 --mamba-ssm-cache-dtype float32 "${MODE_FLAGS[@]}")
+STEPS=$RES/engine_step-h200.json  # starts from the committed file, so the packed one is the merged whole
+[ -f "$STEPS" ] || cp "$ROOT/replayssm_patch/gpu/results/engine_step-h200.json" "$STEPS" 2>/dev/null
 
 recv() {
   local k=$1
@@ -67,11 +78,22 @@ stop() {
   kill -TERM -- "-$pid" 2>/dev/null; sleep 4; kill -KILL -- "-$pid" 2>/dev/null; rm -f "$STATE/$1.pid"; echo "stopped $1"
 }
 
-decode() {
-  local port=$1 arm=$2 name=$3; shift 3
-  timeout 240 python3 -m replayssm_patch.gpu.serve_check --model "$MODEL" --out "$RES/serve-$name" --attach "$port" \
-    --name "$name" --log "$STATE/$arm.log" --concurrency "$@" --budget-s 200 > "$STATE/decode-$name.log" 2>&1
-  grep -E "^\| $name " "$RES/serve-$name/serve_check.md" || tail -5 "$STATE/decode-$name.log"
+on_gpu() {  # MODULE VARIANT GPU BATCHES OUT SHOWN: one engine-side script (ENGINE_UTIL: its GPU memory share,
+            # 0.45 leaves room for a server beside it); prints its exit code and the log lines matching SHOWN
+  local module=$1 variant=$2 gpu=$3 batches=$4 out=$5 shown=$6 log=$STATE/$1-$2-$MODE.log
+  CUDA_VISIBLE_DEVICES=$gpu timeout "${ENGINE_TIMEOUT_S:-540}" python3 -m "replayssm_patch.gpu.$module" \
+    --model "$MODEL" --variant "$variant" --mode "$MODE" --batches "$batches" \
+    --gpu-memory-utilization "${ENGINE_UTIL:-0.45}" --out "$out" > "$log" 2>&1
+  echo "$module $variant $MODE exit $?"; grep -E "$shown|^error" "$log"
+}
+
+pace() {
+  local port=$1 variant=$2 streams=${3:-64,256} reference=()
+  [ -f "$STEPS" ] && reference=(--engine-step "$STEPS")  # without it the rows say engine_step_ms null
+  timeout "${PACE_TIMEOUT_S:-300}" python3 -m bench.decode_pace --url "http://127.0.0.1:$port" --streams "$streams" \
+    --workers 1,4 --variant "$variant" --mode "$MODE" "${reference[@]}" --out "$RES/decode_pace-h200.json" \
+    > "$STATE/pace-$variant-$MODE.log" 2>&1
+  echo "pace $variant $MODE exit $?"; grep -E "streams [0-9]+ workers|^error" "$STATE/pace-$variant-$MODE.log"
 }
 
 diagnose() {
@@ -91,7 +113,9 @@ case $cmd in
   serve) serve "$@" ;;
   wait) wait_ready "$@" ;;
   stop) stop "$@" ;;
-  decode) decode "$@" ;;
+  engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" ;;
+  profile) on_gpu step_profile "$1" "$2" "${3:-64,256}" "$RES/profile" "B=[0-9]+: " ;;
+  pace) pace "$@" ;;
   diagnose) diagnose "$@" ;;
   pack) pack "$@" ;;
   *) echo "unknown stage $cmd"; exit 2 ;;

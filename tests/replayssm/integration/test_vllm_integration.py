@@ -84,6 +84,81 @@ def layer_check(vllm_python, tmp_path_factory) -> dict:
     )
 
 
+@pytest.fixture(scope="module")
+def llm_args(vllm_python, tmp_path_factory) -> dict:
+    return _run_check(vllm_python, tmp_path_factory.mktemp("vllm_llm"), "vllm_llm_args_check.py", ["nemotron_h_8b"])
+
+
+@pytest.mark.parametrize("variant", ["baseline", "replayssm_fp32", "replayssm_split"])
+def test_engine_step_llm_arguments_build_vllm_024_configs(llm_args, variant):
+    """engine_step's LLM(...) keywords, through vLLM's own constructor: O0 is -O0 with full decode graphs, default
+    is vLLM's level 2; both with the fixed engine settings and the variant's knob as the plugin reads it."""
+    o0, default = llm_args["cases"][f"{variant}/O0"], llm_args["cases"][f"{variant}/default"]
+    assert (o0["optimization_level"], o0["cudagraph_mode"]) == (0, "FULL_DECODE_ONLY")
+    assert (default["optimization_level"], default["cudagraph_mode"]) == (2, "None")  # None: vLLM picks per level
+    for case in (o0, default):
+        assert (case["load_format"], case["mamba_ssm_cache_dtype"], case["gpu_memory_utilization"]) == (
+            "dummy", "float32", 0.45)  # fmt: skip
+        assert (case["max_num_seqs"], case["max_model_len"]) == (256, 4096)
+        assert case["config_prefix_caching"] is False and case["disable_log_stats"] is False
+        assert case["replayssm"]["enable"] == (variant != "baseline")
+        assert case["replayssm"]["split_precision"] == (variant == "replayssm_split")
+
+
+def test_step_profile_arguments_and_generate_api_exist_in_vllm_024(llm_args):
+    assert llm_args["profiled"]["profiler"] == "torch" and llm_args["profiled"]["profiler_with_stack"] is False
+    assert llm_args["sampling"] == {"max_tokens": 272, "min_tokens": 272, "ignore_eos": True, "temperature": 0.0,
+                                    "detokenize": False}  # fmt: skip
+    assert llm_args["prompt"] == [11, 12]
+    assert llm_args["llm_methods"] == ["apply_model", "generate", "get_metrics", "start_profile", "stop_profile"]
+
+
+@pytest.fixture(scope="module")
+def engine_flow(vllm_python, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("vllm_flow")
+    return _run_check(vllm_python, root, "vllm_engine_flow_check.py", ["nemotron_h_8b"])
+
+
+def test_engine_step_runs_warm_up_then_alternating_exact_greedy_generates(engine_flow):
+    """engine_step.main end to end against a stand-in for vllm.LLM (real SamplingParams / TokensPrompt in, real
+    engine stats out): per batch one warm-up of 16 tokens, then 16/272, 272/16, 16/272 of fresh 1024-id prompts."""
+    split = engine_flow["split"]
+    assert split["exit"] == 0
+    assert "'enable': True" in split["kwargs"]["additional_config"] and "compilation_config" not in split["kwargs"]
+    order = [(c["batch"], c["max_tokens"]) for c in split["calls"]]
+    per_batch = [16, 16, 272, 272, 16, 16, 272]
+    assert order == [(4, t) for t in per_batch] + [(8, t) for t in per_batch]
+    for call in split["calls"]:
+        assert call["min_tokens"] == call["max_tokens"] and call["ignore_eos"] and call["temperature"] == 0.0
+        assert (call["prompt_len"], call["ids_in_range"]) == (1024, True)
+        assert not call["detokenize"] and not call["use_tqdm"]
+    assert engine_flow["baseline"]["kwargs"]["optimization_level"] == "0"
+
+
+def test_engine_step_rows_merge_from_two_runs_into_one_valid_file(engine_flow):
+    saved = engine_flow["steps_file"]
+    rows = saved["rows"]
+    assert [(r["variant"], r["mode"], r["batch"]) for r in rows] == [
+        ("baseline", "O0", 4), ("replayssm_split", "default", 4), ("replayssm_split", "default", 8),
+    ]  # fmt: skip
+    assert [len(r["repeats"]) for r in rows] == [1, 3, 3]
+    assert [r["replayssm_layers"] for r in rows] == [0, 24, 24]
+    assert all(r["valid"] and r["problems"] == [] and r["exact"] and r["preemptions"] == 0 for r in rows)
+    assert all(r["engine_tpot_ms"] > 0 and r["engine_tpot_tokens"] == 272 for r in rows)
+    assert len(saved["commands"]) == 2 and saved["machine"]["vllm"] == "0.24.0"
+
+
+def test_step_profile_profiles_one_generate_per_batch_and_keeps_only_the_summary(engine_flow):
+    profile = engine_flow["profile"]
+    assert profile["exit"] == 0 and "'profiler': 'torch'" in profile["kwargs"]["profiler_config"]
+    assert [(c["max_tokens"], c["profiling"]) for c in profile["calls"]] == [(16, False), (2 + 16 + 8, True)]
+    (row,) = engine_flow["profile_file"]["rows"]
+    assert (row["variant"], row["batch"], row["steps"], row["span_us"]) == ("replayssm_fp32", 4, 16, 1000.0)
+    assert row["kinds"]["gemm"]["us"] == 100.0 and row["ran_together"] is True
+    assert "| replayssm_fp32 | O0 | 4 | 16 |" in engine_flow["profile_md"]
+    assert engine_flow["traces_left"] == []  # the raw trace is deleted once summarised
+
+
 def test_entry_point_is_declared_and_loads(checks):
     assert checks["entry_point"] == "replayssm_patch:register"
     assert checks["disabled"]["model_class"] == "ReplayNemotronHForCausalLM"  # registered by load_general_plugins

@@ -1,0 +1,383 @@
+"""Engine-side decode step of vLLM 0.24 (offline `LLM.generate`, no HTTP): the source of every decode-step figure.
+
+    export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1   # tools/gpu/session.sh does
+    python3 -m replayssm_patch.gpu.engine_step --model MODEL_DIR --variant replayssm_fp32 --mode default \
+        --batches 64,256 --out replayssm_patch/gpu/results/engine_step-h200.json
+
+Method (the one of ../shared/gpu/calibration/h200-2026-12-01-engine-vs-http.json): B prompts of 1024 random
+token ids generated with exactly 16 and exactly 272 output tokens (ignore_eos, min_tokens = max_tokens, greedy,
+no detokenisation); step = (t272 - t16) / 256, so prefill and start-up cancel and flush steps are included.
+Each batch gets one warm-up generate, then 3 repeats whose order alternates (16, 272 / 272, 16 / ...).
+The row holds the mean step and the spread (max - min) of the repeats, and whether it is valid:
+- every output has the exact length;
+- no request was preempted;
+- in every 272-token generate the whole batch ran at once: the engine's timestamps show some moment with
+  every first token out and no last one yet (a KV cache too small for B runs the batch in waves).
+The row also holds engine_tpot_ms, the mean per-request TPOT of the 272-token generates from vLLM's engine-core
+timestamps. Unlike the step, it includes the steps that early requests decode beside later ones' chunked
+prefill; it is the figure that a client's TPOT of the same load compares with. Every generate has fresh
+prompts and prefix caching is off, so no call reuses another's prefill.
+
+One variant (replayssm_patch/gpu/variants.py) and one compile mode per run: O0 is `-O0` with cudagraph_mode
+FULL_DECODE_ONLY (the calibration's), default is vLLM's own (torch.compile, FULL_AND_PIECEWISE). Rows merge
+into --out by (variant, mode, batch) (row_file.py); one line is printed per row as it is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replayssm_patch.gpu.row_file import RowFileError, read_row_file, record_row
+from replayssm_patch.gpu.variants import MODES, VARIANTS
+
+SHORT_TOKENS, LONG_TOKENS = 16, 272
+PROMPT_TOKENS = 1024
+REPEATS = 3
+DEFAULT_BATCHES = (64, 256)
+FIRST_TOKEN_ID = 10  # ids below are the tokenizer's specials (../shared/gpu/make-tokenizer.py: pad, bos, eos, unk)
+WHAT = (
+    f"Engine-side decode step (vLLM LLM.generate, no HTTP): B prompts of {PROMPT_TOKENS} random token ids with "
+    f"exactly {SHORT_TOKENS} and exactly {LONG_TOKENS} output tokens (ignore_eos, min_tokens = max_tokens, greedy); "
+    f"per repeat step = (t{LONG_TOKENS} - t{SHORT_TOKENS}) / {LONG_TOKENS - SHORT_TOKENS}, so prefill cancels and "
+    "flush steps are included; step_ms = mean of the repeats, spread_ms = their max - min. engine_tpot_ms = mean "
+    f"per-request TPOT of the {LONG_TOKENS}-token generates from vLLM's engine-core timestamps (includes decode "
+    "steps beside other requests' prefill). Written by replayssm_patch/gpu/engine_step.py."
+)
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """One pair of timed generates (seconds) and the step it gives."""
+
+    t_short_s: float
+    t_long_s: float
+    step_ms: float
+
+
+def parse_batches(text: str) -> tuple[int, ...]:
+    """'64,256' -> (64, 256); argparse shows a bad value's message as one line."""
+    try:
+        batches = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        batches = ()
+    if not batches or min(batches) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive batch sizes joined by commas, e.g. 64,256")
+    return batches
+
+
+def step_ms(t_short_s: float, t_long_s: float, short: int = SHORT_TOKENS, long: int = LONG_TOKENS) -> float:
+    """Milliseconds per decode step from the two generate times: the extra tokens cost only decode steps."""
+    return (t_long_s - t_short_s) / (long - short) * 1e3
+
+
+def repeat_order(repeat: int, short: int = SHORT_TOKENS, long: int = LONG_TOKENS) -> tuple[int, int]:
+    """Even repeats time the short generate first, odd ones the long: slow drift cancels over the repeats."""
+    return (short, long) if repeat % 2 == 0 else (long, short)
+
+
+def prompt_token_ids(rng: np.random.Generator, batch: int, length: int, vocab_size: int) -> list[list[int]]:
+    """`batch` prompts of `length` uniform random ids in [FIRST_TOKEN_ID, vocab_size), never a special token."""
+    if vocab_size <= FIRST_TOKEN_ID:
+        raise ValueError(f"vocab_size {vocab_size} leaves no ordinary token ids")
+    return rng.integers(FIRST_TOKEN_ID, vocab_size, size=(batch, length)).tolist()
+
+
+def sampling_kwargs(tokens: int) -> dict[str, Any]:
+    """SamplingParams of a generate that produces exactly `tokens` tokens (greedy; text is not needed)."""
+    return {"max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True, "temperature": 0.0, "detokenize": False}
+
+
+def llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of `vllm.LLM` for the run's variant and mode (checked against vLLM 0.24 in tests/)."""
+    extra = VARIANTS[args.variant]
+    return {
+        "model": str(args.model),
+        "load_format": "dummy",
+        "max_num_seqs": args.max_num_seqs,
+        "max_model_len": args.max_model_len,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "mamba_ssm_cache_dtype": args.mamba_ssm_cache_dtype,
+        "enable_prefix_caching": False,  # no generate may reuse another's prefill (the plugin refuses it anyway)
+        "seed": args.seed,
+        "disable_log_stats": False,  # stats on: the preemption counter is read after every batch
+        **({"additional_config": extra} if extra else {}),
+        **MODES[args.mode],
+    }
+
+
+def make_row(args: argparse.Namespace, batch: int, repeats: Sequence[Repeat], **facts: Any) -> dict[str, Any]:
+    """The result row of one batch: mean step, spread, mean generate times and every repeat."""
+    steps = [r.step_ms for r in repeats]
+    return {
+        "variant": args.variant,
+        "mode": args.mode,
+        "batch": batch,
+        "step_ms": round(statistics.fmean(steps), 3),
+        "spread_ms": round(max(steps) - min(steps), 3),
+        f"t{SHORT_TOKENS}_s": round(statistics.fmean(r.t_short_s for r in repeats), 3),
+        f"t{LONG_TOKENS}_s": round(statistics.fmean(r.t_long_s for r in repeats), 3),
+        "repeats": [{k: round(v, 4) for k, v in asdict(r).items()} for r in repeats],
+        **facts,
+    }
+
+
+def row_line(row: dict[str, Any]) -> str:
+    """The line printed per row: what the issue's table needs, at a glance."""
+    return (
+        f"{row['variant']} {row['mode']} B={row['batch']}: step {row['step_ms']:.3f} ms (spread "
+        f"{row['spread_ms']:.3f}), t{SHORT_TOKENS} {row[f't{SHORT_TOKENS}_s']:.2f} s, t{LONG_TOKENS} "
+        f"{row[f't{LONG_TOKENS}_s']:.2f} s, engine TPOT {row.get('engine_tpot_ms')} ms"
+        + ("" if row.get("valid", True) else " INVALID: " + "; ".join(row.get("problems", [])))
+    )
+
+
+def engine_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The engine's options, shared with step_profile.py (same engine, same defaults)."""
+    p.add_argument("--model", type=Path, required=True, help="dir with config.json (+ tokenizer); weights are dummy")
+    p.add_argument("--variant", choices=list(VARIANTS), default="baseline")
+    p.add_argument("--mode", choices=list(MODES), default="O0", help="O0: -O0 + FULL_DECODE_ONLY; default: vLLM's")
+    p.add_argument("--batches", type=parse_batches, default=DEFAULT_BATCHES, help="comma-separated [64,256]")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.45, help="0.45 leaves room for a server")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--mamba-ssm-cache-dtype", default="float32")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of vLLM")
+    return p
+
+
+def parser() -> argparse.ArgumentParser:
+    p = engine_options(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
+    p.add_argument("--repeats", type=int, default=REPEATS)
+    p.add_argument("--budget-s", type=float, default=None, help="start no new batch after this many seconds")
+    p.add_argument("--out", type=Path, required=True, help="JSON file to merge the rows into")
+    return p
+
+
+def engine_problem(args: argparse.Namespace) -> str | None:
+    """One line naming a bad engine option and its fix, or None."""
+    if not (args.model / "config.json").exists():
+        return f"{args.model / 'config.json'} missing; give --model a dir holding the model's config.json"
+    if max(args.batches) > args.max_num_seqs:
+        return f"batch {max(args.batches)} exceeds --max-num-seqs {args.max_num_seqs}; raise it or drop the batch"
+    if args.max_model_len < PROMPT_TOKENS + LONG_TOKENS:
+        return f"--max-model-len {args.max_model_len} is below the {PROMPT_TOKENS + LONG_TOKENS} tokens a request needs"
+    return None
+
+
+def out_problem(path: Path, what: str) -> str | None:
+    try:
+        read_row_file(path, what)
+    except RowFileError as exc:
+        return str(exc)
+    return None
+
+
+def layers_problem(variant: str, layers: int | str) -> str | None:
+    """A run whose layers are not the variant's measures the wrong thing: say so (None when they match)."""
+    if not isinstance(layers, int):
+        return None
+    if VARIANTS[variant] is None and layers:
+        return f"{variant}: {layers} ReplaySSM layers loaded without the knob; the plugin must be inactive here"
+    if VARIANTS[variant] is not None and not layers:
+        return (f"{variant}: no ReplaySSM layer in the model; the plugin did not load (is its dist-info on "
+                "PYTHONPATH? see replayssm_patch/plugin_site.py)")  # fmt: skip
+    return None
+
+
+def command_line(module: str, argv: list[str] | None) -> str:
+    return f"python3 -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One timed generate."""
+
+    seconds: float
+    exact: bool  # every output has exactly the tokens asked for
+    tpots_s: list[float]  # per request, from the engine's timestamps
+    together: bool | None  # the whole batch was running at one moment (None: no engine stats)
+
+
+def engine_tpot_s(stats: Any) -> float | None:
+    """One request's TPOT from vLLM's engine-core timestamps (RequestOutput.metrics with stats on), else None."""
+    tokens = getattr(stats, "num_generation_tokens", 0)
+    first, last = getattr(stats, "first_token_ts", 0.0), getattr(stats, "last_token_ts", 0.0)
+    return (last - first) / (tokens - 1) if tokens > 1 and last > first > 0 else None
+
+
+def batch_ran_together(stats: Sequence[Any]) -> bool | None:
+    """Whether at some moment every request had its first token and none had its last: a batch larger than the
+    KV cache holds runs in waves instead (False), and its step is not the step at that batch."""
+    firsts = [getattr(s, "first_token_ts", 0.0) for s in stats]
+    lasts = [getattr(s, "last_token_ts", 0.0) for s in stats]
+    if not stats or min(firsts) <= 0:
+        return None
+    return max(firsts) < min(lasts)
+
+
+def run_checks(runs: Sequence[tuple[int, Generated]], preempted: int | None) -> dict[str, Any]:
+    """The row's validity facts over a batch's timed generates; `problems` is empty for a valid row."""
+    long = [g for tokens, g in runs if tokens == LONG_TOKENS]
+    problems = []
+    if not all(g.exact for _, g in runs):
+        problems.append("some outputs were not of the exact length asked")
+    if preempted is None:
+        problems.append("vLLM's preemption counter was unreadable")
+    elif preempted:
+        problems.append(f"{preempted} preemptions: raise --gpu-memory-utilization")
+    together = [g.together for g in long]
+    if None in together:
+        problems.append("no engine timestamps: cannot tell whether the batch ran at once")
+    elif not all(together):
+        problems.append("the batch did not run at once (KV cache too small?): raise --gpu-memory-utilization")
+    tpots = [t for g in long for t in g.tpots_s]
+    return {
+        "engine_tpot_ms": round(statistics.fmean(tpots) * 1e3, 3) if tpots else None,
+        "engine_tpot_tokens": LONG_TOKENS,
+        "exact": all(g.exact for _, g in runs),
+        "preemptions": preempted,
+        "valid": not problems,
+        "problems": problems,
+    }
+
+
+# ---- on the GPU host: everything below imports vLLM or torch --------------------------------------------------
+
+
+def count_replay_layers(model: Any) -> int:
+    """Runs inside vLLM's worker (LLM.apply_model): how many Mamba layers are ReplaySSM's."""
+    return sum(type(m).__name__ == "ReplayMambaMixer2" for m in model.modules())
+
+
+def machine_facts() -> dict[str, Any]:
+    import torch
+    import vllm
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return {
+        "gpu": gpu, "cpu_cores": os.cpu_count(), "host": platform.node(), "python": platform.python_version(),
+        "vllm": vllm.__version__, "torch": torch.__version__, "date": dt.date.today().isoformat(),
+    }  # fmt: skip
+
+
+def open_llm(args: argparse.Namespace, **extra: Any) -> Any:
+    """`vllm.LLM` for the run; the plugin is made visible first (its entry point must load in every process)."""
+    from replayssm_patch.plugin_site import expose_plugin
+
+    expose_plugin()
+    # LLM.apply_model sends a function to the worker process; allowed here, on our own local pipe only.
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    from vllm import LLM
+
+    return LLM(**llm_kwargs(args), **extra)
+
+
+def replay_layers(llm: Any) -> int | str:
+    try:
+        return sum(llm.apply_model(count_replay_layers))
+    except Exception as exc:  # a check, not the measurement: say why it could not run
+        return f"not checked: {type(exc).__name__}: {exc}"[:200]
+
+
+def preemptions(llm: Any) -> int | None:
+    """vLLM's preemption counter so far (None if unreadable)."""
+    try:
+        return int(sum(m.value for m in llm.get_metrics() if m.name.startswith("vllm:num_preemptions")))
+    except Exception:
+        return None
+
+
+def timed_generate(llm: Any, prompts: list[list[int]], tokens: int) -> Generated:
+    """One timed `generate` of `tokens` tokens per prompt, with what vLLM's engine stats say about it."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    inputs = [TokensPrompt(prompt_token_ids=ids) for ids in prompts]
+    params = SamplingParams(**sampling_kwargs(tokens))
+    began = time.perf_counter()
+    outputs = llm.generate(inputs, params, use_tqdm=False)
+    elapsed = time.perf_counter() - began
+    stats = [o.metrics for o in outputs]
+    return Generated(
+        seconds=elapsed,
+        exact=all(len(o.outputs[0].token_ids) == tokens for o in outputs),
+        tpots_s=[t for t in map(engine_tpot_s, stats) if t is not None],
+        together=batch_ran_together(stats),
+    )
+
+
+def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: int) -> dict[str, Any]:
+    rng = np.random.default_rng([args.seed, batch])
+    timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), SHORT_TOKENS)  # warm-up
+    before = preemptions(llm)
+    repeats, runs = [], []
+    for r in range(args.repeats):
+        times = {}
+        for tokens in repeat_order(r):
+            run = timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), tokens)
+            times[tokens] = run.seconds
+            runs.append((tokens, run))
+        short, long = times[SHORT_TOKENS], times[LONG_TOKENS]
+        repeats.append(Repeat(short, long, step_ms(short, long)))
+        print(f"  B={batch} repeat {r}: step {repeats[-1].step_ms:.3f} ms", flush=True)
+    after = preemptions(llm)
+    lost = after - before if before is not None and after is not None else None
+    return make_row(args, batch, repeats, **run_checks(runs, lost))
+
+
+def start_engine(args: argparse.Namespace, **extra: Any) -> tuple[Any, dict[str, Any]] | None:
+    """The engine and the facts every row carries; None (after one error line) if its layers are wrong."""
+    began = time.monotonic()
+    llm = open_llm(args, **extra)
+    facts = machine_facts()
+    layers = replay_layers(llm)
+    facts |= {"startup_s": round(time.monotonic() - began, 1), "replayssm_layers": layers}
+    print(f"{args.variant} {args.mode}: engine up in {facts['startup_s']} s, ReplaySSM layers: {layers}", flush=True)
+    wrong = layers_problem(args.variant, layers)
+    if wrong:
+        print(f"error: {wrong}")
+        return None
+    return llm, facts
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    few = f"--repeats must be at least 1 (got {args.repeats})" if args.repeats < 1 else None
+    problem = engine_problem(args) or few or out_problem(args.out, WHAT)
+    if problem:
+        print(f"error: {problem}")
+        return 2
+    began = time.monotonic()
+    started = start_engine(args)
+    if started is None:
+        return 1
+    llm, facts = started
+    vocab_size = llm.llm_engine.model_config.get_vocab_size()
+    invalid = 0
+    for batch in args.batches:
+        if args.budget_s is not None and time.monotonic() - began > args.budget_s:
+            print(f"skipped B={batch} and later: --budget-s {args.budget_s:g} spent", flush=True)
+            break
+        row = measure_batch(llm, args, batch, vocab_size)
+        row |= {k: facts[k] for k in ("replayssm_layers", "startup_s", "gpu", "vllm", "date")}
+        record_row(args.out, row, WHAT, command_line("replayssm_patch.gpu.engine_step", argv), facts)
+        print(row_line(row), flush=True)
+        invalid += not row["valid"]
+    return 1 if invalid else 0  # invalid rows are kept (with their problems), but the run says it failed
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""A JSON results file of rows keyed by (variant, mode, batch, ...), filled by several runs, sessions and machines.
+
+    {"what": "...", "command": "<latest>", "commands": [...], "machine": {...latest...}, "rows": [...]}
+
+A new row replaces the row of the same key; rows stay ordered by variant (VARIANTS), mode (MODES), batch and
+then any further key field. The file is rewritten atomically after every row, so a crash keeps what was measured,
+under a lock, so processes on several GPUs can merge into the same file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.atomic import atomic_path
+from replayssm_patch.gpu.variants import MODES, VARIANTS
+
+ROW_KEY = ("variant", "mode", "batch")
+
+
+class RowFileError(ValueError):
+    """The file named is not such a results file; the message names the fix."""
+
+
+def _row_order(row: dict[str, Any], key: tuple[str, ...]) -> tuple[Any, ...]:
+    def rank(values: list[str], value: str) -> int:
+        return values.index(value) if value in values else len(values)
+
+    known = (rank(list(VARIANTS), row["variant"]), rank(list(MODES), row["mode"]), int(row["batch"]))
+    return known + tuple(row[k] for k in key[len(ROW_KEY) :])
+
+
+def merge_rows(rows: Sequence[dict[str, Any]], new: dict[str, Any], key: tuple[str, ...] = ROW_KEY) -> list[dict]:
+    """`rows` with `new` in place of any row of the same `key` values, ordered variant, mode, batch, the rest."""
+    mine = tuple(new[k] for k in key)
+    kept = [r for r in rows if tuple(r.get(k) for k in key) != mine]
+    return sorted([*kept, new], key=lambda r: _row_order(r, key))
+
+
+def read_row_file(path: Path, what: str) -> dict[str, Any]:
+    """The file to merge into; a fresh payload saying `what` when it does not exist yet."""
+    if not path.exists():
+        return {"what": what, "rows": []}
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RowFileError(f"{path}: not readable JSON ({exc}); give another --out or move the file away") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("rows"), list):
+        raise RowFileError(f"{path}: not a results file of rows (no 'rows' list); give another --out")
+    return payload
+
+
+def record_row(
+    path: Path, row: dict[str, Any], what: str, command: str, machine: dict[str, Any], key: tuple[str, ...] = ROW_KEY
+) -> dict[str, Any]:
+    """Merge `row` into the file at `path`, stamped with the command and machine; returns what was written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # engines on several GPUs merge into one file: one at a time
+        payload = read_row_file(path, what)
+        commands = [c for c in payload.get("commands", []) if c != command] + [command]
+        payload |= {"command": command, "commands": commands, "machine": machine}
+        payload["rows"] = merge_rows(payload["rows"], row, key)
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(payload, indent=1) + "\n")
+    return payload

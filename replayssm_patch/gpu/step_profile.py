@@ -1,0 +1,140 @@
+"""Where a decode step's time goes: vLLM 0.24's torch profiler around a generate, summarised on the GPU host.
+
+    python3 -m replayssm_patch.gpu.step_profile --model MODEL_DIR --variant replayssm_fp32 --mode default \
+        --batches 64,256 --out DIR
+
+The engine is engine_step.py's (same options and defaults) with `profiler_config` profiler=torch (no stacks, no
+shapes). For each batch B: a warm-up generate, then `LLM.start_profile()`, one generate of B prompts of 1024
+random token ids long enough for --steps pure decode steps at batch B after the chunked prefill, and
+`LLM.stop_profile()`. The worker's trace is summarised by trace_summary.py over the last --steps decode steps
+(default 16 = the ring length, so every row's flush is inside) into DIR/step_profile.json (rows merged by
+variant, mode, batch) and DIR/step_profile.md; the trace (tens of MB) is deleted unless --keep-traces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replayssm_patch.gpu.engine_step import (
+    PROMPT_TOKENS,
+    SHORT_TOKENS,
+    command_line,
+    engine_options,
+    engine_problem,
+    out_problem,
+    prompt_token_ids,
+    start_engine,
+    timed_generate,
+)
+from replayssm_patch.gpu.row_file import read_row_file, record_row
+from replayssm_patch.gpu.trace_summary import TraceError, markdown, summarise_trace
+
+STEPS = 16
+SLACK_STEPS = 8  # beyond the estimate: decode tokens share the prefill budget, and the last steps need a successor
+WHAT = (
+    "Kernel time per decode step by layer kind (torch profiler through vLLM's profiler_config; "
+    "replayssm_patch/gpu/step_profile.py and trace_summary.py): microseconds per step, averaged over the "
+    "profiled pure decode steps at the row's batch."
+)
+TRACE_GLOB = "*.pt.trace.json*"
+
+
+def profiler_config(trace_dir: Path) -> dict[str, Any]:
+    """vLLM 0.24 ProfilerConfig fields: torch profiler, light traces (no stacks, shapes or printed tables)."""
+    return {
+        "profiler": "torch",
+        "torch_profiler_dir": str(trace_dir.resolve()),
+        "torch_profiler_with_stack": False,
+        "torch_profiler_record_shapes": False,
+        "torch_profiler_dump_cuda_time_total": False,
+        "torch_profiler_use_gzip": True,
+    }
+
+
+def profiled_tokens(batch: int, max_num_batched_tokens: int, steps: int) -> int:
+    """Output tokens per request so that at least `steps` full-batch decode steps follow the chunked prefill."""
+    prefill_steps = math.ceil(batch * PROMPT_TOKENS / max_num_batched_tokens)
+    return prefill_steps + steps + SLACK_STEPS
+
+
+def newest_trace(trace_dir: Path, since: float) -> Path | None:
+    found = [p for p in trace_dir.glob(TRACE_GLOB) if p.stat().st_mtime >= since]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = engine_options(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
+    p.add_argument("--steps", type=int, default=STEPS, help="decode steps summarised per batch [16, one ring]")
+    p.add_argument("--out", type=Path, required=True, help="dir for step_profile.json / .md (and traces/)")
+    p.add_argument("--keep-traces", action="store_true", help="keep the raw traces in DIR/traces")
+    return p
+
+
+def profile_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: int, trace_dir: Path) -> dict:
+    rng = np.random.default_rng([args.seed, batch, 1])
+    timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), SHORT_TOKENS)  # warm-up
+    budget = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    tokens = profiled_tokens(batch, budget, args.steps)
+    since = time.time()
+    llm.start_profile()
+    run = timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), tokens)
+    llm.stop_profile()
+    row: dict[str, Any] = {"variant": args.variant, "mode": args.mode, "batch": batch, "output_tokens": tokens,
+                           "generate_s": round(run.seconds, 2), "exact": run.exact,
+                           "ran_together": run.together}  # fmt: skip
+    trace = newest_trace(trace_dir, since)
+    if trace is None:
+        return row | {"error": f"no {TRACE_GLOB} written to {trace_dir}"}
+    try:
+        row |= summarise_trace(trace, batch, args.steps)
+    except TraceError as exc:
+        row["error"] = str(exc)
+    row["trace_mb"] = round(trace.stat().st_size / 2**20, 1)
+    if not args.keep_traces:
+        trace.unlink()
+    return row
+
+
+def write_markdown(out: Path) -> None:
+    rows = [r for r in read_row_file(out / "step_profile.json", WHAT)["rows"] if "kinds" in r]
+    (out / "step_profile.md").write_text(f"# Decode step profile\n\n{WHAT}\n\n{markdown(rows)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    few = f"--steps must be at least 1 (got {args.steps})" if args.steps < 1 else None
+    problem = engine_problem(args) or few or out_problem(args.out / "step_profile.json", WHAT)
+    if problem:
+        print(f"error: {problem}")
+        return 2
+    trace_dir = args.out / "traces"
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    started = start_engine(args, profiler_config=profiler_config(trace_dir))
+    if started is None:
+        return 1
+    llm, facts = started
+    vocab_size = llm.llm_engine.model_config.get_vocab_size()
+    command = command_line("replayssm_patch.gpu.step_profile", argv)
+    failed = False
+    for batch in args.batches:
+        row = profile_batch(llm, args, batch, vocab_size, trace_dir)
+        row |= {k: facts[k] for k in ("replayssm_layers", "gpu", "vllm", "date")}
+        record_row(args.out / "step_profile.json", row, WHAT, command, facts)
+        write_markdown(args.out)
+        failed |= "error" in row
+        shown = {k: row.get(k) for k in ("span_us", "kernel_us", "gap_us", "steps", "error")}
+        kinds = {k: v["us"] for k, v in row.get("kinds", {}).items()}
+        print(f"{args.variant} {args.mode} B={batch}: {json.dumps(shown)}, us per kind {json.dumps(kinds)}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

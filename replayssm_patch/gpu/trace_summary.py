@@ -1,0 +1,191 @@
+"""Kernel time per decode step and per layer kind, from a torch.profiler Chrome trace of a vLLM worker.
+
+vLLM 0.24's GPU worker wraps every `execute_model` in a profiler range named
+``execute_context_<reqs>(<tokens>)_generation_<reqs>(<tokens>)``. A decode step at batch B is a range with no
+context request and B generation requests. Its GPU span runs from the first kernel (or copy) launched inside
+the range to the first one launched by the next range, so kernels launched outside any range (the sampler
+under async scheduling) and the gaps between kernels count too: every microsecond of the span is in the table,
+as kernel time of one kind or as gap. Kinds come from kernel-name patterns (`KINDS`, first match wins).
+
+No torch or vLLM needed: it reads the JSON (plain or .gz) that `torch.profiler.tensorboard_trace_handler` writes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import itertools
+import json
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STEP_RANGE = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# vLLM's Mamba-2 ops: SSU, causal conv, the SSD prefill chunks, the mixer's gated RMSNorm
+MAMBA_KERNELS = (
+    r"selective_(scan|state)|causal_conv1d|chunk_(scan|state|cumsum)|state_passing|bmm_chunk|mamba|ssd_|"
+    r"layer_norm_fwd_1pass"
+)
+KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("replayssm", re.compile(r"replay|_flush_kernel", re.I)),  # new ReplaySSM kernels: keep "replay" in the name
+    ("mamba", re.compile(MAMBA_KERNELS, re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|attn|reshape_and_cache|paged", re.I)),
+    ("gemm", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|wgmma|matmul|splitk", re.I)),
+)
+OTHER = "other"
+KIND_NAMES = (*(name for name, _ in KINDS), OTHER)
+KIND_LABELS = {
+    "replayssm": "ReplaySSM kernels",
+    "mamba": "Mamba mixer kernels (SSU, conv, SSD, gated norm)",
+    "attention": "attention (FlashAttention, KV-cache writes)",
+    "gemm": "GEMMs (MLP and every projection, LM head)",
+    OTHER: "other (norms, activations, sampler, copies)",
+}
+TOP_KERNELS = 15
+
+
+class TraceError(ValueError):
+    """The trace holds no decode step to summarise; the message says what was found instead."""
+
+
+def kind_of(kernel_name: str) -> str:
+    return next((name for name, pattern in KINDS if pattern.search(kernel_name)), OTHER)
+
+
+@dataclass(frozen=True)
+class StepRange:
+    """One `execute_model` range on the host timeline (microseconds) and what it scheduled."""
+
+    ts: float
+    dur: float
+    context_reqs: int
+    generation_reqs: int
+
+
+@dataclass(frozen=True)
+class DeviceOp:
+    name: str
+    ts: float
+    dur: float
+    correlation: int | None
+
+
+def load_events(path: Path) -> list[dict[str, Any]]:
+    """The trace's events; torch writes {"traceEvents": [...]}, optionally gzipped."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as handle:
+        payload = json.load(handle)
+    return payload["traceEvents"] if isinstance(payload, dict) else payload
+
+
+def _parse(events: list[dict[str, Any]]) -> tuple[list[StepRange], list[DeviceOp], dict[int, float]]:
+    ranges, ops, launches = [], [], {}
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        cat, args = e.get("cat", ""), e.get("args") or {}
+        if cat in DEVICE_CATEGORIES:
+            ops.append(DeviceOp(e["name"], float(e["ts"]), float(e.get("dur", 0.0)), args.get("correlation")))
+        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in args:
+            launches[args["correlation"]] = float(e["ts"])
+        elif cat == "user_annotation" and (m := STEP_RANGE.match(e.get("name", ""))):
+            ranges.append(StepRange(float(e["ts"]), float(e.get("dur", 0.0)), int(m[1]), int(m[3])))
+    ranges.sort(key=lambda r: r.ts)
+    ops.sort(key=lambda o: o.ts)
+    return ranges, ops, launches
+
+
+def _device_starts(ranges: list[StepRange], ops: list[DeviceOp], launches: dict[int, float]) -> list[float | None]:
+    """Per range, the GPU start of the first op it launched (None if it launched nothing seen)."""
+    starts: list[float | None] = [None] * len(ranges)
+    begins = [r.ts for r in ranges]
+    for op in ops:
+        launched = launches.get(op.correlation) if op.correlation is not None else None
+        if launched is None:
+            continue
+        i = bisect.bisect_right(begins, launched) - 1
+        if i >= 0 and launched <= ranges[i].ts + ranges[i].dur:
+            current = starts[i]
+            starts[i] = op.ts if current is None else min(current, op.ts)
+    return starts
+
+
+def summarise_events(events: list[dict[str, Any]], batch: int | None = None, steps: int | None = None) -> dict:
+    """Per decode step at `batch` (default: the largest generation batch seen): span, host time, time per kind
+    and the top kernels. `steps` keeps only the last that many decode steps (e.g. one ring length)."""
+    ranges, ops, launches = _parse(events)
+    if not ranges:
+        raise TraceError("no execute_context_..._generation_... ranges: not a vLLM 0.24 GPU-worker trace")
+    starts = _device_starts(ranges, ops, launches)
+    launched = [(r, s) for r, s in zip(ranges, starts, strict=True) if s is not None]
+    # (range, gpu start, gpu end) of every range that the next launching range bounds
+    spans = [(rng, start, end) for (rng, start), (_, end) in itertools.pairwise(launched)]
+    batch = batch or max((r.generation_reqs for r in ranges if r.context_reqs == 0), default=0)
+    decode = [s for s in spans if s[0].context_reqs == 0 and s[0].generation_reqs == batch]
+    if steps:
+        decode = decode[-steps:]
+    if not decode:
+        seen = sorted({(r.context_reqs, r.generation_reqs) for r in ranges})
+        raise TraceError(f"no bounded decode step at batch {batch}; (context, generation) requests seen: {seen}")
+    return _tabulate(decode, ops, batch)
+
+
+def _tabulate(decode: list[tuple[StepRange, float, float]], ops: list[DeviceOp], batch: int) -> dict:
+    n = len(decode)
+    op_starts = [o.ts for o in ops]
+    per_kind: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for _, start, end in decode:
+        for op in ops[bisect.bisect_left(op_starts, start) : bisect.bisect_left(op_starts, end)]:
+            kind = kind_of(op.name)
+            per_kind[kind] += op.dur
+            calls[kind] += 1
+            per_kernel[op.name][0] += op.dur
+            per_kernel[op.name][1] += 1
+    span_us = statistics.fmean(end - start for _, start, end in decode)
+    busy_us = sum(per_kind.values()) / n
+    kinds = {
+        k: {"label": KIND_LABELS[k], "us": round(per_kind[k] / n, 2), "launches": round(calls[k] / n, 2),
+            "share": round(per_kind[k] / n / span_us, 4) if span_us else None}
+        for k in KIND_NAMES
+    }  # fmt: skip
+    top = sorted(per_kernel.items(), key=lambda item: -item[1][0])[:TOP_KERNELS]
+    return {
+        "batch": batch,
+        "steps": n,
+        "span_us": round(span_us, 2),
+        "kernel_us": round(busy_us, 2),
+        "gap_us": round(span_us - busy_us, 2),
+        "host_us": round(statistics.fmean(r.dur for r, _, _ in decode), 2),
+        "kinds": kinds,
+        "top_kernels": [
+            {"name": name[:160], "kind": kind_of(name), "us": round(t / n, 2), "calls": round(c / n, 2)}
+            for name, (t, c) in top
+        ],
+    }
+
+
+def summarise_trace(path: Path, batch: int | None = None, steps: int | None = None) -> dict:
+    return summarise_events(load_events(path), batch, steps)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """One table of time per kind (µs per decode step) for every summarised row, then each row's top kernels."""
+    head = ["variant", "mode", "batch", "steps", "span µs", *KIND_NAMES, "gap µs", "host µs"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        kinds = [f"{r['kinds'][k]['us']:.1f}" for k in KIND_NAMES]
+        cells = [r["variant"], r["mode"], r["batch"], r["steps"], f"{r['span_us']:.1f}", *kinds,
+                 f"{r['gap_us']:.1f}", f"{r['host_us']:.1f}"]  # fmt: skip
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    lines += ["", "Kinds: " + "; ".join(f"{k} = {KIND_LABELS[k]}" for k in KIND_NAMES) + "."]
+    for r in rows:
+        lines += ["", f"Top kernels, {r['variant']} {r['mode']} batch {r['batch']} (µs and calls per step):", ""]
+        lines += ["| kernel | kind | µs | calls |", "|---|---|---|---|"]
+        lines += [f"| `{k['name']}` | {k['kind']} | {k['us']} | {k['calls']} |" for k in r["top_kernels"]]
+    return "\n".join(lines) + "\n"

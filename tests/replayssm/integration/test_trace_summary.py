@@ -1,0 +1,93 @@
+"""The step profile's summariser on a small synthetic Chrome trace (the shape torch.profiler exports for a vLLM
+0.24 GPU worker), plus a real torch.profiler trace for the host side's event names and file naming."""
+
+import gzip
+import json
+
+import pytest
+import torch
+
+from replayssm_patch.gpu.step_profile import TRACE_GLOB, profiled_tokens
+from replayssm_patch.gpu.trace_summary import (
+    KIND_NAMES,
+    TraceError,
+    kind_of,
+    load_events,
+    markdown,
+    summarise_events,
+    summarise_trace,
+)
+from tests.replayssm.integration.trace_fixture import GRAPH_KERNELS, STEP_US, decode_trace
+
+
+def test_every_microsecond_of_a_decode_step_is_in_a_kind_or_the_gap():
+    got = summarise_events(decode_trace())
+    assert (got["batch"], got["steps"], got["span_us"], got["host_us"]) == (2, 3, STEP_US, 50.0)
+    us = {k: v["us"] for k, v in got["kinds"].items()}  # other: the copy 2 + the RMS norm 5 + the sampler 4
+    assert us == {"replayssm": pytest.approx((3 * 30 + 40) / 3, abs=0.01), "mamba": 20.0, "attention": 10.0,
+                  "gemm": 100.0, "other": 11.0}  # fmt: skip
+    assert got["kernel_us"] == pytest.approx(sum(us.values()), abs=0.02)
+    assert got["gap_us"] == pytest.approx(STEP_US - got["kernel_us"], abs=0.02)
+    assert got["kinds"]["replayssm"]["launches"] == pytest.approx(4 / 3, abs=0.01)
+    assert got["kinds"]["gemm"]["share"] == pytest.approx(0.1)
+    assert got["top_kernels"][0] == {"name": GRAPH_KERNELS[3][0], "kind": "gemm", "us": 100.0, "calls": 1.0}
+
+
+def test_steps_keeps_the_last_decode_steps_and_batch_picks_the_rows():
+    last_two = summarise_events(decode_trace(), batch=2, steps=2)
+    assert last_two["steps"] == 2 and last_two["kinds"]["replayssm"]["us"] == pytest.approx(50.0)  # (30+40+30)/2
+    with pytest.raises(TraceError, match=r"batch 1.*\(0, 1\)"):
+        summarise_events(decode_trace(), batch=1)  # the batch-1 step has no successor to bound it
+    with pytest.raises(TraceError, match=r"not a vLLM 0\.24 GPU-worker trace"):
+        summarise_events([e for e in decode_trace() if e.get("cat") != "user_annotation"])
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("_replay_decode_kernel", "replayssm"),
+        ("_flush_kernel", "replayssm"),
+        ("_selective_scan_update_kernel", "mamba"),
+        ("_causal_conv1d_update_kernel", "mamba"),
+        ("_layer_norm_fwd_1pass_kernel", "mamba"),
+        ("_chunk_scan_fwd_kernel", "mamba"),
+        ("void flash::FlashAttnFwdSm90<cutlass::bfloat16_t, 128>", "attention"),  # cutlass inside: still attention
+        ("void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16>", "attention"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
+        ("nvjet_tst_192x128_64x4_2x1_v_bz_coopB_TNT", "gemm"),
+        ("void vllm::act_and_mul_kernel<c10::BFloat16>", "other"),
+    ],
+)
+def test_kernel_names_map_to_layer_kinds(name, kind):
+    assert kind_of(name) == kind
+
+
+def test_gzipped_trace_file_and_markdown(tmp_path):
+    path = tmp_path / "worker_rank0.1700000000000.pt.trace.json.gz"
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": decode_trace(), "displayTimeUnit": "ms"}, handle)
+    assert path.match(TRACE_GLOB)
+    row = {"variant": "replayssm_fp32", "mode": "O0", **summarise_trace(path, 2)}
+    md = markdown([row])
+    assert "| replayssm_fp32 | O0 | 2 | 3 | 1000.0 | 43.3 | 20.0 | 10.0 | 100.0 | 11.0 |" in md
+    assert all(k in md for k in KIND_NAMES) and f"`{GRAPH_KERNELS[3][0]}` | gemm | 100.0 | 1.0 |" in md
+
+
+def test_real_torch_profiler_trace_names_host_ranges_as_the_summariser_reads_them(tmp_path):
+    """torch.profiler (CPU here) through the handler vLLM uses: the file matches the glob, the ranges vLLM's
+    worker opens come out as user_annotation events; with no GPU there is no device op, which is said."""
+    handler = torch.profiler.tensorboard_trace_handler(str(tmp_path), worker_name="rank0", use_gzip=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], on_trace_ready=handler):
+        for name in ("execute_context_1(16)_generation_0(0)", "execute_context_0(0)_generation_1(1)"):
+            with torch.profiler.record_function(name):
+                torch.ones(8).sum()
+    (trace,) = tmp_path.glob(TRACE_GLOB)
+    ranges = [e["name"] for e in load_events(trace) if e.get("cat") == "user_annotation"]
+    assert ranges == ["execute_context_1(16)_generation_0(0)", "execute_context_0(0)_generation_1(1)"]
+    with pytest.raises(TraceError, match="no bounded decode step"):
+        summarise_trace(trace)
+
+
+def test_profiled_generate_leaves_the_asked_decode_steps_after_the_chunked_prefill():
+    assert profiled_tokens(batch=256, max_num_batched_tokens=16384, steps=16) == 16 + 16 + 8
+    assert profiled_tokens(batch=64, max_num_batched_tokens=8192, steps=16) == 8 + 16 + 8

@@ -1,0 +1,87 @@
+"""The GPU benchmarks' `vllm.LLM(...)` arguments through the real vllm==0.24.0 constructor, up to the engine config.
+
+Run by test_vllm_integration.py in the cached CPU venv. Args: Nemotron-H-8B model dir, result file. The
+engine itself cannot start without a GPU, so `LLMEngine.from_engine_args` is stopped with the EngineArgs that
+LLM built; those then build the VllmConfig. Not collected by pytest (no test_ prefix).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import vllm.platforms as platforms
+from vllm.platforms.cpu import CpuPlatform
+
+platforms.current_platform = CpuPlatform()  # no GPU here; vLLM's CPU platform builds configs
+import vllm.entrypoints.llm as llm_module  # noqa: E402
+from vllm import LLM, SamplingParams  # noqa: E402
+from vllm.inputs import TokensPrompt  # noqa: E402
+
+from replayssm_patch.config import replayssm_config_of  # noqa: E402
+from replayssm_patch.gpu import engine_step, step_profile  # noqa: E402
+from replayssm_patch.gpu.variants import MODES, VARIANTS  # noqa: E402
+
+
+class Built(Exception):
+    """Carries the EngineArgs out of LLM.__init__ before the engine would start."""
+
+
+def stop_before_engine(engine_args, usage_context=None, **_):
+    raise Built(engine_args)
+
+
+def constructed(kwargs: dict) -> dict:
+    try:
+        LLM(**kwargs)
+    except Built as built:
+        args = built.args[0]
+    else:
+        raise AssertionError("LLM started an engine on CPU")
+    # the CPU platform rewrites compile settings, so record what LLM passed on, then build the config
+    given = {
+        "optimization_level": int(args.optimization_level),
+        "cudagraph_mode": str(args.compilation_config.cudagraph_mode),
+        "enable_prefix_caching": args.enable_prefix_caching,
+        "disable_log_stats": args.disable_log_stats,
+        "load_format": args.load_format,
+        "profiler": args.profiler_config.profiler,
+        "profiler_with_stack": args.profiler_config.torch_profiler_with_stack,
+    }
+    config = dataclasses.replace(args, skip_tokenizer_init=True).create_engine_config()
+    return given | {
+        "config_optimization_level": int(config.optimization_level),
+        "config_prefix_caching": config.cache_config.enable_prefix_caching,
+        "mamba_ssm_cache_dtype": config.cache_config.mamba_ssm_cache_dtype,
+        "gpu_memory_utilization": config.cache_config.gpu_memory_utilization,
+        "max_num_seqs": config.scheduler_config.max_num_seqs,
+        "max_model_len": config.model_config.max_model_len,
+        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+        "replayssm": dataclasses.asdict(replayssm_config_of(config)),
+    }
+
+
+def main(model_dir: Path, result: Path) -> None:
+    llm_module.LLMEngine.from_engine_args = stop_before_engine
+    out: dict = {"cases": {}}
+    for variant in VARIANTS:
+        for mode in MODES:
+            args = engine_step.parser().parse_args(["--model", str(model_dir), "--variant", variant, "--mode", mode,
+                                                    "--out", str(result.parent / "unused.json")])  # fmt: skip
+            out["cases"][f"{variant}/{mode}"] = constructed(engine_step.llm_kwargs(args))
+    profiled = engine_step.llm_kwargs(args) | {"profiler_config": step_profile.profiler_config(result.parent / "t")}
+    out["profiled"] = constructed(profiled)
+    params = SamplingParams(**engine_step.sampling_kwargs(272))
+    out["sampling"] = {k: getattr(params, k) for k in ("max_tokens", "min_tokens", "ignore_eos", "temperature",
+                                                        "detokenize")}  # fmt: skip
+    out["prompt"] = TokensPrompt(prompt_token_ids=[11, 12])["prompt_token_ids"]
+    out["llm_methods"] = sorted(
+        m for m in ("generate", "start_profile", "stop_profile", "apply_model", "get_metrics") if hasattr(LLM, m)
+    )
+    result.write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(*map(Path, sys.argv[1:3]))
