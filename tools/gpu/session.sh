@@ -29,7 +29,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 MODEL=/tmp/model
 mapfile -t MODE_FLAGS < <(python3 -m replayssm_patch.gpu.variants --mode "$MODE")
 VLLM_FLAGS=(--model "$MODEL" --served-model-name m --load-format dummy --max-num-seqs 256 --max-model-len "${MAX_LEN:-8192}"
-  --gpu-memory-utilization 0.85 --mamba-ssm-cache-dtype float32 "${MODE_FLAGS[@]}")
+  --gpu-memory-utilization "${SERVE_UTIL:-0.85}" --mamba-ssm-cache-dtype float32 "${MODE_FLAGS[@]}")
 STEPS=$RES/engine_step-h200.json  # starts from the committed file, so the packed one is the merged whole
 [ -f "$STEPS" ] || cp "$ROOT/replayssm_patch/gpu/results/engine_step-h200.json" "$STEPS" 2>/dev/null
 
