@@ -17,6 +17,7 @@ from harness.analysis.compare import compare_metrics
 from harness.analysis.cost import summarise_cost
 from harness.analysis.decision import decide
 from harness.analysis.inputs import ARMS, RunInputs, final_attempt, read_inputs
+from harness.analysis.load_share import load_share
 from harness.analysis.model import ExcludedRepeat, RunRow, Summary
 from harness.analysis.quality import summarise_quality
 from harness.analysis.review import review_tables
@@ -128,6 +129,7 @@ def _run_row(run: RunMetrics) -> RunRow:
         duration_s=run.duration_s,
         time_scale=run.time_scale,
         simulated=run.simulated,
+        load_share=run.load_share,
     )
 
 
@@ -207,5 +209,6 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         simulated=any(r.simulated for r in runs.values()),
         notes=inputs.notes + ([quality.note] if quality.note else []),
         alpha=config.decision.alpha,
+        load_share=load_share([run for pair in pairs for run in pair], inputs.capacity),
     )
     return RunAnalysis(summary=summary, plots=_plot_data(pairs, blocks), config=config)

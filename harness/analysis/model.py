@@ -73,6 +73,7 @@ class RunRow(_Record):
     duration_s: float
     time_scale: float | None  # trace time compression the run replayed at (< 1: faster than recorded)
     simulated: bool
+    load_share: float | None = None  # offered load as a share of the baseline's capacity (0.65 = 65 %)
 
 
 class Attempt(BaseModel):
@@ -187,3 +188,4 @@ class Summary(_Record):
     simulated: bool
     notes: list[str]
     alpha: float
+    load_share: float | None = None  # the load every effect was measured at, as a share of the baseline's capacity

@@ -19,7 +19,14 @@ from harness.analysis.log_histogram import block_histograms, quantiles_from_coun
 from harness.records.decision_config import LATENCY_METRICS, QUANTILES, CostConfig, DecisionConfig, SloConfig
 from harness.records.fidelity import Fidelity, replay_fidelity
 from harness.records.result_io import read_results
-from harness.records.result_schema import META_ARM, META_OFFERED_RATE, META_REPEAT, META_SIMULATED, META_TIME_SCALE
+from harness.records.result_schema import (
+    META_ARM,
+    META_LOAD_SHARE,
+    META_OFFERED_RATE,
+    META_REPEAT,
+    META_SIMULATED,
+    META_TIME_SCALE,
+)
 
 REQUEST_COLUMNS = (
     "request_id",
@@ -57,6 +64,7 @@ class RunMetrics:
     path: Path
     simulated: bool
     time_scale: float | None
+    load_share: float | None  # offered load / the baseline's capacity, when the run was set up that way
     requests: pd.DataFrame  # one row per request, with derived tpot_s, max_itl_s, ok, slo_met, block
     metrics: dict[str, float]  # true values, as shown
     # The same, but a zero count taken as half a request so log-ratios stay finite: an arm that meets no SLO
@@ -190,6 +198,7 @@ def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionC
         path=path,
         simulated=meta.get(META_SIMULATED, "").lower() == "true",
         time_scale=float(meta[META_TIME_SCALE]) if meta.get(META_TIME_SCALE) else None,
+        load_share=float(meta[META_LOAD_SHARE]) if meta.get(META_LOAD_SHARE) else None,
         requests=frame,
         metrics=metrics | _count_metrics(*counts, zero_as=0.0),
         comparable=metrics | _count_metrics(*counts, zero_as=0.5),

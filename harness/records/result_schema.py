@@ -43,3 +43,5 @@ META_TIME_SCALE = "replaybench.time_scale"
 META_OFFERED_RATE = "replaybench.offered_rate"
 META_TRACE_SOURCE = "replaybench.trace"
 META_SIMULATED = "replaybench.simulated"  # "true" when produced by the embedded engine
+META_LOAD_SHARE = "replaybench.load_share"  # the offered load as a share of the baseline's capacity (0.65 = 65 %)
+META_GPUS = "replaybench.gpus"  # GPU ids (CUDA_VISIBLE_DEVICES) of the server in this repeat; "" when not placed

@@ -12,6 +12,7 @@ import numpy as np
 from harness.analysis.analyse import RunAnalysis
 from harness.analysis.decision import pct, pct_interval
 from harness.analysis.inputs import ARMS
+from harness.analysis.load_share import describe_load_share
 from harness.records.decision_config import SloConfig
 from harness.report import figures
 
@@ -105,6 +106,7 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
         repeat_metrics=REPEAT_TABLE_METRICS,
         environment=_environment(s.environment),
         slo_text=_slo_text(slo),
+        load_line=describe_load_share(s.load_share),
         window_s=plots.window_s,
         generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         pct=lambda ratio: "—" if ratio is None else pct(ratio),

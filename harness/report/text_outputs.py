@@ -6,6 +6,7 @@ import json
 from xml.etree import ElementTree as ET
 
 from harness.analysis.decision import describe_change, pct, pct_interval
+from harness.analysis.load_share import describe_load_share
 from harness.analysis.model import Summary
 
 OUTCOME_ICONS = {"KEEP": "✅", "REJECT": "❌", "INCONCLUSIVE": "⚠️", "INVALID": "⛔"}
@@ -30,6 +31,8 @@ def summary_markdown(summary: Summary) -> str:
         f"### {OUTCOME_ICONS[d.outcome.value]} replaybench: **{d.outcome.value}** — {summary.experiment}",
         "",
         d.reason,
+        "",
+        describe_load_share(summary.load_share),
         "",
     ]
     if summary.simulated:

@@ -70,6 +70,36 @@ def _spec(
     )
 
 
+def spec_from_serve_args(args: list[str], cwd: Path):
+    """The engine a `serve-sim ARGS` command line would run, parsed by serve-sim's own options.
+
+    Relative `--model-config` / `--calibration` paths are taken against `cwd`, the server's working directory.
+    """
+    app = typer.Typer(add_completion=False)
+    app.command()(serve_sim)
+    try:
+        params = typer.main.get_command(app).make_context("serve-sim", list(args)).params
+    except typer.TyperException as error:  # typer's (vendored click) usage errors
+        raise UserError(f"serve-sim {' '.join(args)}: {error.format_message()}; fix the command") from None
+
+    def path(value: Path | None) -> Path | None:
+        return value if value is None or value.is_absolute() else cwd / value
+
+    return _spec(
+        path(params["model_config"]),
+        params["gpu"],
+        params["policy"],
+        params["ssm_dtype"],
+        params["buffer_len"],
+        params["split_precision"],
+        params["max_num_seqs"],
+        params["max_num_batched_tokens"],
+        params["max_model_len"],
+        path(params["calibration"]),
+        params["tensor_parallel_size"],
+    )
+
+
 def serve_sim(
     port: Annotated[int, typer.Option("--port", help="TCP port; 0 picks a free one and logs it")],
     model_config: ModelConfig = None,
