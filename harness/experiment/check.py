@@ -14,7 +14,7 @@ from harness.errors import UserError
 from harness.experiment.arm_server import ArmServer, server_spec
 from harness.experiment.config import ARMS, ArmConfig, ExperimentConfig
 from harness.experiment.gpus import GpuInfo, query_gpus
-from harness.experiment.load import describe_load
+from harness.experiment.load import capacity_file, describe_load, read_capacity, with_load
 from harness.experiment.placement import placement_policy
 from harness.experiment.quality import load_tasks
 from harness.experiment.settings_diff import PROGRAM, arm_differences, embedded_engine_args, parse_command
@@ -42,10 +42,19 @@ def _trace(config: ExperimentConfig) -> list[Finding]:
     if config.trace.load_resolved:  # otherwise the time scale waits for the baseline's capacity
         span = trace.duration_s * config.trace.time_scale
         rate = f" over {span:.1f} s" + (f", {len(trace) / span:.2f} req/s offered" if span > 0 else "")
-    return [
-        Finding("ok", "trace", f"{config.trace.path.name}: {len(trace)} requests{rate}"),
-        Finding("ok", "load", describe_load(config)),
-    ]
+    return [Finding("ok", "trace", f"{config.trace.path.name}: {len(trace)} requests{rate}"), _load(config)]
+
+
+def _load(config: ExperimentConfig) -> Finding:
+    """The load as a share of capacity; a given capacity.json is read (and matched to this experiment) now."""
+    capacity = config.trace.capacity
+    if capacity is None or config.trace.load_resolved:
+        return Finding("ok", "load", describe_load(config))
+    try:
+        scale = read_capacity(capacity, config)
+    except UserError as error:
+        return Finding("fail", "load", str(error))
+    return Finding("ok", "load", describe_load(with_load(config, scale, str(capacity_file(capacity)))))
 
 
 def _quality(config: ExperimentConfig) -> list[Finding]:

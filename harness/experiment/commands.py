@@ -186,7 +186,7 @@ def _settle_load(console: Console, config: ExperimentConfig, run_dir: RunDir) ->
 
     written = CapacityFiles(run_dir.root).capacity_json
     if config.trace.capacity is not None:
-        scale, _ = read_capacity(config.trace.capacity, config)
+        scale = read_capacity(config.trace.capacity, config)
         source = str(capacity_file(config.trace.capacity))
         with atomic_path(written) as tmp:
             shutil.copyfile(source, tmp)

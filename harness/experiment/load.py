@@ -58,8 +58,8 @@ def _mismatches(config: ExperimentConfig, measured: ExperimentConfig) -> list[st
     return found
 
 
-def read_capacity(path: Path, config: ExperimentConfig) -> tuple[float, dict[str, object]]:
-    """The baseline's capacity time scale and the whole capacity.json, checked against this experiment.
+def read_capacity(path: Path, config: ExperimentConfig) -> float:
+    """The baseline's time scale at capacity from a capacity.json, checked against this experiment.
 
     The experiment.toml beside the capacity.json says what was measured; a different trace slice, SLO or
     baseline server is refused (its capacity says nothing about this run's load).
@@ -86,7 +86,7 @@ def read_capacity(path: Path, config: ExperimentConfig) -> tuple[float, dict[str
             f"trace.capacity: {file} was measured with a different {', '.join(differ)}; re-run "
             "`replaybench capacity --config` with this experiment, or remove trace.capacity to probe first"
         )
-    return baseline_time_scale(document, str(file)), document
+    return baseline_time_scale(document, str(file))
 
 
 def with_load(config: ExperimentConfig, capacity_time_scale: float, source: str) -> ExperimentConfig:

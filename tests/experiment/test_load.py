@@ -63,6 +63,9 @@ def test_load_becomes_a_frozen_time_scale_that_resume_keeps(tmp_path: Path) -> N
     trace = tiny_trace(tmp_path / "trace.parquet")
     capacity = capacity_dir(tmp_path, trace)
     config = write_config(tmp_path / "exp.toml", load_document(trace, capacity))
+    checked = replaybench("check", str(config))
+    assert checked.returncode == 0, checked.stderr
+    assert "load      load 65% of the baseline's capacity: time scale 0.4615 (capacity at 0.3, from" in checked.stdout
     result = replaybench("run", "--config", str(config), "--output-dir", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     assert "Load: 65% of the baseline's capacity" in result.stdout
@@ -108,8 +111,9 @@ def test_a_capacity_measured_for_another_slice_or_an_open_search_is_refused(tmp_
     result = replaybench("run", "--config", str(config), "--output-dir", str(tmp_path / "out"))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: trace.capacity: {other / 'capacity.json'} was measured with a different trace.limit; re-run "
-        "`replaybench capacity --config` with this experiment, or remove trace.capacity to probe first"
+        f"error: preflight check failed (1 problem(s)), first: trace.capacity: {other / 'capacity.json'} was "
+        "measured with a different trace.limit; re-run `replaybench capacity --config` with this experiment, or "
+        "remove trace.capacity to probe first"
     ]
     (other / "capacity.json").write_text(json.dumps({"baseline": {"limit": "at_least", "time_scale_at_capacity": 0.1}}))
     from harness.experiment.load import baseline_time_scale
