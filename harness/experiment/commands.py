@@ -191,7 +191,9 @@ def _settle_load(console: Console, config: ExperimentConfig, run_dir: RunDir) ->
         with atomic_path(written) as tmp:
             shutil.copyfile(source, tmp)
     else:
-        console.print("no [trace] capacity given: probing the baseline's capacity first (one replay per probe)")
+        console.print(
+            "no \\[trace] capacity given: probing the baseline's capacity first (one replay per probe)", highlight=False
+        )
         found = search_capacity(console, config, run_dir.root, (BASELINE,), PROBE_REPEATS, PROBE_BOUNDS)
         scale = baseline_time_scale({BASELINE: found[BASELINE].to_json(config.slo.attainment_target)}, str(written))
         source = "probe"

@@ -16,8 +16,9 @@ from harness.experiment.capacity import SearchBounds
 from harness.experiment.config import ExperimentConfig, LoadBasis, load_config
 
 # The quick probe `run` does when no capacity.json is given: one replay per probe, from the recorded rate
-# (time scale 1) up to 50x compression, to within 5 %.
-PROBE_BOUNDS = SearchBounds(min_scale=0.02, max_scale=1.0, tolerance=0.05)
+# (time scale 1) up to 100x compression, to within 5 %.
+PROBE_BOUNDS = SearchBounds(min_scale=0.01, max_scale=1.0, tolerance=0.05)
+RERUN = "re-run `replaybench capacity` with a {bound} and give its run directory as [trace] capacity"
 PROBE_REPEATS = 1
 BASELINE = "baseline"
 TRACE_KEYS = ("path", "start_s", "duration_s", "limit")  # a capacity holds only for the slice it was measured on
@@ -30,20 +31,23 @@ def capacity_file(path: Path) -> Path:
 
 
 def baseline_time_scale(document: object, source: str) -> float:
-    """The baseline's time scale at capacity from a capacity.json document; an open-ended search is refused."""
+    """The baseline's time scale at capacity from a capacity.json document; an open-ended search is refused.
+
+    Each refusal says how to search wider; a slice too small to load the baseline needs a longer one too.
+    """
     entry = document.get(BASELINE) if isinstance(document, dict) else None
     if not isinstance(entry, dict):
         raise UserError(f"{source}: no baseline entry; run `replaybench capacity --config CONFIG` for this experiment")
     limit, scale = entry.get("limit"), entry.get("time_scale_at_capacity")
     if limit == "at_least":
         raise UserError(
-            f"{source}: the baseline held its SLO even at the heaviest load probed, so its capacity is unknown; "
-            "re-run `replaybench capacity` with a lower --min-scale"
+            f"{source}: the baseline held its SLO even at the heaviest load probed, so its capacity is unknown "
+            f"(is the slice long enough to load it?); {RERUN.format(bound='lower --min-scale')}"
         )
     if limit == "below_range" or not isinstance(scale, int | float) or scale <= 0:
         raise UserError(
             f"{source}: the baseline has no capacity on this slice (it missed its SLO even at the lightest load "
-            "probed); re-run `replaybench capacity` with a higher --max-scale, or relax [slo]"
+            f"probed); relax [slo], or {RERUN.format(bound='higher --max-scale')}"
         )
     return float(scale)
 
