@@ -73,8 +73,8 @@ def main() -> None:
     notes = (
         f"Generated lognormal results (mean {MEAN_OUTPUT_TOKENS} output tokens per request, so ~"
         f"{REQUESTS * MEAN_OUTPUT_TOKENS / 1e6:.1f} M inter-token gaps per run) written in {generated_s:.0f} s "
-        f"(not counted). Analysis = reading every Parquet file, per-run metrics, paired statistics, the "
-        f"two-stage block bootstrap (400 resamples) and the review tables; report = five figures + HTML, "
+        f"(not counted). Analysis = reading every Parquet file, per-run metrics, paired statistics (request-paired "
+        f"p50s), planning, stability detectors and the review tables; report = five figures + HTML, "
         f"JSON, Markdown, JUnit. Measured on a {os.cpu_count()}-core machine (load average in the header); CPU seconds "
         f"(user + system of the analysing process) are what an idle machine would need. Decision on this data: "
         f"{measured['outcome']}."

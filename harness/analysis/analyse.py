@@ -17,15 +17,21 @@ from harness.analysis.compare import compare_metrics
 from harness.analysis.cost import summarise_cost
 from harness.analysis.decision import decide
 from harness.analysis.inputs import ARMS, RunInputs, final_attempt, read_inputs
-from harness.analysis.load_share import load_share
-from harness.analysis.model import ExcludedRepeat, RunRow, Summary
+from harness.analysis.model import ExcludedRepeat, RunRow, ServerCheck, Summary
+from harness.analysis.planning import plan_next_run
 from harness.analysis.quality import summarise_quality
 from harness.analysis.review import review_tables
 from harness.analysis.run_metrics import RunMetrics, TimeBlocks, load_run
+from harness.analysis.server_check import arm_means, server_check
+from harness.analysis.stability import assess_stability
+from harness.analysis.vllm_aliases import vllm_aliases
 from harness.errors import UserError
 from harness.records.decision_config import AnalysisConfig
+from harness.records.metric_registry import LATENCY_METRICS
+from harness.records.result_schema import CHUNKS, FINAL_USAGE, TEXT_CHUNKS
 
 MAX_BLOCKS = 64  # more blocks add memory, not information: a block should be long against queue memory
+BLOCK_S = 10.0  # shortest trace-time window of the per-block histograms and the review's windows
 
 
 @dataclass
@@ -63,6 +69,7 @@ def time_blocks(paths: list[Path], block_s: float) -> TimeBlocks:
 
 
 RunKey = tuple[str, int]  # (arm, repeat)
+Pair = tuple[RunMetrics, RunMetrics]  # (baseline, candidate) of one repeat
 
 
 def _load_runs(inputs: RunInputs, blocks: TimeBlocks) -> tuple[dict[RunKey, RunMetrics], dict[RunKey, str]]:
@@ -104,7 +111,7 @@ def _pairs(
     return used, excluded
 
 
-def _run_row(run: RunMetrics) -> RunRow:
+def _run_row(run: RunMetrics, check: ServerCheck) -> RunRow:
     f = run.fidelity
 
     def ms(value: float | None) -> float | None:
@@ -116,6 +123,7 @@ def _run_row(run: RunMetrics) -> RunRow:
         file=run.path.name,
         valid=f.valid,
         reasons=list(f.reasons),
+        warnings=[check.warning] if check.warning else [],
         requests=len(run.requests),
         successes=int(run.requests["ok"].sum()),
         metrics=run.metrics,
@@ -129,7 +137,8 @@ def _run_row(run: RunMetrics) -> RunRow:
         duration_s=run.duration_s,
         time_scale=run.time_scale,
         simulated=run.simulated,
-        load_share=run.load_share,
+        token_count_sources=run.token_count_sources,
+        server_check=check,
     )
 
 
@@ -154,9 +163,8 @@ def _plot_data(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks) -
     histograms, attainment, lags = {}, {}, {}
     for index, arm in enumerate(ARMS):
         runs = [pair[index] for pair in pairs]
-        histograms[arm] = (
-            sum(r.histograms.sum(axis=1, dtype=np.int64) for r in runs) if runs else np.zeros((4, 1), np.int64)
-        )
+        empty = np.zeros((len(LATENCY_METRICS), 1), np.int64)
+        histograms[arm] = sum(r.histograms.sum(axis=1, dtype=np.int64) for r in runs) if runs else empty
         per_run = [_attainment(r, starts, width) for r in runs]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # an empty window is NaN in every run
@@ -165,15 +173,41 @@ def _plot_data(pairs: list[tuple[RunMetrics, RunMetrics]], blocks: TimeBlocks) -
     return PlotData(histograms=histograms, attainment=attainment, window_starts_s=starts, window_s=width, lags_s=lags)
 
 
+TOKEN_COUNT_NOTES = {
+    TEXT_CHUNKS: "TPOT/ITL of {n} run(s) are chunk-counted (superseded): written before tokens were counted by "
+    "the server, every chunk with text counted as one token; re-run for token-counted figures",
+    CHUNKS: "{n} run(s) got no usage from the server: TPOT/ITL count each streamed chunk as one token",
+    FINAL_USAGE: "{n} run(s) got usage only at the end of each stream: TPOT uses the server's token count, "
+    "but ITL counts each chunk as one token (enable continuous usage stats for per-token ITL)",
+}
+
+
+def token_count_notes(runs: list[RunMetrics]) -> list[str]:
+    """Say where TPOT/ITL rest on less than per-chunk server token counts (DESIGN: a number is its clock)."""
+    notes = []
+    for source, text in TOKEN_COUNT_NOTES.items():
+        n = sum(1 for run in runs if run.token_count_sources.get(source))
+        if n:
+            notes.append(text.format(n=n))
+    return notes
+
+
+def _alias_runs(arm: str, pairs: list[Pair], runs: dict[RunKey, RunMetrics]) -> list[RunMetrics]:
+    """The arm's runs of the valid repeat pairs; every readable run of the arm when no pair is valid."""
+    used = [pair[ARMS.index(arm)] for pair in pairs]
+    return used or [run for (name, _), run in sorted(runs.items()) if name == arm]
+
+
 def analyse_run_dir(root: Path) -> RunAnalysis:
     """Re-analyse a run directory from its files. Raises `UnusableRunDir` only when there are no results."""
     inputs = read_inputs(root)
     config = inputs.config
-    blocks = time_blocks(list(inputs.results.values()), config.decision.bootstrap.block_s)
+    blocks = time_blocks(list(inputs.results.values()), BLOCK_S)
     runs, problems = _load_runs(inputs, blocks)
     used, excluded = _pairs(inputs, runs, problems)
     pairs = [(runs[("baseline", k)], runs[("candidate", k)]) for k in used]
     comparisons = compare_metrics(pairs, config.decision)
+    planning = plan_next_run(comparisons, config.decision, len(pairs))
     quality = summarise_quality(inputs.run.quality_json, config.quality)
     config_note = next((n for n in inputs.notes if "experiment.toml" in n), "")
     decision = decide(
@@ -184,6 +218,7 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         declared=inputs.declared,
         repeats_used=used,
         excluded=excluded,
+        planning=planning,
         config_note=config_note,
     )
     cost = summarise_cost(
@@ -192,13 +227,21 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         config.cost,
     )
     review_requests, review_windows = review_tables(pairs, blocks)
+    tolerance = config.decision.server_tpot_tolerance
+    rows = [
+        _run_row(runs[key], server_check(runs[key], inputs.run, tolerance))
+        for key in sorted(runs, key=lambda k: (k[1], k[0]))
+    ]
     summary = Summary(
         run_dir=str(inputs.run.root),
         experiment=inputs.experiment,
         mode=inputs.mode,
         decision=decision,
         comparisons=comparisons,
-        runs=[_run_row(runs[key]) for key in sorted(runs, key=lambda k: (k[1], k[0]))],
+        planning=planning,
+        stability=assess_stability(pairs, inputs.capacity),
+        runs=rows,
+        server_check=arm_means(rows, ARMS),
         quality=quality,
         cost=cost,
         capacity=inputs.capacity,
@@ -207,8 +250,8 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         environment=inputs.environment,
         failed_attempts=[a for a in inputs.attempts if a.status != "accepted"],
         simulated=any(r.simulated for r in runs.values()),
-        notes=inputs.notes + ([quality.note] if quality.note else []),
+        notes=inputs.notes + token_count_notes(list(runs.values())) + ([quality.note] if quality.note else []),
         alpha=config.decision.alpha,
-        load_share=load_share([run for pair in pairs for run in pair], inputs.capacity),
+        vllm_aliases={arm: vllm_aliases(_alias_runs(arm, pairs, runs)) for arm in ARMS},
     )
     return RunAnalysis(summary=summary, plots=_plot_data(pairs, blocks), config=config)

@@ -1,4 +1,4 @@
-"""Per-metric paired comparisons over the valid repeats: ratio, t-interval, verdict, corrections, MDE, bootstrap."""
+"""Per-metric paired comparisons over the valid repeats: per-repeat log-ratio, t-interval, verdict, corrections."""
 
 from __future__ import annotations
 
@@ -6,45 +6,39 @@ import math
 
 import numpy as np
 
-from harness.analysis.block_bootstrap import percentile_interval, resampled_log_ratios
 from harness.analysis.gate_rule import regression_p_values
-from harness.analysis.model import MetricComparison, Role
-from harness.analysis.paired_stats import (
-    benjamini_hochberg,
-    minimum_detectable_effect,
-    non_inferior,
-    p_two_sided,
-    repeats_to_detect,
-    t_interval,
-    verdicts,
-)
+from harness.analysis.model import Estimator, MetricComparison, Role
+from harness.analysis.paired_stats import benjamini_hochberg, non_inferior, p_two_sided, t_interval, verdicts
+from harness.analysis.request_pairing import REQUEST_PAIRED_METRICS, median_log_ratios
 from harness.analysis.run_metrics import RunMetrics
-from harness.records.decision_config import LATENCY_METRICS, METRIC_DIRECTIONS, QUANTILES, DecisionConfig
+from harness.records.decision_config import DecisionConfig
+from harness.records.metric_registry import LATENCY_METRICS, METRIC_DIRECTIONS, QUANTILES
+
+QUANTILE_METRICS = frozenset(f"{kind}_{q}" for kind in LATENCY_METRICS for q in QUANTILES)
 
 
 def _maybe(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None
 
 
-def _bootstrap_cis(
-    pairs: list[tuple[RunMetrics, RunMetrics]], metrics: list[str], decision: DecisionConfig
-) -> dict[str, tuple[float, float]]:
-    """Two-stage block bootstrap ratio CIs (candidate / baseline) for the quantile metrics among `metrics`."""
-    rng = np.random.default_rng(decision.bootstrap.seed)
-    out: dict[str, tuple[float, float]] = {}
-    for index, kind in enumerate(LATENCY_METRICS):
-        wanted = [q for q in QUANTILES if f"{kind}_{q}" in metrics]
-        if not wanted:
-            continue
-        baseline = np.stack([b.histograms[index] for b, _ in pairs])
-        candidate = np.stack([c.histograms[index] for _, c in pairs])
-        samples = resampled_log_ratios(
-            baseline, candidate, tuple(QUANTILES.values()), decision.bootstrap.resamples, rng
-        )
-        low, high = percentile_interval(samples, decision.alpha)
-        for k, q in enumerate(QUANTILES):
-            if q in wanted:
-                out[f"{kind}_{q}"] = (math.exp(low[k]), math.exp(high[k]))
+def estimator_of(metric: str, decision: DecisionConfig) -> Estimator:
+    """The per-repeat statistic a metric is compared with (pre-declared by `[decision] request_paired`)."""
+    if decision.request_paired and metric in REQUEST_PAIRED_METRICS:
+        return Estimator.REQUEST_PAIRED
+    return Estimator.RUN_QUANTILE if metric in QUANTILE_METRICS else Estimator.RUN_RATIO
+
+
+def log_ratios(pairs: list[tuple[RunMetrics, RunMetrics]], names: list[str], estimators: list[Estimator]) -> np.ndarray:
+    """log(candidate / baseline) per metric (rows) and repeat (columns), each by its metric's estimator.
+
+    Per-run ratios use `RunMetrics.comparable` (a zero count taken as half a request)."""
+    paired = [n for n, e in zip(names, estimators, strict=True) if e is Estimator.REQUEST_PAIRED]
+    medians = [median_log_ratios(b, c, paired) for b, c in pairs]
+    out = np.empty((len(names), len(pairs)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for i, name in enumerate(names):
+            for k, (b, c) in enumerate(pairs):
+                out[i, k] = medians[k][name] if name in paired else np.log(c.comparable[name] / b.comparable[name])
     return out
 
 
@@ -59,16 +53,15 @@ def _roles(decision: DecisionConfig) -> list[tuple[str, Role, float | None, str]
 def compare_metrics(pairs: list[tuple[RunMetrics, RunMetrics]], decision: DecisionConfig) -> list[MetricComparison]:
     """Target, gate and exploratory comparisons (in that order) over the valid (baseline, candidate) pairs.
 
-    Log-ratios use `RunMetrics.comparable` (zero counts as half a request); the values shown are the true ones.
+    Each metric's per-repeat log-ratio comes from its estimator (`estimator_of`); the per-run values shown
+    beside it are the true ones.
     """
     roles = _roles(decision)
     names = [name for name, *_ in roles]
+    estimators = [estimator_of(name, decision) for name in names]
     n = len(pairs)
-    baseline = np.array([[b.comparable[m] for b, _ in pairs] for m in names]).reshape(len(names), n)
-    candidate = np.array([[c.comparable[m] for _, c in pairs] for m in names]).reshape(len(names), n)
     lower = np.array([better == "lower" for *_, better in roles])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        w = np.where(lower[:, None], 1, -1) * (np.log(candidate) - np.log(baseline))
+    w = np.where(lower[:, None], 1, -1) * log_ratios(pairs, names, estimators)
     computable = np.isfinite(w).all(axis=1) & (n >= 2)
     margins = np.array([margin or 0.0 for _, _, margin, _ in roles])
     alpha = decision.alpha
@@ -85,8 +78,6 @@ def compare_metrics(pairs: list[tuple[RunMetrics, RunMetrics]], decision: Decisi
         q[exploratory_ok] = benjamini_hochberg(p_two[exploratory_ok])
     verdict = verdicts(low, high, margins)
     per_repeat_sd = np.sqrt(n_eff) * se
-    mde = np.expm1(minimum_detectable_effect(per_repeat_sd, n_eff, alpha, decision.power))
-    boot = _bootstrap_cis(pairs, [m for m, ok in zip(names, computable, strict=True) if ok], decision) if n >= 2 else {}
 
     def to_ratio(x: float, lower_is_better: bool) -> float | None:
         return _maybe(math.exp(x if lower_is_better else -x))
@@ -95,12 +86,12 @@ def compare_metrics(pairs: list[tuple[RunMetrics, RunMetrics]], decision: Decisi
     for i, (name, role, margin, better) in enumerate(roles):
         ok = bool(computable[i])
         lo, hi = (low[i], high[i]) if lower[i] else (-high[i], -low[i])
-        boot_ci = boot.get(name, (None, None))
         out.append(
             MetricComparison(
                 metric=name,
                 role=role,
                 better=better,
+                estimator=estimators[i],
                 margin=margin,
                 baseline=[b.metrics[name] for b, _ in pairs],
                 candidate=[c.metrics[name] for _, c in pairs],
@@ -113,14 +104,7 @@ def compare_metrics(pairs: list[tuple[RunMetrics, RunMetrics]], decision: Decisi
                 q_value=_maybe(q[i]),
                 p_regression=_maybe(p_regression[i]) if ok and role != "exploratory" else None,
                 regression_flag=bool(ok and role != "exploratory" and p_regression[i] < alpha / 2),
-                mde=_maybe(mde[i]) if ok else None,
-                repeats_needed=(
-                    repeats_to_detect(float(per_repeat_sd[i]), math.log1p(margin), alpha, decision.power)
-                    if ok and margin
-                    else None
-                ),
-                bootstrap_low=boot_ci[0],
-                bootstrap_high=boot_ci[1],
+                sd=_maybe(per_repeat_sd[i]) if ok else None,
                 note=""
                 if ok
                 else (

@@ -9,7 +9,8 @@ The gate family and rule are exactly those of `gate_rule.gate_outcomes`.
 
 from __future__ import annotations
 
-from harness.analysis.model import Decision, ExcludedRepeat, MetricComparison, Outcome, QualitySummary
+from harness.analysis.model import Decision, ExcludedRepeat, MetricComparison, Outcome, Planning, QualitySummary
+from harness.analysis.planning import advice
 from harness.records.decision_config import DecisionConfig, QualityLimits
 
 
@@ -36,9 +37,14 @@ def rule_text(decision: DecisionConfig, quality: QualityLimits) -> str:
     quality_part = f"; quality: pass-rate drop ≤ {quality.max_pass_rate_drop:.0%}" + (
         f", identical outputs ≥ {quality.min_identical_fraction:.0%}" if quality.min_identical_fraction else ""
     )
+    paired = (
+        "; ttft/tpot/e2e p50 as request-paired median log-ratios, the rest as per-run ratios"
+        if decision.request_paired
+        else "; per-run ratios"
+    )
     return (
         f"KEEP if {target.metric} ({target.better} is better) improves by more than {target.margin:.0%} "
-        f"({conf:.0%} paired t-interval over repeats) and no decision metric ({gates}) is worse than its "
+        f"({conf:.0%} paired t-interval over repeats{paired}) and no decision metric ({gates}) is worse than its "
         f"margin at the CI's worse end; REJECT if any decision metric regresses beyond its margin (one-sided, "
         f"Holm, level {decision.alpha / 2:g}) or a quality limit is broken{quality_part}; "
         f"INVALID with fewer than {decision.min_repeats} valid repeat pairs."
@@ -54,6 +60,7 @@ def decide(
     declared: bool,
     repeats_used: list[int],
     excluded: list[ExcludedRepeat],
+    planning: Planning,
     config_note: str = "",
 ) -> Decision:
     """Apply the pre-declared rule."""
@@ -100,20 +107,10 @@ def decide(
     if target.verdict != "IMPROVEMENT":
         return result(
             Outcome.INCONCLUSIVE,
-            f"{describe_change(target)} is not shown better than its {target.margin:.0%} margin "
-            f"(smallest effect detectable with {len(repeats_used)} repeats: {target.mde or 0:.1%}; "
-            f"{repeats_advice(target)}).",
+            f"{describe_change(target)} is not shown better than its {target.margin:.0%} margin ({advice(planning)}).",
         )
     first = not_shown[0]
     return result(
         Outcome.INCONCLUSIVE,
-        f"{describe_change(first)} is not shown within its {first.margin:.0%} "
-        f"margin; add repeats to narrow the interval.",
+        f"{describe_change(first)} is not shown within its {first.margin:.0%} margin ({advice(planning)}).",
     )
-
-
-def repeats_advice(target: MetricComparison) -> str:
-    """How many repeats the next run needs to resolve the target's margin at the noise this run showed."""
-    if target.repeats_needed is None:
-        return f"at this noise more than 100 repeats would be needed to detect {target.margin:.0%}"
-    return f"about {target.repeats_needed} repeats would detect {target.margin:.0%} at this noise"

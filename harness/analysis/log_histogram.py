@@ -1,4 +1,4 @@
-"""Fixed log-spaced latency histograms: the compact per-time-block summary the block bootstrap resamples.
+"""Fixed log-spaced latency histograms: the compact per-time-block summary of a run's latencies.
 
 Keeping every inter-token gap of 20 runs in memory would cost gigabytes; a histogram per (run, time
 block) on one fixed grid is a few MB, adds up across blocks, and gives quantiles to well under 0.5 %.
@@ -34,16 +34,9 @@ def block_histograms(seconds: np.ndarray, blocks: np.ndarray, n_blocks: int) -> 
     return np.bincount(flat, minlength=n_blocks * BINS).astype(np.int32).reshape(n_blocks, BINS)
 
 
-def occupied_bins(counts: np.ndarray) -> slice:
-    """The smallest bin range holding every count (trimming empty bins makes the bootstrap several times faster)."""
-    used = np.flatnonzero(counts.reshape(-1, counts.shape[-1]).any(axis=0))
-    return slice(int(used[0]), int(used[-1]) + 1) if len(used) else slice(0, 1)
-
-
-def quantiles_from_counts(counts: np.ndarray, probs: tuple[float, ...], first_bin: int = 0) -> np.ndarray:
+def quantiles_from_counts(counts: np.ndarray, probs: tuple[float, ...]) -> np.ndarray:
     """Quantiles (seconds) from histograms over the last axis, interpolating log-linearly within a bin.
 
-    `counts` may be a trimmed slice of the grid starting at bin `first_bin`.
     Returns shape counts.shape[:-1] + (len(probs),); NaN where a histogram is empty.
     """
     counts = np.asarray(counts, float)
@@ -57,6 +50,6 @@ def quantiles_from_counts(counts: np.ndarray, probs: tuple[float, ...], first_bi
         inside = np.take_along_axis(counts, index, axis=-1)
         with np.errstate(divide="ignore", invalid="ignore"):
             fraction = np.clip(np.where(inside > 0, (rank - below) / inside, 0.5), 0, 1)
-        out[..., k] = np.exp(LOG_MIN + BIN_WIDTH * (first_bin + index + fraction))[..., 0]
+        out[..., k] = np.exp(LOG_MIN + BIN_WIDTH * (index + fraction))[..., 0]
     out[total[..., 0] == 0] = np.nan
     return out

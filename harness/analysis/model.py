@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from harness.records.metric_registry import Direction
+
 
 class Outcome(StrEnum):
     KEEP = "KEEP"
@@ -27,12 +29,21 @@ class _Record(BaseModel):
 Role = Literal["target", "gate", "exploratory"]
 
 
+class Estimator(StrEnum):
+    """How one repeat's log-ratio of a metric is formed (the repeat is the replicate either way)."""
+
+    REQUEST_PAIRED = "request-paired median log-ratio"  # median over requests of log(cand / base), same request
+    RUN_QUANTILE = "per-run quantile ratio"  # log(candidate's quantile / baseline's), each over its own run
+    RUN_RATIO = "per-run ratio"  # the same for a count metric (attainment, throughput, ...)
+
+
 class MetricComparison(_Record):
     """Paired comparison of one metric over the valid repeats; ratios are candidate / baseline."""
 
     metric: str
     role: Role
-    better: Literal["lower", "higher"]
+    better: Direction
+    estimator: Estimator
     margin: float | None  # δ for target/gate metrics
     baseline: list[float | None]  # one value per valid repeat (None: undefined, e.g. no successful request)
     candidate: list[float | None]
@@ -45,11 +56,117 @@ class MetricComparison(_Record):
     q_value: float | None  # Benjamini-Hochberg, exploratory only
     p_regression: float | None  # one-sided "worse by more than δ", Holm-adjusted over the decision family
     regression_flag: bool
-    mde: float | None  # minimum detectable relative effect at the configured power
-    repeats_needed: int | None = None  # repeats that would detect a change of `margin` at this noise (None: >100)
-    bootstrap_low: float | None  # two-stage block bootstrap CI (quantile metrics)
-    bootstrap_high: float | None
+    sd: float | None  # between-repeat sd of the per-repeat log-ratio: the noise this run showed
     note: str = ""
+
+
+class PlannedMetric(_Record):
+    """One decision metric's part of KEEP in the planning calculation."""
+
+    metric: str
+    role: Role
+    sd: float  # per-repeat sd of the log-ratio, as this run showed it
+    assumed_change: float  # relative change assumed true: -planning effect for the target, 0 for a gate
+    power: float  # P(its part of KEEP holds) at the repeats used: target CI beyond -δ, gate CI below +δ
+
+
+class Planning(_Record):
+    """Advice for the next run, NOT evidence: the chance that the rule actually applied says KEEP, by the
+    non-central t at the noise this run showed, if the target truly improves by `assumed_effect` and the gate
+    metrics are truly unchanged (metrics taken as independent)."""
+
+    label: Literal["planning, not evidence"] = "planning, not evidence"
+    repeats: int  # valid repeat pairs of this run
+    power_goal: float
+    assumed_effect: float | None  # relative improvement of the target assumed true (0.10: ratio 1 / 1.10)
+    keep_power: float | None  # P(KEEP) at `repeats`
+    repeats_needed: int | None  # fewest repeats with P(KEEP) >= power_goal (None: more than 100, or unknown)
+    detectable_effect: float | None  # smallest true target improvement whose CI clears the margin with
+    # probability power_goal at `repeats` (the target's part alone; the gates cap KEEP at `gate_power`)
+    gate_power: float | None  # P(every gate non-inferior) at `repeats`, no true change
+    sd_range: tuple[float, float] | None  # 95 % range of true sd / this run's sd, from `repeats` repeats
+    metrics: list[PlannedMetric]
+    line: str  # the whole advice in one sentence
+
+
+LoadClass = Literal["below capacity", "near capacity", "past capacity", "unknown"]
+
+
+class Detector(_Record):
+    """One stability check, with the threshold that fires it and where that threshold comes from."""
+
+    name: str
+    value: float | None  # None: not computable here (too few repeats, no spread)
+    threshold: float
+    fires_below: bool  # True: fires when value < threshold
+    fired: bool
+    means: LoadClass | Literal["noise amplified"]  # what a firing detector says
+    source: str
+
+
+class RunStability(_Record):
+    """Server-side stability of one run, from its per-request send and end times."""
+
+    arm: str
+    repeat: int
+    arrival_span_s: float | None  # first to last scheduled arrival
+    arrival_rate: float | None  # requests/s of the schedule
+    completed_before_last_arrival: float | None  # share of all requests
+    inflight_mean_second_half: float | None  # Little's law: requests between send and end, 2nd half mean
+    backlog_growth: float | None  # slope of the in-flight count over the 2nd half / arrival rate
+    load_share: float | None  # `replaybench.load_share` of the result file, if it carries one
+
+
+class Stability(_Record):
+    """Is the baseline near or past its capacity, where noise and effects are amplified? (summary.json)"""
+
+    load_class: LoadClass
+    load_share: float | None  # the baseline's load as a share of its capacity
+    load_at_least: bool  # `load_share` is only a lower bound (estimated beyond the reference table)
+    load_source: str  # where `load_share` comes from ("" when unknown)
+    tpot_p50_elasticity: float | None  # % TPOT p50 change per 1 % step-time change at this load
+    ttft_p50_elasticity: float | None
+    suggested_load: float  # share of capacity to run at instead
+    suggested_time_scale_factor: float | None  # multiply the time scale by this to get there
+    suggested_time_scale: float | None
+    detectors: list[Detector]
+    runs: list[RunStability]
+    banner: str | None  # the warning shown in the report; None when nothing points at capacity
+
+
+# The values a server cross-check puts side by side (client-measured / the server's own), in this order.
+CHECK_FIELDS = (
+    "ttft_mean_s",
+    "tpot_mean_s",
+    "itl_mean_s",
+    "e2e_mean_s",
+    "generated_tokens",
+    "prompt_tokens",
+    "requests",
+    "preemptions",
+)
+SlowSide = Literal["client", "server"]
+
+
+class ServerCheck(_Record):
+    """One run's client-measured values beside the server's own (increase of its /metrics over the run)."""
+
+    client: dict[str, float | None]  # CHECK_FIELDS; None where the client cannot tell (preemptions)
+    server: dict[str, float | None]  # CHECK_FIELDS; None where the server's /metrics did not say
+    missing: list[str]  # vLLM series absent from the server's /metrics
+    notes: list[str]
+    tpot_ratio: float | None  # client mean TPOT / server mean TPOT
+    slow_side: SlowSide | None  # set when tpot_ratio is beyond [decision] server_tpot_tolerance
+    warning: str  # "" unless slow_side is set
+
+
+class ServerCheckMeans(_Record):
+    """One arm's server cross-check: each value's mean over the arm's valid runs that have it."""
+
+    runs: int
+    client: dict[str, float | None]
+    server: dict[str, float | None]
+    flagged: int  # runs whose TPOT cross-check warned
 
 
 class RunRow(_Record):
@@ -60,6 +177,7 @@ class RunRow(_Record):
     file: str
     valid: bool
     reasons: list[str]
+    warnings: list[str]  # fidelity warnings that do not invalidate the run (the server cross-check's)
     requests: int
     successes: int
     metrics: dict[str, float | None]
@@ -73,7 +191,8 @@ class RunRow(_Record):
     duration_s: float
     time_scale: float | None  # trace time compression the run replayed at (< 1: faster than recorded)
     simulated: bool
-    load_share: float | None = None  # offered load as a share of the baseline's capacity (0.65 = 65 %)
+    token_count_sources: dict[str, int] = {}  # how streamed tokens were counted -> requests (stream_parse)
+    server_check: ServerCheck
 
 
 class Attempt(BaseModel):
@@ -177,7 +296,10 @@ class Summary(_Record):
     mode: str | None  # "A/A" (candidate = baseline: calibrates the noise floor) or "A/B"
     decision: Decision
     comparisons: list[MetricComparison]
+    planning: Planning
+    stability: Stability
     runs: list[RunRow]
+    server_check: dict[str, ServerCheckMeans]  # arm -> client vs server means over its valid runs
     quality: QualitySummary
     cost: CostSummary
     capacity: dict[str, CapacityEntry]
@@ -188,4 +310,5 @@ class Summary(_Record):
     simulated: bool
     notes: list[str]
     alpha: float
-    load_share: float | None = None  # the load every effect was measured at, as a share of the baseline's capacity
+    # arm -> our numbers under `vllm bench serve` result names (mean over the valid repeats; analysis/vllm_aliases.py)
+    vllm_aliases: dict[str, dict[str, float | None]]

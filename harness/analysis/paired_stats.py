@@ -13,7 +13,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 
 class Verdict(StrEnum):
@@ -88,15 +88,58 @@ def benjamini_hochberg(p_values: np.ndarray) -> np.ndarray:
     return adjusted
 
 
-def minimum_detectable_effect(sd: np.ndarray, n: int, alpha: float, power: float) -> np.ndarray:
-    """Smallest true log-ratio the paired t-test finds with probability `power` at this noise and n."""
-    return (stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * np.asarray(sd) / np.sqrt(n)
+def p_upper_below(bound: np.ndarray, mean: np.ndarray, sd: np.ndarray, n: np.ndarray, alpha: float) -> np.ndarray:
+    """Probability that the (1 - alpha) t-interval's upper end falls below `bound` when each of `n` repeats
+    gives a log-ratio ~ N(mean, sd²): (bound - x̄) / (s / √n) is non-central t with n - 1 degrees of freedom
+    and non-centrality (bound - mean) √n / sd. Zero noise decides by the sign of bound - mean."""
+    bound, mean, sd, n = np.broadcast_arrays(*(np.asarray(v, float) for v in (bound, mean, sd, n)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        noncentral = (bound - mean) * np.sqrt(n) / np.where(sd > 0, sd, 1.0)
+    power = stats.nct.sf(stats.t.ppf(1 - alpha / 2, n - 1), n - 1, noncentral)
+    return np.where(sd > 0, power, (mean < bound).astype(float))
 
 
-def repeats_to_detect(sd: float, effect: float, alpha: float, power: float, most: int = 100) -> int | None:
-    """Fewest repeats whose minimum detectable log-ratio is at most `effect` at per-repeat noise `sd`; None when
-    more than `most` would be needed. Plans the next run of an inconclusive experiment."""
-    for n in range(2, most + 1):
-        if minimum_detectable_effect(sd, n, alpha, power) <= effect:
-            return n
-    return None
+def keep_power(
+    effect: float, target_sd: float, gate_sds: np.ndarray, n: np.ndarray, margins: np.ndarray, alpha: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """P(KEEP) under the applied rule at `n` repeats (an array is fine), and each metric's part of it.
+
+    Assumes the target truly improves by the relative `effect` (ratio 1 / (1 + effect)) and every gate metric
+    is truly unchanged, each metric independent of the others; `margins` lists the target's first.
+    The target must clear -log(1 + δ); each gate's CI must stay below +log(1 + δ) (non-inferiority).
+    Returns (P(KEEP), parts) with parts[0] the target's and parts[k] the k-th gate's probability.
+    """
+    margins = np.asarray(margins, float)
+    n = np.asarray(n, float)
+    target = p_upper_below(-np.log1p(margins[0]), -np.log1p(effect), target_sd, n, alpha)
+    gates = [p_upper_below(np.log1p(m), 0.0, sd, n, alpha) for sd, m in zip(gate_sds, margins[1:], strict=True)]
+    parts = np.stack([target, *gates])
+    return parts.prod(axis=0), parts
+
+
+def repeats_to_keep(
+    effect: float, target_sd: float, gate_sds: np.ndarray, margins: np.ndarray, alpha: float, power: float, most: int
+) -> int | None:
+    """Fewest repeats (2..most) whose P(KEEP) under the applied rule reaches `power`; None when none does."""
+    n = np.arange(2, most + 1)
+    reached = np.flatnonzero(keep_power(effect, target_sd, gate_sds, n, margins, alpha)[0] >= power)
+    return int(n[reached[0]]) if len(reached) else None
+
+
+def detectable_effect(sd: float, n: int, margin: float, alpha: float, power: float) -> float:
+    """Smallest true relative improvement whose CI clears the margin with probability `power` at n repeats."""
+    bound = np.log1p(margin)
+    if sd <= 0 or power <= alpha / 2:  # no noise, or a goal the margin itself already meets
+        return float(margin)
+    critical = stats.t.ppf(1 - alpha / 2, n - 1)
+    noncentral = optimize.brentq(lambda nc: stats.nct.sf(critical, n - 1, nc) - power, 0.0, 1e3)
+    return float(np.expm1(bound + noncentral * sd / np.sqrt(n)))
+
+
+def sd_uncertainty(n: int, alpha: float) -> tuple[float, float]:
+    """The (1 - alpha) interval of true sd / estimated sd from n repeats (chi-square, n - 1 degrees of freedom)."""
+    df = n - 1
+    return (
+        float(np.sqrt(df / stats.chi2.ppf(1 - alpha / 2, df))),
+        float(np.sqrt(df / stats.chi2.ppf(alpha / 2, df))),
+    )

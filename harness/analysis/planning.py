@@ -1,59 +1,105 @@
-"""Planning for the rule actually applied: KEEP needs the target's CI beyond its margin, not beyond zero.
+"""Planning the next run for the rule actually applied, labelled as planning, not evidence.
 
-KEEP's target condition is: the upper end of the two-sided (1 - alpha) t-interval of the worse-is-positive
-log-ratio lies below -log(1 + margin). If the true log-ratio is -effect (an improvement of `effect` on the log
-scale) and the per-repeat paired sd is `sd`, then with n repeats
-
-    T = (mean + log(1 + margin)) / (s / sqrt(n))  ~  non-central t, df = n - 1,
-                                                     nc = (log(1 + margin) - effect) sqrt(n) / sd
-
-and KEEP's target condition is T < -t(1 - alpha/2, n - 1). A true change exactly at the margin is kept with
-probability alpha/2, whatever n is: planning must assume a true effect beyond the margin. Gate metrics are
-not part of this power (each must also pass its own non-inferiority margin), so it is an upper bound for KEEP.
-These numbers are planning, not evidence: `sd` is itself an estimate.
+KEEP needs the target's CI to clear its margin, so the question a plan answers is "if the target truly
+improves by Δ (> δ), how likely is KEEP at n repeats?" (non-central t), not "would a CI exclude zero?".
+Testing against zero advised 14 repeats where 14 repeats KEEP a true 5 % gain 2.5 % of the time (the
+statistical review's E1). The gates count too: a gate whose noise it cannot pass caps KEEP (E6).
+The noise is this run's own between-repeat sd, itself uncertain (×0.6-2.9 at 5 repeats), so the numbers
+guide the next run; they say nothing about this one.
 """
 
 from __future__ import annotations
 
-import math
+import numpy as np
 
-from scipy import optimize, stats
+from harness.analysis.model import MetricComparison, PlannedMetric, Planning
+from harness.analysis.paired_stats import detectable_effect, keep_power, repeats_to_keep, sd_uncertainty
+from harness.records.decision_config import DecisionConfig
 
-
-def keep_power(n: int, sd: float, effect: float, margin: float, alpha: float) -> float:
-    """Probability that n repeats put the target's CI beyond its margin when the true log improvement is `effect`."""
-    bound = math.log1p(margin)
-    if sd <= 0:
-        return 1.0 if effect > bound else 0.0
-    df = n - 1
-    critical = stats.t.ppf(1 - alpha / 2, df)
-    return float(stats.nct.cdf(-critical, df, (bound - effect) * math.sqrt(n) / sd))
+MOST_REPEATS = 100  # beyond this, "more than 100 repeats" is the useful answer
 
 
-def repeats_to_keep(sd: float, effect: float, margin: float, alpha: float, power: float, most: int = 100) -> int | None:
-    """Fewest repeats (>= 2) that KEEP a true log improvement `effect` with probability `power`; None beyond `most`."""
-    for n in range(2, most + 1):
-        if keep_power(n, sd, effect, margin, alpha) >= power:
-            return n
-    return None
-
-
-def smallest_kept_effect(n: int, sd: float, margin: float, alpha: float, power: float) -> float:
-    """The true log improvement that n repeats KEEP with probability `power` (always beyond the margin)."""
-    bound = math.log1p(margin)
-    if sd <= 0:
-        return bound
-    high = bound + sd
-    while keep_power(n, sd, high, margin, alpha) < power:
-        high += 4 * sd
-    return float(optimize.brentq(lambda e: keep_power(n, sd, e, margin, alpha) - power, bound, high, xtol=1e-9))
-
-
-def sd_interval(sd: float, pairs: int, level: float = 0.95) -> tuple[float, float]:
-    """Confidence interval of a normal sd estimated from `pairs` values (chi-square, pairs - 1 df)."""
-    df = pairs - 1
-    tail = (1 - level) / 2
-    return (
-        sd * math.sqrt(df / stats.chi2.ppf(1 - tail, df)),
-        sd * math.sqrt(df / stats.chi2.ppf(tail, df)),
+def _unplanned(repeats: int, decision: DecisionConfig, why: str) -> Planning:
+    return Planning(
+        repeats=repeats,
+        power_goal=decision.power,
+        assumed_effect=decision.assumed_effect,
+        keep_power=None,
+        repeats_needed=None,
+        detectable_effect=None,
+        gate_power=None,
+        sd_range=None,
+        metrics=[],
+        line=f"Planning (not evidence): {why}.",
     )
+
+
+def plan_next_run(comparisons: list[MetricComparison], decision: DecisionConfig, repeats: int) -> Planning:
+    """P(KEEP) at this run's noise, the repeats that reach `[decision] power`, and the detectable effect."""
+    deciding = [c for c in comparisons if c.role != "exploratory"]
+    if repeats < 2:
+        return _unplanned(repeats, decision, "needs at least 2 valid repeat pairs to measure the noise")
+    unknown = [c.metric for c in deciding if c.sd is None]
+    if unknown:
+        return _unplanned(repeats, decision, f"the noise of {', '.join(unknown)} is unknown (undefined in a repeat)")
+    target, gates = deciding[0], deciding[1:]
+    effect, alpha, goal = decision.assumed_effect, decision.alpha, decision.power
+    margins = np.array([c.margin or 0.0 for c in deciding])
+    gate_sds = np.array([c.sd for c in gates], float)
+    keep, parts = keep_power(effect, target.sd, gate_sds, repeats, margins, alpha)
+    target_power, gate_powers = float(parts[0]), [float(p) for p in parts[1:]]
+    needed = repeats_to_keep(effect, target.sd, gate_sds, margins, alpha, goal, MOST_REPEATS)
+    detectable = detectable_effect(target.sd, repeats, margins[0], alpha, goal)
+    gate_power = float(np.prod(gate_powers))
+    sd_range = sd_uncertainty(repeats, alpha)
+    metrics = [
+        PlannedMetric(metric=target.metric, role="target", sd=target.sd, assumed_change=-effect, power=target_power)
+    ]
+    metrics += [
+        PlannedMetric(metric=c.metric, role="gate", sd=c.sd, assumed_change=0.0, power=p)
+        for c, p in zip(gates, gate_powers, strict=True)
+    ]
+    gates_text = (
+        f"; the gates (assumed unchanged) all pass with {gate_power:.0%}, an upper bound on KEEP" if gates else ""
+    )
+    degenerate = (
+        " This run showed no noise at all (a deterministic engine?), so the plan is degenerate."
+        if target.sd == 0
+        else ""
+    )
+    line = (
+        f"Planning (not evidence), at this run's noise (sd of the per-repeat log-ratio {target.sd:.3f} for "
+        f"{target.metric}, uncertain ×{sd_range[0]:.2g}-{sd_range[1]:.2g} from {repeats} repeats): if {target.metric} "
+        f"truly improves {effect:.0%}, KEEP has probability {keep:.0%} at {repeats} repeats, "
+        f"{_repeats_text(needed, goal)}; "
+        f"at {repeats} repeats its CI clears the {margins[0]:.0%} margin with {goal:.0%} probability from a true "
+        f"improvement of {detectable:.1%}{gates_text}.{degenerate}"
+    )
+    return Planning(
+        repeats=repeats,
+        power_goal=goal,
+        assumed_effect=effect,
+        keep_power=float(keep),
+        repeats_needed=needed,
+        detectable_effect=detectable,
+        gate_power=gate_power if gates else None,
+        sd_range=sd_range,
+        metrics=metrics,
+        line=line,
+    )
+
+
+def advice(planning: Planning) -> str:
+    """The short form for an INCONCLUSIVE reason."""
+    if planning.keep_power is None:
+        return planning.line.removeprefix("Planning (not evidence): ").rstrip(".")
+    noise = "no noise (a deterministic engine?)" if planning.metrics[0].sd == 0 else "this noise"
+    return (
+        f"planning, not evidence: at {noise} a true {planning.assumed_effect:.0%} improvement is KEPT with "
+        f"probability {planning.keep_power:.0%} at {planning.repeats} repeats; "
+        f"{_repeats_text(planning.repeats_needed, planning.power_goal)}"
+    )
+
+
+def _repeats_text(needed: int | None, goal: float) -> str:
+    return f"about {needed} repeats for {goal:.0%}" if needed else f"more than {MOST_REPEATS} repeats for {goal:.0%}"

@@ -13,18 +13,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from harness.analysis.model import ReviewRequest, ReviewWindow
+from harness.analysis.request_pairing import paired_requests
 from harness.analysis.run_metrics import RunMetrics, TimeBlocks
 
 
 def _paired_frame(pairs: list[tuple[RunMetrics, RunMetrics]]) -> pd.DataFrame:
-    columns = ["request_id", "intended_s", "block", "ttft_s", "e2e_s", "prompt_tokens", "output_tokens", "ok"]
-    frames = []
-    for baseline, candidate in pairs:
-        merged = baseline.requests[columns].merge(
-            candidate.requests[["request_id", "ttft_s", "e2e_s", "ok"]], on="request_id", suffixes=("_b", "_c")
-        )
-        frames.append(merged[merged["ok_b"] & merged["ok_c"]])
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+    trace_columns = ("intended_s", "block", "prompt_tokens", "output_tokens")
+    frames = [paired_requests(b, c, ["ttft_s", "e2e_s"], trace_columns) for b, c in pairs]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["request_id", *trace_columns])
 
 
 def _outputs(run: RunMetrics, request_ids: list[str]) -> dict[str, str | None]:

@@ -16,17 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from harness.analysis.log_histogram import block_histograms, quantiles_from_counts
-from harness.records.decision_config import LATENCY_METRICS, QUANTILES, CostConfig, DecisionConfig, SloConfig
+from harness.records.decision_config import CostConfig, DecisionConfig, SloConfig
 from harness.records.fidelity import Fidelity, replay_fidelity
+from harness.records.metric_registry import LATENCY_METRICS, QUANTILES
 from harness.records.result_io import read_results
-from harness.records.result_schema import (
-    META_ARM,
-    META_LOAD_SHARE,
-    META_OFFERED_RATE,
-    META_REPEAT,
-    META_SIMULATED,
-    META_TIME_SCALE,
-)
+from harness.records.result_schema import META_ARM, META_OFFERED_RATE, META_REPEAT, META_SIMULATED, META_TIME_SCALE
 
 REQUEST_COLUMNS = (
     "request_id",
@@ -64,13 +58,13 @@ class RunMetrics:
     path: Path
     simulated: bool
     time_scale: float | None
-    load_share: float | None  # offered load / the baseline's capacity, when the run was set up that way
     requests: pd.DataFrame  # one row per request, with derived tpot_s, max_itl_s, ok, slo_met, block
     metrics: dict[str, float]  # true values, as shown
     # The same, but a zero count taken as half a request so log-ratios stay finite: an arm that meets no SLO
     # is a regression, not an undefined one. Equal to `metrics` whenever every count is at least one.
     comparable: dict[str, float]
     failures: dict[str, int]
+    token_count_sources: dict[str, int]  # source (CONTINUOUS_USAGE, ...) -> requests counted that way
     fidelity: Fidelity
     duration_s: float
     histograms: np.ndarray  # int32 (len(LATENCY_METRICS), blocks, BINS)
@@ -84,15 +78,55 @@ def _numpy_column(table: pa.Table, name: str) -> np.ndarray:
     return column.to_numpy(zero_copy_only=False)
 
 
-def inter_token_gaps(token_times: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """All inter-token gaps (float32, like the stored times) and the row each belongs to; no loop over rows."""
-    array = token_times.combine_chunks()
-    values = pc.list_flatten(array).to_numpy(zero_copy_only=False)
-    parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
-    if len(values) < 2:
-        return np.empty(0, np.float32), np.empty(0, np.int64)
-    same_request = parents[1:] == parents[:-1]
-    return np.diff(values)[same_request], parents[1:][same_request]
+@dataclass(frozen=True)
+class TokenTiming:
+    """Flattened streamed chunks of a run: arrival times, tokens per chunk and the row each belongs to."""
+
+    times: np.ndarray  # float32, as stored
+    tokens: np.ndarray  # int64, tokens carried by each chunk (1 where the file has no per-chunk counts)
+    rows: np.ndarray  # int64, sorted (Arrow list parents)
+
+    @classmethod
+    def of(cls, table: pa.Table) -> TokenTiming:
+        times = table.column("token_times").combine_chunks()
+        counts = table.column("token_counts").combine_chunks()
+        values = pc.list_flatten(times).to_numpy(zero_copy_only=False)
+        rows = pc.list_parent_indices(times).to_numpy(zero_copy_only=False).astype(np.int64)
+        tokens = np.ones(len(values), np.int64)
+        # Per-chunk counts are used where a row has one per chunk (always, in files this version writes).
+        matching = pc.fill_null(pc.equal(pc.list_value_length(counts), pc.list_value_length(times)), False)
+        matching = matching.to_numpy(zero_copy_only=False)
+        if matching.any():
+            counted = pc.list_flatten(counts.filter(pa.array(matching))).to_numpy(zero_copy_only=False)
+            tokens[matching[rows]] = counted
+        return cls(values, tokens, rows)
+
+    def chunk_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+        """Inter-chunk latency (ICL): one gap per pair of consecutive chunks of a request, and its row."""
+        if len(self.times) < 2:
+            return np.empty(0, np.float32), np.empty(0, np.int64)
+        same_request = self.rows[1:] == self.rows[:-1]
+        return np.diff(self.times)[same_request], self.rows[1:][same_request]
+
+    def token_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+        """Inter-token latency (ITL): a chunk of k tokens after a gap g stands for k tokens g/k apart."""
+        if len(self.times) < 2:
+            return np.empty(0, np.float32), np.empty(0, np.int64)
+        same_request = self.rows[1:] == self.rows[:-1]
+        gaps, rows = np.diff(self.times)[same_request], self.rows[1:][same_request]
+        tokens = np.maximum(self.tokens[1:][same_request], 1)
+        return np.repeat((gaps / tokens).astype(np.float32), tokens), np.repeat(rows, tokens)
+
+    def decode_span(self, n_rows: int) -> np.ndarray:
+        """Per row: last chunk time - first chunk time (NaN for rows without streamed chunks)."""
+        span = np.full(n_rows, np.nan)
+        if len(self.times):
+            ids = np.arange(n_rows)
+            first = np.searchsorted(self.rows, ids, "left")
+            last = np.searchsorted(self.rows, ids, "right") - 1
+            has = last >= first
+            span[has] = self.times[last[has]].astype(np.float64) - self.times[first[has]]
+        return span
 
 
 def _max_per_row(values: np.ndarray, rows: np.ndarray, n_rows: int) -> np.ndarray:
@@ -119,33 +153,40 @@ def slo_met(frame: pd.DataFrame, slo: SloConfig) -> np.ndarray:
     return met
 
 
-def _request_frame(table: pa.Table, slo: SloConfig) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
-    """Per-request frame with derived metrics; also returns the ITL gaps of successful requests and their rows."""
+def _request_frame(table: pa.Table, slo: SloConfig) -> tuple[pd.DataFrame, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Per-request frame with derived metrics; also the ITL and ICL gaps of successful requests with their rows."""
     frame = pd.DataFrame({name: _numpy_column(table, name) for name in REQUEST_COLUMNS})
     status = frame["status"].to_numpy()
     ok = frame["error"].isna().to_numpy() & np.isfinite(frame["e2e_s"].to_numpy()) & ~((status < 200) | (status >= 300))
-    gaps, rows = inter_token_gaps(table.column("token_times"))
-    streamed = pc.fill_null(pc.list_value_length(table.column("token_times")), 0).to_numpy(zero_copy_only=False)
+    timing = TokenTiming.of(table)
+    token_gaps, chunk_gaps = timing.token_gaps(), timing.chunk_gaps()
     tokens = frame["output_tokens"].to_numpy()
-    tokens = np.where(np.isfinite(tokens), tokens, streamed)
+    # TPOT = (last token time - first token time) / (tokens - 1), tokens as the server counted them.
     with np.errstate(divide="ignore", invalid="ignore"):
-        tpot = np.where(tokens > 1, (frame["e2e_s"].to_numpy() - frame["ttft_s"].to_numpy()) / (tokens - 1), np.nan)
+        tpot = np.where(tokens > 1, timing.decode_span(table.num_rows) / (tokens - 1), np.nan)
     frame["tpot_s"] = np.where(ok, tpot, np.nan)
-    frame["max_itl_s"] = np.where(ok, _max_per_row(gaps, rows, table.num_rows), np.nan)
+    # The stall SLO is judged on the longest silence the user saw: between chunks, however many tokens follow.
+    frame["max_itl_s"] = np.where(ok, _max_per_row(*chunk_gaps, table.num_rows), np.nan)
     frame["ok"] = ok
     frame["slo_met"] = slo_met(frame, slo)
-    keep = ok[rows] if len(rows) else np.zeros(0, bool)
-    return frame, gaps[keep], rows[keep]
+    kept = {}
+    for name, (gaps, rows) in (("itl", token_gaps), ("icl", chunk_gaps)):
+        keep = ok[rows] if len(rows) else np.zeros(0, bool)
+        kept[name] = (gaps[keep], rows[keep])
+    return frame, kept
 
 
-def _quantile_metrics(name: str, values: np.ndarray) -> dict[str, float]:
+def _latency_statistics(name: str, values: np.ndarray, quantiles: np.ndarray | None = None) -> dict[str, float]:
+    """`<name>_<statistic>` for every registry statistic; `quantiles` when they come from a histogram instead."""
     values = values[np.isfinite(values)]
-    points = np.quantile(values, list(QUANTILES.values())) if len(values) else [math.nan] * len(QUANTILES)
-    return {f"{name}_{q}": float(v) for q, v in zip(QUANTILES, points, strict=True)}
+    if quantiles is None:
+        quantiles = np.quantile(values, list(QUANTILES.values())) if len(values) else [math.nan] * len(QUANTILES)
+    mean = float(np.mean(values, dtype=np.float64)) if len(values) else math.nan
+    return {f"{name}_mean": mean} | {f"{name}_{q}": float(v) for q, v in zip(QUANTILES, quantiles, strict=True)}
 
 
 def _count_metrics(
-    met: int, successes: int, n: int, duration: float, gpu_cost: float, zero_as: float
+    met: int, successes: int, n: int, output_tokens: float, duration: float, gpu_cost: float, zero_as: float
 ) -> dict[str, float]:
     """Metrics built from request counts; a zero count is replaced by `zero_as` (see `RunMetrics.comparable`)."""
 
@@ -157,15 +198,21 @@ def _count_metrics(
         "slo_attainment": count(met) / max(n, 1),
         "goodput": count(met) / duration,
         "throughput": count(successes) / duration,
+        "output_throughput": count(output_tokens) / duration,
         "failure_rate": count(n - successes) / max(n, 1),
         "cost_per_success": cost_per_success,
     }
 
 
+def _source_counts(table: pa.Table) -> dict[str, int]:
+    counts = pc.value_counts(table.column("token_count_source").combine_chunks()).to_pylist()
+    return {c["values"]: c["counts"] for c in counts if c["values"] is not None}
+
+
 def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionConfig, cost: CostConfig) -> RunMetrics:
     """Read one accepted result file and reduce it to `RunMetrics`."""
     table, meta = read_results(path)
-    frame, gaps, gap_rows = _request_frame(table, slo)
+    frame, gaps = _request_frame(table, slo)
     intended = frame["intended_s"].to_numpy()
     frame["block"] = blocks.of(intended)
     offered = float(meta[META_OFFERED_RATE]) if meta.get(META_OFFERED_RATE) else None
@@ -180,17 +227,19 @@ def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionC
     tpot, block = frame["tpot_s"].to_numpy(), frame["block"].to_numpy()
     n, successes = len(frame), int(ok.sum())
     gpu_hours = duration / 3600 * cost.gpus_per_arm
-    by_metric = {"ttft": (ttft, block), "itl": (gaps, block[gap_rows]), "tpot": (tpot, block), "e2e": (e2e, block)}
+    by_metric = {"ttft": (ttft, block), "tpot": (tpot, block), "e2e": (e2e, block)}
+    by_metric |= {name: (values, block[rows]) for name, (values, rows) in gaps.items()}
     histograms = np.stack([block_histograms(*by_metric[name], blocks.count) for name in LATENCY_METRICS])
-    # A run can hold tens of millions of gaps: their quantiles come from the histogram (within 0.25 %).
-    itl_points = quantiles_from_counts(histograms[LATENCY_METRICS.index("itl")].sum(axis=0), tuple(QUANTILES.values()))
-    metrics = {
-        **_quantile_metrics("ttft", ttft),
-        **{f"itl_{q}": float(v) for q, v in zip(QUANTILES, itl_points, strict=True)},
-        **_quantile_metrics("tpot", tpot),
-        **_quantile_metrics("e2e", e2e),
-    }
-    counts = (int(met.sum()), successes, n, duration, gpu_hours * cost.gpu_hour_price)
+    metrics = {}
+    for name in LATENCY_METRICS:
+        values = by_metric[name][0]
+        if name in gaps:  # tens of millions of gaps: their quantiles come from the histogram (within 0.25 %)
+            pooled = histograms[LATENCY_METRICS.index(name)].sum(axis=0)
+            metrics |= _latency_statistics(name, values, quantiles_from_counts(pooled, tuple(QUANTILES.values())))
+        else:
+            metrics |= _latency_statistics(name, values)
+    output_tokens = float(np.nansum(frame["output_tokens"].to_numpy()[ok]))
+    counts = (int(met.sum()), successes, n, output_tokens, duration, gpu_hours * cost.gpu_hour_price)
     failures = {str(k): int(v) for k, v in frame.loc[~ok, "error"].fillna("bad_status").value_counts().items()}
     return RunMetrics(
         arm=meta[META_ARM],
@@ -198,11 +247,11 @@ def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionC
         path=path,
         simulated=meta.get(META_SIMULATED, "").lower() == "true",
         time_scale=float(meta[META_TIME_SCALE]) if meta.get(META_TIME_SCALE) else None,
-        load_share=float(meta[META_LOAD_SHARE]) if meta.get(META_LOAD_SHARE) else None,
         requests=frame,
         metrics=metrics | _count_metrics(*counts, zero_as=0.0),
         comparable=metrics | _count_metrics(*counts, zero_as=0.5),
         failures=failures,
+        token_count_sources=_source_counts(table),
         fidelity=fidelity,
         duration_s=duration,
         histograms=histograms,

@@ -79,8 +79,9 @@ def print_summary(console: Console, root: Path) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from harness.analysis.load_share import describe_load_share
+    from harness.analysis.model import Stability
     from harness.records.run_dir import RunDir
+    from harness.report.text_outputs import load_text
 
     run = RunDir(root)
     summary = json.loads(run.summary_json.read_text())
@@ -101,7 +102,7 @@ def print_summary(console: Console, root: Path) -> None:
             c["verdict"] or "-",
         )
     console.print(table)
-    console.print(describe_load_share(summary.get("load_share")))
+    console.print(f"load: {escape(load_text(Stability.model_validate(summary['stability'])))}")
     colour = _OUTCOME_STYLE.get(decision["outcome"], "white")
     console.print(f"[bold {colour}]{decision['outcome']}[/]: {escape(decision['reason'])}")
     console.print(f"run directory: {root}\nreport: {run.index_html}")

@@ -88,6 +88,7 @@ class ReplaySettings(_Strict):
     max_inflight: int | None = Field(default=None, ge=1)
     warmup_requests: int = Field(default=4, ge=0)  # sent after readiness, outside the trace, not measured
     save_outputs: bool = False  # keep every generated text in the result files
+    usage_per_chunk: bool = True  # stream_options.continuous_usage_stats: tokens counted by the server
     request_timeout_s: float = Field(default=600.0, gt=0)
 
 

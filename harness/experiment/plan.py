@@ -6,18 +6,17 @@ calibrated step-time noise at a share of that capacity. Both arms of a repeat sh
 factor, as they would on one host. The paired sd of the target's log-ratio is what `replaybench plan` turns
 into repeats needed; the numbers describe the simulated engine, so they are planning, not evidence.
 
-Scoring a result file belongs to analysis, which this layer does not import: the CLI passes `score` in.
+Scoring a result file belongs to analysis, which this layer does not import: the CLI scores the files.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import UserError
-from harness.experiment.capacity import Capacity, ProbeRun, SearchBounds, find_capacity, judge_probe
+from harness.experiment.capacity import Capacity, Probe, ProbeRun, SearchBounds, find_capacity, judge_probe
 from harness.experiment.check import model_config_path
 from harness.experiment.config import ArmConfig, substitute
 from harness.experiment.settings_diff import embedded_engine_args, parse_command
@@ -26,8 +25,6 @@ from harness.sim.noise import NO_NOISE, NoiseModel, step_noise
 from harness.sim.simulate import simulate_trace, write_simulated_results
 from harness.sim.state_policy import StatePolicy
 from harness.trace.model import Trace
-
-Score = Callable[[Path], dict[str, float]]  # result file -> its metrics (as the report computes them)
 
 # Virtual time is cheap, so the simulated capacity is bracketed widely and tightly.
 SIM_BOUNDS = SearchBounds(min_scale=0.001, max_scale=4.0, tolerance=0.02)
@@ -69,27 +66,27 @@ def simulated_baseline(arm: ArmConfig, default_model: Path, gpu: str) -> tuple[E
 
 @dataclass(frozen=True)
 class SimulatedSetup:
-    """What every simulated run shares: the trace slice, the engine, where result files go, how they are scored."""
+    """What every simulated run shares: the trace slice, the engine, and where result files go."""
 
     trace: Trace
     spec: EngineSpec
     workdir: Path
-    score: Score
 
-    def run(self, time_scale: float, noise: NoiseModel, seed: int, repeat: int, arm: str) -> dict[str, float]:
+    def run(self, time_scale: float, noise: NoiseModel, seed: int, repeat: int, arm: str) -> Path:
+        """One virtual-time run of the baseline engine, written as a result file like a repeat's."""
         steps = step_noise(noise, seed, repeat, arm)
         result = simulate_trace(self.trace, self.spec, time_scale, noise=steps)
-        path = self.workdir / f"{arm}-r{repeat}.parquet"
+        path = self.workdir / f"{arm}-r{repeat}-s{time_scale:.6f}.parquet"
         write_simulated_results(path, result, self.spec, Path("plan"), arm, repeat, time_scale, steps)
-        return self.score(path)
+        return path
 
 
-def simulated_capacity(setup: SimulatedSetup, attainment_target: float) -> float:
+def simulated_capacity(setup: SimulatedSetup, attainment: Callable[[Path], float], target: float) -> float:
     """The time scale at which the noise-free simulated baseline still attains its SLO target."""
 
-    def probe(time_scale: float):
-        attained = setup.run(time_scale, NO_NOISE, 0, 0, "capacity")["slo_attainment"]
-        return judge_probe(time_scale, (ProbeRun(0, True, attained, None),), attainment_target)
+    def probe(time_scale: float) -> Probe:
+        attained = attainment(setup.run(time_scale, NO_NOISE, 0, 0, "capacity"))
+        return judge_probe(time_scale, (ProbeRun(0, True, attained, None),), target)
 
     found: Capacity = find_capacity(probe, SIM_BOUNDS)
     if found.limit == "at_least":
@@ -105,18 +102,15 @@ def simulated_capacity(setup: SimulatedSetup, attainment_target: float) -> float
     return found.passing.time_scale
 
 
-def aa_log_ratios(
-    setup: SimulatedSetup, time_scale: float, noise: NoiseModel, seed: int, pairs: int, metric: str
-) -> list[float]:
-    """log(candidate / baseline) of `metric` in each of `pairs` simulated A/A repeats."""
-    ratios = []
-    for repeat in range(pairs):
-        base = setup.run(time_scale, noise, seed, repeat, "baseline")[metric]
-        cand = setup.run(time_scale, noise, seed, repeat, "candidate")[metric]
-        if not (base > 0 and cand > 0):
-            raise UserError(
-                f"{metric} is {base:g} / {cand:g} in simulated repeat {repeat}: no ratio to plan with; "
-                "plan at a lighter --load or choose another [decision] target"
-            )
-        ratios.append(math.log(cand / base))
-    return ratios
+def aa_repeats(
+    setup: SimulatedSetup, time_scale: float, noise: NoiseModel, seed: int, pairs: int
+) -> list[tuple[Path, Path]]:
+    """The (baseline, candidate) result files of `pairs` simulated A/A repeats; both arms of a repeat share
+    its per-repeat noise factor."""
+    return [
+        (
+            setup.run(time_scale, noise, seed, repeat, "baseline"),
+            setup.run(time_scale, noise, seed, repeat, "candidate"),
+        )
+        for repeat in range(pairs)
+    ]

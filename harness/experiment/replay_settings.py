@@ -22,6 +22,7 @@ def replay_options(
         workers=settings.workers,
         max_inflight=settings.max_inflight,
         seed=settings.seed,
+        usage_per_chunk=settings.usage_per_chunk,
         model=model,
         lag_budget_s=decision.lag_budget_s,
         rate_tolerance=decision.rate_tolerance,

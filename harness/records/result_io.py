@@ -17,6 +17,7 @@ from harness.records.result_schema import (
     RESULT_KIND,
     RESULT_SCHEMA,
     RESULT_SCHEMA_VERSION,
+    TEXT_CHUNKS,
 )
 from harness.records.trace_schema import META_KIND, META_SCHEMA_VERSION
 
@@ -49,4 +50,14 @@ def read_results(path: str | os.PathLike[str]) -> tuple[pa.Table, dict[str, str]
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items() if not k.startswith(b"ARROW:")}
     if meta.get(META_KIND) != RESULT_KIND or META_ARM not in meta or META_REPEAT not in meta:
         raise UserError(f"{path}: not a replaybench result file; give a file written by `replaybench replay`")
+    if meta.get(META_SCHEMA_VERSION) == "1":
+        table = _upgrade_v1(table)
     return table.cast(RESULT_SCHEMA), meta
+
+
+def _upgrade_v1(table: pa.Table) -> pa.Table:
+    """Schema 1 had no per-chunk token counts: each text chunk was one token, which the source column says."""
+    sources = pa.array([TEXT_CHUNKS] * table.num_rows, pa.string())
+    counts = pa.nulls(table.num_rows, RESULT_SCHEMA.field("token_counts").type)
+    table = table.append_column("token_counts", counts).append_column("token_count_source", sources)
+    return table.select(RESULT_SCHEMA.names)

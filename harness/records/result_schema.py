@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-RESULT_SCHEMA_VERSION = "1"
+RESULT_SCHEMA_VERSION = "2"  # 2: token_counts + token_count_source (tokens counted by the server, not by text)
 RESULT_KIND = "result"
 
 RESULT_SCHEMA = pa.schema(
@@ -20,6 +20,8 @@ RESULT_SCHEMA = pa.schema(
         pa.field("ttft_s", pa.float64()),
         pa.field("e2e_s", pa.float64()),
         pa.field("token_times", pa.list_(pa.float32())),
+        pa.field("token_counts", pa.list_(pa.int16())),
+        pa.field("token_count_source", pa.string()),
         pa.field("output_tokens", pa.int32()),
         pa.field("output_tokens_usage", pa.int32()),
         pa.field("expected_output_tokens", pa.int32()),
@@ -30,6 +32,12 @@ RESULT_SCHEMA = pa.schema(
         pa.field("output_text", pa.string()),
     ]
 )
+
+# How a row's tokens were counted (column `token_count_source`; harness/replay/stream_parse.py explains).
+CONTINUOUS_USAGE, FINAL_USAGE, CHUNKS = "continuous_usage", "final_usage", "chunks"
+# Schema 1 files counted only chunks with non-empty text, so their TPOT/ITL are superseded.
+TEXT_CHUNKS = "text_chunks"
+TOKEN_COUNT_SOURCES = (CONTINUOUS_USAGE, FINAL_USAGE, CHUNKS, TEXT_CHUNKS)
 
 # Error classes a request can end in (column `error`; null means success).
 ERROR_CLASSES = ("connect", "timeout", "http_4xx", "http_5xx", "http_429", "broken_stream", "client_queue")
@@ -43,5 +51,5 @@ META_TIME_SCALE = "replaybench.time_scale"
 META_OFFERED_RATE = "replaybench.offered_rate"
 META_TRACE_SOURCE = "replaybench.trace"
 META_SIMULATED = "replaybench.simulated"  # "true" when produced by the embedded engine
-META_LOAD_SHARE = "replaybench.load_share"  # the offered load as a share of the baseline's capacity (0.65 = 65 %)
+META_LOAD_SHARE = "replaybench.load_share"  # optional: the offered load as a share of the baseline's capacity
 META_GPUS = "replaybench.gpus"  # GPU ids (CUDA_VISIBLE_DEVICES) of the server in this repeat; "" when not placed

@@ -21,6 +21,9 @@ class ReplayOptions:
     seed: int = 0  # prompt synthesis seed: same trace + seed -> byte-identical request bodies
     model: str | None = None  # None = the trace's model if the server serves it, else the server's first model
     stream: bool = True
+    # Ask for cumulative usage in every chunk (`stream_options.continuous_usage_stats`, vLLM and SGLang) so
+    # tokens are counted by the server; off for servers that reject the field (then only the final usage).
+    usage_per_chunk: bool = True
     lag_budget_s: float = DEFAULT_LAG_BUDGET_S
     rate_tolerance: float = DEFAULT_RATE_TOLERANCE
     save_outputs: bool = False  # keep generated text in `output_text`

@@ -89,12 +89,18 @@ def choose_model(requested: str | None, row_model: str | None, served: tuple[str
 
 
 def generation_body(
-    model: str, content: dict[str, Any], params: dict[str, Any], output_tokens: int, stream: bool
+    model: str,
+    content: dict[str, Any],
+    params: dict[str, Any],
+    output_tokens: int,
+    stream: bool,
+    usage_per_chunk: bool = True,
 ) -> bytes:
+    """The request body; a stream asks for usage (per chunk too, so tokens are counted by the server)."""
     body: dict[str, Any] = {"model": model} | content | params
     body |= {"max_tokens": output_tokens, "min_tokens": output_tokens, "ignore_eos": True, "stream": stream}
     if stream:
-        body["stream_options"] = {"include_usage": True}
+        body["stream_options"] = {"include_usage": True} | ({"continuous_usage_stats": True} if usage_per_chunk else {})
     return canonical_json(body)
 
 
@@ -168,7 +174,8 @@ async def prepare_requests(
                     api, cols["request_id"][i], cols["prefix_block_ids"][i] or [], cols["prompt_tokens"][i]
                 )
         output_tokens = max(1, cols["output_tokens"][i])
-        body = generation_body(model, content, sampling_params(cols["params"][i]), output_tokens, options.stream)
+        params = sampling_params(cols["params"][i])
+        body = generation_body(model, content, params, output_tokens, options.stream, options.usage_per_chunk)
         return PreparedRequest(
             index=i,
             request_id=cols["request_id"][i],

@@ -22,8 +22,10 @@ class ResultRow:
     error: str | None = None  # one of ERROR_CLASSES; None = success
     ttft_s: float | None = None
     e2e_s: float | None = None
-    token_times: list[float] | None = None  # one per chunk carrying generated text (streaming only)
-    output_tokens: int | None = None  # token-carrying chunks counted from the stream
+    token_times: list[float] | None = None  # one per chunk carrying >= 1 generated token (streaming only)
+    token_counts: list[int] | None = None  # tokens each of those chunks carried (stream_parse says how known)
+    token_count_source: str | None = None  # continuous_usage | final_usage | chunks (stream_parse)
+    output_tokens: int | None = None  # generated tokens, counted by the server where it says
     output_tokens_usage: int | None = None  # the server's `usage.completion_tokens`
     prompt_tokens_server: int | None = None  # the server's `usage.prompt_tokens`
     finish_reason: str | None = None

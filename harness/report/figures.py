@@ -15,7 +15,7 @@ import numpy as np
 from harness.analysis.analyse import PlotData
 from harness.analysis.log_histogram import EDGES_S
 from harness.analysis.model import MetricComparison, RunRow
-from harness.records.decision_config import LATENCY_METRICS
+from harness.records.metric_registry import BY_NAME, LATENCY_METRICS
 
 ARM_COLOURS = {"baseline": "#5b6b7f", "candidate": "#d9822b"}
 VERDICT_COLOURS = {
@@ -26,12 +26,6 @@ VERDICT_COLOURS = {
     None: "#6e7781",
 }
 PERCENT_TICKS = (-90, -75, -50, -30, -20, -10, -5, -2, 0, 2, 5, 10, 20, 30, 50, 100, 200, 400)
-LATENCY_TITLES = {
-    "ttft": "Time to first token",
-    "itl": "Inter-token latency",
-    "tpot": "Time per output token",
-    "e2e": "End-to-end latency",
-}
 
 plt.rcParams.update(
     {
@@ -101,8 +95,6 @@ def forest_plot(comparisons: list[MetricComparison]) -> str:
         colour = VERDICT_COLOURS.get(c.verdict, VERDICT_COLOURS[None])
         axis.plot([c.ci_low, c.ci_high], [row, row], color=colour, lw=2.4, solid_capstyle="round")
         axis.plot([c.ratio], [row], "o", color=colour, ms=6)
-        if c.bootstrap_low is not None:
-            axis.plot([c.bootstrap_low, c.bootstrap_high], [row - 0.22] * 2, color=colour, lw=1, alpha=0.55)
         if c.margin:
             axis.add_patch(
                 plt.Rectangle(
@@ -124,7 +116,7 @@ def forest_plot(comparisons: list[MetricComparison]) -> str:
     axis.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(_spaced_ratio_ticks(*axis.get_xlim())))
     axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{(x - 1) * 100:+.0f}%"))
     axis.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    axis.set_xlabel("candidate vs baseline (95% t-interval over repeats; thin line: block bootstrap; grey: ±δ)")
+    axis.set_xlabel("candidate vs baseline (95% t-interval over repeats; grey: ±δ)")
     axis.grid(axis="y", visible=False)
     return _data_uri(figure)
 
@@ -149,7 +141,7 @@ def latency_ecdfs(plots: PlotData) -> str:
         axis.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(_log_ticks(*axis.get_xlim())))
         axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_duration_label))
         axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        axis.set_title(LATENCY_TITLES[kind], fontsize=9)
+        axis.set_title(BY_NAME[kind].title, fontsize=9)
         axis.set_ylim(0, 1.01)
     axes[0].set_ylabel("fraction of requests")
     if axes[0].get_legend_handles_labels()[0]:

@@ -12,9 +12,11 @@ import numpy as np
 from harness.analysis.analyse import RunAnalysis
 from harness.analysis.decision import pct, pct_interval
 from harness.analysis.inputs import ARMS
-from harness.analysis.load_share import describe_load_share
+from harness.analysis.model import CHECK_FIELDS
 from harness.records.decision_config import SloConfig
+from harness.records.metric_registry import metric_of
 from harness.report import figures
+from harness.report.text_outputs import load_text
 
 REPEAT_TABLE_METRICS = (
     "ttft_p50",
@@ -25,6 +27,24 @@ REPEAT_TABLE_METRICS = (
     "slo_attainment",
     "throughput",
     "failure_rate",
+)
+
+# Row labels of the server cross-check, and who stamps each value in vLLM 0.24 (harness/analysis/server_metrics.py).
+CHECK_LABELS = dict(
+    zip(
+        CHECK_FIELDS,
+        (
+            "mean TTFT (server: API server)",
+            "mean TPOT (server: engine core)",
+            "mean ITL (server: engine core, per step)",
+            "mean E2E (server: API server)",
+            "generated tokens",
+            "prompt tokens",
+            "requests (client: sent; server: finished)",
+            "preemptions",
+        ),
+        strict=True,
+    )
 )
 
 _ENV = jinja2.Environment(
@@ -45,16 +65,24 @@ def _secs(value: float | None) -> str:
 
 
 def _value(metric: str, value: float | None) -> str:
-    """Format a metric value in its natural unit."""
+    """Format a metric value in its unit from the registry."""
     if value is None or not math.isfinite(value):
         return "—"
-    if metric in ("slo_attainment", "failure_rate"):
+    unit = metric_of(metric).unit
+    if unit == "fraction":
         return f"{value:.2%}"
-    if metric in ("goodput", "throughput"):
-        return f"{value:.2f}/s"
-    if metric == "cost_per_success":
+    if unit in ("req/s", "tokens/s"):
+        return f"{value:.2f} {unit}"
+    if unit == "currency":
         return f"{value:.3g}"
     return _secs(value)
+
+
+def _check_value(name: str, value: float | None) -> str:
+    """A cross-check value: seconds as latency, anything else as a count."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    return _secs(value) if name.endswith("_s") else f"{value:,.0f}"
 
 
 def _geometric_mean(values: list[float | None]) -> float | None:
@@ -104,9 +132,13 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
         arms=ARMS,
         failures=failures,
         repeat_metrics=REPEAT_TABLE_METRICS,
+        definitions=list(dict.fromkeys(metric_of(c.metric) for c in s.comparisons)),
+        check_labels=CHECK_LABELS,
+        check_value=_check_value,
+        tpot_tolerance=analysis.config.decision.server_tpot_tolerance,
         environment=_environment(s.environment),
         slo_text=_slo_text(slo),
-        load_line=describe_load_share(s.load_share),
+        load_text=load_text(s.stability),
         window_s=plots.window_s,
         generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         pct=lambda ratio: "—" if ratio is None else pct(ratio),

@@ -6,8 +6,7 @@ import json
 from xml.etree import ElementTree as ET
 
 from harness.analysis.decision import describe_change, pct, pct_interval
-from harness.analysis.load_share import describe_load_share
-from harness.analysis.model import Summary
+from harness.analysis.model import Estimator, Stability, Summary
 
 OUTCOME_ICONS = {"KEEP": "✅", "REJECT": "❌", "INCONCLUSIVE": "⚠️", "INVALID": "⛔"}
 
@@ -24,6 +23,22 @@ def summary_json(summary: Summary) -> str:
     return summary.model_dump_json(indent=1) + "\n"
 
 
+def load_text(stability: Stability) -> str:
+    """E.g. "~99 % of the baseline's capacity (capacity.json: ...)", or why it is not known."""
+    if stability.load_share is None:
+        return f"unknown share of capacity ({stability.load_class}; run `replaybench capacity` to measure it)"
+    about = "≥" if stability.load_at_least else "~"
+    return f"{about}{stability.load_share:.0%} of the baseline's capacity ({stability.load_source})"
+
+
+def estimator_lines(summary: Summary) -> list[str]:
+    """Which metrics each estimator was used for, one line per estimator."""
+    used: dict[Estimator, list[str]] = {}
+    for c in summary.comparisons:
+        used.setdefault(c.estimator, []).append(c.metric)
+    return [f"{estimator.value}: {', '.join(metrics)}" for estimator, metrics in used.items()]
+
+
 def summary_markdown(summary: Summary) -> str:
     """A short Markdown summary that fits a pull-request comment."""
     d = summary.decision
@@ -32,9 +47,9 @@ def summary_markdown(summary: Summary) -> str:
         "",
         d.reason,
         "",
-        describe_load_share(summary.load_share),
-        "",
     ]
+    if summary.stability.banner:
+        lines += [f"> ⚠️ **{summary.stability.load_class.capitalize()}.** {summary.stability.banner}", ""]
     if summary.simulated:
         lines += ["> Results come from the **simulated engine**, not real servers.", ""]
     if summary.mode == "A/A":
@@ -53,7 +68,11 @@ def summary_markdown(summary: Summary) -> str:
     lines += [
         "",
         f"Repeats used: {len(d.repeats_used)}" + (f" · excluded: {excluded}" if excluded else ""),
+        f"Load: {load_text(summary.stability)}",
+        "Estimators: " + "; ".join(estimator_lines(summary)),
+        summary.planning.line,
         f"Cost: {summary.cost.line}",
+        *_server_check_lines(summary),
     ]
     if summary.quality.measured:
         q = summary.quality
@@ -63,6 +82,22 @@ def summary_markdown(summary: Summary) -> str:
         )
     lines += ["", f"<sub>Rule: {d.rule}</sub>", ""]
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value * 1e3:.2f}"
+
+
+def _server_check_lines(summary: Summary) -> list[str]:
+    """Mean TPOT client / server per arm, and each run whose cross-check warned (nothing without server data)."""
+    means = summary.server_check
+    if not any(m.server["tpot_mean_s"] is not None for m in means.values()):
+        return []
+    pairs = " · ".join(
+        f"{arm} {_ms(m.client['tpot_mean_s'])} / {_ms(m.server['tpot_mean_s'])} ms" for arm, m in means.items()
+    )
+    warned = [f"⚠️ {r.arm} r{r.repeat}: {w}" for r in summary.runs for w in r.warnings]
+    return [f"Server cross-check, mean TPOT client / server: {pairs}", *warned]
 
 
 def junit_xml(summary: Summary) -> str:

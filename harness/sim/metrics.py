@@ -1,5 +1,9 @@
 """Prometheus text for the simulated engine: vLLM's metric names (so the same scraper works on both) plus
 `replaybench_sim_*` series for the step loop's own health, and `replaybench_simulated 1` so nobody mistakes it.
+
+vLLM's per-request latency histograms (TTFT, ITL, per-request TPOT, E2E) are stamped from the true step
+deadlines, the engine's own clock, where vLLM uses its engine core's step stamps (ITL, TPOT) and its API
+server's receipt of them (TTFT, E2E): the server-side cross-check of a replay reads them like vLLM's.
 """
 
 from __future__ import annotations
@@ -11,6 +15,11 @@ import numpy as np
 
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0)
 LATENESS_BUCKETS = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.1)
+# vLLM 0.24's bucket bounds for the same series (only the sums and counts are read by replaybench).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0)
+TOKEN_GAP_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 240.0, 480.0, 960.0)
+COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 LATENESS_WINDOW = 20_000
 LATE_THRESHOLD_S = 1e-3
 
@@ -33,14 +42,78 @@ class Histogram:
                 self.counts[i] += 1
                 break
 
-    def render(self, name: str, help_text: str) -> list[str]:
+    def render(self, name: str, help_text: str, labels: str = "") -> list[str]:
+        """Exposition lines; `labels` is the inside of a label set (`model_name="m"`), added to every sample."""
         lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+        common, own = (f"{labels}," if labels else ""), (f"{{{labels}}}" if labels else "")
         cumulative = 0
         for bound, n in zip(self.buckets, self.counts, strict=True):
             cumulative += n
-            lines.append(f'{name}_bucket{{le="{bound}"}} {cumulative}')
-        lines += [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.total}", f"{name}_count {self.count}"]
+            lines.append(f'{name}_bucket{{{common}le="{bound}"}} {cumulative}')
+        lines += [
+            f'{name}_bucket{{{common}le="+Inf"}} {self.count}',
+            f"{name}_sum{own} {self.total}",
+            f"{name}_count{own} {self.count}",
+        ]
         return lines
+
+
+@dataclass
+class _Stamps:
+    arrival_s: float
+    first_s: float | None = None
+    last_s: float | None = None
+
+
+@dataclass
+class RequestLatencies:
+    """vLLM's per-request histograms from step deadlines: TTFT at the first token, ITL per step, and per-request
+    TPOT (0 for a request of one token, as vLLM observes it), E2E and generated tokens once it finishes."""
+
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    itl: Histogram = field(default_factory=lambda: Histogram(TOKEN_GAP_BUCKETS))
+    tpot: Histogram = field(default_factory=lambda: Histogram(TOKEN_GAP_BUCKETS))
+    e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+    generated: Histogram = field(default_factory=lambda: Histogram(COUNT_BUCKETS))
+    stamps: dict[str, _Stamps] = field(default_factory=dict)
+
+    def arrived(self, request_id: str, now_s: float) -> None:
+        self.stamps[request_id] = _Stamps(now_s)
+
+    def emitted(self, request_id: str, deadline_s: float) -> None:
+        """One token of the request, produced by the step that ends at `deadline_s`."""
+        stamps = self.stamps.get(request_id)
+        if stamps is None:  # aborted while its last step ran
+            return
+        if stamps.last_s is None:
+            self.ttft.observe(deadline_s - stamps.arrival_s)
+            stamps.first_s = deadline_s
+        else:
+            self.itl.observe(deadline_s - stamps.last_s)
+        stamps.last_s = deadline_s
+
+    def finished(self, request_id: str, tokens: int) -> None:
+        stamps = self.stamps.pop(request_id, None)
+        if stamps is None or stamps.first_s is None or stamps.last_s is None:
+            return
+        self.tpot.observe((stamps.last_s - stamps.first_s) / (tokens - 1) if tokens > 1 else 0.0)
+        self.e2e.observe(stamps.last_s - stamps.arrival_s)
+        self.generated.observe(tokens)
+
+    def dropped(self, request_id: str) -> None:
+        """Aborted (the client left, or a stall was injected): no per-request TPOT or E2E."""
+        self.stamps.pop(request_id, None)
+
+    def render(self, labels: str) -> list[str]:
+        return [
+            *self.ttft.render("vllm:time_to_first_token_seconds", "Time to first token (step deadline).", labels),
+            *self.itl.render("vllm:inter_token_latency_seconds", "Time between a request's steps.", labels),
+            *self.tpot.render(
+                "vllm:request_time_per_output_token_seconds", "Per request: decode time / (tokens - 1).", labels
+            ),
+            *self.e2e.render("vllm:e2e_request_latency_seconds", "Arrival to the last token's step.", labels),
+            *self.generated.render("vllm:request_generation_tokens", "Generated tokens per request.", labels),
+        ]
 
 
 @dataclass
@@ -80,6 +153,7 @@ class EngineMetrics:
     step_duration: Histogram = field(default_factory=lambda: Histogram(DURATION_BUCKETS))
     lateness: LagTracker = field(default_factory=LagTracker)  # step loop wake-up vs the step's deadline
     delivery: LagTracker = field(default_factory=LagTracker)  # token chunk written vs the step's deadline
+    latencies: RequestLatencies = field(default_factory=RequestLatencies)
     generation_tokens: int = 0
     prompt_tokens: int = 0
     requests_finished: int = 0
@@ -88,7 +162,8 @@ class EngineMetrics:
     injected_stalls: int = 0
 
     def render(self, running: int, waiting: int, memory_usage: float, preemptions: int) -> str:
-        label = f'{{model_name="{self.model_name}"}}'
+        inner = f'model_name="{self.model_name}"'
+        label = f"{{{inner}}}"
         lines = [
             "# HELP replaybench_simulated 1: this server is replaybench's SIMULATED engine, not a real GPU server.",
             "# TYPE replaybench_simulated gauge",
@@ -107,6 +182,7 @@ class EngineMetrics:
             f"vllm:num_preemptions_total{label} {preemptions}",
             "# TYPE vllm:request_success_total counter",
             f"vllm:request_success_total{label} {self.requests_finished}",
+            *self.latencies.render(inner),
             "# TYPE replaybench_sim_requests_rejected_total counter",
             f"replaybench_sim_requests_rejected_total {self.requests_rejected}",
             "# TYPE replaybench_sim_injected_failures_total counter",

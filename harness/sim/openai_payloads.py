@@ -28,6 +28,7 @@ class GenerationRequest:
     ignore_eos: bool
     stream: bool
     include_usage: bool
+    continuous_usage: bool  # stream_options.continuous_usage_stats: cumulative usage in every token chunk
     seed: int | None
 
 
@@ -84,6 +85,7 @@ def parse_generation(body: Any, api: str, max_model_len: int) -> GenerationReque
         ignore_eos=bool(body.get("ignore_eos", False)),
         stream=bool(body.get("stream", False)),
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+        continuous_usage=bool(isinstance(options, dict) and options.get("continuous_usage_stats")),
         seed=seed,
     )
 
@@ -144,6 +146,12 @@ class ResponseFormatter:
         finish_json = b"null" if finish is None else encode_basestring_ascii(finish).encode()
         return b"".join((head, encode_basestring_ascii(text).encode(), middle, finish_json, tail))
 
+    @staticmethod
+    def with_usage(chunk: bytes, prompt_tokens: int, completion_tokens: int) -> bytes:
+        """A token chunk carrying cumulative usage, as vLLM's continuous_usage_stats streams do."""
+        member = json.dumps(usage(prompt_tokens, completion_tokens), separators=(",", ":")).encode()
+        return chunk[: -len(_CHUNK_END)] + b',"usage":' + member + _CHUNK_END
+
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> bytes:
         return sse(self._envelope(self._chunk_object, []) | {"usage": usage(prompt_tokens, completion_tokens)})
 
@@ -155,6 +163,7 @@ class ResponseFormatter:
 
 
 DONE = b"data: [DONE]\n\n"
+_CHUNK_END = b"}\n\n"  # the envelope's closing brace and the SSE event's end
 
 
 def sse(payload: dict[str, Any]) -> bytes:

@@ -41,6 +41,7 @@ class RealtimeEngine:
         queue: asyncio.Queue[TokenTick] = asyncio.Queue()
         self._streams[seq] = queue
         self.metrics.prompt_tokens += prompt_tokens
+        self.metrics.latencies.arrived(request_id, time.monotonic())
         self._wake.set()
         return seq, queue
 
@@ -48,6 +49,7 @@ class RealtimeEngine:
         """The client went away (or a stall was injected): stop computing for it."""
         if self._streams.pop(seq, None) is not None and not seq.finished:
             self.core.scheduler.abort(seq)
+            self.metrics.latencies.dropped(seq.request_id)
 
     async def run(self) -> None:
         deadline: float | None = None
@@ -69,10 +71,12 @@ class RealtimeEngine:
             self.metrics.generation_tokens += len(result.emitted)
             self.metrics.requests_finished += len(result.finished)
             for seq in result.emitted:
+                self.metrics.latencies.emitted(seq.request_id, deadline)
                 queue = self._streams.get(seq)
                 if queue is not None:
                     queue.put_nowait(TokenTick(seq.output_count, deadline))
             for seq in result.finished:
+                self.metrics.latencies.finished(seq.request_id, seq.output_count)
                 self._streams.pop(seq, None)
 
 

@@ -182,7 +182,10 @@ async def _stream(
             while sent < produced:  # more than one when the loop fell behind: send them in one write
                 text = token_text(plan.token_id(sent), first=sent == 0)
                 sent += 1
-                chunks.append(formatter.token_chunk(text, plan.finish_reason if sent == plan.length else None))
+                chunk = formatter.token_chunk(text, plan.finish_reason if sent == plan.length else None)
+                if parsed.continuous_usage:
+                    chunk = formatter.with_usage(chunk, parsed.prompt_tokens, sent)
+                chunks.append(chunk)
             await response.write(b"".join(chunks))
             state.metrics.delivery.observe(time.monotonic() - deadline)
         if parsed.include_usage:

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from harness.records.result_io import results_table, write_results
 from harness.records.result_schema import (
+    CONTINUOUS_USAGE,
     META_ARM,
     META_COMPLETE,
     META_OFFERED_RATE,
@@ -79,6 +80,8 @@ def _row(run: VirtualRun, timing: RequestTiming, arm: str, repeat: int) -> dict[
         "ttft_s": times[0],
         "e2e_s": times[-1],
         "token_times": times,
+        "token_counts": [1] * len(times),  # the engine's own count: one token per step
+        "token_count_source": CONTINUOUS_USAGE,
         "output_tokens": len(times),
         "output_tokens_usage": len(times),
         "prompt_tokens_server": spec.prompt_tokens,

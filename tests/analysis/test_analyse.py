@@ -12,7 +12,7 @@ import pytest
 
 from harness.analysis.analyse import analyse_run_dir
 from harness.analysis.inputs import UnusableRunDir
-from harness.analysis.model import Outcome
+from harness.analysis.model import Estimator, Outcome
 from harness.records.result_io import read_results, write_results
 from harness.records.run_dir import RunDir
 from tests.support.synthetic_results import Scenario, write_run_dir
@@ -22,7 +22,6 @@ CONFIG = {
         "target": {"metric": "tpot_p50", "margin": 0.05},
         "gate": [{"metric": "slo_attainment", "margin": 0.01}, {"metric": "e2e_p50", "margin": 0.05}],
         "exploratory": ["ttft_p99", "itl_p99", "throughput"],
-        "bootstrap": {"resamples": 100},
     },
     "cost": {"gpu_hour_price": 4.0, "monthly_requests": 1e8, "setup_cost": 500.0},
 }
@@ -48,7 +47,7 @@ def test_twenty_percent_improvement_is_called_improvement_and_kept(improved: Run
     assert target.verdict == "IMPROVEMENT"
     assert target.ratio == pytest.approx(0.8, abs=0.02)
     assert target.ci_low < 0.8 < target.ci_high or abs(target.ratio - 0.8) < 0.01
-    assert target.bootstrap_low < target.ratio < target.bootstrap_high
+    assert target.estimator is Estimator.REQUEST_PAIRED
     decision = analysis.summary.decision
     assert decision.outcome is Outcome.KEEP, decision.reason
     assert decision.repeats_used == [0, 1, 2, 3, 4] and decision.excluded == []
@@ -69,10 +68,13 @@ def test_one_percent_change_with_five_percent_margin_is_equivalent(tmp_path: Pat
     assert target.verdict == "EQUIVALENT"
     assert target.ratio == pytest.approx(0.99, abs=0.02)
     assert analysis.summary.decision.outcome is Outcome.INCONCLUSIVE  # equivalent is not an improvement
-    assert "not shown better" in analysis.summary.decision.reason
-    # the reason plans the next run: the repeats that resolve the margin at the noise this run showed
-    assert target.repeats_needed is not None and target.repeats_needed >= 2
-    assert f"about {target.repeats_needed} repeats would detect 5% at this noise" in analysis.summary.decision.reason
+    reason = analysis.summary.decision.reason
+    assert "not shown better" in reason
+    # the reason plans the next run for the rule applied: KEEP's chance if the target truly improves 10 %
+    planning = analysis.summary.planning
+    assert planning.keep_power is not None and planning.repeats_needed is not None
+    assert "planning, not evidence" in reason and f"KEPT with probability {planning.keep_power:.0%}" in reason
+    assert f"about {planning.repeats_needed} repeats for 80%" in reason
 
 
 def test_twenty_five_percent_regression_is_rejected(tmp_path: Path) -> None:

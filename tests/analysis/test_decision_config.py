@@ -26,8 +26,9 @@ alpha = 0.1
 target = { metric = "itl_p50", margin = 0.03 }
 gate = [{ metric = "ttft_p99", margin = 0.10 }, { metric = "goodput", margin = 0.02, direction = "higher" }]
 exploratory = ["e2e_p99"]
-[decision.bootstrap]
-resamples = 100
+request_paired = false
+planning_effect = 0.08
+server_tpot_tolerance = 0.1
 [cost]
 gpu_hour_price = 2.0
 monthly_requests = 1e9
@@ -41,9 +42,17 @@ def test_documented_tables_parse_and_round_trip_through_toml() -> None:
     assert config.slo.ttft_s == 1.5 and config.slo.tpot_s == 0.1  # unspecified keys keep their defaults
     assert config.decision.target.metric == "itl_p50" and config.decision.target.better == "lower"
     assert [rule.better for rule in config.decision.gate] == ["lower", "higher"]
-    assert config.decision.bootstrap.resamples == 100
+    assert not config.decision.request_paired and config.decision.assumed_effect == 0.08
+    assert config.decision.server_tpot_tolerance == 0.1 and AnalysisConfig().decision.server_tpot_tolerance == 0.05
     frozen = tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
     assert analysis_config_from_mapping(tomllib.loads(frozen), "frozen") == config
+
+
+def test_frozen_configs_of_older_runs_still_parse_without_the_retired_bootstrap_table() -> None:
+    frozen = tomllib.loads(DOCUMENTED + "[decision.bootstrap]\nresamples = 400\nblock_s = 10.0\n")
+    assert analysis_config_from_mapping(frozen, "experiment.toml") == analysis_config_from_mapping(
+        tomllib.loads(DOCUMENTED), "experiment.toml"
+    )
 
 
 def test_defaults_are_a_valid_rule() -> None:
@@ -61,6 +70,8 @@ def test_defaults_are_a_valid_rule() -> None:
         ('[decision]\ngate = [{ metric = "tpot_p50" }]\n', "appears twice"),
         ('[decision]\nexploratory = ["tpot_p50"]\n', "also listed as exploratory"),
         ("[cost]\ngpus_per_arm = 0\n", "`cost.gpus_per_arm`"),
+        ("[decision]\nplanning_effect = 0.03\n", "must exceed the target margin"),
+        ("[decision]\nserver_tpot_tolerance = 0\n", "`decision.server_tpot_tolerance`"),
     ],
 )
 def test_errors_are_one_line_and_name_the_key(document: str, expected: str) -> None:

@@ -17,7 +17,6 @@ CONFIG = {
         "target": {"metric": "tpot_p50", "margin": 0.05},
         "gate": [{"metric": "slo_attainment", "margin": 0.01}],
         "exploratory": [],
-        "bootstrap": {"resamples": 50},
     }
 }
 

@@ -11,10 +11,8 @@ from harness.analysis.paired_stats import (
     Verdict,
     benjamini_hochberg,
     holm,
-    minimum_detectable_effect,
     p_two_sided,
     p_worse_than_margin,
-    repeats_to_detect,
     t_interval,
     verdicts,
 )
@@ -68,25 +66,6 @@ def test_regression_p_value_is_one_sided_against_the_margin() -> None:
         0.05,
     )
     np.testing.assert_allclose(p, [0.5, 0.0, 1.0, 0.0, 1.0], atol=1e-6)
-
-
-def test_minimum_detectable_effect_has_the_stated_power() -> None:
-    rng = np.random.default_rng(3)
-    sd, n = 0.04, 5
-    effect = minimum_detectable_effect(sd, n, 0.05, 0.8)
-    w = rng.normal(effect, sd, size=(20_000, n))
-    _, _, low, _ = t_interval(w, 0.05)
-    # noncentral-t power at the MDE is ~0.8 (the usual approximation is slightly conservative)
-    assert 0.75 < (low > 0).mean() < 0.9
-
-
-def test_repeats_to_detect_is_the_first_count_whose_mde_reaches_the_effect() -> None:
-    sd, effect = 0.08, np.log1p(0.05)
-    n = repeats_to_detect(sd, effect, 0.05, 0.8)
-    assert n is not None and n > 5
-    assert minimum_detectable_effect(sd, n, 0.05, 0.8) <= effect < minimum_detectable_effect(sd, n - 1, 0.05, 0.8)
-    assert repeats_to_detect(sd / 2, effect, 0.05, 0.8) < n  # less noise, fewer repeats
-    assert repeats_to_detect(1.0, effect, 0.05, 0.8) is None  # beyond 100 repeats
 
 
 def _aa_log_ratios(rng: np.random.Generator, experiments: int, repeats: int, requests: int) -> np.ndarray:

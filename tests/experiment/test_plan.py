@@ -23,21 +23,33 @@ def plan_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_config(tmp_path_factory.mktemp("plan") / "plan.toml", document)
 
 
-def repeats_needed(plan_config: Path, load: str) -> tuple[int, str]:
-    result = replaybench("plan", "-c", str(plan_config), "--load", load, "--pairs", "5")
+NEEDED = re.compile(
+    r"repeats needed: (\d+|more than 100) to KEEP a true 10% improvement with 80% power \(the target alone: (\d+)\)"
+)
+
+
+def repeats_needed(plan_config: Path, load: str) -> tuple[float, int, str]:
+    """(repeats with the gates, for the target alone, the whole output) at this load."""
+    result = replaybench("plan", "-c", str(plan_config), "--load", load, "--pairs", "6")
     assert result.returncode == 0, result.stderr
-    match = re.search(r"repeats needed: (\d+) to KEEP a true 10% improvement with 80% power", result.stdout)
+    match = NEEDED.search(result.stdout)
     assert match, result.stdout
-    return int(match.group(1)), result.stdout
+    with_gates = float("inf") if match.group(1).startswith("more") else int(match.group(1))
+    return with_gates, int(match.group(2)), result.stdout
 
 
 def test_plan_needs_more_repeats_near_capacity(plan_config: Path) -> None:
-    light, text = repeats_needed(plan_config, "0.5")
-    heavy, _ = repeats_needed(plan_config, "0.97")
+    light, light_target, text = repeats_needed(plan_config, "0.5")
+    heavy, heavy_target, _ = repeats_needed(plan_config, "0.97")
     assert text.startswith("PLANNING (simulated A/A, not evidence)")
     assert "load: 50% of the simulated baseline's capacity" in text
     assert "step-time noise shared per repeat 2.5%, per run 0.8%, step AR(1) 7.0% (phi 0.9)" in text
-    assert 2 <= light < heavy
+    assert (
+        "tpot_p50 " in text
+        and "(target ±5%, request-paired median log-ratio)" in text
+        and "(gate ±15%, per-run quantile ratio)" in text
+    )
+    assert 2 <= light_target < heavy_target and light_target <= light <= heavy
 
 
 def test_plan_refuses_an_effect_at_the_margin_and_a_bad_load(plan_config: Path) -> None:

@@ -71,7 +71,8 @@ def test_non_streaming_records_usage_and_e2e_only(ok_url: str, tmp_path: Path, a
     assert outcome.errors == {}
     for row in table.to_pylist():
         assert (row["status"], row["error"], row["finish_reason"]) == (200, None, "length")
-        assert (row["ttft_s"], row["token_times"], row["output_tokens"]) == (None, None, None)
+        assert (row["ttft_s"], row["token_times"], row["output_tokens"]) == (None, None, 3)  # the server's count
+        assert row["token_count_source"] == "final_usage"
         assert row["output_tokens_usage"] == 3 and row["prompt_tokens_server"] == 12
         assert row["e2e_s"] > 0 and row["output_text"] == " t0 t1 t2"
     assert outcome.fidelity.output_mismatches == 0
@@ -84,7 +85,7 @@ def test_stalled_stream_times_out_and_keeps_what_arrived(tmp_path: Path) -> None
     for row in table.to_pylist():
         assert (row["status"], row["error"], row["finish_reason"]) == (200, "timeout", None)
         check_stream(row, 2)
-        assert row["e2e_s"] >= 0.3 and row["output_tokens_usage"] is None
+        assert row["e2e_s"] >= 0.3 and row["output_tokens_usage"] == 2  # the last cumulative usage seen
     assert outcome.fidelity.output_mismatches == 0  # failed requests are not length mismatches
 
 

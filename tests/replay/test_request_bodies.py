@@ -57,7 +57,7 @@ def test_recorded_text_is_sent_verbatim_with_forced_length(tmp_path: Path) -> No
         replay(trace, url, tmp_path / "completions.parquet", api="completions", stream=False)
     bodies = received_bodies(log)
     forced = {"max_tokens": 7, "min_tokens": 7, "ignore_eos": True, "temperature": 0.5, "top_p": 0.9}
-    streamed = {"stream": True, "stream_options": {"include_usage": True}}
+    streamed = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     assert bodies[0] == {"model": "test-model", "messages": messages} | forced | streamed
     assert (
         bodies[1]

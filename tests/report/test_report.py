@@ -12,6 +12,7 @@ from xml.etree import ElementTree as ET
 import pytest
 
 from harness.analysis.model import Summary
+from harness.records.metric_registry import BY_NAME
 from harness.records.run_dir import RunDir
 from harness.report.build import build_report
 from tests.support.synthetic_results import Scenario, write_run_dir
@@ -25,7 +26,6 @@ CONFIG = {
             {"metric": "e2e_p50", "margin": 0.05},
         ],
         "exploratory": ["itl_p99", "throughput"],
-        "bootstrap": {"resamples": 60},
     },
     "cost": {"monthly_requests": 5e8, "setup_cost": 2000.0},
 }
@@ -90,6 +90,10 @@ def test_summary_and_decision_json_agree(kept: RunDir) -> None:
     assert summary.capacity["candidate"].max_time_compression == 1.8
     assert summary.quality.identical_fraction == 1.0
     assert summary.cost.break_even_months is not None
+    stored = json.loads(kept.summary_json.read_text())
+    assert stored["comparisons"][0]["estimator"] == "request-paired median log-ratio"  # tpot_p50
+    assert stored["planning"]["label"] == "planning, not evidence"
+    assert stored["stability"]["load_class"] == "below capacity" and stored["stability"]["banner"] is None
 
 
 def test_html_is_self_contained_and_complete(kept: RunDir) -> None:
@@ -113,7 +117,10 @@ def test_html_is_self_contained_and_complete(kept: RunDir) -> None:
     assert "simulated engine" in html
     assert "KEEP" in html and "Rule:" in html
     assert "1.8" in html  # capacity shown
+    assert 'id="stability"' in html and 'id="planning"' in html and "per-run quantile ratio" in html
+    assert "bootstrap" not in html
     assert "answer " in html  # saved output text of reviewed requests
+    assert f"<b>tpot</b> (Time per output token, s): {BY_NAME['tpot'].formula}" in html  # definitions of the rows
 
 
 def test_real_engine_runs_are_not_labelled_simulated(tmp_path: Path) -> None:
@@ -128,6 +135,8 @@ def test_summary_markdown_fits_a_pr_comment(kept: RunDir) -> None:
     assert len(text) < 65_536  # GitHub's comment limit
     assert text.startswith("### ✅ replaybench: **KEEP**")
     assert "| tpot_p50 | target |" in text and "IMPROVEMENT" in text
+    assert "Estimators: request-paired median log-ratio: tpot_p50" in text
+    assert "\nPlanning (not evidence), at this run's noise" in text
 
 
 def test_junit_has_one_case_per_decision_metric(tmp_path: Path) -> None:

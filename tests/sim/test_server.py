@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.analysis.server_metrics import server_means
 from tests.sim.support import SimProcess, get, metric_value, post_json, start_sim, stream_events
 
 PROMPT = "t17 t99 hello world"
@@ -108,6 +109,21 @@ def test_metrics_count_tokens_and_say_simulated(sim: SimProcess) -> None:
     assert metric_value(text, "replaybench_sim_step_duration_seconds_count") > 0
     assert metric_value(text, "replaybench_sim_step_lateness_seconds_count") > 0
     assert metric_value(text, "replaybench_sim_step_lateness_max_seconds") >= 0
+
+
+def test_latency_histograms_are_stamped_from_step_deadlines(sim: SimProcess) -> None:
+    """Read back as the server cross-check reads vLLM: one 12-token and one 1-token request."""
+    before = get(sim.url + "/metrics")[1]
+    post_json(sim.url + "/v1/completions", completion_body())
+    post_json(sim.url + "/v1/completions", completion_body(max_tokens=1, min_tokens=1))
+    means = server_means(before, get(sim.url + "/metrics")[1])
+    assert means.missing == () and means.notes == ()
+    assert (means.requests, means.generated_tokens, means.preemptions) == (2, 13, 0)
+    # the 1-token request is out of the TPOT mean (vLLM observes it as 0), so TPOT is the 12-token one's
+    # (last - first deadline) / 11, which is the mean of its 11 step gaps
+    assert means.tpot_mean_s == pytest.approx(means.itl_mean_s, rel=1e-9)
+    assert means.itl_mean_s > 0.004  # a modelled batch-1 decode step (~5 ms), not host timing
+    assert means.e2e_mean_s > means.ttft_mean_s > 0
 
 
 def test_decode_timing_follows_the_cost_model(sim: SimProcess) -> None:

@@ -13,7 +13,9 @@ Endpoints
   when `stream_options.include_usage`) or one JSON body. Output is deterministic: token i is the word
   ` t<i>`. Length: `max_tokens` (default 16) when `ignore_eos` is true; otherwise the "model" stops at
   `max(min_tokens, --natural-len)` capped by max_tokens, with finish_reason "stop" (else "length").
-  Chat streams a role-only first chunk (no token), then one chunk per token.
+  Chat streams a role-only first chunk (no token), then one chunk per token, or `--chunk-tokens` (cycled)
+  tokens per chunk; `--empty-every N` gives every Nth chunk empty text although it carries its tokens. With
+  `stream_options.continuous_usage_stats` every chunk carries the cumulative usage, as vLLM's do.
 - GET /v1/models, GET /health.
 - POST /tokenize {"prompt": str} or {"messages": [...]} -> {"count", "max_model_len", "tokens"}.
   Tokenizer: whitespace words (token i of a prompt is its i-th word). Chat is templated as
@@ -68,6 +70,8 @@ class Behaviour:
     token_delay: float = 0.0
     first_token_delay: float = 0.0
     natural_len: int = 8
+    chunk_tokens: tuple[int, ...] = (1,)  # tokens per streamed chunk, cycled (a chunk of k waits k token delays)
+    empty_every: int = 0  # every Nth chunk carries its tokens with empty text (0 = never)
 
 
 def count_words(text: str) -> int:
@@ -211,25 +215,37 @@ class Upstream:
         async def send(choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> None:
             await response.write(b"data: " + json.dumps(head | {"choices": choices} | (extra or {})).encode() + b"\n\n")
 
+        continuous = bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
+
+        def usage_so_far(done: int) -> dict[str, Any]:
+            if not continuous:
+                return {}
+            return {"usage": usage | {"completion_tokens": done, "total_tokens": usage["prompt_tokens"] + done}}
+
         if chat:
-            await send([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+            opener = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            await send([opener], usage_so_far(0))
         if first_delay:
             await asyncio.sleep(first_delay)
-        for i in range(n_out):
-            if mode in ("stall", "drop") and i == self.behaviour.fault_after:
+        done, chunk, first_at = 0, 0, time.monotonic()
+        while done < n_out:
+            if mode in ("stall", "drop") and done >= self.behaviour.fault_after:
                 if mode == "drop":
                     assert request.transport is not None
                     request.transport.close()
                     return response
                 await asyncio.sleep(3600)
-            if i and self.behaviour.token_delay:
-                await asyncio.sleep(self.behaviour.token_delay)
-            done = finish if i == n_out - 1 else None
-            piece = f" t{i}"
+            k = min(self.behaviour.chunk_tokens[chunk % len(self.behaviour.chunk_tokens)], n_out - done)
+            if done and self.behaviour.token_delay:  # against a deadline, so a busy host keeps the pace
+                deadline = first_at + (done + k - 1) * self.behaviour.token_delay
+                await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            empty = self.behaviour.empty_every and (chunk + 1) % self.behaviour.empty_every == 0
+            piece = "" if empty else "".join(f" t{i}" for i in range(done, done + k))
+            done, chunk = done + k, chunk + 1
             choice = (
                 {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece, "logprobs": None}
             )
-            await send([choice | {"finish_reason": done}])
+            await send([choice | {"finish_reason": finish if done == n_out else None}], usage_so_far(done))
         if n_out == 0:
             await send([{"index": 0, "finish_reason": finish} | ({"delta": {}} if chat else {"text": ""})])
         if (body.get("stream_options") or {}).get("include_usage"):
@@ -277,6 +293,8 @@ async def serve(args: argparse.Namespace, sock: socket.socket, primary: bool) ->
         token_delay=args.token_delay,
         first_token_delay=args.first_token_delay,
         natural_len=args.natural_len,
+        chunk_tokens=tuple(int(k) for k in args.chunk_tokens.split(",")),
+        empty_every=args.empty_every,
     )
     log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if args.log else None
     app = build_app(Upstream(behaviour, log), tokenize=not args.no_tokenize)
@@ -328,6 +346,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log")
     parser.add_argument("--procs", type=int, default=1)
     parser.add_argument("--no-tokenize", action="store_true")
+    parser.add_argument("--chunk-tokens", default="1", help="tokens per chunk, cycled, e.g. 1,3,2,4")
+    parser.add_argument("--empty-every", type=int, default=0, help="every Nth chunk has empty text")
     return parser.parse_args(argv)
 
 
@@ -343,6 +363,8 @@ def upstream(
     natural_len: int = 8,
     procs: int = 1,
     tokenize: bool = True,
+    chunk_tokens: tuple[int, ...] = (1,),
+    empty_every: int = 0,
     start_timeout_s: float = 30.0,
 ) -> Iterator[str]:
     """Start the upstream in its own process group; yield its base URL; always stop it (TERM, then KILL)."""
@@ -370,6 +392,10 @@ def upstream(
             str(natural_len),
             "--procs",
             str(procs),
+            "--chunk-tokens",
+            ",".join(map(str, chunk_tokens)),
+            "--empty-every",
+            str(empty_every),
         ] + ([] if tokenize else ["--no-tokenize"])
         if log is not None:
             cmd += ["--log", str(log)]

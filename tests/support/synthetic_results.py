@@ -86,6 +86,8 @@ def _run_table(
         "ttft_s": pa.array(np.where(failed, np.nan, ttft), mask=failed),
         "e2e_s": pa.array(np.where(failed, np.nan, e2e), mask=failed),
         "token_times": pa.ListArray.from_arrays(pa.array(offsets), pa.array(token_times)),
+        "token_counts": pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.ones(len(token_times), np.int16))),
+        "token_count_source": pa.array(["continuous_usage"] * n),
         "output_tokens": pa.array(output.astype(np.int32)),
         "output_tokens_usage": pa.array(output.astype(np.int32)),
         "expected_output_tokens": pa.array(output.astype(np.int32)),
