@@ -44,7 +44,7 @@ def simulated_baseline(arm: ArmConfig, default_model: Path, gpu: str) -> tuple[E
     cwd = arm.cwd or Path.cwd()
     if args is not None:
         spec = spec_from_serve_args(args, cwd)
-        return spec, f"the baseline's own embedded engine ({spec.policy.label}, {spec.gpu.name})"
+        return spec, f"the baseline's own embedded engine ({spec.policy.label}, {spec.gpu.name}, {_limits(spec)})"
     flags = parse_command(argv)
     try:
         limits = {flag: int(flags[flag] or "") for flag in VLLM_FLAGS if flag in flags}
@@ -61,7 +61,12 @@ def simulated_baseline(arm: ArmConfig, default_model: Path, gpu: str) -> tuple[E
         max_model_len=limits.get("--max-model-len"),
         tensor_parallel_size=limits.get("--tensor-parallel-size", 1),
     )
-    return spec, f"the simulated engine standing in for `{argv[0] if argv else 'the server'}` ({model.name} on {gpu})"
+    server = " ".join(argv[:3]) or "the server"
+    return spec, f"the simulated engine standing in for `{server}` ({model.name} on {gpu}, {_limits(spec)})"
+
+
+def _limits(spec: EngineSpec) -> str:
+    return f"max-model-len {spec.max_model_len}, max-num-seqs {spec.limits.max_num_seqs}"
 
 
 @dataclass(frozen=True)
