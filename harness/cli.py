@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "harness.sim.commands",
     "harness.experiment.commands",
     "harness.experiment.capacity_commands",
+    "harness.experiment.plan_commands",
     "harness.analysis.commands",
     "harness.report.commands",
 )

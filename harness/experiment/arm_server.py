@@ -14,22 +14,33 @@ from harness.servers import ServerProcess, ServerSpec, ServerStartError, probe, 
 from harness.servers.health import poll_ready
 from harness.servers.process import LOG_HEADER
 
+ARM_ENV = "REPLAYBENCH_ARM"
+REPEAT_ENV = "REPLAYBENCH_REPEAT"
+
 
 def ready_url(arm: ArmConfig, base_url: str) -> str:
     return arm.ready_url if arm.ready_url.startswith(("http://", "https://")) else base_url + arm.ready_url
 
 
-def server_spec(label: str, arm: ArmConfig) -> ServerSpec:
+def server_spec(
+    label: str, arm: ArmConfig, gpus: tuple[int, ...] | None = None, repeat: int | None = None
+) -> ServerSpec:
+    """How to launch the arm; `gpus` overrides `arm.gpus` (placement), `repeat` is told to the server.
+
+    Every launched server sees REPLAYBENCH_ARM (and REPLAYBENCH_REPEAT during a paired repeat), so a server that
+    seeds something per repeat (the embedded engine's noise) can; real servers ignore them.
+    """
     assert arm.command is not None
     base = f"http://127.0.0.1:{arm.port}"
+    told = {ARM_ENV: label} | ({REPEAT_ENV: str(repeat)} if repeat is not None else {})
     return ServerSpec(
         label=label,
         argv=substitute(arm.command, arm.port),
         port=arm.port,
         ready_url=ready_url(arm, base),
         startup_timeout_s=arm.startup_timeout_s,
-        env=arm.env,
-        gpus=tuple(arm.gpus),
+        env=told | arm.env,
+        gpus=tuple(arm.gpus) if gpus is None else gpus,
         cwd=arm.cwd,
         stop_grace_s=arm.stop_grace_s,
     )
@@ -43,12 +54,18 @@ class ArmServer:
         self.ready_url = ready_url(arm, self.base_url)
         self._process: ServerProcess | None = None
         self.log_path: Path | None = arm.log
+        self.gpus: tuple[int, ...] = tuple(arm.gpus)  # where the server runs (or last ran)
 
-    def start(self, log_path: Path) -> None:
-        """Launch (or, for a `url` arm, find) the server and return once it is ready."""
+    def start(self, log_path: Path, gpus: tuple[int, ...] | None = None, repeat: int | None = None) -> None:
+        """Launch (or, for a `url` arm, find) the server and return once it is ready.
+
+        `gpus` places a launched server (default: the arm's own); an attached server stays where it is.
+        """
         if self.arm.launched:
             self.stop()
-            self._process = ServerProcess(server_spec(self.label, self.arm), log_path)
+            spec = server_spec(self.label, self.arm, gpus, repeat)
+            self.gpus = spec.gpus
+            self._process = ServerProcess(spec, log_path)
             self.log_path = log_path
             self._process.start()
             self._process.wait_ready()

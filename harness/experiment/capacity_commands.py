@@ -18,7 +18,7 @@ from harness.errors import UserError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from harness.experiment.capacity import Capacity
+    from harness.experiment.capacity import Capacity, SearchBounds
     from harness.experiment.capacity_probe import Score
     from harness.experiment.config import ExperimentConfig
     from harness.records.run_dir import RunDir
@@ -114,27 +114,44 @@ def capacity(
     """Per arm, the largest trace time compression (1 / time scale) at which SLO attainment stays at the config's
     attainment_target (bisection, repeats per probe) and the cost per successful request there -> capacity.json."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from harness.atomic import atomic_path
-    from harness.experiment.capacity import SearchBounds, find_capacity
-    from harness.experiment.capacity_probe import ArmProber, CapacityFiles
+    from harness.experiment.capacity import SearchBounds
+    from harness.experiment.capacity_probe import CapacityFiles
     from harness.experiment.config import ARMS
-    from harness.experiment.runner import load_trace
-    from harness.servers.cleanup import Terminated, termination_signals_raise
 
     bounds = SearchBounds(min_scale, max_scale, tolerance)
     console = Console()
     experiment, run = _open_run(console, config, run_dir, output_dir)
-    files = CapacityFiles(run.root)
+    found = search_capacity(console, experiment, run.root, ARMS, repeats, bounds)
+    _print_summary(console, experiment, found, CapacityFiles(run.root).capacity_json)
+
+
+def search_capacity(
+    console: Console,
+    experiment: ExperimentConfig,
+    root: Path,
+    arms: tuple[str, ...],
+    repeats: int,
+    bounds: SearchBounds,
+) -> dict[str, Capacity]:
+    """Search each arm's capacity with a progress bar and write root/capacity.json; Ctrl-C exits 130 (143)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from harness.atomic import atomic_path
+    from harness.experiment.capacity import find_capacity
+    from harness.experiment.capacity_probe import ArmProber, CapacityFiles
+    from harness.experiment.runner import load_trace
+    from harness.servers.cleanup import Terminated, termination_signals_raise
+
+    files = CapacityFiles(root)
     trace = load_trace(experiment)
     per_arm = bounds.max_probes * repeats
     found: dict[str, Capacity] = {}
     columns = (TextColumn("{task.description:<26}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns, console=console) as progress, termination_signals_raise():
-            task = progress.add_task("starting", total=len(ARMS) * per_arm)
-            for index, arm in enumerate(ARMS):
+            task = progress.add_task("starting", total=len(arms) * per_arm)
+            for index, arm in enumerate(arms):
                 prober = ArmProber(
                     experiment,
                     arm,
@@ -157,7 +174,7 @@ def capacity(
     target = experiment.slo.attainment_target
     with atomic_path(files.capacity_json) as tmp:
         tmp.write_text(json.dumps({arm: c.to_json(target) for arm, c in found.items()}, indent=2) + "\n")
-    _print_summary(console, experiment, found, files.capacity_json)
+    return found
 
 
 def register(app: typer.Typer) -> None:

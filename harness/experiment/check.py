@@ -14,8 +14,10 @@ from harness.errors import UserError
 from harness.experiment.arm_server import ArmServer, server_spec
 from harness.experiment.config import ARMS, ArmConfig, ExperimentConfig
 from harness.experiment.gpus import GpuInfo, query_gpus
+from harness.experiment.load import capacity_file, describe_load, read_capacity, with_load
+from harness.experiment.placement import placement_policy
 from harness.experiment.quality import load_tasks
-from harness.experiment.settings_diff import PROGRAM, arm_differences, parse_command
+from harness.experiment.settings_diff import PROGRAM, arm_differences, embedded_engine_args, parse_command
 from harness.servers import port_in_use, probe, server_identity
 from harness.servers.process import resolve_executable
 
@@ -36,9 +38,23 @@ def _trace(config: ExperimentConfig) -> list[Finding]:
         trace = load_trace(config)
     except UserError as error:
         return [Finding("fail", "trace", str(error))]
-    span = trace.duration_s * config.trace.time_scale
-    rate = f", {len(trace) / span:.2f} req/s offered" if span > 0 else ""
-    return [Finding("ok", "trace", f"{config.trace.path.name}: {len(trace)} requests over {span:.1f} s{rate}")]
+    rate = ""
+    if config.trace.load_resolved:  # otherwise the time scale waits for the baseline's capacity
+        span = trace.duration_s * config.trace.time_scale
+        rate = f" over {span:.1f} s" + (f", {len(trace) / span:.2f} req/s offered" if span > 0 else "")
+    return [Finding("ok", "trace", f"{config.trace.path.name}: {len(trace)} requests{rate}"), _load(config)]
+
+
+def _load(config: ExperimentConfig) -> Finding:
+    """The load as a share of capacity; a given capacity.json is read (and matched to this experiment) now."""
+    capacity = config.trace.capacity
+    if capacity is None or config.trace.load_resolved:
+        return Finding("ok", "load", describe_load(config))
+    try:
+        scale = read_capacity(capacity, config)
+    except UserError as error:
+        return Finding("fail", "load", str(error))
+    return Finding("ok", "load", describe_load(with_load(config, scale, str(capacity_file(capacity)))))
 
 
 def _quality(config: ExperimentConfig) -> list[Finding]:
@@ -115,7 +131,11 @@ def gpu_findings(config: ExperimentConfig, gpus: list[GpuInfo] | None) -> list[F
     """Both arms must see GPUs that exist, of one model and memory size; a CPU box runs the embedded engine."""
     wanted = {arm: config.arm(arm).gpus for arm in ARMS}
     if gpus is None:
-        if any(wanted.values()):
+        placed = [config.arm(arm) for arm in ARMS if wanted[arm]]
+        if placed and all(embedded_engine_args(arm.command or []) is not None for arm in placed):
+            labels = "no GPU: the embedded engine takes arms.*.gpus as labels only (CUDA_VISIBLE_DEVICES)"
+            return [Finding("ok", "gpus", labels)]
+        if placed:
             return [
                 Finding(
                     "fail",
@@ -153,19 +173,38 @@ def gpu_findings(config: ExperimentConfig, gpus: list[GpuInfo] | None) -> list[F
     shared = set(wanted["baseline"]) & set(wanted["candidate"])
     if config.order == "simultaneous" and shared:
         found.append(Finding("fail", "gpus", "simultaneous arms share a GPU; give each arm its own GPU"))
-    elif shared and not config.restart_per_repeat:
-        found.append(
-            Finding(
-                "warn",
-                "gpus",
-                f"restart_per_repeat = false keeps both servers up at once, and they "
-                f"share GPU(s) {sorted(shared)}; give each arm its own GPUs",
-            )
-        )
     if not found:
         names = ", ".join(f"{g.index}: {g.name} {g.memory_mib} MiB" for g in gpus)
         found.append(Finding("ok", "gpus", f"{len(gpus)} GPU(s) visible ({names})"))
+    if shared and config.order != "simultaneous" and not config.restart_per_repeat:
+        found.append(
+            Finding(
+                "ok",
+                "gpus",
+                f"both servers stay resident on GPU(s) {sorted(shared)} and replay one at a time; each must fit in "
+                "its share of the memory (vLLM: --gpu-memory-utilization 0.45 each)",
+            )
+        )
     return found
+
+
+def _placement(config: ExperimentConfig) -> list[Finding]:
+    """Arm and GPU must not be confounded: swapped every repeat, over an even number of repeats."""
+    base, cand = config.arm("baseline"), config.arm("candidate")
+    if base.gpus == cand.gpus:
+        return []
+    policy = placement_policy(config)
+    if not policy["swaps"]:
+        return [Finding("warn", "placement", f"{policy['note']}; run an A/A to measure the slot effect")]
+    if config.repeats % 2:
+        return [
+            Finding(
+                "warn",
+                "placement",
+                f"{policy['note']}; {config.repeats} repeats leave one placement more often: use an even number",
+            )
+        ]
+    return [Finding("ok", "placement", str(policy["note"]))]
 
 
 def model_config_path(arm: ArmConfig) -> Path | None:
@@ -270,6 +309,7 @@ def run_checks(config: ExperimentConfig) -> list[Finding]:
         found
         + _ports(config)
         + gpu_findings(config, query_gpus())
+        + _placement(config)
         + _architecture(config)
         + _declarations(config)
         + _policy(config)

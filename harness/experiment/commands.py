@@ -79,7 +79,9 @@ def print_summary(console: Console, root: Path) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from harness.analysis.model import Stability
     from harness.records.run_dir import RunDir
+    from harness.report.text_outputs import load_text
 
     run = RunDir(root)
     summary = json.loads(run.summary_json.read_text())
@@ -100,6 +102,7 @@ def print_summary(console: Console, root: Path) -> None:
             c["verdict"] or "-",
         )
     console.print(table)
+    console.print(f"load: {escape(load_text(Stability.model_validate(summary['stability'])))}")
     colour = _OUTCOME_STYLE.get(decision["outcome"], "white")
     console.print(f"[bold {colour}]{decision['outcome']}[/]: {escape(decision['reason'])}")
     console.print(f"run directory: {root}\nreport: {run.index_html}")
@@ -156,9 +159,48 @@ def _open_run(
     _preflight(console, config)
     config = with_ports(config)
     run_dir = new_run_dir(output_dir, config.name)
+    if not config.trace.load_resolved:
+        config = _settle_load(console, config, run_dir)
     freeze_config(config, run_dir)
     write_environment(run_dir.env_json, collect_environment(config, sys.argv))
     return config, run_dir
+
+
+def _settle_load(console: Console, config: ExperimentConfig, run_dir: RunDir) -> ExperimentConfig:
+    """`[trace] load` -> a time scale, from the given capacity.json (copied into the run directory, where the
+    report shows it) or from a quick capacity probe of the baseline written there."""
+    import shutil
+
+    from harness.atomic import atomic_path
+    from harness.experiment.capacity_commands import search_capacity
+    from harness.experiment.capacity_probe import CapacityFiles
+    from harness.experiment.load import (
+        BASELINE,
+        PROBE_BOUNDS,
+        PROBE_REPEATS,
+        baseline_time_scale,
+        capacity_file,
+        describe_load,
+        read_capacity,
+        with_load,
+    )
+
+    written = CapacityFiles(run_dir.root).capacity_json
+    if config.trace.capacity is not None:
+        scale = read_capacity(config.trace.capacity, config)
+        source = str(capacity_file(config.trace.capacity))
+        with atomic_path(written) as tmp:
+            shutil.copyfile(source, tmp)
+    else:
+        console.print(
+            "no \\[trace] capacity given: probing the baseline's capacity first (one replay per probe)", highlight=False
+        )
+        found = search_capacity(console, config, run_dir.root, (BASELINE,), PROBE_REPEATS, PROBE_BOUNDS)
+        scale = baseline_time_scale({BASELINE: found[BASELINE].to_json(config.slo.attainment_target)}, str(written))
+        source = "probe"
+    settled = with_load(config, scale, source)
+    console.print(describe_load(settled))
+    return settled
 
 
 def execute_run(

@@ -20,6 +20,7 @@ from harness.records.decision_config import CostConfig, DecisionConfig, QualityL
 
 ARMS = ("baseline", "candidate")
 ORDERS = ("abba", "simultaneous", "random")
+PLACEMENTS = ("swap", "fixed")
 # Arm keys that say *where* a server runs, not *how* it serves: they may differ in an A/A experiment.
 PLACEMENT_KEYS = frozenset({"port", "gpus", "url", "ready_url", "log", "plugin_log_line"})
 
@@ -28,14 +29,55 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+MAX_LOAD = 1.5  # a share of capacity beyond this is an overload test, not an operating point
+
+
+class LoadBasis(_Strict):
+    """How a `load` became a time scale; written by replaybench when it freezes the config, never by hand."""
+
+    capacity_time_scale: float = Field(gt=0)  # the baseline's time scale at capacity (its heaviest passing probe)
+    capacity_source: str  # the capacity.json it came from, or "probe" (measured first by this run)
+
+
 class TraceSelection(_Strict):
-    """Which requests to replay: a slice of a trace file, optionally compressed in time."""
+    """Which requests to replay: a slice of a trace file, compressed in time by `time_scale` or to a `load`.
+
+    `load` is a share of the baseline's capacity on this slice under the `[slo]` (0.65 = 65 %): the time scale
+    becomes capacity's time scale / load, found from `capacity` (a capacity.json, or the run directory of a
+    `replaybench capacity`) or from a quick probe of the baseline that `run` does first, and frozen.
+    """
 
     path: Path
     start_s: float = Field(default=0.0, ge=0)
     duration_s: float | None = Field(default=None, gt=0)
     limit: int | None = Field(default=None, ge=1)
     time_scale: float = Field(default=1.0, gt=0)  # < 1 compresses (0.5 = twice the rate)
+    load: float | None = None
+    capacity: Path | None = None
+    load_basis: LoadBasis | None = None
+
+    @model_validator(mode="after")
+    def _load_or_time_scale(self) -> TraceSelection:
+        if self.load is None:
+            if self.capacity is not None or self.load_basis is not None:
+                raise ValueError("`capacity` and `load_basis` only go with `load`; add `load = 0.65` or remove them")
+            return self
+        if not 0 < self.load <= MAX_LOAD:
+            raise ValueError(
+                f"`load` = {self.load:g} must be above 0 and at most {MAX_LOAD:g} (a share of the baseline's "
+                "capacity: 0.65 = 65 %); give e.g. load = 0.65"
+            )
+        if self.load_basis is None and "time_scale" in self.model_fields_set:
+            raise ValueError(
+                "give either `load` (a share of capacity) or `time_scale`, not both; remove time_scale "
+                "(replaybench derives it from the capacity)"
+            )
+        return self
+
+    @property
+    def load_resolved(self) -> bool:
+        """True once `load` has been turned into `time_scale` (always true without a `load`)."""
+        return self.load is None or self.load_basis is not None
 
 
 class ReplaySettings(_Strict):
@@ -111,6 +153,8 @@ class ExperimentConfig(_Strict):
     order: Literal["abba", "simultaneous", "random"] = "abba"
     seed: int = 0  # for order = "random"
     restart_per_repeat: bool = True  # a fresh server for every arm and repeat
+    # "swap": the arms exchange their `gpus` in odd repeats, so arm and GPU are not confounded
+    placement: Literal["swap", "fixed"] = "swap"
     max_attempts: int = Field(default=3, ge=1)  # per arm and repeat, for crashed or invalid runs
     policy_change: list[str] = Field(default_factory=list)  # flags / env vars expected to differ
     quality_tasks: Path | None = None  # JSONL of quality tasks, run greedily after the replays
@@ -164,7 +208,10 @@ def _describe(error: ValidationError, source: str) -> str:
         return f"{source}: unknown key `{key}`; remove it or fix its spelling (README, section experiment){more}"
     if first["type"] == "missing":
         return f"{source}: missing key `{key}`; add it (README, section experiment){more}"
-    return f"{source}: `{key}`: {first['msg']}; fix that value{more}"
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "value_error":  # our own validators name the fix already
+        return f"{source}: `{key}`: {message}{more}"
+    return f"{source}: `{key}`: {message}; fix that value{more}"
 
 
 def _resolve_paths(config: ExperimentConfig, base: Path) -> ExperimentConfig:
@@ -174,7 +221,9 @@ def _resolve_paths(config: ExperimentConfig, base: Path) -> ExperimentConfig:
         return None if path is None else (path if path.is_absolute() else (base / path).resolve())
 
     updates: dict[str, object] = {
-        "trace": config.trace.model_copy(update={"path": absolute(config.trace.path)}),
+        "trace": config.trace.model_copy(
+            update={"path": absolute(config.trace.path), "capacity": absolute(config.trace.capacity)}
+        ),
         "quality_tasks": absolute(config.quality_tasks),
     }
     arms = {}

@@ -15,6 +15,7 @@ from pathlib import Path
 from harness.atomic import atomic_path
 from harness.experiment.config import ExperimentConfig
 from harness.experiment.gpus import query_gpus
+from harness.experiment.placement import Placement, placement_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,6 +71,7 @@ def collect_environment(config: ExperimentConfig, argv: list[str]) -> dict[str, 
         "gpus": [gpu.as_dict() for gpu in gpus] if gpus is not None else None,
         "gpu_note": None if gpus else "no GPU: embedded engine only",
         "servers": {},
+        "placement": placement_policy(config),
     }
 
 
@@ -82,4 +84,14 @@ def record_server(path: Path, arm: str, info: dict[str, object]) -> None:
     """Add what a server said about itself (version, models) once it is up, still before its first request."""
     environment = json.loads(path.read_text())
     environment.setdefault("servers", {})[arm] = info
+    write_environment(path, environment)
+
+
+def record_placement(path: Path, config: ExperimentConfig, placed: Placement) -> None:
+    """Add (or, for a re-run repeat, replace) the GPUs each arm gets in one repeat, as the repeat starts."""
+    environment = json.loads(path.read_text()) if path.exists() else {}
+    section = environment.setdefault("placement", placement_policy(config))
+    section["repeats"] = [r for r in section.get("repeats", []) if r.get("repeat") != placed.repeat]
+    section["repeats"].append(placed.as_dict())
+    section["repeats"].sort(key=lambda r: r["repeat"])
     write_environment(path, environment)

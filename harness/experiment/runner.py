@@ -18,13 +18,14 @@ from harness.errors import UserError
 from harness.experiment.arm_server import ArmServer
 from harness.experiment.attempts import Attempt, AttemptLog, Status
 from harness.experiment.config import ARMS, ExperimentConfig
-from harness.experiment.environment import record_server
+from harness.experiment.environment import record_placement, record_server
 from harness.experiment.openai_http import first_model, generate, tokenize
 from harness.experiment.ordering import arm_order
+from harness.experiment.placement import placement
 from harness.experiment.quality import compare_outputs, load_tasks
 from harness.experiment.replay_settings import replay_options
 from harness.experiment.simultaneous import ReplayJob, replay_together
-from harness.records.result_schema import META_SIMULATED
+from harness.records.result_schema import META_GPUS, META_LOAD_SHARE, META_SIMULATED
 from harness.records.run_dir import RunDir
 from harness.replay import ReplayOptions, ReplayOutcome
 from harness.replay.segments import partial_dir
@@ -61,6 +62,7 @@ class ExperimentRunner:
         self.servers = {arm: ArmServer(arm, config.arm(arm)) for arm in ARMS}
         self._models: dict[str, str] = {}
         self._simulated: dict[str, bool] = {}
+        self._placement = placement(config, 0)
         self._progress = progress or (lambda _what, _steps: None)
 
     # ---- the loop -------------------------------------------------------------------------------------
@@ -75,6 +77,7 @@ class ExperimentRunner:
                     if repeat in complete:
                         continue
                     self._forget_partial(repeat)
+                    self._place(repeat)
                     if self.config.order == "simultaneous":
                         self._run_pair(repeat)
                     else:
@@ -93,6 +96,17 @@ class ExperimentRunner:
             self.log.demote(repeat, "repeat interrupted; run again on resume")
             for arm in ARMS:
                 self.run.result(arm, repeat).unlink(missing_ok=True)
+
+    def _place(self, repeat: int) -> None:
+        """This repeat's GPUs per arm, recorded in env.json; a server kept up on other GPUs is stopped first.
+
+        Every moved server is stopped before any is started, so two servers never meet on one GPU.
+        """
+        self._placement = placement(self.config, repeat)
+        for arm, server in self.servers.items():
+            if server.arm.launched and server.alive() and server.gpus != self._placement.gpus[arm]:
+                server.stop()
+        record_placement(self.run.env_json, self.config, self._placement)
 
     def _run_arm(self, arm: str, repeat: int) -> None:
         for tries in range(1, self.config.max_attempts + 1):
@@ -194,7 +208,7 @@ class ExperimentRunner:
         server = self.servers[arm]
         try:
             if self.config.restart_per_repeat or not server.alive():
-                server.start(self.run.server_log(arm, repeat))
+                server.start(self.run.server_log(arm, repeat), self._placement.gpus[arm], repeat)
         except ServerStartError as error:
             return Verdict("crashed", str(error))
         self._identify(arm)  # a wrong version or a missing plugin stops the run: retrying cannot fix it
@@ -230,7 +244,10 @@ class ExperimentRunner:
             "replaybench.attempt": str(attempt),
             "replaybench.mode": str(self.config.mode),
             META_SIMULATED: str(self._simulated.get(arm, False)).lower(),
+            META_GPUS: ",".join(str(gpu) for gpu in self.servers[arm].gpus),
         }
+        if self.config.trace.load is not None:
+            metadata[META_LOAD_SHARE] = repr(self.config.trace.load)
         return replay_options(self.config, arm, self._models.get(arm), metadata)
 
     def _replay(self, arm: str, repeat: int, attempt: int, output: Path) -> ReplayOutcome:

@@ -55,6 +55,15 @@ def parse_command(argv: list[str]) -> dict[str, str | None]:
     return {PROGRAM: " ".join(program)} | settings
 
 
+def embedded_engine_args(argv: list[str]) -> list[str] | None:
+    """The serve-sim arguments of a command that runs the embedded engine (`python -m harness.sim ...` or
+    `replaybench serve-sim ...`), or None for any other server."""
+    for index, token in enumerate(argv):
+        if token == "serve-sim" or (token == "harness.sim" and index > 0 and argv[index - 1] == "-m"):
+            return argv[index + 1 :]
+    return None
+
+
 def _compare(
     kind: str,
     base: dict[str, str | None],

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from harness.errors import UserError
+from harness.sim.noise import NO_NOISE, NoiseModel, step_noise
 from harness.trace.slice_options import DurationOption, LimitOption, StartOption, slice_if_asked
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "configs" / "models" / "nemotron-h-8b.json"
@@ -27,6 +28,17 @@ MaxBatchedTokens = Annotated[int, typer.Option("--max-num-batched-tokens", help=
 MaxModelLen = Annotated[int | None, typer.Option("--max-model-len", help="context limit [config's]")]
 Calibration = Annotated[Path | None, typer.Option("--calibration", help="fitted factors JSON [H200 fit]")]
 TensorParallel = Annotated[int, typer.Option("--tensor-parallel-size", help="GPUs the model is split over")]
+NoiseSwitch = Annotated[bool, typer.Option("--noise/--no-noise", help="calibrated step-time noise (sim/noise.py)")]
+NoiseShared = Annotated[float, typer.Option("--noise-shared", help="noise: sd of the per-repeat factor of both arms")]
+NoiseRun = Annotated[float, typer.Option("--noise-run", help="noise: sd of the per-run factor")]
+NoiseStep = Annotated[float, typer.Option("--noise-step", help="noise: sd of the AR(1) per-step jitter")]
+NoisePhi = Annotated[float, typer.Option("--noise-phi", help="noise: AR(1) coefficient of the step jitter")]
+FIT = NoiseModel()  # the defaults: fitted to the H200 A/A
+
+
+def noise_model(enabled: bool, shared: float, run: float, step: float, phi: float) -> NoiseModel:
+    """The step-time noise the options ask for (all zero when `--no-noise`)."""
+    return NoiseModel(shared, run, step, phi) if enabled else NO_NOISE
 
 
 def _spec(
@@ -58,6 +70,36 @@ def _spec(
     )
 
 
+def spec_from_serve_args(args: list[str], cwd: Path):
+    """The engine a `serve-sim ARGS` command line would run, parsed by serve-sim's own options.
+
+    Relative `--model-config` / `--calibration` paths are taken against `cwd`, the server's working directory.
+    """
+    app = typer.Typer(add_completion=False)
+    app.command()(serve_sim)
+    try:
+        params = typer.main.get_command(app).make_context("serve-sim", list(args)).params
+    except typer.TyperException as error:  # typer's (vendored click) usage errors
+        raise UserError(f"serve-sim {' '.join(args)}: {error.format_message()}; fix the command") from None
+
+    def path(value: Path | None) -> Path | None:
+        return value if value is None or value.is_absolute() else cwd / value
+
+    return _spec(
+        path(params["model_config"]),
+        params["gpu"],
+        params["policy"],
+        params["ssm_dtype"],
+        params["buffer_len"],
+        params["split_precision"],
+        params["max_num_seqs"],
+        params["max_num_batched_tokens"],
+        params["max_model_len"],
+        path(params["calibration"]),
+        params["tensor_parallel_size"],
+    )
+
+
 def serve_sim(
     port: Annotated[int, typer.Option("--port", help="TCP port; 0 picks a free one and logs it")],
     model_config: ModelConfig = None,
@@ -82,8 +124,22 @@ def serve_sim(
         int | None, typer.Option("--crash-after-requests", help="exit hard when request N+1 arrives")
     ] = None,
     startup_delay: Annotated[float, typer.Option("--startup-delay", help="seconds of 503 before ready")] = 0.0,
+    noise: NoiseSwitch = False,
+    noise_shared: NoiseShared = FIT.shared_sd,
+    noise_run: NoiseRun = FIT.run_sd,
+    noise_step: NoiseStep = FIT.step_sd,
+    noise_phi: NoisePhi = FIT.step_phi,
+    noise_repeat: Annotated[
+        int, typer.Option("--noise-repeat", envvar="REPLAYBENCH_REPEAT", help="repeat the shared noise factor is for")
+    ] = 0,
+    noise_arm: Annotated[
+        str, typer.Option("--noise-arm", envvar="REPLAYBENCH_ARM", help="arm name the per-run noise is seeded by")
+    ] = "serve-sim",
 ) -> None:
-    """Serve the OpenAI API from the SIMULATED engine (calibrated cost model; no GPU needed)."""
+    """Serve the OpenAI API from the SIMULATED engine (calibrated cost model; no GPU needed).
+
+    `replaybench run` tells every server it launches its arm and repeat (REPLAYBENCH_ARM, REPLAYBENCH_REPEAT), so
+    with `--noise` both arms of a repeat share its per-repeat factor when they are started fresh per repeat."""
     from harness.sim.faults import FaultConfig
     from harness.sim.serve import ServeOptions, serve
 
@@ -103,9 +159,17 @@ def serve_sim(
         tensor_parallel_size,
     )
     faults = FaultConfig(fail_rate, stall_after_tokens, crash_after_requests, startup_delay)
+    model = noise_model(noise, noise_shared, noise_run, noise_step, noise_phi)
+    steps = step_noise(model, seed, noise_repeat, noise_arm)
     serve(
         ServeOptions(
-            spec=spec, host=host, port=port, seed=seed, model_name=served_model_name or spec.shape.name, faults=faults
+            spec=spec,
+            host=host,
+            port=port,
+            seed=seed,
+            model_name=served_model_name or spec.shape.name,
+            faults=faults,
+            noise=steps,
         )
     )
 
@@ -130,8 +194,17 @@ def simulate(
     start: StartOption = 0.0,
     duration: DurationOption = None,
     limit: LimitOption = None,
+    noise: NoiseSwitch = True,
+    noise_shared: NoiseShared = FIT.shared_sd,
+    noise_run: NoiseRun = FIT.run_sd,
+    noise_step: NoiseStep = FIT.step_sd,
+    noise_phi: NoisePhi = FIT.step_phi,
+    seed: Annotated[int, typer.Option("--seed", help="noise seed; with --repeat and --arm it fixes every draw")] = 0,
 ) -> None:
-    """Run a trace through the SIMULATED engine in virtual time and write a (simulated) result file."""
+    """Run a trace through the SIMULATED engine in virtual time and write a (simulated) result file.
+
+    Step times carry calibrated noise unless `--no-noise`: the per-repeat factor is drawn from (seed, repeat), so
+    two arms simulated with the same --seed and --repeat share it; the rest also depends on --arm."""
     from rich.console import Console
     from rich.progress import Progress
 
@@ -154,15 +227,16 @@ def simulate(
         calibration,
         tensor_parallel_size,
     )
+    arm_name = arm or spec.policy.label
+    steps = step_noise(noise_model(noise, noise_shared, noise_run, noise_step, noise_phi), seed, repeat, arm_name)
     loaded = slice_if_asked(Trace.read(trace), start, duration, limit)
     started = time.perf_counter()
     with Progress(transient=True) as bar:
         task = bar.add_task("simulating (virtual time)", total=len(loaded))
-        run = simulate_trace(loaded, spec, time_scale, progress=lambda n: bar.advance(task, n))
+        run = simulate_trace(loaded, spec, time_scale, progress=lambda n: bar.advance(task, n), noise=steps)
     elapsed = time.perf_counter() - started
-    arm_name = arm or spec.policy.label
-    path = write_simulated_results(output, run, spec, trace, arm_name, repeat, time_scale)
-    Console().print(summarise(run, spec, arm_name, path, elapsed))
+    path = write_simulated_results(output, run, spec, trace, arm_name, repeat, time_scale, steps)
+    Console().print(summarise(run, spec, arm_name, path, elapsed, steps))
 
 
 def sim_calibrate(

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from harness.sim.cost_model import StepWork
 from harness.sim.engine_spec import EngineSpec
+from harness.sim.noise import StepNoise
 from harness.sim.scheduler import MemoryPool, Scheduler, Sequence
 
 
@@ -32,9 +33,12 @@ def context_length_message(max_model_len: int, prompt_tokens: int, output_tokens
 
 
 class EngineCore:
-    def __init__(self, spec: EngineSpec) -> None:
+    """`noise` (optional) multiplies every step time; without it the engine is deterministic."""
+
+    def __init__(self, spec: EngineSpec, noise: StepNoise | None = None) -> None:
         self.spec = spec
         self.cost = spec.cost_model()
+        self.noise = noise
         pool = MemoryPool(
             capacity_bytes=self.cost.pool_bytes(spec.gpu_memory_utilization),
             block_tokens=spec.block_tokens,
@@ -62,6 +66,8 @@ class EngineCore:
         if scheduled is None:
             return None
         duration = self.cost.step_time(scheduled.work)
+        if self.noise is not None:
+            duration *= self.noise.factor()
         outcome = self.scheduler.complete(scheduled)
         return StepResult(
             duration_s=duration,

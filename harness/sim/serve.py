@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import itertools
+import os
 import signal
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ from harness.sim.engine_core import EngineCore
 from harness.sim.engine_spec import EngineSpec
 from harness.sim.faults import FaultConfig, FaultInjector
 from harness.sim.metrics import EngineMetrics
+from harness.sim.noise import StepNoise
 from harness.sim.realtime import RealtimeEngine
 from harness.sim.server import ServerState, build_app
 
@@ -28,6 +30,7 @@ class ServeOptions:
     seed: int = 0
     model_name: str = "sim"
     faults: FaultConfig = field(default_factory=FaultConfig)
+    noise: StepNoise | None = None
 
 
 def log(message: str) -> None:
@@ -57,7 +60,7 @@ def serve(options: ServeOptions) -> None:
 async def _serve(options: ServeOptions) -> None:
     from aiohttp import web
 
-    core = EngineCore(options.spec)
+    core = EngineCore(options.spec, options.noise)
     metrics = EngineMetrics(model_name=options.model_name)
     engine = RealtimeEngine(core, metrics)
     faults = FaultInjector(options.faults, options.seed)
@@ -72,6 +75,9 @@ async def _serve(options: ServeOptions) -> None:
     for line in describe(core):
         log(line)
     log(f"fault injection: {options.faults.describe()}")
+    log(f"step-time noise: {options.noise.label() if options.noise else 'off'}")
+    # a GPU the launcher placed this server on is only a label here, logged so placement can be checked
+    log(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')} (no GPU is used)")
     runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False)
     await runner.setup()
     try:

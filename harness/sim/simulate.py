@@ -6,6 +6,7 @@ time equals the intended time (a virtual client has no lag), and token times com
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,7 @@ from harness.records.result_schema import (
 )
 from harness.sim.engine_core import EngineCore
 from harness.sim.engine_spec import EngineSpec
+from harness.sim.noise import StepNoise
 from harness.sim.virtual import RequestSpec, RequestTiming, VirtualRun, run_virtual
 from harness.trace.model import Trace
 
@@ -33,6 +35,7 @@ META_SIM_POLICY = "replaybench.sim.policy"
 META_SIM_GPU = "replaybench.sim.gpu"
 META_SIM_MODEL = "replaybench.sim.model"
 META_SIM_PREEMPTIONS = "replaybench.sim.preemptions"
+META_SIM_NOISE = "replaybench.sim.noise"  # JSON of the step-time noise and its seeds, or "off"
 
 
 def trace_requests(trace: Trace, time_scale: float) -> list[RequestSpec]:
@@ -47,9 +50,13 @@ def trace_requests(trace: Trace, time_scale: float) -> list[RequestSpec]:
 
 
 def simulate_trace(
-    trace: Trace, spec: EngineSpec, time_scale: float = 1.0, progress: Callable[[int], None] | None = None
+    trace: Trace,
+    spec: EngineSpec,
+    time_scale: float = 1.0,
+    progress: Callable[[int], None] | None = None,
+    noise: StepNoise | None = None,
 ) -> VirtualRun:
-    return run_virtual(EngineCore(spec), trace_requests(trace, time_scale), progress=progress)
+    return run_virtual(EngineCore(spec, noise), trace_requests(trace, time_scale), progress=progress)
 
 
 def _row(run: VirtualRun, timing: RequestTiming, arm: str, repeat: int) -> dict[str, object]:
@@ -94,6 +101,7 @@ def write_simulated_results(
     arm: str,
     repeat: int,
     time_scale: float,
+    noise: StepNoise | None = None,
 ) -> Path:
     span = max((t.spec.arrival_s for t in run.requests), default=0.0)
     gpus = f"{spec.tensor_parallel_size} x {spec.gpu.name}"
@@ -110,5 +118,6 @@ def write_simulated_results(
         META_SIM_GPU: gpus,
         META_SIM_MODEL: spec.shape.name,
         META_SIM_PREEMPTIONS: str(run.preemptions),
+        META_SIM_NOISE: json.dumps(noise.describe()) if noise is not None else "off",
     }
     return write_results(out, result_table(run, arm, repeat), metadata)
