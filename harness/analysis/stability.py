@@ -125,7 +125,8 @@ def _specs(load_source: str) -> list[tuple[str, str, float, bool, str, str]]:
          "near capacity", f"{ref.REVIEW}, §2 detector table: 0.93 / 0.86 / 0.73 / 0.53 at 66 / 85 / 99 / 119 % "
          f"load (37-68 s of arrivals; not judged below {ref.COMPLETION_MIN_SPAN_S:g} s)"),
         ("growth", "in-flight growth over the 2nd half, share of the arrival rate", ref.BACKLOG_GROWTH_PAST, False,
-         "past capacity", f"{ref.REVIEW}, §2 sweep: <= 0.04 up to 99 % load, 0.15 / 0.26 at 102 / 106 %"),
+         "past capacity", f"{ref.REVIEW}, §2 sweep: <= 0.04 up to 99 % load, 0.15 / 0.26 at 102 / 106 % "
+         f"(not judged below {ref.COMPLETION_MIN_SPAN_S:g} s of arrivals)"),
         ("spread", "between-repeat sd of the baseline's log TPOT p50", ref.SPREAD_FACTOR * ref.AA_SPREAD_FLOOR, False,
          "noise amplified", f"{ref.SPREAD_FACTOR:g}x the A/A floor {ref.AA_SPREAD_FLOOR} (H200 A/A 0.09-0.11 at "
          f"~92 % load x0.35 for 65 %; {ref.REVIEW}, §2 and §4)"),
@@ -200,10 +201,10 @@ def assess_stability(pairs: list[tuple[RunMetrics, RunMetrics]], capacity: dict[
     """The `stability` section of summary.json, over the valid repeat pairs."""
     runs = [run_stability(run) for pair in pairs for run in pair]
     baseline = [r for r in runs if r.arm == "baseline"]
-    completion = _median(
-        [r.completed_before_last_arrival for r in baseline if (r.arrival_span_s or 0) >= ref.COMPLETION_MIN_SPAN_S]
-    )
-    growth = _median([r.backlog_growth for r in baseline])
+    # Both need arrivals long against a request's life: a short replay is all ramp-up, whatever the load.
+    long_enough = [r for r in baseline if (r.arrival_span_s or 0) >= ref.COMPLETION_MIN_SPAN_S]
+    completion = _median([r.completed_before_last_arrival for r in long_enough])
+    growth = _median([r.backlog_growth for r in long_enough])
     spread, correlation = _spread_and_correlation(pairs)
     load, source = _measured_load(baseline, [b for b, _ in pairs], capacity)
     measured = {"load": load, "completion": completion, "growth": growth, "spread": spread, "correlation": correlation}
@@ -215,7 +216,13 @@ def assess_stability(pairs: list[tuple[RunMetrics, RunMetrics]], capacity: dict[
         source = "estimated from the share of requests completed before the last arrival, by the review's table"
     scales = [b.time_scale for b, _ in pairs if b.time_scale]
     factor = load / ref.SUGGESTED_LOAD if load is not None else None
-    candidate_growth = _median([r.backlog_growth for r in runs if r.arm == "candidate"])
+    candidate_growth = _median(
+        [
+            r.backlog_growth
+            for r in runs
+            if r.arm == "candidate" and (r.arrival_span_s or 0) >= ref.COMPLETION_MIN_SPAN_S
+        ]
+    )
     stability = Stability(
         load_class=load_class,
         load_share=load,

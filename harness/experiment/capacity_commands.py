@@ -51,6 +51,9 @@ def _open_run(
     if run_dir is not None and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir}: no such directory; give a run directory made by `replaybench run`")
     config = load_config(config_path) if config_path is not None else load_frozen(run_dir)[0]
+    # A search measures the capacity that a `[trace] load` is a share of, so the experiment's own load is moot.
+    unloaded = config.trace.model_copy(update={"load": None, "capacity": None, "load_basis": None})
+    config = config.model_copy(update={"trace": unloaded})
     failed = [finding for finding in run_checks(config) if finding.level == "fail"]
     if failed:
         raise UserError(
@@ -110,6 +113,9 @@ def capacity(
     max_scale: Annotated[float, typer.Option("--max-scale", help="lightest load tried (time scale)")] = 1.0,
     tolerance: Annotated[float, typer.Option("--tolerance", help="stop when pass/fail scales are this close")] = 0.05,
     output_dir: Annotated[Path, typer.Option("--output-dir", help="where a new run directory goes")] = Path("reports"),
+    arm: Annotated[
+        str | None, typer.Option("--arm", help="search only this arm (baseline: all a [trace] load needs)")
+    ] = None,
 ) -> None:
     """Per arm, the largest trace time compression (1 / time scale) at which SLO attainment stays at the config's
     attainment_target (bisection, repeats per probe) and the cost per successful request there -> capacity.json."""
@@ -119,10 +125,12 @@ def capacity(
     from harness.experiment.capacity_probe import CapacityFiles
     from harness.experiment.config import ARMS
 
+    if arm is not None and arm not in ARMS:
+        raise UserError(f"--arm {arm!r}: choose one of {', '.join(ARMS)}")
     bounds = SearchBounds(min_scale, max_scale, tolerance)
     console = Console()
     experiment, run = _open_run(console, config, run_dir, output_dir)
-    found = search_capacity(console, experiment, run.root, ARMS, repeats, bounds)
+    found = search_capacity(console, experiment, run.root, ARMS if arm is None else (arm,), repeats, bounds)
     _print_summary(console, experiment, found, CapacityFiles(run.root).capacity_json)
 
 
