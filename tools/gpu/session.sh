@@ -83,7 +83,7 @@ on_gpu() {  # MODULE VARIANT GPU BATCHES OUT SHOWN: one engine-side script (ENGI
   local module=$1 variant=$2 gpu=$3 batches=$4 out=$5 shown=$6 log=$STATE/$1-$2-$MODE.log
   CUDA_VISIBLE_DEVICES=$gpu timeout "${ENGINE_TIMEOUT_S:-540}" python3 -m "replayssm_patch.gpu.$module" \
     --model "$MODEL" --variant "$variant" --mode "$MODE" --batches "$batches" \
-    --gpu-memory-utilization "${ENGINE_UTIL:-0.45}" --out "$out" > "$log" 2>&1
+    --gpu-memory-utilization "${ENGINE_UTIL:-0.45}" --max-model-len "${MAX_LEN:-8192}" --out "$out" > "$log" 2>&1
   echo "$module $variant $MODE exit $?"; grep -E "$shown|^error" "$log"
 }
 
