@@ -142,11 +142,11 @@ def test_load_share_comes_from_capacity_json_when_the_results_carry_none(
     assert stability.load_source.startswith("capacity.json")
 
 
-@pytest.mark.parametrize(("seed", "expected"), [(1, "near capacity"), (0, "below capacity")])
+@pytest.mark.parametrize(("seed", "expected"), [(1, "near capacity"), (2, "below capacity")])
 def test_amplified_spread_with_arms_apart_points_at_capacity(tmp_path: Path, seed: int, expected: str) -> None:
     # No shared per-repeat factor and a large per-run one: the baseline's TPOT p50 spreads over twice the A/A
-    # floor; with seed 1 the arms also move apart (correlation < 0), with seed 0 they do not.
-    scenario = Scenario(repeats=5, requests=300, shared_noise=0.0, run_noise=0.12, seed=seed)
+    # floor; with seed 1 the arms also move apart (correlation < 0), with seed 2 they do not.
+    scenario = Scenario(repeats=5, requests=700, shared_noise=0.0, run_noise=0.12, seed=seed)  # 35 s: judged
     summary = analyse_run_dir(write_run_dir(tmp_path, scenario).root).summary
     log_tpot = {
         arm: np.log([r.metrics["tpot_p50"] for r in summary.runs if r.arm == arm]) for arm in ("baseline", "candidate")
