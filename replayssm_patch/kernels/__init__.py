@@ -45,12 +45,22 @@ PyTorch with the same signature):
     copy_state_to_bf16(...) refresh the bf16 copy of given slots (after prefill wrote the master).
     decode_flush_len(write_pos, L) -> flush_len for a plain decode step (L where write_pos == L-1).
 
+Gated DeltaNet (Qwen3-Next, Qwen3.5) has its own kernels, ``gdn_*.py``: the ring holds the normalised key,
+the corrected value u = β (v − e^g S k̂) and the log-decay g, all fp32 beside an fp32 checkpoint (a low-
+precision copy is refused: u depends on the state, so the copy's rounding would enter the master).
+``gdn_decode_step`` answers o from checkpoint + ring and folds the ring on flush rows in the same program;
+``gdn_flush_ring`` folds before a prefill. The math is in ``gdn_decode``'s docstring, the layout in
+``gdn_layout``'s; the same per-row metadata (state_indices, write_pos, flush_len) drives them.
+
 Checks: ``python -m replayssm_patch.kernels.compile_check`` compiles every default variant for sm_90 on
 any machine; ``python -m replayssm_patch.gpu.kernel_bench --out DIR`` measures them against vLLM on a GPU.
 """
 
 from replayssm_patch.kernels.decode_step import replay_decode_step, replay_decode_step_reference
 from replayssm_patch.kernels.flush import flush_ring, flush_ring_reference
+from replayssm_patch.kernels.gdn_decode import gdn_decode_step, gdn_decode_step_reference
+from replayssm_patch.kernels.gdn_flush import gdn_flush_ring, gdn_flush_ring_reference
+from replayssm_patch.kernels.gdn_layout import GdnReplayCache, GdnRingShapes, gdn_ring_shapes
 from replayssm_patch.kernels.layout import (
     PAD_SLOT_ID,
     ReplayCache,
@@ -63,12 +73,19 @@ from replayssm_patch.kernels.replay_decode import replay_decode, replay_decode_r
 
 __all__ = [
     "PAD_SLOT_ID",
+    "GdnReplayCache",
+    "GdnRingShapes",
     "ReplayCache",
     "RingShapes",
     "copy_state_to_bf16",
     "decode_flush_len",
     "flush_ring",
     "flush_ring_reference",
+    "gdn_decode_step",
+    "gdn_decode_step_reference",
+    "gdn_flush_ring",
+    "gdn_flush_ring_reference",
+    "gdn_ring_shapes",
     "replay_decode",
     "replay_decode_reference",
     "replay_decode_step",

@@ -4,8 +4,8 @@
 
 Triton's interpreter runs kernels as NumPy code and accepts things the real compiler rejects (tl.dot shape
 limits, type mixing, control flow); this drives the real compiler (Triton -> PTX -> ptxas cubin) for the
-variants vLLM uses: bf16 activations, fp32 or bf16 checkpoint, Nemotron-H block sizes. Run it with
-TRITON_INTERPRET unset.
+variants vLLM uses: bf16 activations, fp32 or bf16 checkpoint, Nemotron-H block sizes, and the GDN kernels
+(fp32 checkpoint and ring) at Qwen3.5 block sizes. Run it with TRITON_INTERPRET unset.
 """
 
 from __future__ import annotations
@@ -30,6 +30,20 @@ _FLUSH_POINTERS = {
     "slot_ptr": "*i32", "len_ptr": "*i32",
 }  # fmt: skip
 
+_GDN_STEP_POINTERS = {
+    "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "A_log_ptr": "*fp32",
+    "dt_bias_ptr": "*fp32", "state_ptr": "*fp32", "ring_k_ptr": "*fp32", "ring_u_ptr": "*fp32",
+    "ring_g_ptr": "*fp32", "slot_ptr": "*i32", "pos_ptr": "*i32", "flush_ptr": "*i32", "out_ptr": "*bf16",
+    "scale": "fp32",
+}  # fmt: skip
+_GDN_FLUSH_POINTERS = {
+    "state_ptr": "*fp32", "ring_k_ptr": "*fp32", "ring_u_ptr": "*fp32", "ring_g_ptr": "*fp32", "slot_ptr": "*i32",
+    "len_ptr": "*i32",
+}  # fmt: skip
+# Qwen3.5 / Qwen3-Next head dims (128), L = 16, the default block_v: ptxas fits it in 209 registers without
+# spills at 4 warps (block_v 32 spills at 4 warps and fits at 8; 64 spills at 8).
+_GDN_BLOCKS = {"BLOCK_L": 16, "BLOCK_V": 16, "BLOCK_K": 128}
+
 
 def compile_for_hopper(
     kernel: triton.JITFunction, pointers: dict[str, str], constexprs: dict[str, object], num_warps: int
@@ -47,6 +61,8 @@ def compile_for_hopper(
 def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, object], int]]:
     """(label, kernel, pointer types, constexprs, num_warps) for the default launch of each variant."""
     from replayssm_patch.kernels.flush import _flush_kernel
+    from replayssm_patch.kernels.gdn_decode import _gdn_decode_step_kernel
+    from replayssm_patch.kernels.gdn_flush import _gdn_flush_kernel
     from replayssm_patch.kernels.replay_decode import _replay_decode_kernel, default_replay_block_p
 
     found = []
@@ -59,6 +75,8 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
         pointers = {**_FLUSH_POINTERS, "bf16_ptr": "*bf16" if copy else "*fp32"}
         consts = {"HAS_BF16": copy, "BLOCK_L": 16, "BLOCK_P": 16, "BLOCK_N": 128, "P_BLOCKS": 4}  # head_dim 64
         found.append((f"flush, bf16 copy {copy}", _flush_kernel, pointers, consts, 4))
+    found.append(("gdn decode step", _gdn_decode_step_kernel, _GDN_STEP_POINTERS, _GDN_BLOCKS, 4))
+    found.append(("gdn flush", _gdn_flush_kernel, _GDN_FLUSH_POINTERS, _GDN_BLOCKS, 4))
     return found
 
 

@@ -254,6 +254,30 @@ def test_fold_before_prefill_leaves_the_exact_state(layer_check, mode):
     assert got["conv_state_equal"]
 
 
+@pytest.fixture(scope="module")
+def gdn_kernels(vllm_python, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("vllm_gdn_kernels")
+    return _run_check(vllm_python, root, "vllm_gdn_kernel_check.py", [], TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gdn_ring_of_one_is_vllms_packed_decode_bit_for_bit(gdn_kernels, dtype):
+    """L = 1 (every step a fold of an empty ring) computes vLLM's own GDN decode step, in the same order: equal
+    outputs and states over 6 steps, with bf16 or fp32 activations (vLLM's packed kernel, interpreted)."""
+    got = gdn_kernels[f"L1/{dtype}"]
+    assert got["output_equal"] == [True] * 6 and got["state_equal_after_fold"] == [True] * 6
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gdn_replay_tracks_vllms_packed_decode_across_flushes(gdn_kernels, dtype):
+    """L = 4 over 18 steps (4 folds): same math in another order (observed <= 6e-7)."""
+    got = gdn_kernels[f"L4/{dtype}"]
+    assert len(got["output_rel_err"]) == 18 and max(got["output_rel_err"]) <= 1e-5
+    assert len(got["state_rel_err_after_fold"]) == 4 and max(got["state_rel_err_after_fold"]) <= 1e-6
+    # vLLM zeroes a null-block row's output; the replay step leaves it as it was (vLLM's buffer starts zeroed)
+    assert got["null_row"] == {"ours_left_alone": True, "vllm": 0.0}
+
+
 def test_main_venv_stays_free_of_vllm():
     """The plugin's vLLM-free parts import without vLLM (register() is only called by vLLM)."""
     code = "import replayssm_patch, replayssm_patch.config, replayssm_patch.cursors, replayssm_patch.refusals"

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import zlib
 from dataclasses import dataclass
 
 import pytest
@@ -47,6 +46,7 @@ from replayssm_patch.kernels.common import softplus_reference
 from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
 from replayssm_patch.kernels.layout import group_of_head
 from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
+from tests.replayssm.kernels.numerics import layout_rows, rel_err, seeded
 
 FP32_TOL = 2e-5
 BF16_ULP = 2.0**-7
@@ -75,16 +75,6 @@ SHAPES = [
 ]
 
 
-def seeded(*key: object) -> torch.Generator:
-    """A generator seeded from the test's parameters (stable across processes, unlike hash())."""
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
-
-
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    scale = expected.abs().max().item()
-    return (actual.double() - expected.double()).abs().max().item() / max(scale, 1e-30)
-
-
 def make_layer(shape: Shape, gen: torch.Generator) -> LayerParams:
     return LayerParams.random(shape.nheads, gen)
 
@@ -109,17 +99,6 @@ def fill_ring(shape: Shape, cache: ReplayCache, slots: torch.Tensor, count: torc
         cache.ring_x[slot, :n] = torch.randn(n, shape.nheads, shape.head_dim, generator=gen).to(shape.dtype)
         cache.ring_B[slot, :n] = torch.randn(n, shape.ngroups, shape.d_state, generator=gen).to(shape.dtype)
         cache.ring_dt[slot, :n] = softplus_reference(torch.rand(n, shape.nheads, generator=gen) * 5.0 - 5.0)
-
-
-def layout_rows(shape: Shape, gen: torch.Generator, pad_slot_id: int) -> tuple[torch.Tensor, int]:
-    """state_indices for the batch: a shuffled set of real slots, the last row padding; returns (indices, slots).
-
-    With pad_slot_id 0 the cache's slot 0 is vLLM's null block: real rows never use it.
-    """
-    slots = shape.batch + 2
-    first_real = 1 if pad_slot_id == 0 else 0
-    real = torch.randperm(slots - first_real, generator=gen)[: shape.batch - 1] + first_real
-    return torch.cat([real, torch.tensor([pad_slot_id])]).to(torch.int32), slots
 
 
 def ring_fp64_state(cache: ReplayCache, slots: torch.Tensor, count: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
@@ -164,7 +143,7 @@ def split_bound(cache: ReplayCache, slots: torch.Tensor, C: torch.Tensor, decay:
 def test_replay_decode_matches_reference_and_fp64(shape: Shape, pad_slot_id: int, split: bool) -> None:
     gen = seeded(shape, pad_slot_id, split)
     layer = make_layer(shape, gen)
-    indices, slots = layout_rows(shape, gen, pad_slot_id)
+    indices, slots = layout_rows(shape.batch, gen, pad_slot_id)
     cache = make_cache(shape, slots, split, gen)
     real = indices[:-1].long()
     write_pos = torch.randint(0, shape.ring_len, (shape.batch,), generator=gen, dtype=torch.int32)
@@ -226,7 +205,7 @@ def _written(cache: ReplayCache, slots: torch.Tensor, write_pos: torch.Tensor) -
 def test_flush_matches_reference_and_fp64(shape: Shape, split: bool) -> None:
     gen = seeded(shape, split, "flush")
     layer = make_layer(shape, gen)
-    indices, slots = layout_rows(shape, gen, -1)
+    indices, slots = layout_rows(shape.batch, gen, -1)
     cache = make_cache(shape, slots, split, gen)
     real = indices[:-1].long()
     # Full ring (decode flush), a partial one (materialise before prefill), and a row that must not flush;
@@ -276,7 +255,7 @@ def test_decode_steps_track_fp64_recurrence_across_flushes(shape: Shape, split: 
     differ by their bf16 roundings of the copy (see module docstring), so each is held to the bound."""
     gen = seeded(shape, split, "steps")
     layer = make_layer(shape, gen)
-    indices, slots = layout_rows(shape, gen, -1)
+    indices, slots = layout_rows(shape.batch, gen, -1)
     real = indices[:-1].long()
     rows = slice(0, shape.batch - 1)
     cache = make_cache(shape, slots, split, gen)
@@ -316,7 +295,7 @@ def test_vllm_expanded_arguments_give_the_same_output() -> None:
     shape = SHAPES[1]
     gen = torch.Generator().manual_seed(5)
     layer = make_layer(shape, gen)
-    indices, slots = layout_rows(shape, gen, -1)
+    indices, slots = layout_rows(shape.batch, gen, -1)
     cache = make_cache(shape, slots, False, gen)
     write_pos = torch.zeros(shape.batch, dtype=torch.int32)
     step = make_step(shape, layer, gen)
@@ -336,7 +315,7 @@ def test_strided_views_into_one_page_buffer() -> None:
     shape = SHAPES[2]
     gen = torch.Generator().manual_seed(9)
     layer = make_layer(shape, gen)
-    indices, slots = layout_rows(shape, gen, -1)
+    indices, slots = layout_rows(shape.batch, gen, -1)
     dense = make_cache(shape, slots, False, gen)
     real = indices[:-1].long()
     fill_ring(shape, dense, real, torch.full((len(real),), shape.ring_len - 1), gen)
@@ -365,7 +344,7 @@ def test_bad_cursors_never_write_outside_the_row(pair) -> None:
     shape = SHAPES[0]
     gen = seeded("bad-cursors")
     layer = make_layer(shape, gen)
-    indices, slots = layout_rows(shape, gen, -1)
+    indices, slots = layout_rows(shape.batch, gen, -1)
     cache = make_cache(shape, slots, False, gen)
     fill_ring(shape, cache, indices[:-1].long(), torch.full((shape.batch - 1,), shape.ring_len), gen)
     before = cache.clone()

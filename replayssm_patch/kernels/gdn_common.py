@@ -1,0 +1,68 @@
+"""Pieces the GDN ReplaySSM kernels and their PyTorch twins share: normalisation, gates, the rank-L fold.
+
+The formulas are those of vLLM 0.24's GDN decode (so a ring entry holds what the baseline step computes):
+    k̂ = k / sqrt(|k|² + 1e-6);  q̂ = q / sqrt(|q|² + 1e-6) · scale;  g = −e^A_log · softplus(a + dt_bias);
+    β = sigmoid(b) rounded to b's dtype (vLLM's packed decode kernel rounds it so; its mixed-step kernel does
+    not, and the replay path handles both kinds of step, so it follows the default pure-decode path).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_patch.kernels.common import softplus_f32, softplus_reference
+
+L2_EPS = 1e-6
+
+
+def default_scale(head_k_dim: int) -> float:
+    """vLLM's query scale for GDN: head_k_dim ** -0.5."""
+    return head_k_dim**-0.5
+
+
+@triton.jit
+def l2_normalise(x):
+    """x / sqrt(|x|² + 1e-6) for a 1-D fp32 block (masked lanes must be 0)."""
+    return x / tl.sqrt(tl.sum(x * x, axis=0) + 1e-6)
+
+
+@triton.jit
+def gdn_gates(a_raw, b_raw, A_log, dt_bias):
+    """(g, β) of one (row, value head): log-decay g <= 0 and the write strength β in (0, 1), both fp32."""
+    g = -tl.exp(A_log) * softplus_f32(a_raw.to(tl.float32) + dt_bias)
+    beta = tl.sigmoid(b_raw.to(tl.float32)).to(b_raw.dtype).to(tl.float32)
+    return g, beta
+
+
+@triton.jit
+def fold_into(state, ring_u, weight, ring_k):
+    """state [BV, BK] + Σ_s weight_s u_s k̂_sᵀ, as one [BV, L] × [L, BK] product in full fp32 (no tf32).
+
+    Entries with weight 0 must also hold finite u and k̂ (masked loads give 0): 0 · NaN would poison the sum.
+    """
+    return state + tl.dot(tl.trans(ring_u * weight[:, None]), ring_k, input_precision="ieee")
+
+
+def l2_normalise_reference(x: torch.Tensor) -> torch.Tensor:
+    """PyTorch twin of ``l2_normalise`` along the last dimension."""
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+
+
+def gdn_gates_reference(
+    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch twin of ``gdn_gates`` for a, b [..., num_v_heads] and per-head A_log, dt_bias, computed in
+    ``dtype`` (fp64 for the ground truth); β is rounded to b's dtype first, as in the kernel."""
+    g = -torch.exp(A_log.to(dtype)) * softplus_reference(a.to(dtype) + dt_bias.to(dtype))
+    beta = torch.sigmoid(b.to(dtype)).to(b.dtype).to(dtype)
+    return g, beta
+
+
+def fold_reference(
+    state: torch.Tensor, weight: torch.Tensor, ring_u: torch.Tensor, ring_k: torch.Tensor
+) -> torch.Tensor:
+    """PyTorch twin of ``fold_into`` for rows: state [R, HV, V, K] + Σ_s weight [R, L, HV] · u [R, L, HV, V] k̂ᵀ
+    (ring_k already gathered per value head, [R, L, HV, K])."""
+    return state + torch.einsum("rlh,rlhv,rlhk->rhvk", weight, ring_u, ring_k)
