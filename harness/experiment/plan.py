@@ -77,11 +77,13 @@ class SimulatedSetup:
     spec: EngineSpec
     workdir: Path
 
-    def run(self, time_scale: float, noise: NoiseModel, seed: int, repeat: int, arm: str) -> Path:
-        """One virtual-time run of the baseline engine, written as a result file like a repeat's."""
-        steps = step_noise(noise, seed, repeat, arm)
+    def run(
+        self, time_scale: float, noise: NoiseModel, seed: int, repeat: int, arm: str, step_scale: float = 1.0
+    ) -> Path:
+        """One virtual-time run of the baseline engine (its steps x `step_scale`), written as a repeat's result."""
+        steps = step_noise(noise, seed, repeat, arm, step_scale)
         result = simulate_trace(self.trace, self.spec, time_scale, noise=steps)
-        path = self.workdir / f"{arm}-r{repeat}-s{time_scale:.6f}.parquet"
+        path = self.workdir / f"{arm}-r{repeat}-s{time_scale:.6f}-x{step_scale:g}.parquet"
         write_simulated_results(path, result, self.spec, Path("plan"), arm, repeat, time_scale, steps)
         return path
 

@@ -200,6 +200,9 @@ def simulate(
     noise_step: NoiseStep = FIT.step_sd,
     noise_phi: NoisePhi = FIT.step_phi,
     seed: Annotated[int, typer.Option("--seed", help="noise seed; with --repeat and --arm it fixes every draw")] = 0,
+    step_scale: Annotated[
+        float, typer.Option("--step-scale", help="what-if: every step time x this (0.9 = a 10% faster step)")
+    ] = 1.0,
 ) -> None:
     """Run a trace through the SIMULATED engine in virtual time and write a (simulated) result file.
 
@@ -228,7 +231,8 @@ def simulate(
         tensor_parallel_size,
     )
     arm_name = arm or spec.policy.label
-    steps = step_noise(noise_model(noise, noise_shared, noise_run, noise_step, noise_phi), seed, repeat, arm_name)
+    model = noise_model(noise, noise_shared, noise_run, noise_step, noise_phi)
+    steps = step_noise(model, seed, repeat, arm_name, step_scale)
     loaded = slice_if_asked(Trace.read(trace), start, duration, limit)
     started = time.perf_counter()
     with Progress(transient=True) as bar:
