@@ -36,11 +36,13 @@ def score_result(config: ExperimentConfig) -> Score:
 
 
 def _open_run(
-    console: Console, config_path: Path | None, run_dir: Path | None, output_dir: Path
+    console: Console, config_path: Path | None, run_dir: Path | None, output_dir: Path, arms: tuple[str, ...]
 ) -> tuple[ExperimentConfig, RunDir]:
-    """The experiment (checked, ports fixed) and the run directory capacity.json goes into."""
+    """The experiment (checked for the searched `arms`, ports fixed) and the run directory capacity.json goes into.
+
+    An arm that is not searched need not be up: its server may still be starting beside the search."""
     from harness.experiment.check import run_checks
-    from harness.experiment.config import load_config, with_ports
+    from harness.experiment.config import ARMS, load_config, with_ports
     from harness.experiment.rundir import freeze_config, load_frozen, new_run_dir
     from harness.records.run_dir import RunDir
 
@@ -54,7 +56,7 @@ def _open_run(
     # A search measures the capacity that a `[trace] load` is a share of, so the experiment's own load is moot.
     unloaded = config.trace.model_copy(update={"load": None, "capacity": None, "load_basis": None})
     config = config.model_copy(update={"trace": unloaded})
-    failed = [finding for finding in run_checks(config) if finding.level == "fail"]
+    failed = [f for f in run_checks(config) if f.level == "fail" and (f.topic in arms or f.topic not in ARMS)]
     if failed:
         raise UserError(
             f"preflight check failed ({len(failed)} problem(s)), first: {failed[0].message} (see `replaybench check`)"
@@ -127,10 +129,11 @@ def capacity(
 
     if arm is not None and arm not in ARMS:
         raise UserError(f"--arm {arm!r}: choose one of {', '.join(ARMS)}")
+    searched = ARMS if arm is None else (arm,)
     bounds = SearchBounds(min_scale, max_scale, tolerance)
     console = Console()
-    experiment, run = _open_run(console, config, run_dir, output_dir)
-    found = search_capacity(console, experiment, run.root, ARMS if arm is None else (arm,), repeats, bounds)
+    experiment, run = _open_run(console, config, run_dir, output_dir, searched)
+    found = search_capacity(console, experiment, run.root, searched, repeats, bounds)
     _print_summary(console, experiment, found, CapacityFiles(run.root).capacity_json)
 
 

@@ -229,3 +229,25 @@ def test_capacity_refuses_bad_options_in_one_line() -> None:
     assert result.stderr.startswith("error: --min-scale 2 must be > 0 and below --max-scale 1")
     result = subprocess.run([REPLAYBENCH, "capacity"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "give --config" in result.stderr
+
+
+def test_searching_only_the_baseline_needs_no_candidate_server_and_ignores_the_load(tmp_path: Path) -> None:
+    # How a one-GPU run measures the capacity its `load` is a share of while the candidate is still starting.
+    from tests.replay.support import free_port_without_listener
+
+    trace = tiny_trace(tmp_path / "trace.parquet", requests=80, spacing_s=0.2, output_tokens=64)
+    document = config_dict(trace, restart_per_repeat=False, slo={"ttft_s": 2.0, "tpot_s": 0.0085})
+    document["trace"] = {"path": str(trace), "load": 0.65, "capacity": str(tmp_path / "not-measured-yet")}
+    document["arms"]["candidate"] = {"url": f"http://127.0.0.1:{free_port_without_listener()}"}  # type: ignore[index]
+    base = [REPLAYBENCH, "capacity", "--config", str(write_config(tmp_path / "exp.toml", document))]
+    command = [*base, "--arm", "baseline", "--repeats", "1", "--min-scale", "0.025", "--max-scale", "0.1"]
+    command += ["--tolerance", "0.5"]
+    result = subprocess.run(
+        [*command, "--output-dir", str(tmp_path / "runs")], capture_output=True, text=True, timeout=240
+    )
+    assert result.returncode == 0, result.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    capacity = json.loads((run / "capacity.json").read_text())
+    assert set(capacity) == {"baseline"} and capacity["baseline"]["limit"] == "bisected"
+    wrong = subprocess.run([*base, "--arm", "nobody"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "--arm 'nobody': choose one of baseline, candidate" in wrong.stderr
