@@ -8,6 +8,8 @@
 #   onegpu.sh ab       ReplaySSM fp32 started at 0.45 on :8001 beside it while the baseline's capacity is measured
 #                      on the A/B slice; then the ABBA A/B at 65 % of that capacity until the call's time is up
 #   onegpu.sh resume   finish the A/B (`run --resume`)
+#   onegpu.sh aa       instead of `ab` (a session of its own): a second baseline at 0.45 on :8001, the baseline's
+#                      capacity, then the A/A at 65 % of it (`AA=1 onegpu.sh resume` finishes it)
 # Every stage tees its log into /tmp/gpu/out, which `pack` sends back as $OUT/<stage>.tgz.part*; servers run detached.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,7 +17,8 @@ export MODE=default
 S="bash tools/gpu/session.sh"
 RES=/tmp/gpu/out RUNS=/tmp/gpu/runs
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-CONFIG=configs/h200-1gpu-nemotron-h-8b.toml
+NAME=h200-1gpu-nemotron-h-8b${AA:+-aa}
+CONFIG=configs/$NAME.toml
 FP32=$(python3 -m replayssm_patch.gpu.variants replayssm_fp32)
 RB="python3 -m harness"
 CALL_S=${CALL_S:-585}
@@ -25,14 +28,14 @@ mkdir -p "$RES" "$RUNS"
 trap '$S pack "${STAGE:-onegpu}"; echo "call used ${SECONDS}s"' EXIT
 
 finish_ab() {  # run (or resume) the A/B with what is left of this call
-  local run; run=$(latest h200-1gpu-nemotron-h-8b)
+  local run; run=$(latest "$NAME")
   if [ -z "$run" ]; then
     timeout $(($(left) - 15)) $RB run --config "$CONFIG" --output-dir "$RUNS" 2>&1 | tee -a "$RES/ab.log" | tail -30
   elif [ ! -f "$run/decision.json" ]; then
     timeout $(($(left) - 15)) $RB run --resume "$run" 2>&1 | tee -a "$RES/ab.log" | tail -30
   fi
-  run=$(latest h200-1gpu-nemotron-h-8b)
-  [ -n "$run" ] && rm -rf "$RES/ab-run" && cp -r "$run" "$RES/ab-run"
+  run=$(latest "$NAME")
+  [ -n "$run" ] && rm -rf "$RES/$NAME" && cp -r "$run" "$RES/$NAME"
 }
 
 case ${1:-} in
@@ -51,15 +54,17 @@ case ${1:-} in
     timeout 120 python3 -m bench.bench_record --quick --out "$RES" > "$RES/bench_record.log" 2>&1
     echo "bench_record exit $?"; tail -12 "$RES/bench_record.log"
     ;;
-  ab)
-    STAGE=ab
+  ab | aa)
+    STAGE=$1
+    [ "$1" = aa ] && { NAME=h200-1gpu-nemotron-h-8b-aa; CONFIG=configs/$NAME.toml; }
     $S wait 60 8000 || { $S diagnose baseline; exit 1; }
-    SERVE_UTIL=0.45 $S serve candidate 0 8001 --additional-config "$FP32"
-    # the baseline's capacity on the A/B slice and SLO while the candidate starts (after its profiling run its
-    # start-up barely loads the GPU); bounds around the ~0.30 time scale the simulator puts capacity at
+    if [ "$1" = aa ]; then SERVE_UTIL=0.45 $S serve candidate 0 8001; else
+      SERVE_UTIL=0.45 $S serve candidate 0 8001 --additional-config "$FP32"; fi
+    # the baseline's capacity on the slice and SLO while the candidate starts (after its profiling run its
+    # start-up barely loads the GPU); bounds around the 0.31 time scale measured on 2026-12-01
     timeout 300 $RB capacity --config "$CONFIG" --arm baseline --repeats 1 --min-scale 0.22 --max-scale 0.45 \
       --tolerance 0.2 --output-dir "$RUNS" 2>&1 | tee "$RES/capacity.log" | tail -12
-    cap=$(latest h200-1gpu-nemotron-h-8b-capacity)
+    cap=$(latest "$NAME-capacity")
     [ -f "$cap/capacity.json" ] || exit 1
     cp -r "$cap" "$RES/capacity-run"
     sed -i "s|^capacity = .*|capacity = \"$cap\"|" "$CONFIG"
@@ -72,5 +77,5 @@ case ${1:-} in
     STAGE=resume
     finish_ab
     ;;
-  *) echo "usage: onegpu.sh pace|ab|resume"; exit 2 ;;
+  *) echo "usage: onegpu.sh pace|ab|aa|resume"; exit 2 ;;
 esac
