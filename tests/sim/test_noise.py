@@ -92,6 +92,7 @@ def test_simulate_cli_is_reproducible_with_noise_and_records_it(tmp_path: Path) 
         "arm": "baseline",
         "shared": 0,
         "run": 0,
+        "step_scale": 1.0,
     }
     assert json.loads(read_results(other_arm)[1][META_SIM_NOISE])["shared"] == recorded["shared"]
     assert read_results(off)[1][META_SIM_NOISE] == "off"
@@ -124,3 +125,13 @@ def test_a_simulated_aa_with_noise_has_a_ci_of_nonzero_width(tmp_path: Path, azu
     exact = analyse_run_dir(_aa_run_dir(tmp_path / "exact", azure_slice, NO_NOISE, 3).root).summary
     flat = next(c for c in exact.comparisons if c.metric == "tpot_p50")
     assert flat.baseline == flat.candidate and math.isclose(flat.ci_low, flat.ci_high)
+
+
+def test_step_scale_is_a_what_if_on_top_of_the_noise() -> None:
+    plain, faster = StepNoise(FIT, 7, 3, "candidate"), StepNoise(FIT, 7, 3, "candidate", step_scale=0.9)
+    assert np.allclose(factors(faster, 200), 0.9 * factors(plain, 200))
+    quiet = step_noise(NO_NOISE, 0, 0, "candidate", step_scale=0.9)
+    assert quiet is not None and quiet.factor() == pytest.approx(0.9)
+    assert step_noise(NO_NOISE, 0, 0, "candidate") is None
+    with pytest.raises(UserError, match="--step-scale 0 must be > 0"):
+        StepNoise(FIT, 0, 0, "candidate", step_scale=0.0)
