@@ -80,6 +80,20 @@ def _numpy_column(table: pa.Table, name: str) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class ChunkGaps:
+    """Gaps between consecutive streamed chunks of each request (ICL samples)."""
+
+    gaps: np.ndarray  # float32
+    rows: np.ndarray  # int64, sorted
+    tokens: np.ndarray  # int64, tokens carried by the chunk that ends each gap
+
+    def per_token(self) -> tuple[np.ndarray, np.ndarray]:
+        """Inter-token latency (ITL): a chunk of k tokens after a gap g stands for k tokens g/k apart."""
+        tokens = np.maximum(self.tokens, 1)
+        return np.repeat((self.gaps / tokens).astype(np.float32), tokens), np.repeat(self.rows, tokens)
+
+
+@dataclass(frozen=True)
 class TokenTiming:
     """Flattened streamed chunks of a run: arrival times, tokens per chunk and the row each belongs to."""
 
@@ -102,21 +116,13 @@ class TokenTiming:
             tokens[matching[rows]] = counted
         return cls(values, tokens, rows)
 
-    def chunk_gaps(self) -> tuple[np.ndarray, np.ndarray]:
-        """Inter-chunk latency (ICL): one gap per pair of consecutive chunks of a request, and its row."""
+    def chunk_gaps(self) -> ChunkGaps:
+        """Inter-chunk latency (ICL): one gap per pair of consecutive chunks of a request, its row, and the
+        tokens the later chunk carried (computed once: runs hold tens of millions of chunks)."""
         if len(self.times) < 2:
-            return np.empty(0, np.float32), np.empty(0, np.int64)
+            return ChunkGaps(np.empty(0, np.float32), np.empty(0, np.int64), np.empty(0, np.int64))
         same_request = self.rows[1:] == self.rows[:-1]
-        return np.diff(self.times)[same_request], self.rows[1:][same_request]
-
-    def token_gaps(self) -> tuple[np.ndarray, np.ndarray]:
-        """Inter-token latency (ITL): a chunk of k tokens after a gap g stands for k tokens g/k apart."""
-        if len(self.times) < 2:
-            return np.empty(0, np.float32), np.empty(0, np.int64)
-        same_request = self.rows[1:] == self.rows[:-1]
-        gaps, rows = np.diff(self.times)[same_request], self.rows[1:][same_request]
-        tokens = np.maximum(self.tokens[1:][same_request], 1)
-        return np.repeat((gaps / tokens).astype(np.float32), tokens), np.repeat(rows, tokens)
+        return ChunkGaps(np.diff(self.times)[same_request], self.rows[1:][same_request], self.tokens[1:][same_request])
 
     def decode_span(self, n_rows: int) -> np.ndarray:
         """Per row: last chunk time - first chunk time (NaN for rows without streamed chunks)."""
@@ -160,7 +166,8 @@ def _request_frame(table: pa.Table, slo: SloConfig) -> tuple[pd.DataFrame, dict[
     status = frame["status"].to_numpy()
     ok = frame["error"].isna().to_numpy() & np.isfinite(frame["e2e_s"].to_numpy()) & ~((status < 200) | (status >= 300))
     timing = TokenTiming.of(table)
-    token_gaps, chunk_gaps = timing.token_gaps(), timing.chunk_gaps()
+    chunks = timing.chunk_gaps()
+    token_gaps, chunk_gaps = chunks.per_token(), (chunks.gaps, chunks.rows)
     tokens = frame["output_tokens"].to_numpy()
     # TPOT = (last token time - first token time) / (tokens - 1), tokens as the server counted them.
     with np.errstate(divide="ignore", invalid="ignore"):

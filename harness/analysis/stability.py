@@ -201,8 +201,10 @@ def assess_stability(pairs: list[tuple[RunMetrics, RunMetrics]], capacity: dict[
     """The `stability` section of summary.json, over the valid repeat pairs."""
     runs = [run_stability(run) for pair in pairs for run in pair]
     baseline = [r for r in runs if r.arm == "baseline"]
-    # Both need arrivals long against a request's life: a short replay is all ramp-up, whatever the load.
-    long_enough = [r for r in baseline if (r.arrival_span_s or 0) >= ref.COMPLETION_MIN_SPAN_S]
+    # Completion share and backlog growth need arrivals long against a request's life: a short replay is all
+    # ramp-up, whatever the load.
+    judged = [r for r in runs if (r.arrival_span_s or 0) >= ref.COMPLETION_MIN_SPAN_S]
+    long_enough = [r for r in judged if r.arm == "baseline"]
     completion = _median([r.completed_before_last_arrival for r in long_enough])
     growth = _median([r.backlog_growth for r in long_enough])
     spread, correlation = _spread_and_correlation(pairs)
@@ -216,13 +218,7 @@ def assess_stability(pairs: list[tuple[RunMetrics, RunMetrics]], capacity: dict[
         source = "estimated from the share of requests completed before the last arrival, by the review's table"
     scales = [b.time_scale for b, _ in pairs if b.time_scale]
     factor = load / ref.SUGGESTED_LOAD if load is not None else None
-    candidate_growth = _median(
-        [
-            r.backlog_growth
-            for r in runs
-            if r.arm == "candidate" and (r.arrival_span_s or 0) >= ref.COMPLETION_MIN_SPAN_S
-        ]
-    )
+    candidate_growth = _median([r.backlog_growth for r in judged if r.arm == "candidate"])
     stability = Stability(
         load_class=load_class,
         load_share=load,
