@@ -2,9 +2,9 @@
 
 Why in the builder: it runs on the CPU before every step, including steps that replay a captured CUDA
 graph, so it is where cursors can advance. It writes each decode row's write position and flush length
-into persistent buffers (fixed addresses the graph reads) and, for prefill rows, the ring entry counts
-the layer must fold into the checkpoint first. CUDA-graph capture builds (dummy batches) write
-zeros and never advance real cursors.
+into persistent buffers (fixed addresses the graph reads, shared by every Mamba KV-cache group) in one
+launch and, for prefill rows, the ring entry counts the layer must fold into the checkpoint first.
+CUDA-graph capture builds (dummy batches) write zeros and never advance real cursors.
 """
 
 from __future__ import annotations
@@ -32,23 +32,47 @@ class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
     # Decode rows: one per state_indices_tensor_d row (graph padding rows get 0).
     replay_write_pos: torch.Tensor | None = None
     replay_flush_len: torch.Tensor | None = None
-    # Steps with a prefill: ring entries per prefill row to fold into the checkpoint first.
+    # Steps with a prefill: ring entries per prefill row to fold into the checkpoint first, and whether any
+    # row may have some (False when the CPU knows every prefill row is a fresh sequence: no fold launches).
     replay_pending: torch.Tensor | None = None
+    replay_fold_pending: bool = False
+
+
+@dataclass(frozen=True)
+class RingPlanBuffers:
+    """The decode rows' plan every Mamba KV-cache group's graphs read: one pair of persistent buffers per engine.
+
+    vLLM builds the first Mamba group each step and derives the others with ``update_block_table``, which
+    keeps this metadata's fields; every group holds the same requests at the same point, so one plan (and
+    one cursor table) serves all groups and nothing is copied per group.
+    """
+
+    write_pos: torch.Tensor
+    flush_len: torch.Tensor
+
+    @classmethod
+    def of_engine(cls, vllm_config: Any, device: torch.device) -> RingPlanBuffers:
+        """Keyed by device and row count, not by config object: every group's captured graphs must see the
+        same addresses however vLLM hands its config to each builder (one engine per process)."""
+        rows = vllm_config.scheduler_config.max_num_seqs
+        key = (str(device), rows)
+        if key not in _PLAN_BUFFERS:
+            zeros = torch.zeros(2, rows, dtype=torch.int32, device=device)
+            _PLAN_BUFFERS[key] = cls(zeros[0], zeros[1])
+        return _PLAN_BUFFERS[key]
+
+
+_PLAN_BUFFERS: dict[tuple[str, int], RingPlanBuffers] = {}
 
 
 class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
     metadata_cls = ReplayMamba2AttentionMetadata
-    # vLLM builds the first Mamba KV-cache group each step and updates the others' block tables from it
-    # (update_block_table). Every group holds the same requests at the same point, so a request's ring
-    # cursor is the same in all of them: the first group's builder keeps the cursor table and plans the
-    # ring; the others copy that plan into their own graph buffers.
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self.buffer_len = replayssm_config_of(vllm_config).buffer_len
-        max_rows = vllm_config.scheduler_config.max_num_seqs
-        self.write_pos = torch.zeros(max_rows, dtype=torch.int32, device=device)
-        self.flush_len = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        knobs = replayssm_config_of(vllm_config)
+        self.buffer_len, self.stagger_windows = knobs.buffer_len, knobs.stagger_windows
+        self.plan_buffers = RingPlanBuffers.of_engine(vllm_config, device)
         self.cursors: CursorTable | None = None  # sized at the first build, once the KV cache is bound
         self.full_decode_graphs = vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs()
         self._capturing = False
@@ -57,7 +81,9 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         if self.cursors is None:
             layer = self.vllm_config.compilation_config.static_forward_context[self.layer_names[0]]
             num_blocks = layer.kv_cache[1].shape[0]
-            self.cursors = CursorTable(num_blocks, self.buffer_len, self.write_pos.device)
+            self.cursors = CursorTable(
+                num_blocks, self.buffer_len, self.plan_buffers.write_pos.device, stagger=self.stagger_windows
+            )
         return self.cursors
 
     def build_for_cudagraph_capture(self, common_attn_metadata: Any) -> ReplayMamba2AttentionMetadata:
@@ -73,15 +99,20 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build, **kwargs)
         if metadata.num_prefills and common_attn_metadata.max_query_len == 1 and self.full_decode_graphs:
             warn_single_token_prompts()
-        return plan_ring(metadata, self._cursor_table, self.write_pos, self.flush_len, dry_run=self._capturing)
+        fresh = prefills_all_fresh(common_attn_metadata, metadata.num_prefills)
+        return plan_ring(metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing, fresh=fresh)
 
-    def update_block_table(
-        self, metadata: ReplayMamba2AttentionMetadata, blk_table: torch.Tensor, slot_mapping: torch.Tensor
-    ) -> ReplayMamba2AttentionMetadata:
-        """Another group's metadata for this group's blocks, with that group's ring plan in this builder's
-        buffers (the addresses this group's captured decode graphs read)."""
-        updated = super().update_block_table(metadata, blk_table, slot_mapping)
-        return copy_ring_plan(updated, self.write_pos, self.flush_len)
+
+def prefills_all_fresh(common_attn_metadata: Any, num_prefills: int) -> bool:
+    """True when the CPU knows every prefill row starts a sequence (nothing computed before it), so no ring
+    can hold entries to fold. vLLM orders decode rows first; seq_lens_cpu_upper_bound is exact for prefills."""
+    seq_lens = common_attn_metadata.seq_lens_cpu_upper_bound
+    if seq_lens is None or not num_prefills:
+        return not num_prefills
+    starts = common_attn_metadata.query_start_loc_cpu
+    rows = common_attn_metadata.num_reqs
+    query_lens = starts[rows - num_prefills + 1 : rows + 1] - starts[rows - num_prefills : rows]
+    return bool((seq_lens[rows - num_prefills : rows] == query_lens).all())
 
 
 @functools.cache
@@ -98,43 +129,36 @@ def warn_single_token_prompts() -> None:
 def plan_ring(
     metadata: ReplayMamba2AttentionMetadata,
     cursor_table: Any,
-    write_pos_buffer: torch.Tensor,
-    flush_len_buffer: torch.Tensor,
+    buffers: RingPlanBuffers,
     *,
     dry_run: bool,
+    fresh: bool = False,
 ) -> ReplayMamba2AttentionMetadata:
     """Attach this step's ring plan to ``metadata`` (``cursor_table`` is called only when cursors move).
 
     Decode rows append to their ring whether or not the step also holds prefills (decode rows come first in
-    vLLM's batch); prefill rows get the entries their ring still holds (to fold in before vLLM's prefill
-    reads the checkpoint) and restart at 0.
+    vLLM's batch): one plan launch writes every row of the persistent buffers, padding included. Prefill rows
+    get the entries their ring still holds (to fold in before vLLM's prefill reads the checkpoint) and restart.
     """
     rows = 0 if metadata.state_indices_tensor_d is None else metadata.state_indices_tensor_d.shape[0]
-    write_pos, flush_len = write_pos_buffer[:rows], flush_len_buffer[:rows]
+    write_pos, flush_len = buffers.write_pos[:rows], buffers.flush_len[:rows]
     if rows:
-        write_pos.zero_()
-        flush_len.zero_()
-        if not dry_run and metadata.num_decodes:
-            real = metadata.num_decodes
-            slots = metadata.state_indices_tensor_d[:real, 0]
-            cursor_table().decode_step(slots, write_pos[:real], flush_len[:real])
+        if dry_run or not metadata.num_decodes:
+            write_pos.zero_()
+            flush_len.zero_()
+        else:
+            slots = metadata.state_indices_tensor_d[:, 0]
+            cursor_table().decode_step(slots, write_pos, flush_len, real_rows=metadata.num_decodes)
     pending = None
     if metadata.num_prefills:
         pending = cursor_table().take_pending(metadata.state_indices_tensor_p, metadata.has_initial_states_p)
-    return replace(metadata, replay_write_pos=write_pos, replay_flush_len=flush_len, replay_pending=pending)
-
-
-def copy_ring_plan(
-    metadata: ReplayMamba2AttentionMetadata, write_pos_buffer: torch.Tensor, flush_len_buffer: torch.Tensor
-) -> ReplayMamba2AttentionMetadata:
-    """``metadata`` with its decode rows' plan copied into these persistent buffers (pending is eager-only)."""
-    if metadata.replay_write_pos is None or metadata.replay_flush_len is None:
-        return metadata
-    rows = metadata.replay_write_pos.shape[0]
-    write_pos, flush_len = write_pos_buffer[:rows], flush_len_buffer[:rows]
-    write_pos.copy_(metadata.replay_write_pos)
-    flush_len.copy_(metadata.replay_flush_len)
-    return replace(metadata, replay_write_pos=write_pos, replay_flush_len=flush_len)
+    return replace(
+        metadata,
+        replay_write_pos=write_pos,
+        replay_flush_len=flush_len,
+        replay_pending=pending,
+        replay_fold_pending=bool(metadata.num_prefills) and not fresh,
+    )
 
 
 class ReplayMamba2AttentionBackend(Mamba2AttentionBackend):

@@ -23,10 +23,13 @@ class ReplaySSMConfig:
     enable: bool = False
     buffer_len: int = 16
     split_precision: bool = False
+    # A sequence's first window ends at L-1 - (slot mod L), so a cohort admitted together does not flush in
+    # one step (off: every window is L steps, aligned to the prefill; for tests that follow exact cursors).
+    stagger_windows: bool = True
 
 
 DISABLED = ReplaySSMConfig()
-_FIELDS = {"enable": bool, "buffer_len": int, "split_precision": bool}
+_FIELDS = {"enable": bool, "buffer_len": int, "split_precision": bool, "stagger_windows": bool}
 
 
 def parse_replayssm_config(additional_config: Any) -> ReplaySSMConfig:

@@ -1,10 +1,15 @@
-"""Per-block ring cursors: how many ring entries each sequence's state slot holds (pure torch, CPU-testable).
+"""Per-block ring cursors: how many ring entries each sequence's state slot holds, and when its window flushes.
 
 Why a table on the device: under CUDA graphs the decode step replays captured kernels, so the write
 position and flush length of every row must sit in GPU buffers the graph reads. The metadata builder
-calls these functions before each step (outside the graph) with the step's state indices; the table is
+calls these methods before each step (outside the graph) with the step's state indices; the table is
 indexed by vLLM block id (one block per sequence in mamba_cache_mode 'none'). Block 0 is vLLM's null
-block, used for padded rows: its cursor never moves.
+block, used for padded rows: its cursor never moves. On CUDA a decode step's plan is one launch
+(``kernels.cursor_plan``); elsewhere its PyTorch twin runs (the CPU vLLM tests).
+
+Staggered windows: a sequence's first window after a prefill ends at L-1 - (slot mod L) and later ones at
+L-1, so a cohort admitted in one step (consecutive slots) spreads its flushes over L steps instead of
+folding every ring in the same step.
 """
 
 from __future__ import annotations
@@ -14,38 +19,51 @@ import torch
 NULL_BLOCK_ID = 0  # vLLM 0.24: vllm.v1.attention.backends.utils.NULL_BLOCK_ID, pads CUDA-graph rows
 
 
+def first_window_end(slots: torch.Tensor, buffer_len: int, stagger: bool) -> torch.Tensor:
+    """Write position at which a fresh sequence in ``slots`` flushes first (L-1 - slot mod L, or L-1)."""
+    offset = slots % buffer_len if stagger else torch.zeros_like(slots)
+    return (buffer_len - 1 - offset).to(torch.int32)
+
+
 class CursorTable:
-    """Entry count of every block's ring (0..buffer_len-1; a full ring is flushed in the same step)."""
+    """Entry count of every block's ring (0..buffer_len-1) and the write position its window flushes at."""
 
-    def __init__(self, num_blocks: int, buffer_len: int, device: torch.device | str) -> None:
+    def __init__(self, num_blocks: int, buffer_len: int, device: torch.device | str, stagger: bool = True) -> None:
         self.buffer_len = buffer_len
+        self.stagger = stagger
         self.positions = torch.zeros(num_blocks, dtype=torch.int32, device=device)
+        self.window_end = first_window_end(torch.arange(num_blocks, device=device), buffer_len, stagger)
 
-    def decode_step(self, slots: torch.Tensor, write_pos: torch.Tensor, flush_len: torch.Tensor) -> None:
-        """Plan one decode step for ``slots`` (real rows only) and advance their cursors.
+    def decode_step(
+        self, slots: torch.Tensor, write_pos: torch.Tensor, flush_len: torch.Tensor, real_rows: int | None = None
+    ) -> None:
+        """Plan one decode step and advance the cursors of rows [0, real_rows) of ``slots`` (default: all).
 
-        Fills ``write_pos`` (the ring position this token is written to) and ``flush_len`` (buffer_len
-        on the step that fills the ring, else 0) in place, so callers can pass persistent buffers.
+        Fills ``write_pos`` (the ring position this token is written to) and ``flush_len`` (write_pos + 1 on
+        the step that ends the row's window, else 0) in place, so callers can pass persistent buffers; rows
+        past real_rows (graph padding) and null-block rows get 0.
         """
-        slots = slots.long()
-        real = slots != NULL_BLOCK_ID
-        pos = torch.where(real, self.positions[slots], 0)
-        write_pos.copy_(pos)
-        flush_len.copy_(torch.where(real & (pos == self.buffer_len - 1), self.buffer_len, 0))
-        advanced = torch.where(real, (pos + 1) % self.buffer_len, self.positions[slots])
-        self.positions.index_put_((slots,), advanced.to(torch.int32))
+        if real_rows is None:
+            real_rows = slots.shape[0]
+        if self.positions.device.type == "cuda":
+            from replayssm_patch.kernels.cursor_plan import plan_decode_rows as plan
+        else:
+            from replayssm_patch.kernels.cursor_plan import plan_decode_rows_reference as plan
+        plan(slots, self.positions, self.window_end, write_pos, flush_len, real_rows, self.buffer_len, NULL_BLOCK_ID)
 
     def take_pending(self, slots: torch.Tensor, has_state: torch.Tensor | None = None) -> torch.Tensor:
-        """Ring entries to fold into the checkpoint before a prefill step; resets those cursors to 0.
+        """Ring entries to fold into the checkpoint before a prefill step; restarts those rings (at 0, with a
+        staggered first window).
 
         ``has_state`` marks rows that continue a sequence (vLLM's has_initial_states); a fresh
         sequence in a reused slot gets 0 so the previous owner's ring is never read.
         """
         slots = slots.long()
         real = slots != NULL_BLOCK_ID
-        if has_state is not None:
-            real = real & has_state
-        pending = torch.where(real, self.positions[slots], 0).to(torch.int32)
-        reset = torch.where(slots != NULL_BLOCK_ID, 0, self.positions[slots])
-        self.positions.index_put_((slots,), reset.to(torch.int32))
+        continuing = real if has_state is None else real & has_state
+        pending = torch.where(continuing, self.positions[slots], 0).to(torch.int32)
+        self.positions[slots] = torch.where(real, 0, self.positions[slots])
+        self.window_end[slots] = torch.where(
+            real, first_window_end(slots, self.buffer_len, self.stagger), self.window_end[slots]
+        )
         return pending

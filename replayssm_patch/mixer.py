@@ -78,7 +78,8 @@ class ReplayMambaMixer2(MambaMixer2):
         "no decode rows" and the tensors start at the first prefill token (decode rows come first).
         """
         slots = metadata.state_indices_tensor_p.to(torch.int32)
-        self._materialise(slots, metadata.replay_pending)
+        if metadata.replay_fold_pending:  # the CPU knows when every prefill row is fresh: no fold launch then
+            self._materialise(slots, metadata.replay_pending)
         skip = metadata.num_decode_tokens
         raw[self.prefix] = replace(metadata, num_decodes=0, num_decode_tokens=0)
         try:

@@ -4,7 +4,7 @@ vLLM packs a MambaSpec's tensors one after another in each block's page, so the 
 model classmethods (which size the page) must list exactly the same extra tensors: both call
 ``replay_state_shapes`` / ``replay_state_dtypes`` on vLLM's own (conv, ssm) entries. The float32 ring
 of dt comes first so every tensor's byte offset stays aligned for its dtype. Shapes follow the kernel
-layout documented in ``replayssm_patch.kernels`` (ring_x [L, H, P], ring_B [L, G, N], ring_dt [L, H],
+layout documented in ``replayssm_patch.kernels`` (ring_x [H, L, P], ring_B [G, L, N], ring_dt [H, L],
 bf16 copy [H, P, N]); this module is kept free of Triton so it imports where only vLLM is installed.
 """
 
@@ -47,9 +47,9 @@ def replay_state_shapes(
     dims = Mamba2Dims.from_state_shapes(conv_shape, ssm_shape, dim_first)
     L = config.buffer_len
     extra: list[tuple[int, ...]] = [
-        (L, dims.nheads),
-        (L, dims.nheads, dims.head_dim),
-        (L, dims.ngroups, dims.d_state),
+        (dims.nheads, L),
+        (dims.nheads, L, dims.head_dim),
+        (dims.ngroups, L, dims.d_state),
     ]
     if config.split_precision:
         extra.append((dims.nheads, dims.head_dim, dims.d_state))

@@ -27,11 +27,13 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET must be decided first
     import torch
 
+    from replayssm_patch.kernels import ReplayCache
     from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
 
 HBM_BYTES_PER_S = 4.3e12
@@ -54,14 +56,16 @@ class Plan:
     warmup: int = 3
     graph_calls: int = 20  # calls captured per CUDA graph
     repeats: int = 5  # graph replays timed
-    # (block_p, num_warps); ptxas on sm_90 shows no spills for these (flush 32 x 4 and 64 x 4/8 spill)
-    replay_configs: tuple[tuple[int, int], ...] = ((4, 4), (8, 4), (16, 4), (32, 4), (64, 4), (16, 8), (32, 8), (64, 8))
-    flush_configs: tuple[tuple[int, int], ...] = ((16, 4), (16, 8), (32, 8))
+    # (block_p, block_n, num_warps) of the replay step: 1-2-warp programs as vLLM's SSU uses, a few wider ones
+    step_configs: tuple[tuple[int, int, int], ...] = (
+        (4, 128, 1), (8, 64, 1), (8, 128, 1), (16, 32, 1), (16, 64, 1), (16, 128, 1), (16, 64, 2), (32, 64, 2),
+        (32, 128, 2), (64, 64, 4),
+    )  # fmt: skip
 
 
 SMOKE_PLAN = Plan(
     nheads=4, head_dim=8, d_state=16, ngroups=2, buffer_len=4, eq_batch=3, eq_steps=6, batches=(2,),
-    warmup=1, graph_calls=1, repeats=1, replay_configs=((16, 4),), flush_configs=((16, 4),),
+    warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
 )  # fmt: skip
 
 
@@ -86,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[kernel_bench] device={device} baseline: {baseline.note}", flush=True)
     report.section("equivalence", lambda: run_equivalence(plan, device, baseline))
     report.section("timing", lambda: run_timing(plan, device, baseline, sweep=not args.no_sweep))
+    if report.data["timing"]["status"] == "ok" and "sweep" in report.data["timing"]:
+        tuned = args.out / "launch_config.json"
+        tuned.write_text(json.dumps(tuned_launch_file(report.data["timing"]), indent=2) + "\n")
+        print(f"[kernel_bench] fastest launch shapes in {tuned} (REPLAYSSM_LAUNCH_CONFIG={tuned} uses them)")
     print(f"[kernel_bench] wrote {report.json_path} and {report.md_path}", flush=True)
     return 0
 
@@ -305,20 +313,43 @@ def _fp64_step(
 
 def run_timing(plan: Plan, device: str, baseline: Baseline, sweep: bool) -> dict[str, Any]:
     result: dict[str, Any] = {"method": _timing_method(device), "rows": []}
-    largest = max(plan.batches)
-    replay_cfg = {"fp32": None, "split": None}
-    flush_cfg = {"fp32": None, "split": None}
+    configs: dict[str, tuple[int, int, int] | None] = {"fp32": None, "split": None}
     if sweep:
-        bench = KernelSetup(plan, device, largest)
+        bench = KernelSetup(plan, device, max(plan.batches))
         result["sweep"] = bench.sweep()
-        replay_cfg = {mode: result["sweep"]["replay"][mode]["best"] for mode in replay_cfg}
-        flush_cfg = {mode: result["sweep"]["flush"][mode]["best"] for mode in flush_cfg}
-    result["configs"] = {"replay": replay_cfg, "flush": flush_cfg}
+        configs = {mode: result["sweep"][mode]["best"] for mode in configs}
+    result["configs"] = configs
     for batch in plan.batches:
         print(f"[kernel_bench]   timing batch {batch}", flush=True)
         bench = KernelSetup(plan, device, batch)
-        result["rows"].extend(bench.table(baseline, replay_cfg, flush_cfg))
+        result["rows"].extend(bench.table(baseline, configs))
+    result["registers"] = compiled_registers()
     return result
+
+
+def tuned_launch_file(timing: dict[str, Any]) -> dict[str, Any]:
+    """The sweep's winners in the format ``REPLAYSSM_LAUNCH_CONFIG`` reads (kernels/launch_config.py)."""
+    keys = ("block_p", "block_n", "num_warps")
+    return {"replay_step": {mode: dict(zip(keys, cfg, strict=True)) for mode, cfg in timing["configs"].items() if cfg}}
+
+
+def compiled_registers() -> list[dict[str, Any]]:
+    """Registers and spills of every replay kernel specialisation this run compiled (what ptxas gave the GPU)."""
+    from replayssm_patch.kernels.cursor_plan import _cursor_plan_kernel
+    from replayssm_patch.kernels.flush import _flush_kernel
+    from replayssm_patch.kernels.replay_decode import _replay_step_kernel, _ring_coefficients_kernel
+
+    found = []
+    for kernel in (_replay_step_kernel, _ring_coefficients_kernel, _flush_kernel, _cursor_plan_kernel):
+        for cache in getattr(kernel, "device_caches", {}).values():
+            for compiled in cache[0].values():
+                constants = {k: v for k, v in compiled.src.constants.items() if isinstance(v, (bool, int, str))}
+                found.append({
+                    "kernel": kernel.__name__, "num_warps": compiled.metadata.num_warps,
+                    "registers": getattr(compiled, "n_regs", None), "spills": getattr(compiled, "n_spills", None),
+                    "constexprs": {str(k): v for k, v in constants.items()},
+                })  # fmt: skip
+    return found
 
 
 def _timing_method(device: str) -> str:
@@ -328,12 +359,15 @@ def _timing_method(device: str) -> str:
 
 
 class KernelSetup:
-    """Caches and inputs for one batch size, with every timed call as a closure."""
+    """Caches and inputs for one batch size, with every timed call as a closure.
+
+    The ReplaySSM caches are views into one page buffer per slot, as vLLM lays out a MambaSpec's tensors,
+    and the batch rows use slots scattered over a pool 4x the batch (a server's live slots are never 0..B-1).
+    """
 
     def __init__(self, plan: Plan, device: str, batch: int) -> None:
         import torch
 
-        from replayssm_patch.kernels import ReplayCache, ring_shapes
         from replayssm_patch.kernels.common import softplus_reference
         from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
 
@@ -342,12 +376,12 @@ class KernelSetup:
         gen = torch.Generator(device).manual_seed(batch)
         self.layer = LayerParams.random(H, gen, device)
         self.inputs = StepInputs.random(batch, H, P, G, N, self.layer, gen, torch.bfloat16)
+        pool = 4 * batch + 1
+        self.indices = (torch.randperm(pool - 1, generator=gen, device=device)[:batch] + 1).to(torch.int32)
         self.caches = {}
         for mode, split in (("fp32", False), ("split", True)):
-            cache = ReplayCache.allocate(
-                batch, ring_shapes(H, P, G, N, L, split), model_dtype=torch.bfloat16, device=device
-            )
-            cache.set_checkpoint(torch.arange(batch, device=device), torch.randn(batch, H, P, N, device=device))
+            cache = paged_cache(plan, pool, split, device)
+            cache.set_checkpoint(self.indices, torch.randn(batch, H, P, N, device=device))
             cache.ring_x.normal_(generator=gen)
             cache.ring_B.normal_(generator=gen)
             cache.ring_dt.copy_(
@@ -355,36 +389,40 @@ class KernelSetup:
             )
             self.caches[mode] = cache
         rows = torch.arange(batch, device=device)
-        self.indices = rows.to(torch.int32)
         self.write_pos = (rows % L).to(torch.int32)  # staggered cursors: on average (L-1)/2 earlier entries
+        self.aligned_pos = torch.full((batch,), L - 1, dtype=torch.int32, device=device)
+        self.flush_none = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.flush_staggered = torch.where(self.write_pos == L - 1, L, 0).to(torch.int32)  # 1/L of the rows
         self.flush_all = torch.full((batch,), L, dtype=torch.int32, device=device)
-        self.flush_staggered = torch.where(rows % L == 0, L, 0).to(torch.int32)
         self.out = torch.empty(batch, H, P, dtype=torch.bfloat16, device=device)
         self.base_state = {
-            "fp32": torch.randn(batch, H, P, N, device=device),
-            "bf16": torch.randn(batch, H, P, N, device=device).to(torch.bfloat16),
+            "fp32": torch.randn(pool, H, P, N, device=device),
+            "bf16": torch.randn(pool, H, P, N, device=device).to(torch.bfloat16),
         }
 
     # -- calls ---------------------------------------------------------------------------------------------
-    def replay(self, mode: str, cfg: tuple[int, int] | None) -> Callable[[], Any]:
-        from replayssm_patch.kernels import replay_decode
+    def step(
+        self, mode: str, cfg: tuple[int, int, int] | None, write_pos: torch.Tensor, flush_len: torch.Tensor
+    ) -> Callable[[], Any]:
+        """The decode step as vLLM runs it: both launches (coefficients, fused replay step) in one graph."""
+        from replayssm_patch.kernels import replay_decode_step
 
         cache, s, layer = self.caches[mode], self.inputs, self.layer
-        read = cache.state_bf16 if mode == "split" else cache.ssm_state
-        tuning = {} if cfg is None else {"block_p": cfg[0], "num_warps": cfg[1]}
-        return lambda: replay_decode(
-            s.x, s.dt, layer.A, s.B, s.C, read, cache.ring_x, cache.ring_B, cache.ring_dt, self.indices,
-            self.write_pos, D=layer.D, dt_bias=layer.dt_bias, out=self.out, **tuning,
+        tuning = {} if cfg is None else {"block_p": cfg[0], "block_n": cfg[1], "num_warps": cfg[2]}
+        return lambda: replay_decode_step(
+            s.x, s.dt, layer.A, s.B, s.C, cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt, self.indices,
+            write_pos, flush_len, state_bf16=cache.state_bf16, D=layer.D, dt_bias=layer.dt_bias, out=self.out,
+            **tuning,
         )  # fmt: skip
 
-    def flush(self, mode: str, cfg: tuple[int, int] | None, flush_len: torch.Tensor) -> Callable[[], Any]:
+    def materialise(self, mode: str) -> Callable[[], Any]:
+        """The standalone flush launch (before a prefill), folding every row's full ring."""
         from replayssm_patch.kernels import flush_ring
 
         cache, A = self.caches[mode], self.layer.A
-        tuning = {} if cfg is None else {"block_p": cfg[0], "num_warps": cfg[1]}
         return lambda: flush_ring(
-            cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt, A, self.indices, flush_len,
-            state_bf16=cache.state_bf16, **tuning,
+            cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt, A, self.indices, self.flush_all,
+            state_bf16=cache.state_bf16,
         )  # fmt: skip
 
     def baseline(self, baseline: Baseline, state_dtype: str) -> Callable[[], Any]:
@@ -392,20 +430,22 @@ class KernelSetup:
 
     # -- measurements --------------------------------------------------------------------------------------
     def sweep(self) -> dict[str, Any]:
-        """Best (block_p, num_warps) per kernel and mode at this batch size."""
-        found: dict[str, Any] = {"replay": {}, "flush": {}}
+        """Best (block_p, block_n, num_warps) of the decode step with 1/L of the rows flushing, per mode."""
+        found: dict[str, Any] = {}
         for mode in ("fp32", "split"):
-            for kernel, configs in (("replay", self.plan.replay_configs), ("flush", self.plan.flush_configs)):
-                timings = {}
-                for cfg in configs:
-                    call = self.replay(mode, cfg) if kernel == "replay" else self.flush(mode, cfg, self.flush_all)
-                    timings[f"{cfg[0]}x{cfg[1]}"] = seconds_per_call(call, self.plan, self.device) * 1e6
-                best = min(timings, key=timings.__getitem__)
-                found[kernel][mode] = {"us": timings, "best": tuple(int(v) for v in best.split("x"))}
-                print(f"[kernel_bench]   sweep {kernel} {mode}: best {best} ({timings[best]:.1f} us)", flush=True)
+            timings = {}
+            for cfg in self.plan.step_configs:
+                call = self.step(mode, cfg, self.write_pos, self.flush_staggered)
+                try:
+                    timings["x".join(map(str, cfg))] = seconds_per_call(call, self.plan, self.device) * 1e6
+                except Exception as exc:  # a config the compiler rejects must not end the sweep
+                    print(f"[kernel_bench]   sweep {mode} {cfg} failed: {exc!r}", flush=True)
+            best = min(timings, key=timings.__getitem__)
+            found[mode] = {"us": timings, "best": tuple(int(v) for v in best.split("x"))}
+            print(f"[kernel_bench]   sweep step {mode}: best {best} ({timings[best]:.1f} us)", flush=True)
         return found
 
-    def table(self, baseline: Baseline, replay_cfg: dict, flush_cfg: dict) -> list[dict[str, Any]]:
+    def table(self, baseline: Baseline, configs: dict[str, tuple[int, int, int] | None]) -> list[dict[str, Any]]:
         L, model = self.plan.buffer_len, TrafficModel(self.plan, self.batch)
         measured: dict[str, tuple[float, float]] = {}  # name -> (seconds, bytes)
 
@@ -419,24 +459,18 @@ class KernelSetup:
             measure("baseline fp32 state", self.baseline(baseline, "fp32"), model.baseline(4))
             measure("baseline bf16 state", self.baseline(baseline, "bf16"), model.baseline(2))
         for mode, state_bytes in (("fp32", 4), ("split", 2)):
-            measure(f"replay {mode}", self.replay(mode, replay_cfg[mode]), model.replay(state_bytes))
-            copy = 2 if mode == "split" else 0
-            measure(f"flush all rows {mode}", self.flush(mode, flush_cfg[mode], self.flush_all), model.flush(1.0, copy))
-            staggered = self.flush(mode, flush_cfg[mode], self.flush_staggered)
-            measure(f"flush 1/L rows {mode}", staggered, model.flush(1.0 / L, copy))
-
-        rows = []
+            copy, cfg = (2 if mode == "split" else 0), configs[mode]
+            replay = model.replay(state_bytes)
+            measure(f"replay {mode} (no row flushing)", self.step(mode, cfg, self.write_pos, self.flush_none), replay)
+            staggered = self.step(mode, cfg, self.write_pos, self.flush_staggered)
+            measure(
+                f"decode step {mode} (1/L rows flushing)", staggered, replay + model.fold(1.0 / L, state_bytes, copy)
+            )
+            aligned = self.step(mode, cfg, self.aligned_pos, self.flush_all)
+            measure(f"decode step {mode} (all rows flushing)", aligned, model.aligned(copy))
+            measure(f"materialise flush {mode} (all rows)", self.materialise(mode), model.flush(1.0, copy))
         base = measured.get("baseline fp32 state", (math.nan, 0))[0]
-        for name, (secs, nbytes) in measured.items():
-            rows.append(self._row(name, secs, nbytes, base))
-            if name.startswith("flush all rows"):
-                rows.append(self._row(f"{name} / L (amortised)", secs / L, nbytes / L, base))
-        for mode in ("fp32", "split"):
-            parts = [measured.get(f"replay {mode}"), measured.get(f"flush 1/L rows {mode}")]
-            if all(parts):
-                secs, nbytes = sum(p[0] for p in parts), sum(p[1] for p in parts)
-                rows.append(self._row(f"decode step {mode} (replay + 1/L flush)", secs, nbytes, base))
-        return rows
+        return [self._row(name, secs, nbytes, base) for name, (secs, nbytes) in measured.items()]
 
     def _row(self, name: str, secs: float, nbytes: float, base_secs: float) -> dict[str, Any]:
         return {
@@ -448,6 +482,25 @@ class KernelSetup:
             "hbm_share": nbytes / secs / HBM_BYTES_PER_S,
             "speedup_vs_baseline_fp32": base_secs / secs,
         }
+
+
+def paged_cache(plan: Plan, slots: int, split: bool, device: str) -> ReplayCache:
+    """A ReplayCache whose tensors are views into one page per slot, packed as vLLM packs a MambaSpec."""
+    import torch
+
+    from replayssm_patch.gpu.layer_check import paged_state_tensors
+    from replayssm_patch.kernels import ReplayCache, ring_shapes
+
+    ring = ring_shapes(plan.nheads, plan.head_dim, plan.ngroups, plan.d_state, plan.buffer_len, split)
+    state = (plan.nheads, plan.head_dim, plan.d_state)
+    shapes = [state, ring.ring_dt, ring.ring_x, ring.ring_B] + ([state] if split else [])
+    dtypes = [torch.float32, torch.float32, torch.bfloat16, torch.bfloat16] + ([torch.bfloat16] if split else [])
+    page = sum(
+        math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in zip(shapes, dtypes, strict=True)
+    )
+    spec = SimpleNamespace(shapes=shapes, dtypes=dtypes, page_size_bytes=page)
+    tensors = paged_state_tensors(spec, slots, device)
+    return ReplayCache(tensors[0], tensors[2], tensors[3], tensors[1], tensors[4] if split else None)
 
 
 @dataclass(frozen=True)
@@ -481,6 +534,22 @@ class TrafficModel:
     def flush(self, share: float, copy_bytes: int) -> float:
         ring = self.batch * self.plan.buffer_len * self._entry_bytes
         return share * (ring + self._state_elems * (4 + 4 + copy_bytes))
+
+    def fold(self, share: float, read_bytes: int, copy_bytes: int) -> float:
+        """What flushing rows add to a replay: master read (if the replay read the bf16 copy) and write, the copy,
+        their B entries (the x entries are read by the replay anyway)."""
+        p = self.plan
+        extra_read = 4 - read_bytes
+        ring_B = self.batch * p.buffer_len * p.ngroups * p.d_state * 2
+        return share * (self._state_elems * (extra_read + 4 + copy_bytes) + ring_B)
+
+    def aligned(self, copy_bytes: int) -> float:
+        """Every row at write_pos L-1, all flushing: full rings read, master read and written (+ the copy)."""
+        return (
+            self._io_bytes
+            + self.batch * self.plan.buffer_len * self._entry_bytes
+            + self._state_elems * (4 + 4 + copy_bytes)
+        )
 
 
 def seconds_per_call(call: Callable[[], Any], plan: Plan, device: str) -> float:
@@ -552,7 +621,7 @@ def render_markdown(data: dict[str, Any]) -> str:
             lines += [f"FAILED: {timing['error']}", ""]
         else:
             lines += [
-                f"Method: {timing['method']}. Block configs (block_p, num_warps): {timing['configs']}.",
+                f"Method: {timing['method']}. Launch shapes (block_p, block_n, num_warps): {timing['configs']}.",
                 "",
                 "| batch | kernel | us | MB moved | GB/s | share of 4.3 TB/s | speedup vs baseline fp32 |",
                 "| --- | --- | --- | --- | --- | --- | --- |",
@@ -563,6 +632,15 @@ def render_markdown(data: dict[str, Any]) -> str:
                     f"{r['GB_per_s']:.0f} | {r['hbm_share']:.0%} | {_speedup(r['speedup_vs_baseline_fp32'])} |"
                 )
             lines.append("")
+            for mode, found in timing.get("sweep", {}).items():
+                shapes = ", ".join(f"{cfg} {us:.1f}" for cfg, us in sorted(found["us"].items(), key=lambda kv: kv[1]))
+                lines += [f"Sweep, decode step {mode} (block_p x block_n x warps: us): {shapes}.", ""]
+            if timing.get("registers"):
+                lines += ["| kernel | warps | registers | spills | constexprs |", "| --- | --- | --- | --- | --- |"]
+                for r in timing["registers"]:
+                    shown = {k: v for k, v in r["constexprs"].items() if k.isupper() or k.startswith("BLOCK")}
+                    lines.append(f"| {r['kernel']} | {r['num_warps']} | {r['registers']} | {r['spills']} | {shown} |")
+                lines.append("")
     return "\n".join(lines)
 
 

@@ -56,6 +56,7 @@ Checks: ``python -m replayssm_patch.kernels.compile_check`` compiles every defau
 any machine; ``python -m replayssm_patch.gpu.kernel_bench --out DIR`` measures them against vLLM on a GPU.
 """
 
+from replayssm_patch.kernels.cursor_plan import plan_decode_rows, plan_decode_rows_reference
 from replayssm_patch.kernels.decode_step import replay_decode_step, replay_decode_step_reference
 from replayssm_patch.kernels.flush import flush_ring, flush_ring_reference
 from replayssm_patch.kernels.gdn_decode import gdn_decode_step, gdn_decode_step_reference
@@ -86,6 +87,8 @@ __all__ = [
     "gdn_flush_ring",
     "gdn_flush_ring_reference",
     "gdn_ring_shapes",
+    "plan_decode_rows",
+    "plan_decode_rows_reference",
     "replay_decode",
     "replay_decode_reference",
     "replay_decode_step",

@@ -4,27 +4,44 @@
 
 Triton's interpreter runs kernels as NumPy code and accepts things the real compiler rejects (tl.dot shape
 limits, type mixing, control flow); this drives the real compiler (Triton -> PTX -> ptxas cubin) for the
-variants vLLM uses: bf16 activations, fp32 or bf16 checkpoint, Nemotron-H block sizes, and the GDN kernels
+variants vLLM uses, with the registers ptxas gives each (they decide how many programs an SM holds):
+bf16 activations, fp32 or bf16 checkpoint, Nemotron-H block sizes, and the GDN kernels
 (fp32 checkpoint and ring) at Qwen3.5 block sizes. Run it with TRITON_INTERPRET unset.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 
-import torch
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
-_REPLAY_POINTERS = {
-    "x_ptr": "*bf16", "dt_ptr": "*fp32", "A_ptr": "*fp32", "B_ptr": "*bf16", "C_ptr": "*bf16", "D_ptr": "*fp32",
-    "dt_bias_ptr": "*fp32", "ring_x_ptr": "*bf16", "ring_B_ptr": "*bf16", "ring_dt_ptr": "*fp32",
-    "slot_ptr": "*i32", "pos_ptr": "*i32", "out_ptr": "*bf16",
+_COEF_POINTERS = {
+    "dt_ptr": "*fp32", "A_ptr": "*fp32", "B_ptr": "*bf16", "C_ptr": "*bf16", "dt_bias_ptr": "*fp32",
+    "ring_B_ptr": "*bf16", "ring_dt_ptr": "*fp32", "slot_ptr": "*i32", "pos_ptr": "*i32", "bc_ptr": "*fp32",
+    "w_ptr": "*fp32", "decay_ptr": "*fp32",
 }  # fmt: skip
+_STEP_POINTERS = {
+    "x_ptr": "*bf16", "C_ptr": "*bf16", "D_ptr": "*fp32", "master_ptr": "*fp32", "ring_x_ptr": "*bf16",
+    "ring_B_ptr": "*bf16", "slot_ptr": "*i32", "pos_ptr": "*i32", "flush_ptr": "*i32", "bc_ptr": "*fp32",
+    "w_ptr": "*fp32", "decay_ptr": "*fp32", "out_ptr": "*bf16",
+}  # fmt: skip
+# Triton specialises integer arguments equal to 1 at launch; the innermost strides are, in every real launch, so
+# they are fixed here too: without them the compiler cannot vectorise and reports other register counts.
+_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sr_n", "sm_n", "sc_n", "srx_p", "srB_n", "so_p")}
+# Triton specialises integer arguments equal to 1 at launch; the innermost strides are, in every real launch, so
+# they are fixed here too: without them the compiler cannot vectorise and reports other register counts.
+_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sr_n", "sm_n", "sc_n", "srx_p", "srB_n", "so_p")}
 _FLUSH_POINTERS = {
     "A_ptr": "*fp32", "state_ptr": "*fp32", "ring_x_ptr": "*bf16", "ring_B_ptr": "*bf16", "ring_dt_ptr": "*fp32",
     "slot_ptr": "*i32", "len_ptr": "*i32",
@@ -45,36 +62,76 @@ _GDN_FLUSH_POINTERS = {
 _GDN_BLOCKS = {"BLOCK_L": 16, "BLOCK_V": 16, "BLOCK_K": 128}
 
 
+@dataclass(frozen=True)
+class Compiled:
+    """What ptxas says of one kernel specialisation: registers per thread decide how many programs an SM holds."""
+
+    cubin_bytes: int
+    registers: int
+    spill_bytes: int
+
+
 def compile_for_hopper(
     kernel: triton.JITFunction, pointers: dict[str, str], constexprs: dict[str, object], num_warps: int
-) -> int:
-    """Compile one specialisation (other scalar arguments as i32); returns the cubin size in bytes."""
+) -> Compiled:
+    """Compile one specialisation (other scalar arguments as i32) and read its register use from ``ptxas -v``."""
     signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32") for name in kernel.arg_names}
     source = ASTSource(
         fn=kernel,
         signature=signature,
         constexprs={(kernel.arg_names.index(name),): value for name, value in constexprs.items()},
     )
-    return len(triton.compile(source, target=HOPPER, options={"num_warps": num_warps}).asm["cubin"])
+    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps})
+    registers, spills = ptxas_usage(compiled.asm["ptx"])
+    return Compiled(len(compiled.asm["cubin"]), registers, spills)
+
+
+def ptxas_usage(ptx: str) -> tuple[int, int]:
+    """(registers per thread, spill store bytes) of a PTX module for sm_90a, from Triton's bundled ptxas."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "kernel.ptx"
+        source.write_text(ptx)
+        done = subprocess.run(
+            [get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", str(source), "-o", str(Path(tmp) / "kernel.cubin")],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    registers = re.search(r"Used (\d+) registers", done.stderr)
+    spills = re.search(r"(\d+) bytes spill stores", done.stderr)
+    return int(registers.group(1)) if registers else 0, int(spills.group(1)) if spills else 0
 
 
 def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, object], int]]:
     """(label, kernel, pointer types, constexprs, num_warps) for the default launch of each variant."""
+    from replayssm_patch.kernels.cursor_plan import PLAN_BLOCK, _cursor_plan_kernel
     from replayssm_patch.kernels.flush import _flush_kernel
     from replayssm_patch.kernels.gdn_decode import _gdn_decode_step_kernel
     from replayssm_patch.kernels.gdn_flush import _gdn_flush_kernel
-    from replayssm_patch.kernels.replay_decode import _replay_decode_kernel, default_replay_block_p
+    from replayssm_patch.kernels.replay_decode import (
+        COEF_NUM_WARPS,
+        DEFAULT_BLOCK_N,
+        DEFAULT_BLOCK_P,
+        DEFAULT_NUM_WARPS,
+        _replay_step_kernel,
+        _ring_coefficients_kernel,
+    )
 
-    found = []
-    for state, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        pointers = {**_REPLAY_POINTERS, "state_ptr": f"*{state}"}
-        consts = {"HAS_D": True, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True, "BLOCK_L": 16, "BLOCK_N": 128}
-        consts["BLOCK_P"] = default_replay_block_p(dtype)
-        found.append((f"replay, {state} checkpoint", _replay_decode_kernel, pointers, consts, 4))
+    coef = {"HEADS_PER_GROUP": 16, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True, "BLOCK_L": 16, "BLOCK_N": 128}
+    found = [("ring coefficients", _ring_coefficients_kernel, _COEF_POINTERS, coef, COEF_NUM_WARPS)]
+    for label, read, copy in (("fp32 checkpoint", "*fp32", "*fp32"), ("split precision", "*bf16", "*bf16")):
+        pointers = {**_STEP_POINTERS, "read_ptr": read, "copy_ptr": copy}
+        consts = {
+            "HAS_D": True, "HAS_FLUSH": True, "HAS_COPY": copy == "*bf16",
+            "BLOCK_L": 16, "BLOCK_P": DEFAULT_BLOCK_P, "BLOCK_N": DEFAULT_BLOCK_N, "N_TILES": 128 // DEFAULT_BLOCK_N,
+            **_UNIT_STRIDES,
+        }  # fmt: skip
+        found.append((f"replay step, {label}", _replay_step_kernel, pointers, consts, DEFAULT_NUM_WARPS))
     for copy in (False, True):
         pointers = {**_FLUSH_POINTERS, "bf16_ptr": "*bf16" if copy else "*fp32"}
         consts = {"HAS_BF16": copy, "BLOCK_L": 16, "BLOCK_P": 16, "BLOCK_N": 128, "P_BLOCKS": 4}  # head_dim 64
         found.append((f"flush, bf16 copy {copy}", _flush_kernel, pointers, consts, 4))
+    plan_pointers = {"slot_ptr": "*i32", "positions_ptr": "*i32", "window_end_ptr": "*i32", "write_pos_ptr": "*i32",
+                     "flush_ptr": "*i32"}  # fmt: skip
+    found.append(("cursor plan", _cursor_plan_kernel, plan_pointers, {"BLOCK": PLAN_BLOCK}, 4))
     found.append(("gdn decode step", _gdn_decode_step_kernel, _GDN_STEP_POINTERS, _GDN_BLOCKS, 4))
     found.append(("gdn flush", _gdn_flush_kernel, _GDN_FLUSH_POINTERS, _GDN_BLOCKS, 4))
     return found
@@ -87,7 +144,12 @@ def main() -> int:
     failed = 0
     for label, kernel, pointers, consts, num_warps in variants():
         try:
-            print(f"{label}: ok, cubin {compile_for_hopper(kernel, pointers, consts, num_warps)} bytes", flush=True)
+            done = compile_for_hopper(kernel, pointers, consts, num_warps)
+            print(
+                f"{label}: ok, {num_warps} warp(s), {done.registers} registers, {done.spill_bytes} B spilled, "
+                f"cubin {done.cubin_bytes} bytes",
+                flush=True,
+            )
         except Exception as exc:  # report every variant, then fail
             failed += 1
             print(f"{label}: FAILED {type(exc).__name__}: {exc}", flush=True)

@@ -3,8 +3,8 @@
 h' = exp(A * sum dt) * h + X^T diag(w) B, with w_s = exp(A * dt summed after s) * dt_s. Reads and writes
 the master checkpoint (fp32 in split precision) and refreshes the bf16 copy in the same pass. One program
 per (batch row, head), looping over head_dim blocks; rows with flush_len == 0 or a padding slot return at
-once, so the kernel can run every decode step with a fixed grid (CUDA-graph safe) for about the cost of
-one early exit per (row, head).
+once. Decode steps fold inside the replay kernel (``replay_decode``); this launch serves what is not a decode
+step: materialising the ring before a prefill reads the checkpoint, and draining rings in tests and benches.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size, check_launchable, decay_sum_after, decay_sum_after_reference
-from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head, valid_rows
+from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head, ring_entries, ring_len_of, valid_rows
 
 
 @triton.jit
@@ -89,7 +89,7 @@ def flush_ring(
     """
     check_launchable(ssm_state, ring_x)
     nheads, head_dim, d_state = ssm_state.shape[1:]
-    ngroups = ring_B.shape[2]
+    ngroups = ring_B.shape[1]
     A = per_head(A, nheads)
     batch = state_indices.shape[0]
     if batch == 0:
@@ -98,10 +98,11 @@ def flush_ring(
     copy = state_bf16 if state_bf16 is not None else ssm_state
     _flush_kernel[(batch, nheads)](
         A, ssm_state, copy, ring_x, ring_B, ring_dt, state_indices, flush_len,
-        head_dim, d_state, ring_x.shape[1], nheads // ngroups, pad_slot_id,
-        *ssm_state.stride(), *copy.stride(), *ring_x.stride(), *ring_B.stride(), *ring_dt.stride(),
+        head_dim, d_state, ring_len_of(ring_x), nheads // ngroups, pad_slot_id,
+        *ssm_state.stride(), *copy.stride(),
+        *ring_entries(ring_x).stride(), *ring_entries(ring_B).stride(), *ring_entries(ring_dt).stride(),
         HAS_BF16=state_bf16 is not None,
-        BLOCK_L=block_size(ring_x.shape[1], floor=16), BLOCK_P=BLOCK_P, BLOCK_N=block_size(d_state, floor=16),
+        BLOCK_L=block_size(ring_len_of(ring_x), floor=16), BLOCK_P=BLOCK_P, BLOCK_N=block_size(d_state, floor=16),
         P_BLOCKS=triton.cdiv(head_dim, BLOCK_P), num_warps=num_warps,
     )  # fmt: skip
 
@@ -127,8 +128,10 @@ def flush_ring_reference(
     rows = (valid_rows(state_indices, pad_slot_id) & (flush_len > 0)).nonzero().squeeze(1)
     if rows.numel() == 0:
         return
-    slots, count = state_indices[rows].long(), flush_len[rows].long().clamp(max=ring_x.shape[1])
-    live = torch.arange(ring_x.shape[1], device=ring_x.device)[None, :] < count[:, None]  # [R, L]
+    ring_len = ring_len_of(ring_x)
+    ring_x, ring_B, ring_dt = ring_entries(ring_x), ring_entries(ring_B), ring_entries(ring_dt)
+    slots, count = state_indices[rows].long(), flush_len[rows].long().clamp(max=ring_len)
+    live = torch.arange(ring_len, device=ring_x.device)[None, :] < count[:, None]  # [R, L]
     dt = torch.where(live[:, :, None], ring_dt[slots].float(), 0.0)  # [R, L, H]
     weight = torch.where(live[:, :, None], torch.exp(A * decay_sum_after_reference(dt, 1)) * dt, 0.0)
     x = torch.where(live[:, :, None, None], ring_x[slots].float(), 0.0)  # [R, L, H, P]

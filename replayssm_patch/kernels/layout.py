@@ -14,9 +14,9 @@ PAD_SLOT_ID = -1
 class RingShapes:
     """Per-slot shapes and dtypes of the extra cache tensors one Mamba-2 layer needs (no slot dimension)."""
 
-    ring_x: tuple[int, int, int]  # (L, nheads, head_dim), model dtype
-    ring_B: tuple[int, int, int]  # (L, ngroups, d_state), model dtype
-    ring_dt: tuple[int, int]  # (L, nheads), float32
+    ring_x: tuple[int, int, int]  # (nheads, L, head_dim), model dtype
+    ring_B: tuple[int, int, int]  # (ngroups, L, d_state), model dtype
+    ring_dt: tuple[int, int]  # (nheads, L), float32
     state_bf16: tuple[int, int, int] | None  # (nheads, head_dim, d_state), bfloat16; None without split
     ring_dt_dtype: torch.dtype = torch.float32
     state_bf16_dtype: torch.dtype = torch.bfloat16
@@ -33,15 +33,19 @@ class RingShapes:
 def ring_shapes(
     nheads: int, head_dim: int, ngroups: int, d_state: int, buffer_len: int, split_precision: bool
 ) -> RingShapes:
-    """Shapes of the ring (buffer_len steps of post-conv x, B and softplus'ed dt) and the bf16 copy."""
+    """Shapes of the ring (buffer_len steps of post-conv x, B and softplus'ed dt) and the bf16 copy.
+
+    Head (or group) before ring position, so one program's entries are one contiguous run: a head's x
+    ring is L x head_dim consecutive values, its dt ring L consecutive floats (not L loads 4·H bytes apart).
+    """
     if buffer_len < 1:
         raise ValueError(f"buffer_len must be >= 1, got {buffer_len}")
     if nheads % ngroups:
         raise ValueError(f"nheads ({nheads}) must be a multiple of ngroups ({ngroups})")
     return RingShapes(
-        ring_x=(buffer_len, nheads, head_dim),
-        ring_B=(buffer_len, ngroups, d_state),
-        ring_dt=(buffer_len, nheads),
+        ring_x=(nheads, buffer_len, head_dim),
+        ring_B=(ngroups, buffer_len, d_state),
+        ring_dt=(nheads, buffer_len),
         state_bf16=(nheads, head_dim, d_state) if split_precision else None,
     )
 
@@ -52,9 +56,9 @@ class ReplayCache:
     the same tensors are views into the KV-cache pages)."""
 
     ssm_state: torch.Tensor  # [slots, nheads, head_dim, d_state] master checkpoint
-    ring_x: torch.Tensor  # [slots, L, nheads, head_dim]
-    ring_B: torch.Tensor  # [slots, L, ngroups, d_state]
-    ring_dt: torch.Tensor  # [slots, L, nheads] float32
+    ring_x: torch.Tensor  # [slots, nheads, L, head_dim]
+    ring_B: torch.Tensor  # [slots, ngroups, L, d_state]
+    ring_dt: torch.Tensor  # [slots, nheads, L] float32
     state_bf16: torch.Tensor | None  # [slots, nheads, head_dim, d_state] bf16 copy, split precision only
 
     @classmethod
@@ -69,7 +73,7 @@ class ReplayCache:
         ring_fill: float = 0.0,
     ) -> ReplayCache:
         """Zero checkpoints; rings filled with ``ring_fill`` (NaN simulates a reused slot's stale entries)."""
-        nheads, head_dim = spec.ring_x[1:]
+        nheads, _, head_dim = spec.ring_x
         d_state = spec.ring_B[2]
         return cls(
             ssm_state=torch.zeros(slots, nheads, head_dim, d_state, dtype=state_dtype, device=device),
@@ -90,6 +94,17 @@ class ReplayCache:
         self.ssm_state[slots.long()] = state.to(self.ssm_state.dtype)
         if self.state_bf16 is not None:
             self.state_bf16[slots.long()] = state.to(self.state_bf16.dtype)
+
+
+def ring_entries(ring: torch.Tensor) -> torch.Tensor:
+    """A ring tensor ([slot, H or G, L, ...]) viewed as [slot, L, H or G, ...]: entry-major indexing for the
+    PyTorch references and tests (a view, so writes through it land in the ring)."""
+    return ring.transpose(1, 2)
+
+
+def ring_len_of(ring_x: torch.Tensor) -> int:
+    """L, the number of entries a ring holds (ring_x is [slots, nheads, L, head_dim])."""
+    return ring_x.shape[2]
 
 
 def decode_flush_len(write_pos: torch.Tensor, buffer_len: int) -> torch.Tensor:

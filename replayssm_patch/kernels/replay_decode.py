@@ -1,9 +1,20 @@
-"""Output-only replay decode: append this step's x/B/dt to the ring and answer y from checkpoint + ring.
+"""Output-only replay decode, with the flush fused in: two launches per layer and step, whatever the flush plan.
 
-One program per (batch row, head, head_dim block). It READS the checkpoint (fp32 master or bf16 copy) and
-the ring entries before write_pos, WRITES only the ring entry at write_pos and y. The append lives in this
-kernel (not a separate one) because the program already holds x, B and dt in registers; other heads of a
-group read ring_B only at positions < write_pos, so the group leader's B store at write_pos cannot race.
+1. ``_ring_coefficients_kernel``, one program per (batch row, B/C group), 2 warps: everything that depends
+   on the row and group but not on head_dim, computed once instead of in every head_dim program (32x
+   redundant before): bc[s] = B_s·C_t over the ring and the current B_t, and per head of the group the
+   weights w[s] = exp(A·(dt summed after s))·dt_s and the checkpoint decay exp(A·Σdt). It appends B_t and
+   dt_t to the ring (the only program that owns them, so no leader masks and no races).
+2. ``_replay_step_kernel``, one program per (head_dim block, batch row, head), 1 warp, head_dim block
+   fastest so a row's per-head inputs are fetched once: appends x_t, then
+   - non-flush rows: y = Σ_s w_s·bc_s·x_s + decay·(h_c·C_t) + D·x_t, the checkpoint (fp32 master, or the
+     bf16 copy in split precision) streamed in BLOCK_N-wide tiles, read once and never written;
+   - flush rows (flush_len > 0: the append fills the ring): h' = decay·h_c + Σ_s w_s·x_s⊗B_s from the fp32
+     master, written back (and its bf16 copy) in the same pass, and y = h'·C_t + D·x_t. The fold runs as
+     exact fp32 FMAs over the entries (a tl.dot's operand tiles cost every program registers, flush or not:
+     ptxas gave 200-255 per thread at 1 warp; a flush row is 1 in L, so its extra FMAs are cheap).
+   A flush costs its rows one extra state write, and idle rows nothing: there is no second grid.
+Entries at ring positions > write_pos are never read (stale or non-finite values of a reused slot).
 """
 
 from __future__ import annotations
@@ -20,79 +31,154 @@ from replayssm_patch.kernels.common import (
     softplus_f32,
     softplus_reference,
 )
-from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head, per_head_dt, valid_rows
+from replayssm_patch.kernels.launch_config import DEFAULT, launch_for
+from replayssm_patch.kernels.layout import (
+    PAD_SLOT_ID,
+    group_of_head,
+    per_head,
+    per_head_dt,
+    ring_entries,
+    ring_len_of,
+    valid_rows,
+)
+
+# Launch shape of the head_dim programs (``launch_config``; default 1 warp, 16 head_dim rows, the checkpoint
+# in 64-wide d_state tiles). vLLM's SSU runs 1-warp programs of 4 rows on the H200 (its tuned config); small
+# programs keep registers low (the GPU runs many of them per SM) and need no cross-warp reductions.
+DEFAULT_BLOCK_P = DEFAULT.block_p
+DEFAULT_BLOCK_N = DEFAULT.block_n
+DEFAULT_NUM_WARPS = DEFAULT.num_warps
+COEF_NUM_WARPS = 2
 
 
 @triton.jit
-def _replay_decode_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr,
-    state_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, pos_ptr, out_ptr,
-    head_dim, d_state, ring_len, heads_per_group, pad_slot_id,
-    sx_b, sx_h, sx_p, sdt_b, sdt_h, sB_b, sB_g, sB_n, sC_b, sC_g, sC_n,
-    ss_slot, ss_h, ss_p, ss_n,
-    srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h,
-    so_b, so_h, so_p,
-    HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+def _ring_coefficients_kernel(
+    dt_ptr, A_ptr, B_ptr, C_ptr, dt_bias_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, pos_ptr,
+    bc_ptr, w_ptr, decay_ptr,
+    d_state, ring_len, pad_slot_id,
+    sdt_b, sdt_h, sB_b, sB_g, sB_n, sC_b, sC_g, sC_n,
+    srB_slot, srB_g, srB_l, srB_n, srdt_slot, srdt_h, srdt_l,
+    HEADS_PER_GROUP: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
-    head = tl.program_id(1)
-    pblock = tl.program_id(2)
+    group = tl.program_id(1)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     pos = tl.load(pos_ptr + row).to(tl.int64)
     if (slot == pad_slot_id) | (slot < 0) | (pos < 0) | (pos >= ring_len):  # padding, or a cursor off the ring
         return
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < d_state
+    earlier = offs_l < pos
+    live = offs_l <= pos
+
+    C = tl.load(C_ptr + row * sC_b + group * sC_g + offs_n * sC_n, mask=mask_n, other=0.0).to(tl.float32)
+    B_raw = tl.load(B_ptr + row * sB_b + group * sB_g + offs_n * sB_n, mask=mask_n, other=0.0)
+    rB = ring_B_ptr + slot * srB_slot + group * srB_g
+    ring_B = tl.load(
+        rB + offs_l[:, None] * srB_l + offs_n[None, :] * srB_n, mask=earlier[:, None] & mask_n[None, :], other=0.0
+    ).to(tl.float32)  # fmt: skip
+    bc = tl.where(earlier, tl.sum(ring_B * C[None, :], axis=1), 0.0)
+    bc = tl.where(offs_l == pos, tl.sum(B_raw.to(tl.float32) * C, axis=0), bc)
+    tl.store(bc_ptr + (row * tl.num_programs(1) + group) * BLOCK_L + offs_l, bc)
+    tl.store(rB + pos * srB_l + offs_n * srB_n, B_raw.to(ring_B_ptr.dtype.element_ty), mask=mask_n)
+
+    heads = HEADS_PER_GROUP * tl.num_programs(1)
+    for i in range(HEADS_PER_GROUP):
+        head = group * HEADS_PER_GROUP + i
+        dt = tl.load(dt_ptr + row * sdt_b + head * sdt_h).to(tl.float32)
+        if HAS_DT_BIAS:
+            dt += tl.load(dt_bias_ptr + head).to(tl.float32)
+        if DT_SOFTPLUS:
+            dt = softplus_f32(dt)
+        A = tl.load(A_ptr + head).to(tl.float32)
+        rdt = ring_dt_ptr + slot * srdt_slot + head * srdt_h
+        ring_dt = tl.load(rdt + offs_l * srdt_l, mask=earlier, other=0.0).to(tl.float32)
+        all_dt = tl.where(offs_l == pos, dt, ring_dt)
+        weight = tl.where(live, tl.exp(A * decay_sum_after(all_dt, offs_l)) * all_dt, 0.0)
+        tl.store(w_ptr + (row * heads + head) * BLOCK_L + offs_l, weight)
+        tl.store(decay_ptr + row * heads + head, tl.exp(A * tl.sum(all_dt, axis=0)))
+        tl.store(rdt + pos * srdt_l, dt.to(ring_dt_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _replay_step_kernel(
+    x_ptr, C_ptr, D_ptr, read_ptr, master_ptr, copy_ptr, ring_x_ptr, ring_B_ptr,
+    slot_ptr, pos_ptr, flush_ptr, bc_ptr, w_ptr, decay_ptr, out_ptr,
+    head_dim, d_state, ring_len, nheads, heads_per_group, pad_slot_id,
+    sx_b, sx_h, sx_p, sC_b, sC_g, sC_n,
+    sr_slot, sr_h, sr_p, sr_n, sm_slot, sm_h, sm_p, sm_n, sc_slot, sc_h, sc_p, sc_n,
+    srx_slot, srx_h, srx_l, srx_p, srB_slot, srB_g, srB_l, srB_n,
+    so_b, so_h, so_p,
+    HAS_D: tl.constexpr, HAS_FLUSH: tl.constexpr, HAS_COPY: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
+):  # fmt: skip
+    pblock = tl.program_id(0)
+    row = tl.program_id(1)
+    head = tl.program_id(2)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    pos = tl.load(pos_ptr + row).to(tl.int64)
+    if (slot == pad_slot_id) | (slot < 0) | (pos < 0) | (pos >= ring_len):
+        return
     group = head // heads_per_group
     offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_l = tl.arange(0, BLOCK_L)
     mask_p = offs_p < head_dim
-    mask_n = offs_n < d_state
-    # The checkpoint tile is the one big read: issue it first so its latency hides behind the ring math.
-    h = tl.load(
-        state_ptr + slot * ss_slot + head * ss_h + offs_p[:, None] * ss_p + offs_n[None, :] * ss_n,
-        mask=mask_p[:, None] & mask_n[None, :], other=0.0,
-    ).to(tl.float32)  # fmt: skip
-
     x_raw = tl.load(x_ptr + row * sx_b + head * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
     x = x_raw.to(tl.float32)
-    dt = tl.load(dt_ptr + row * sdt_b + head * sdt_h).to(tl.float32)
-    if HAS_DT_BIAS:
-        dt += tl.load(dt_bias_ptr + head).to(tl.float32)
-    if DT_SOFTPLUS:
-        dt = softplus_f32(dt)
-    A = tl.load(A_ptr + head).to(tl.float32)
-    B_raw = tl.load(B_ptr + row * sB_b + group * sB_g + offs_n * sB_n, mask=mask_n, other=0.0)
-    C = tl.load(C_ptr + row * sC_b + group * sC_g + offs_n * sC_n, mask=mask_n, other=0.0).to(tl.float32)
-
-    # Append the current step at write_pos (dt and B once per head / group, x per head_dim block).
-    rx_slot = ring_x_ptr + slot * srx_slot + head * srx_h
-    rB_slot = ring_B_ptr + slot * srB_slot + group * srB_g
-    rdt_slot = ring_dt_ptr + slot * srdt_slot + head * srdt_h
-    tl.store(rx_slot + pos * srx_l + offs_p * srx_p, x_raw.to(ring_x_ptr.dtype.element_ty), mask=mask_p)
-    first_block = pblock == 0
-    tl.store(rdt_slot + pos * srdt_l, dt.to(ring_dt_ptr.dtype.element_ty), mask=first_block)
-    group_leader = first_block & (head % heads_per_group == 0)
-    tl.store(rB_slot + pos * srB_l + offs_n * srB_n, B_raw.to(ring_B_ptr.dtype.element_ty), mask=mask_n & group_leader)
-
-    # Earlier ring entries (positions < write_pos); masked loads never touch stale or non-finite rows.
-    earlier = offs_l < pos
-    ring_dt = tl.load(rdt_slot + offs_l * srdt_l, mask=earlier, other=0.0).to(tl.float32)
-    all_dt = tl.where(offs_l == pos, dt, ring_dt)
-    total = tl.sum(all_dt, axis=0)
-    decay = tl.where(earlier, tl.exp(A * decay_sum_after(all_dt, offs_l)), 0.0)
-    ring_B = tl.load(
-        rB_slot + offs_l[:, None] * srB_l + offs_n[None, :] * srB_n,
-        mask=earlier[:, None] & mask_n[None, :], other=0.0,
-    ).to(tl.float32)  # fmt: skip
-    coef = decay * ring_dt * tl.sum(ring_B * C[None, :], axis=1)
+    rx = ring_x_ptr + slot * srx_slot + head * srx_h
     ring_x = tl.load(
-        rx_slot + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p,
-        mask=earlier[:, None] & mask_p[None, :], other=0.0,
+        rx + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p,
+        mask=(offs_l < pos)[:, None] & mask_p[None, :], other=0.0,
     ).to(tl.float32)  # fmt: skip
-    y = tl.sum(coef[:, None] * ring_x, axis=0) + dt * tl.sum(B_raw.to(tl.float32) * C, axis=0) * x
+    tl.store(rx + pos * srx_l + offs_p * srx_p, x_raw.to(ring_x_ptr.dtype.element_ty), mask=mask_p)
+    xs = tl.where((offs_l == pos)[:, None], x[None, :], ring_x)  # [L, P]: the ring with this step appended
+    w_row = w_ptr + (row * nheads + head) * BLOCK_L
+    weight = tl.load(w_row + offs_l)
+    decay = tl.load(decay_ptr + row * nheads + head)
+    C_row = C_ptr + row * sC_b + group * sC_g
 
-    y += tl.exp(A * total) * tl.sum(h * C[None, :], axis=1)
+    flush = False
+    if HAS_FLUSH:
+        flush = tl.load(flush_ptr + row) > 0
+    if flush:
+        rB = ring_B_ptr + slot * srB_slot + group * srB_g
+        y = tl.zeros((BLOCK_P,), dtype=tl.float32)
+        for t in tl.static_range(N_TILES):
+            offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < d_state
+            update = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+            for s in range(BLOCK_L):  # the rank-(pos+1) fold as FMAs (w_s = 0 past pos): no tl.dot operand tiles
+                w_s = tl.load(w_row + s)
+                x_s = tl.load(rx + s * srx_l + offs_p * srx_p, mask=mask_p & (s < pos), other=0.0).to(tl.float32)
+                x_s = tl.where(s == pos, x, x_s)
+                B_s = tl.load(rB + s * srB_l + offs_n * srB_n, mask=mask_n & (s <= pos), other=0.0).to(tl.float32)
+                update += (w_s * x_s)[:, None] * B_s[None, :]
+            # the master tile is loaded after the fold so its 64-bit addresses are not held across the loop
+            mask_pn = mask_p[:, None] & mask_n[None, :]
+            at = master_ptr + slot * sm_slot + head * sm_h + offs_p[:, None] * sm_p + offs_n[None, :] * sm_n
+            h = decay * tl.load(at, mask=mask_pn, other=0.0).to(tl.float32) + update
+            tl.store(at, h.to(master_ptr.dtype.element_ty), mask=mask_pn)
+            if HAS_COPY:
+                copy_at = copy_ptr + slot * sc_slot + head * sc_h + offs_p[:, None] * sc_p + offs_n[None, :] * sc_n
+                tl.store(copy_at, h.to(copy_ptr.dtype.element_ty), mask=mask_pn)
+            C = tl.load(C_row + offs_n * sC_n, mask=mask_n, other=0.0).to(tl.float32)
+            y += tl.sum(h * C[None, :], axis=1)
+    else:
+        bc = tl.load(bc_ptr + (row * (nheads // heads_per_group) + group) * BLOCK_L + offs_l)
+        y = tl.sum((weight * bc)[:, None] * xs, axis=0)
+        read = tl.zeros((BLOCK_P,), dtype=tl.float32)
+        for t in tl.static_range(N_TILES):
+            offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < d_state
+            h = tl.load(
+                read_ptr + slot * sr_slot + head * sr_h + offs_p[:, None] * sr_p + offs_n[None, :] * sr_n,
+                mask=mask_p[:, None] & mask_n[None, :], other=0.0, eviction_policy="evict_first",
+            ).to(tl.float32)  # fmt: skip
+            C = tl.load(C_row + offs_n * sC_n, mask=mask_n, other=0.0).to(tl.float32)
+            read += tl.sum(h * C[None, :], axis=1)
+        y += decay * read
     if HAS_D:
         y += tl.load(D_ptr + head).to(tl.float32) * x
     tl.store(out_ptr + row * so_b + head * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
@@ -112,11 +198,68 @@ def _step_inputs(
     return per_head_dt(dt), per_head(A, nheads), per_head(D, nheads), per_head(dt_bias, nheads), out
 
 
-def default_replay_block_p(state_dtype: torch.dtype) -> int:
-    """head_dim rows per program: the fastest of the H200 sweep at Nemotron-H-8B shapes, batch 256
-    (replayssm_patch/gpu/results/kernel_bench-h200.md: fp32 checkpoint 32 -> 342 us, 16 -> 438 us; bf16 copy
-    64 -> 226 us, 16 -> 439 us). The narrower bf16 rows want more of them per program."""
-    return 64 if state_dtype.itemsize <= 2 else 32
+def launch_replay(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    read_state: torch.Tensor,
+    ring_x: torch.Tensor,
+    ring_B: torch.Tensor,
+    ring_dt: torch.Tensor,
+    state_indices: torch.Tensor,
+    write_pos: torch.Tensor,
+    *,
+    flush_len: torch.Tensor | None,
+    master: torch.Tensor | None,
+    state_bf16: torch.Tensor | None,
+    D: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    dt_softplus: bool,
+    pad_slot_id: int,
+    out: torch.Tensor | None,
+    block_p: int | None,
+    block_n: int | None,
+    num_warps: int | None,
+) -> torch.Tensor:
+    """Both launches of a replay (``flush_len`` None: replay only; else flush rows fold into ``master``)."""
+    check_launchable(x, read_state)
+    batch, nheads, head_dim = x.shape
+    ngroups, d_state = B.shape[1], B.shape[2]
+    dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
+    if batch == 0:
+        return out
+    ring_len = ring_len_of(ring_x)
+    tuned = launch_for(read_state.dtype, x.device)
+    BLOCK_L = block_size(ring_len, floor=16)
+    BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p)
+    BLOCK_N = block_size(d_state, cap=block_n or tuned.block_n)
+    scratch = torch.empty(batch * (ngroups + nheads) * BLOCK_L + batch * nheads, dtype=torch.float32, device=x.device)
+    bc = scratch[: batch * ngroups * BLOCK_L]
+    weight = scratch[batch * ngroups * BLOCK_L : batch * (ngroups + nheads) * BLOCK_L]
+    decay = scratch[batch * (ngroups + nheads) * BLOCK_L :]
+    _ring_coefficients_kernel[(batch, ngroups)](
+        dt, A, B, C, dt_bias if dt_bias is not None else A, ring_B, ring_dt, state_indices, write_pos,
+        bc, weight, decay,
+        d_state, ring_len, pad_slot_id,
+        *dt.stride(), *B.stride(), *C.stride(), *ring_B.stride(), *ring_dt.stride(),
+        HEADS_PER_GROUP=nheads // ngroups, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus, BLOCK_L=BLOCK_L,
+        BLOCK_N=block_size(d_state, floor=16), num_warps=COEF_NUM_WARPS,
+    )  # fmt: skip
+    master = read_state if master is None else master
+    copy = state_bf16 if state_bf16 is not None else master
+    _replay_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
+        x, C, D if D is not None else A, read_state, master, copy, ring_x, ring_B,
+        state_indices, write_pos, flush_len if flush_len is not None else write_pos, bc, weight, decay, out,
+        head_dim, d_state, ring_len, nheads, nheads // ngroups, pad_slot_id,
+        *x.stride(), *C.stride(), *read_state.stride(), *master.stride(), *copy.stride(),
+        *ring_x.stride(), *ring_B.stride(), *out.stride(),
+        HAS_D=D is not None, HAS_FLUSH=flush_len is not None, HAS_COPY=state_bf16 is not None,
+        BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
+        N_TILES=triton.cdiv(d_state, BLOCK_N), num_warps=num_warps or tuned.num_warps,
+    )  # fmt: skip
+    return out
 
 
 def replay_decode(
@@ -138,7 +281,8 @@ def replay_decode(
     pad_slot_id: int = PAD_SLOT_ID,
     out: torch.Tensor | None = None,
     block_p: int | None = None,
-    num_warps: int = 4,
+    block_n: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """Append the current step to the ring and return y [batch, nheads, head_dim] (z-gating not applied).
 
@@ -148,28 +292,14 @@ def replay_decode(
     else the master); ring tensors as in the package docstring; state_indices / write_pos int [batch].
     The checkpoint is never written. Padding rows (slot == pad_slot_id or < 0) are skipped and their
     ``out`` rows are left as they were; so are rows whose write_pos is off the ring (a metadata bug must not
-    write into another slot). ``block_p`` (head_dim rows per program, default ``default_replay_block_p``)
-    and ``num_warps`` are GPU tuning knobs only.
+    write into another slot). ``block_p`` / ``block_n`` (head_dim rows and d_state columns per tile) and
+    ``num_warps`` are GPU tuning knobs only.
     """
-    check_launchable(x, state)
-    batch, nheads, head_dim = x.shape
-    ngroups, d_state = B.shape[1], B.shape[2]
-    dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
-    if batch == 0:
-        return out
-    BLOCK_P = block_size(head_dim, cap=block_p or default_replay_block_p(state.dtype))
-    grid = (batch, nheads, triton.cdiv(head_dim, BLOCK_P))
-    _replay_decode_kernel[grid](
-        x, dt, A, B, C, D if D is not None else A, dt_bias if dt_bias is not None else A,
-        state, ring_x, ring_B, ring_dt, state_indices, write_pos, out,
-        head_dim, d_state, ring_x.shape[1], nheads // ngroups, pad_slot_id,
-        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *state.stride(),
-        *ring_x.stride(), *ring_B.stride(), *ring_dt.stride(), *out.stride(),
-        HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus,
-        BLOCK_L=block_size(ring_x.shape[1]), BLOCK_P=BLOCK_P, BLOCK_N=block_size(d_state),
-        num_warps=num_warps,
+    return launch_replay(
+        x, dt, A, B, C, state, ring_x, ring_B, ring_dt, state_indices, write_pos,
+        flush_len=None, master=None, state_bf16=None, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
+        pad_slot_id=pad_slot_id, out=out, block_p=block_p, block_n=block_n, num_warps=num_warps,
     )  # fmt: skip
-    return out
 
 
 def replay_decode_reference(
@@ -191,28 +321,30 @@ def replay_decode_reference(
     pad_slot_id: int = PAD_SLOT_ID,
     out: torch.Tensor | None = None,
     block_p: int | None = None,
-    num_warps: int = 4,
+    block_n: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Plain-PyTorch twin of ``replay_decode`` (same arguments; block_p / num_warps are ignored), in fp32."""
-    del block_p, num_warps
+    """Plain-PyTorch twin of ``replay_decode`` (same arguments; the tuning knobs are ignored), in fp32."""
+    del block_p, block_n, num_warps
     nheads = x.shape[1]
     dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
-    on_ring = (write_pos >= 0) & (write_pos < ring_x.shape[1])
+    ring_len = ring_len_of(ring_x)
+    on_ring = (write_pos >= 0) & (write_pos < ring_len)
     rows = (valid_rows(state_indices, pad_slot_id) & on_ring).nonzero().squeeze(1)
     if rows.numel() == 0:
         return out
+    entries_x, entries_B, entries_dt = ring_entries(ring_x), ring_entries(ring_B), ring_entries(ring_dt)
     slots, pos = state_indices[rows].long(), write_pos[rows].long()
     step_dt = dt[rows].float() + (dt_bias.float() if dt_bias is not None else 0.0)
     step_dt = softplus_reference(step_dt) if dt_softplus else step_dt
-    ring_x[slots, pos] = x[rows].to(ring_x.dtype)
-    ring_B[slots, pos] = B[rows].to(ring_B.dtype)
-    ring_dt[slots, pos] = step_dt.to(ring_dt.dtype)
+    entries_x[slots, pos] = x[rows].to(ring_x.dtype)
+    entries_B[slots, pos] = B[rows].to(ring_B.dtype)
+    entries_dt[slots, pos] = step_dt.to(ring_dt.dtype)
 
-    ring_len = ring_x.shape[1]
     live = torch.arange(ring_len, device=x.device)[None, :] <= pos[:, None]  # [R, L]
-    all_dt = torch.where(live[:, :, None], ring_dt[slots].float(), 0.0)  # [R, L, H]
-    all_x = torch.where(live[:, :, None, None], ring_x[slots].float(), 0.0)  # [R, L, H, P]
-    heads_of_group = ring_B[slots].float()[:, :, group_of_head(nheads, B.shape[1], x.device)]  # [R, L, H, N]
+    all_dt = torch.where(live[:, :, None], entries_dt[slots].float(), 0.0)  # [R, L, H]
+    all_x = torch.where(live[:, :, None, None], entries_x[slots].float(), 0.0)  # [R, L, H, P]
+    heads_of_group = entries_B[slots].float()[:, :, group_of_head(nheads, B.shape[1], x.device)]  # [R, L, H, N]
     all_B = torch.where(live[:, :, None, None], heads_of_group, 0.0)
     C_heads = C[rows].float()[:, group_of_head(nheads, B.shape[1], x.device)]  # [R, H, N]
     decay = torch.where(live[:, :, None], torch.exp(A.float() * decay_sum_after_reference(all_dt, 1)), 0.0)

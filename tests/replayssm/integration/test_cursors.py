@@ -1,4 +1,4 @@
-"""Ring cursors: advance, flush at L-1, reset before prefill, null block untouched (pure torch on CPU)."""
+"""Ring cursors: advance, flush at the window end, reset before prefill, null block untouched (torch on CPU)."""
 
 import torch
 
@@ -16,14 +16,14 @@ def _step(table, slots):
 
 
 def test_cursor_advances_and_flushes_on_the_step_that_fills_the_ring():
-    table = CursorTable(num_blocks=8, buffer_len=L, device="cpu")
+    table = CursorTable(num_blocks=8, buffer_len=L, device="cpu", stagger=False)
     seen = [_step(table, [3]) for _ in range(2 * L + 1)]
     assert [w[0] for w, _ in seen] == [0, 1, 2, 3, 0, 1, 2, 3, 0]
     assert [f[0] for _, f in seen] == [0, 0, 0, L, 0, 0, 0, L, 0]
 
 
 def test_rows_are_independent():
-    table = CursorTable(num_blocks=8, buffer_len=L, device="cpu")
+    table = CursorTable(num_blocks=8, buffer_len=L, device="cpu", stagger=False)
     _step(table, [1])
     _step(table, [1])
     write_pos, flush_len = _step(table, [5, 1])
@@ -33,7 +33,7 @@ def test_rows_are_independent():
 
 
 def test_null_block_never_moves_and_gets_no_flush():
-    table = CursorTable(num_blocks=4, buffer_len=L, device="cpu")
+    table = CursorTable(num_blocks=4, buffer_len=L, device="cpu", stagger=False)
     for _ in range(L + 2):
         write_pos, flush_len = _step(table, [2, NULL_BLOCK_ID, NULL_BLOCK_ID])
         assert write_pos[1:] == [0, 0] and flush_len[1:] == [0, 0]
@@ -42,7 +42,7 @@ def test_null_block_never_moves_and_gets_no_flush():
 
 
 def test_take_pending_returns_ring_counts_and_resets():
-    table = CursorTable(num_blocks=8, buffer_len=L, device="cpu")
+    table = CursorTable(num_blocks=8, buffer_len=L, device="cpu", stagger=False)
     for _ in range(3):
         _step(table, [2, 6])
     _step(table, [6])
@@ -53,10 +53,31 @@ def test_take_pending_returns_ring_counts_and_resets():
 
 
 def test_fresh_sequence_in_a_reused_slot_reads_nothing_of_the_old_ring():
-    table = CursorTable(num_blocks=8, buffer_len=L, device="cpu")
+    table = CursorTable(num_blocks=8, buffer_len=L, device="cpu", stagger=False)
     _step(table, [4])
     _step(table, [4])
     has_state = torch.tensor([False, True])
     pending = table.take_pending(torch.tensor([4, NULL_BLOCK_ID], dtype=torch.int32), has_state)
     assert pending.tolist() == [0, 0]
     assert table.positions[4].item() == 0
+
+
+def test_staggered_first_windows_spread_a_cohorts_flushes():
+    """Slots 1..4 start together: their first windows end at L-1 - slot mod L, so each step of the first L
+    folds one ring (not all four on one step), a flush folds write_pos + 1 entries, and later windows are L."""
+    table = CursorTable(num_blocks=8, buffer_len=L, device="cpu")
+    table.take_pending(torch.tensor([1, 2, 3, 4], dtype=torch.int32))  # their prefills
+    flushes = [_step(table, [1, 2, 3, 4])[1] for _ in range(L + 4)]
+    assert flushes[:L] == [[0, 0, 1, 0], [0, 2, 0, 0], [3, 0, 0, 0], [0, 0, 0, 4]]
+    assert [sum(f > 0 for f in step) for step in flushes] == [1] * (L + 4)
+    assert flushes[L:] == [[0, 0, 4, 0], [0, 4, 0, 0], [4, 0, 0, 0], [0, 0, 0, 4]]  # then every L steps
+
+
+def test_graph_padding_rows_past_the_real_count_get_zero_and_move_nothing():
+    table = CursorTable(num_blocks=8, buffer_len=L, device="cpu", stagger=False)
+    write_pos = torch.full((4,), -7, dtype=torch.int32)
+    flush_len = torch.full((4,), -7, dtype=torch.int32)
+    for _ in range(L):
+        table.decode_step(torch.tensor([5, 6, 6, 6], dtype=torch.int32), write_pos, flush_len, real_rows=1)
+    assert write_pos.tolist() == [3, 0, 0, 0] and flush_len.tolist() == [4, 0, 0, 0]
+    assert table.positions[6].item() == 0

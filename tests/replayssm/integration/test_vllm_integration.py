@@ -185,7 +185,7 @@ def test_enabled_spec_appends_ring_and_bf16_copy_for_nemotron_h_8b(checks):
     stock = checks["enabled"]["stock_spec"]
     assert got["shapes"][:2] == stock["shapes"]
     # L=16, 128 heads x 64 head_dim, 8 groups x 128 state; split precision adds the bf16 copy
-    assert got["shapes"][2:] == [[16, 128], [16, 128, 64], [16, 8, 128], [128, 64, 128]]
+    assert got["shapes"][2:] == [[128, 16], [128, 16, 64], [8, 16, 128], [128, 64, 128]]
     assert got["dtypes"][2:] == ["torch.float32", "torch.bfloat16", "torch.bfloat16", "torch.bfloat16"]
     extra = 16 * 128 * 4 + 16 * 128 * 64 * 2 + 16 * 8 * 128 * 2 + 128 * 64 * 128 * 2
     assert got["page_size_bytes"] == stock["page_size_bytes"] + extra
@@ -202,17 +202,20 @@ def test_real_builder_plans_capture_decode_and_prefill(checks):
     assert [s["write_pos"] for s in steps[1:6]] == [[0, 0], [1, 1], [2, 2], [3, 3], [0, 0]]  # L=4
     assert [s["flush_len"] for s in steps[1:6]] == [[0, 0], [0, 0], [0, 0], [4, 4], [0, 0]]
     # beside a prefill the decode row (block 3, cursor 1) still appends (a fold each mixed step would cost more
-    # than vLLM's decode); the fresh prompt in reused block 6 reads none of its 2 stale entries and restarts
+    # than vLLM's decode); the fresh prompt in reused block 6 reads none of its 2 stale entries and restarts, and
+    # the CPU knows it is fresh (seq len = query len), so no layer launches a fold for that step
     assert steps[6] == {"decodes": 1, "prefills": 1, "write_pos": [1], "flush_len": [0], "pending": [0],
+                        "fold_pending": False,
                         "after": [0, 0, 0, 2, 0, 1, 0, 0]}  # fmt: skip
 
 
-def test_other_kv_cache_groups_reuse_the_plan_in_their_own_graph_buffers(checks):
+def test_other_kv_cache_groups_read_the_one_shared_plan(checks):
     """vLLM builds one Mamba group per step and updates the rest (update_block_table): a request's cursor is the
     same in every group, so they take the first group's plan (flush step: [3, 3] / [4, 4]) for their own blocks,
-    in their own persistent buffers (what their captured graphs read), and keep no cursor table."""
+    from the same persistent buffers (what every group's captured graphs read: nothing is copied per group),
+    and keep no cursor table."""
     assert checks["tiny_model"]["other_group"] == {
-        "slots": [2, 4], "write_pos": [3, 3], "flush_len": [4, 4], "own_buffers": True, "cursor_table": False,
+        "slots": [2, 4], "write_pos": [3, 3], "flush_len": [4, 4], "shared_buffers": True, "cursor_table": False,
     }  # fmt: skip
 
 

@@ -51,7 +51,9 @@ def describe(spec: MambaSpec) -> dict:
 
 def tiny_model_checks(tiny_dir: Path) -> dict:
     """Build the whole enabled model (tiny Nemotron-H) and drive its layer's real builder for a few steps."""
-    config = vllm_config({"replayssm": {"enable": True, "buffer_len": 4}}, tiny_dir, max_model_len=512)
+    config = vllm_config(
+        {"replayssm": {"enable": True, "buffer_len": 4, "stagger_windows": False}}, tiny_dir, max_model_len=512
+    )
     model_cls, _ = ModelRegistry.resolve_model_cls(config.model_config.architecture, model_config=config.model_config)
     with set_current_vllm_config(config):
         torch.set_default_dtype(config.model_config.dtype)
@@ -77,8 +79,8 @@ def tiny_model_checks(tiny_dir: Path) -> dict:
             other_group = {
                 "slots": shared.state_indices_tensor_d[:, 0].tolist(), "write_pos": shared.replay_write_pos.tolist(),
                 "flush_len": shared.replay_flush_len.tolist(),
-                "own_buffers": shared.replay_write_pos.data_ptr() == other.write_pos.data_ptr()
-                and shared.replay_flush_len.data_ptr() == other.flush_len.data_ptr(),
+                "shared_buffers": shared.replay_write_pos.data_ptr() == other.plan_buffers.write_pos.data_ptr()
+                == builder.plan_buffers.write_pos.data_ptr(),
                 "cursor_table": other.cursors is not None,
             }  # fmt: skip
     # block 3 decodes beside a fresh 7-token prompt in reused block 6 (whose stale cursor is 2)
@@ -86,6 +88,7 @@ def tiny_model_checks(tiny_dir: Path) -> dict:
     m = builder.build(0, common_metadata([1, 7], [16, 7], [3, 6], [False, True]))
     steps.append({"decodes": m.num_decodes, "prefills": m.num_prefills, "write_pos": m.replay_write_pos.tolist(),
                   "flush_len": m.replay_flush_len.tolist(), "pending": m.replay_pending.tolist(),
+                  "fold_pending": m.replay_fold_pending,
                   "after": builder.cursors.positions.tolist()})  # fmt: skip
     refused = None
     try:

@@ -81,7 +81,7 @@ def profile_run(layer: MambaMixer2, config) -> str:
 def scenario(tiny: Path, split: bool, gen: torch.Generator) -> dict:
     """Decode DECODE_STEPS steps on both layers (flushes at L-1), then fold the ring as before a prefill."""
     base_cfg = vllm_config(None, tiny, max_model_len=512)
-    knobs = {"enable": True, "buffer_len": BUFFER_LEN, "split_precision": split}
+    knobs = {"enable": True, "buffer_len": BUFFER_LEN, "split_precision": split, "stagger_windows": False}
     rep_cfg = vllm_config({"replayssm": knobs}, tiny, max_model_len=512)
     tag = "split" if split else "fp32"
     base, rep = make_layer(base_cfg, f"base_{tag}.mixer"), make_layer(rep_cfg, f"rep_{tag}.mixer")

@@ -54,9 +54,15 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     timing = data["timing"]
     assert timing["status"] == "ok", timing.get("traceback")
     kernels = {row["kernel"] for row in timing["rows"]}
-    assert {"replay fp32", "replay split", "decode step fp32 (replay + 1/L flush)"} <= kernels
+    assert {
+        "replay fp32 (no row flushing)", "replay split (no row flushing)", "decode step fp32 (1/L rows flushing)",
+        "decode step split (all rows flushing)", "materialise flush fp32 (all rows)",
+    } <= kernels  # fmt: skip
+    assert set(timing["sweep"]) == {"fp32", "split"} and len(timing["sweep"]["fp32"]["us"]) == 2
+    tuned = json.loads((tmp_path / "launch_config.json").read_text())["replay_step"]
+    assert set(tuned) == {"fp32", "split"} and set(tuned["fp32"]) == {"block_p", "block_n", "num_warps"}
     markdown = (tmp_path / "kernel_bench.md").read_text()
-    assert "| fp32 |" in markdown and "| batch | kernel | us |" in markdown
+    assert "| fp32 |" in markdown and "| batch | kernel | us |" in markdown and "Sweep, decode step fp32" in markdown
 
 
 def test_kernel_bench_without_gpu_or_smoke_refuses(tmp_path: Path) -> None:
@@ -69,7 +75,10 @@ def test_kernels_compile_for_hopper() -> None:
     """The real Triton compiler (not the interpreter) accepts every default kernel variant for sm_90."""
     done = run_module("replayssm_patch.kernels.compile_check", interpret=False)
     assert done.returncode == 0, done.stdout
-    assert done.stdout.count(": ok") == 6
+    lines = [line for line in done.stdout.splitlines() if ": ok" in line]
+    assert len(lines) == 8, done.stdout
+    registers = [int(line.split(" registers")[0].rsplit(" ", 1)[1]) for line in lines]
+    assert all(0 < count <= 255 for count in registers), done.stdout  # ptxas -v was read for every kernel
 
 
 def selective_state_update_stand_in(
@@ -120,7 +129,10 @@ def test_kernel_bench_vllm_path_with_a_stand_in(tmp_path: Path) -> None:
     rows = {row["kernel"]: row for row in timing["rows"]}
     assert rows["baseline fp32 state"]["speedup_vs_baseline_fp32"] == pytest.approx(1.0)
     assert rows["baseline bf16 state"]["bytes"] < rows["baseline fp32 state"]["bytes"]
-    assert rows["replay split"]["bytes"] < rows["replay fp32"]["bytes"] < rows["baseline fp32 state"]["bytes"]
+    replay = {mode: rows[f"replay {mode} (no row flushing)"]["bytes"] for mode in ("fp32", "split")}
+    assert replay["split"] < replay["fp32"] < rows["baseline fp32 state"]["bytes"]
+    staggered = rows["decode step fp32 (1/L rows flushing)"]["bytes"]
+    assert replay["fp32"] < staggered < rows["decode step fp32 (all rows flushing)"]["bytes"]
     markdown = render_markdown({"meta": {}, "equivalence": {"status": "ok", "seconds": 0, **eq}, "timing": {
         "status": "ok", **timing}})  # fmt: skip
     assert "| 2 | baseline fp32 state |" in markdown and "1.00x" in markdown

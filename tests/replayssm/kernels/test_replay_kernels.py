@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from replayssm_patch.cursors import first_window_end
 from replayssm_patch.kernels import (
     ReplayCache,
     copy_state_to_bf16,
@@ -43,8 +44,10 @@ from replayssm_patch.kernels import (
     ring_shapes,
 )
 from replayssm_patch.kernels.common import softplus_reference
+from replayssm_patch.kernels.cursor_plan import plan_decode_rows, plan_decode_rows_reference
 from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
-from replayssm_patch.kernels.layout import group_of_head
+from replayssm_patch.kernels.layout import group_of_head, ring_len_of
+from replayssm_patch.kernels.layout import ring_entries as entries
 from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
 from tests.replayssm.kernels.numerics import layout_rows, rel_err, seeded
 
@@ -96,23 +99,24 @@ def make_cache(shape: Shape, slots: int, split: bool, gen: torch.Generator) -> R
 def fill_ring(shape: Shape, cache: ReplayCache, slots: torch.Tensor, count: torch.Tensor, gen: torch.Generator) -> None:
     """Give each slot `count` valid ring entries (positions 0..count-1) with realistic dt."""
     for slot, n in zip(slots.tolist(), count.tolist(), strict=True):
-        cache.ring_x[slot, :n] = torch.randn(n, shape.nheads, shape.head_dim, generator=gen).to(shape.dtype)
-        cache.ring_B[slot, :n] = torch.randn(n, shape.ngroups, shape.d_state, generator=gen).to(shape.dtype)
-        cache.ring_dt[slot, :n] = softplus_reference(torch.rand(n, shape.nheads, generator=gen) * 5.0 - 5.0)
+        entries(cache.ring_x)[slot, :n] = torch.randn(n, shape.nheads, shape.head_dim, generator=gen).to(shape.dtype)
+        entries(cache.ring_B)[slot, :n] = torch.randn(n, shape.ngroups, shape.d_state, generator=gen).to(shape.dtype)
+        entries(cache.ring_dt)[slot, :n] = softplus_reference(torch.rand(n, shape.nheads, generator=gen) * 5.0 - 5.0)
 
 
 def ring_fp64_state(cache: ReplayCache, slots: torch.Tensor, count: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
     """fp64 truth of the state after the checkpoint absorbed ring entries [0, count): step by step."""
     h = cache.ssm_state[slots].double()
-    for pos in range(cache.ring_x.shape[1]):
+    ring_x, ring_B, ring_dt = entries(cache.ring_x), entries(cache.ring_B), entries(cache.ring_dt)
+    for pos in range(ring_len_of(cache.ring_x)):
         advanced = h.clone()
         active = pos < count
         if not active.any():
             break
         at = torch.where(active, pos, 0)
         recurrence_step_fp64(
-            advanced, cache.ring_x[slots, at], cache.ring_dt[slots, at], A, cache.ring_B[slots, at],
-            cache.ring_B[slots, at], dt_softplus=False,
+            advanced, ring_x[slots, at], ring_dt[slots, at], A, ring_B[slots, at], ring_B[slots, at],
+            dt_softplus=False,
         )  # fmt: skip
         h = torch.where(active[:, None, None, None], advanced, h)
     return h
@@ -181,8 +185,8 @@ def test_replay_decode_matches_reference_and_fp64(shape: Shape, pad_slot_id: int
     # Writes: exactly the ring entry at write_pos of real slots; checkpoint and everything else untouched.
     for run in (c_tri, c_ref):
         expected = cache.clone()
-        expected.ring_x[real, write_pos[:-1].long()] = step.x[rows]
-        expected.ring_B[real, write_pos[:-1].long()] = step.B[rows]
+        entries(expected.ring_x)[real, write_pos[:-1].long()] = step.x[rows]
+        entries(expected.ring_B)[real, write_pos[:-1].long()] = step.B[rows]
         assert torch.equal(run.ssm_state, cache.ssm_state)
         assert torch.equal(run.ring_x.nan_to_num(), expected.ring_x.nan_to_num())
         assert torch.equal(run.ring_B.nan_to_num(), expected.ring_B.nan_to_num())
@@ -191,12 +195,12 @@ def test_replay_decode_matches_reference_and_fp64(shape: Shape, pad_slot_id: int
     # an absolute error of ~6e-8, i.e. up to ~1e-5 relative for the smallest dt (softplus(-5) = 0.0067).
     torch.testing.assert_close(c_tri.ring_dt.nan_to_num(), c_ref.ring_dt.nan_to_num(), rtol=2e-5, atol=0)
     expected_dt = softplus_reference(step.dt[rows] + layer.dt_bias)
-    torch.testing.assert_close(c_tri.ring_dt[real, write_pos[:-1].long()], expected_dt, rtol=2e-5, atol=0)
+    torch.testing.assert_close(entries(c_tri.ring_dt)[real, write_pos[:-1].long()], expected_dt, rtol=2e-5, atol=0)
 
 
 def _written(cache: ReplayCache, slots: torch.Tensor, write_pos: torch.Tensor) -> torch.Tensor:
     mask = torch.zeros(cache.ring_dt.shape, dtype=torch.bool)
-    mask[slots, write_pos.long()] = True
+    entries(mask)[slots, write_pos.long()] = True
     return mask
 
 
@@ -241,8 +245,8 @@ def decay_to_now(
     cache: ReplayCache, slots: torch.Tensor, write_pos: torch.Tensor, dt_now: torch.Tensor, A: torch.Tensor
 ):
     """exp(A * S_w): decay from the checkpoint to the current step (ring entries before write_pos + this dt)."""
-    earlier = torch.arange(cache.ring_dt.shape[1])[None, :, None] < write_pos[:, None, None]
-    summed = torch.where(earlier, cache.ring_dt[slots].double(), 0.0).sum(1) + dt_now.double()
+    earlier = torch.arange(ring_len_of(cache.ring_x))[None, :, None] < write_pos[:, None, None]
+    summed = torch.where(earlier, entries(cache.ring_dt)[slots].double(), 0.0).sum(1) + dt_now.double()
     return torch.exp(A.double() * summed)
 
 
@@ -380,7 +384,7 @@ def test_copy_state_to_bf16_without_pads_copies_every_row() -> None:
 
 def test_ring_shapes_and_bytes() -> None:
     spec = ring_shapes(nheads=128, head_dim=64, ngroups=8, d_state=128, buffer_len=16, split_precision=True)
-    assert spec.ring_x == (16, 128, 64) and spec.ring_B == (16, 8, 128) and spec.ring_dt == (16, 128)
+    assert spec.ring_x == (128, 16, 64) and spec.ring_B == (8, 16, 128) and spec.ring_dt == (128, 16)
     assert spec.state_bf16 == (128, 64, 128)
     assert spec.nbytes(torch.bfloat16) == 16 * 128 * 64 * 2 + 16 * 8 * 128 * 2 + 16 * 128 * 4 + 128 * 64 * 128 * 2
     assert ring_shapes(4, 8, 2, 16, 4, split_precision=False).state_bf16 is None
@@ -399,3 +403,25 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> No
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         zeros = torch.zeros(shape.batch, dtype=torch.int32)
         replay_decode(*step_args(step, layer, cache), zeros, zeros)
+
+
+def test_cursor_plan_kernel_matches_its_reference_over_many_steps() -> None:
+    """The one-launch plan (interpreted) and its PyTorch twin drive the same cursors, staggered windows, null
+    block rows and graph padding included, across 3 windows."""
+    L, blocks = 4, 12
+    slots = torch.tensor([5, 0, 9, 2, 7, 0, 0, 0], dtype=torch.int32)  # rows 5..7: padding past real_rows
+    tables = []
+    for plan in (plan_decode_rows, plan_decode_rows_reference):
+        positions = torch.zeros(blocks, dtype=torch.int32)
+        window_end = first_window_end(torch.arange(blocks), L, stagger=True)
+        seen = []
+        for _ in range(3 * L):
+            write_pos = torch.full((8,), -7, dtype=torch.int32)
+            flush_len = torch.full((8,), -7, dtype=torch.int32)
+            plan(slots, positions, window_end, write_pos, flush_len, 5, L, 0)
+            seen.append((write_pos.tolist(), flush_len.tolist()))
+        tables.append((seen, positions.tolist(), window_end.tolist()))
+    assert tables[0] == tables[1]
+    seen = tables[0][0]
+    assert [w[1] for w, _ in seen] == [0] * (3 * L) and [w[5:] for w, _ in seen] == [[0, 0, 0]] * (3 * L)
+    assert [f[0] for _, f in seen][:L] == [0, 0, 3, 0]  # slot 5: first window ends at L-1 - 1

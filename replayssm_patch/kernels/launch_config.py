@@ -1,0 +1,55 @@
+"""Launch shape of the replay-step kernel per checkpoint dtype: the defaults, or a GPU's measured best.
+
+The kernel bench sweeps (block_p, block_n, num_warps) on the GPU and writes the fastest per dtype to a JSON
+file; ``REPLAYSSM_LAUNCH_CONFIG=<file>`` makes the plugin use it (as vLLM reads its tuned kernel configs),
+and the H200's committed file (``launch_h200.json`` beside this module) is used on an H200 without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ENV_VAR = "REPLAYSSM_LAUNCH_CONFIG"
+COMMITTED = {"H200": Path(__file__).with_name("launch_h200.json")}
+
+
+@dataclass(frozen=True)
+class ReplayLaunch:
+    block_p: int = 16
+    block_n: int = 64
+    num_warps: int = 1
+
+    def as_key(self) -> str:
+        return f"{self.block_p}x{self.block_n}x{self.num_warps}w"
+
+
+DEFAULT = ReplayLaunch()
+
+
+def launch_for(state_dtype: torch.dtype, device: torch.device) -> ReplayLaunch:
+    """The tuned shape for a checkpoint of ``state_dtype`` ("fp32" or "split" entry), else the default."""
+    entry = "split" if state_dtype.itemsize <= 2 else "fp32"
+    table = _tuned_table(_device_name(device))
+    return ReplayLaunch(**table[entry]) if entry in table else DEFAULT
+
+
+@functools.cache
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+@functools.cache
+def _tuned_table(device_name: str) -> dict[str, dict[str, int]]:
+    path = os.environ.get(ENV_VAR)
+    if not path:
+        found = [file for key, file in COMMITTED.items() if key in device_name and file.exists()]
+        if not found:
+            return {}
+        path = str(found[0])
+    return json.loads(Path(path).read_text())["replay_step"]
