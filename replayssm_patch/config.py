@@ -23,7 +23,7 @@ class ReplaySSMConfig:
     enable: bool = False
     buffer_len: int = 16
     split_precision: bool = False
-    # A sequence's first window ends at L-1 - (slot mod L), so a cohort admitted together does not flush in
+    # A sequence's first window ends at L-1 - (hash(slot) mod L), so a cohort admitted together does not flush in
     # one step (off: every window is L steps, aligned to the prefill; for tests that follow exact cursors).
     stagger_windows: bool = True
 

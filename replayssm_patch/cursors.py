@@ -7,7 +7,7 @@ indexed by vLLM block id (one block per sequence in mamba_cache_mode 'none'). Bl
 block, used for padded rows: its cursor never moves. On CUDA a decode step's plan is one launch
 (``kernels.cursor_plan``); elsewhere its PyTorch twin runs (the CPU vLLM tests).
 
-Staggered windows: a sequence's first window after a prefill ends at L-1 - (slot mod L) and later ones at
+Staggered windows: a sequence's first window after a prefill ends at L-1 - (hash(slot) mod L) and later ones at
 L-1, so a cohort admitted in one step (consecutive slots) spreads its flushes over L steps instead of
 folding every ring in the same step.
 """
@@ -20,9 +20,11 @@ NULL_BLOCK_ID = 0  # vLLM 0.24: vllm.v1.attention.backends.utils.NULL_BLOCK_ID, 
 
 
 def first_window_end(slots: torch.Tensor, buffer_len: int, stagger: bool) -> torch.Tensor:
-    """Write position at which a fresh sequence in ``slots`` flushes first (L-1 - slot mod L, or L-1)."""
-    offset = slots % buffer_len if stagger else torch.zeros_like(slots)
-    return (buffer_len - 1 - offset).to(torch.int32)
+    """Write position at which a fresh sequence in ``slots`` flushes first: L-1 - (a hash of the slot mod L), or
+    L-1. Hashed, not slot mod L: vLLM may hand a cohort block ids in steps of L (one block per KV-cache group
+    each), which slot mod L would align again."""
+    offset = (slots.long() * 2654435761 % 2**32) >> 16 if stagger else torch.zeros_like(slots.long())
+    return (buffer_len - 1 - offset % buffer_len).to(torch.int32)
 
 
 class CursorTable:

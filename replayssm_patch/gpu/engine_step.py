@@ -8,7 +8,9 @@ Method (the one of ../shared/gpu/calibration/h200-2026-12-01-engine-vs-http.json
 token ids generated with exactly 16 and exactly 272 output tokens (ignore_eos, min_tokens = max_tokens, greedy,
 no detokenisation); step = (t272 - t16) / 256, so prefill and start-up cancel and flush steps are included.
 Each batch gets one warm-up generate, then 3 repeats whose order alternates (16, 272 / 272, 16 / ...).
-The row holds the mean step and the spread (max - min) of the repeats, and whether it is valid:
+The row holds the median step and the spread (max - min) of the repeats, and whether it is valid (the median,
+because one repeat can hold a one-time stall such as a kernel compiled mid-run: seen on the H200 as a short
+generate 1.3 s slower than its twins, which makes that repeat's step look far too fast):
 - every output has the exact length;
 - no request was preempted;
 - in every 272-token generate the whole batch ran at once: the engine's timestamps show some moment with
@@ -52,7 +54,7 @@ WHAT = (
     f"Engine-side decode step (vLLM LLM.generate, no HTTP): B prompts of {PROMPT_TOKENS} random token ids with "
     f"exactly {SHORT_TOKENS} and exactly {LONG_TOKENS} output tokens (ignore_eos, min_tokens = max_tokens, greedy); "
     f"per repeat step = (t{LONG_TOKENS} - t{SHORT_TOKENS}) / {LONG_TOKENS - SHORT_TOKENS}, so prefill cancels and "
-    "flush steps are included; step_ms = mean of the repeats, spread_ms = their max - min. engine_tpot_ms = mean "
+    "flush steps are included; step_ms = median of the repeats, spread_ms = their max - min. engine_tpot_ms = mean "
     f"per-request TPOT of the {LONG_TOKENS}-token generates from vLLM's engine-core timestamps (includes decode "
     "steps beside other requests' prefill). Written by replayssm_patch/gpu/engine_step.py."
 )
@@ -119,13 +121,13 @@ def llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def make_row(args: argparse.Namespace, batch: int, repeats: Sequence[Repeat], **facts: Any) -> dict[str, Any]:
-    """The result row of one batch: mean step, spread, mean generate times and every repeat."""
+    """The result row of one batch: median step, spread, mean generate times and every repeat."""
     steps = [r.step_ms for r in repeats]
     return {
         "variant": args.variant,
         "mode": args.mode,
         "batch": batch,
-        "step_ms": round(statistics.fmean(steps), 3),
+        "step_ms": round(statistics.median(steps), 3),
         "spread_ms": round(max(steps) - min(steps), 3),
         f"t{SHORT_TOKENS}_s": round(statistics.fmean(r.t_short_s for r in repeats), 3),
         f"t{LONG_TOKENS}_s": round(statistics.fmean(r.t_long_s for r in repeats), 3),

@@ -2,7 +2,7 @@
 position and flush length, advance the cursor (before: ~17 small torch ops per step, run eagerly).
 
 A slot's cursor is its ring entry count and the position at which its current window flushes. The first
-window after a prefill ends at L-1 - (slot mod L) (``first_window_end``), later ones at L-1, so requests
+window after a prefill ends at L-1 - (hash(slot) mod L) (``cursors.first_window_end``), later ones at L-1, so requests
 admitted together (consecutive slots) flush on different steps instead of all in one.
 """
 
@@ -17,7 +17,7 @@ from replayssm_patch.kernels.common import check_launchable
 PLAN_BLOCK = 256
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["real_rows", "rows"])  # the row counts change every step: one compiled kernel
 def _cursor_plan_kernel(
     slot_ptr, slot_stride, positions_ptr, window_end_ptr, write_pos_ptr, flush_ptr,
     real_rows, rows, ring_len, null_block, BLOCK: tl.constexpr,

@@ -51,7 +51,9 @@ DEFAULT_NUM_WARPS = DEFAULT.num_warps
 COEF_NUM_WARPS = 2
 
 
-@triton.jit
+# Activations are views at step-dependent offsets (eager mixed steps): never specialise on their alignment, or a
+# new batch composition compiles a new kernel in the middle of serving (seen on the H200 as ~1.3 s stalls).
+@triton.jit(do_not_specialize_on_alignment=["dt_ptr", "B_ptr", "C_ptr"])
 def _ring_coefficients_kernel(
     dt_ptr, A_ptr, B_ptr, C_ptr, dt_bias_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, pos_ptr,
     bc_ptr, w_ptr, decay_ptr,
@@ -102,7 +104,7 @@ def _ring_coefficients_kernel(
         tl.store(rdt + pos * srdt_l, dt.to(ring_dt_ptr.dtype.element_ty))
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["x_ptr", "C_ptr", "out_ptr"])
 def _replay_step_kernel(
     x_ptr, C_ptr, D_ptr, read_ptr, master_ptr, copy_ptr, ring_x_ptr, ring_B_ptr,
     slot_ptr, pos_ptr, flush_ptr, bc_ptr, w_ptr, decay_ptr, out_ptr,
@@ -149,7 +151,7 @@ def _replay_step_kernel(
             offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
             mask_n = offs_n < d_state
             update = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
-            for s in range(BLOCK_L):  # the rank-(pos+1) fold as FMAs (w_s = 0 past pos): no tl.dot operand tiles
+            for s in range(BLOCK_L):  # the rank-(pos+1) fold as FMAs (w_s = 0 past pos); unrolled it spills (ptxas)
                 w_s = tl.load(w_row + s)
                 x_s = tl.load(rx + s * srx_l + offs_p * srx_p, mask=mask_p & (s < pos), other=0.0).to(tl.float32)
                 x_s = tl.where(s == pos, x, x_s)

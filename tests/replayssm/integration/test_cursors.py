@@ -2,7 +2,7 @@
 
 import torch
 
-from replayssm_patch.cursors import NULL_BLOCK_ID, CursorTable
+from replayssm_patch.cursors import NULL_BLOCK_ID, CursorTable, first_window_end
 
 L = 4
 
@@ -63,14 +63,28 @@ def test_fresh_sequence_in_a_reused_slot_reads_nothing_of_the_old_ring():
 
 
 def test_staggered_first_windows_spread_a_cohorts_flushes():
-    """Slots 1..4 start together: their first windows end at L-1 - slot mod L, so each step of the first L
-    folds one ring (not all four on one step), a flush folds write_pos + 1 entries, and later windows are L."""
-    table = CursorTable(num_blocks=8, buffer_len=L, device="cpu")
-    table.take_pending(torch.tensor([1, 2, 3, 4], dtype=torch.int32))  # their prefills
-    flushes = [_step(table, [1, 2, 3, 4])[1] for _ in range(L + 4)]
-    assert flushes[:L] == [[0, 0, 1, 0], [0, 2, 0, 0], [3, 0, 0, 0], [0, 0, 0, 4]]
-    assert [sum(f > 0 for f in step) for step in flushes] == [1] * (L + 4)
-    assert flushes[L:] == [[0, 0, 4, 0], [0, 4, 0, 0], [4, 0, 0, 0], [0, 0, 0, 4]]  # then every L steps
+    """A cohort starting together flushes first at L-1 - hash(slot) mod L: a flush folds write_pos + 1 entries,
+    later windows are L long, and no step folds more than a few of the rings (aligned: all of them at once)."""
+    table = CursorTable(num_blocks=64, buffer_len=L, device="cpu")
+    cohort = torch.arange(1, 33, dtype=torch.int32)
+    table.take_pending(cohort)  # their prefills
+    first = first_window_end(cohort, L, stagger=True)
+    flushes = [_step(table, cohort.tolist())[1] for _ in range(3 * L)]
+    for row, end in enumerate(first.tolist()):
+        folded = [(t, f[row]) for t, f in enumerate(flushes) if f[row]]
+        assert folded[0] == (end, end + 1)  # the first window: end + 1 entries
+        assert [t for t, _ in folded[1:]] == [end + L * k for k in range(1, len(folded))]
+        assert all(n == L for _, n in folded[1:])
+    per_step = [sum(f > 0 for f in step) for step in flushes]
+    assert max(per_step) <= 2 * len(cohort) // L and sum(per_step[:L]) == len(cohort)
+
+
+def test_a_cohort_in_blocks_l_apart_is_still_spread():
+    """vLLM can hand consecutive requests block ids L apart (one block per KV-cache group each); slot mod L would
+    flush them all in one step, the hash does not."""
+    ends = first_window_end(torch.arange(0, 16 * 64, 16), 16, stagger=True)
+    assert ends.unique().numel() >= 12 and torch.bincount(ends.long()).max() <= 12
+    assert (first_window_end(torch.arange(0, 64, 16), 16, stagger=False) == 15).all()
 
 
 def test_graph_padding_rows_past_the_real_count_get_zero_and_move_nothing():
