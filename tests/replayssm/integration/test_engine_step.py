@@ -114,7 +114,7 @@ def test_row_has_mean_step_spread_and_every_repeat(tmp_path):
     assert row["spread_ms"] == pytest.approx(10.547 - 9.375, abs=1e-3)
     assert (row["t16_s"], row["t272_s"]) == (2.0, pytest.approx(4.553, abs=1e-3))
     assert len(row["repeats"]) == 3 and row["repeats"][1] == {"t_short_s": 2.1, "t_long_s": 4.5, "step_ms": 9.375}
-    assert "step 9.974 ms" in row_line(row) and "INVALID" not in row_line(row)
+    assert "step 10.000 ms" in row_line(row) and "INVALID" not in row_line(row)
     row |= {"valid": False, "problems": ["3 preemptions: raise --gpu-memory-utilization"]}
     assert row_line(row).endswith("INVALID: 3 preemptions: raise --gpu-memory-utilization")
 
