@@ -80,14 +80,14 @@ def spec_from_serve_args(args: list[str], cwd: Path):
     Relative `--model-config` / `--calibration` paths are taken against `cwd`, the server's working directory;
     a bare `--model-config` name means a shipped config.
     """
+    from harness.sim.model_config import resolve_model_config
+
     app = typer.Typer(add_completion=False)
     app.command()(serve_sim)
     try:
         params = typer.main.get_command(app).make_context("serve-sim", list(args)).params
     except typer.TyperException as error:  # typer's (vendored click) usage errors
         raise UserError(f"serve-sim {' '.join(args)}: {error.format_message()}; fix the command") from None
-
-    from harness.sim.model_config import resolve_model_config
 
     def path(value: Path | None) -> Path | None:
         return value if value is None or value.is_absolute() else cwd / value
