@@ -208,7 +208,7 @@ def _placement(config: ExperimentConfig) -> list[Finding]:
 
 
 def model_config_path(arm: ArmConfig) -> Path | None:
-    """The model's config.json, when the command names a model directory or config file."""
+    """The model's config.json, when the command names a model directory, a config file or a shipped model."""
     settings = parse_command(arm.command or [])
     words = str(settings.get(PROGRAM) or "").split()
     named = [settings.get("--model"), settings.get("--model-config")]
@@ -218,7 +218,18 @@ def model_config_path(arm: ArmConfig) -> Path | None:
         path = path / "config.json" if path.is_dir() else path
         if path.suffix == ".json" and path.is_file():
             return path
-    return None
+    return _shipped_model(settings.get("--model-config"), arm.cwd)
+
+
+def _shipped_model(name: str | None, cwd: Path | None) -> Path | None:
+    """The shipped config a serve-sim `--model-config NAME` means (an unknown name is serve-sim's own error)."""
+    from harness.sim.model_config import resolve_model_config
+
+    try:
+        path = resolve_model_config(name, cwd) if name else None
+    except UserError:
+        return None
+    return path if path is not None and path.is_file() else None
 
 
 def _architecture(config: ExperimentConfig) -> list[Finding]:

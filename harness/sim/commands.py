@@ -16,7 +16,11 @@ DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "configs" / "models" / "ne
 
 ModelConfig = Annotated[
     Path | None,
-    typer.Option("--model-config", help="HF-style config.json [configs/models/nemotron-h-8b.json of this checkout]"),
+    typer.Option(
+        "--model-config",
+        help="model: a name in configs/models/ (nemotron-h-8b, qwen3.5-4b, qwen3.5-35b-a3b, ...), an HF-style "
+        "config.json or a model directory [nemotron-h-8b]",
+    ),
 ]
 GpuName = Annotated[str, typer.Option("--gpu", help="h200, h100, a100, l40s or rtx4090")]
 Policy = Annotated[str, typer.Option("--policy", help="baseline or replayssm")]
@@ -73,8 +77,11 @@ def _spec(
 def spec_from_serve_args(args: list[str], cwd: Path):
     """The engine a `serve-sim ARGS` command line would run, parsed by serve-sim's own options.
 
-    Relative `--model-config` / `--calibration` paths are taken against `cwd`, the server's working directory.
+    Relative `--model-config` / `--calibration` paths are taken against `cwd`, the server's working directory;
+    a bare `--model-config` name means a shipped config.
     """
+    from harness.sim.model_config import resolve_model_config
+
     app = typer.Typer(add_completion=False)
     app.command()(serve_sim)
     try:
@@ -85,8 +92,9 @@ def spec_from_serve_args(args: list[str], cwd: Path):
     def path(value: Path | None) -> Path | None:
         return value if value is None or value.is_absolute() else cwd / value
 
+    model = params["model_config"]
     return _spec(
-        path(params["model_config"]),
+        model and resolve_model_config(model, cwd),
         params["gpu"],
         params["policy"],
         params["ssm_dtype"],

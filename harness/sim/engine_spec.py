@@ -30,7 +30,7 @@ class EngineSpec:
 
 
 def build_spec(
-    model_config: Path,
+    model_config: str | Path,
     gpu: str,
     policy: StatePolicy,
     max_num_seqs: int = 256,
@@ -47,6 +47,7 @@ def build_spec(
     if tensor_parallel_size not in (1, 2, 4, 8):
         raise UserError(f"--tensor-parallel-size must be 1, 2, 4 or 8 (got {tensor_parallel_size})")
     shape = load_model_shape(model_config)
+    policy.require_supported(shape.recurrent)
     length = max_model_len or shape.max_model_len
     if length < 2:
         raise UserError(f"--max-model-len must be at least 2 (got {length})")

@@ -1,8 +1,9 @@
 """Read an HF-style `config.json` into the shapes the cost model needs (layers, bytes, parameters).
 
 Only the sizes matter to the simulated engine, so this reads the fields that set them: the hybrid layer
-pattern (Nemotron-H `hybrid_override_pattern`, Qwen3-Next `full_attention_interval` / `layer_types`),
-attention heads, Mamba-2 and Gated DeltaNet dimensions, and dense-MLP or MoE sizes.
+pattern (Nemotron-H `hybrid_override_pattern`, Qwen3-Next / Qwen3.5 `layer_types` or
+`full_attention_interval`), attention heads, Mamba-2 and Gated DeltaNet dimensions, and dense-MLP or MoE
+sizes. A model is named by a config path, an HF model directory, or the stem of a config in `configs/models/`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from harness.errors import UserError
 
 BF16_BYTES = 2
 FP32_BYTES = 4
+SHIPPED_MODELS = Path(__file__).resolve().parents[2] / "configs" / "models"
 
 
 @dataclass(frozen=True)
@@ -28,10 +30,11 @@ class AttentionShape:
     kv_heads: int
     head_dim: int
     hidden: int
+    output_gate: bool = False  # q_proj also yields a sigmoid gate on the attention output (Qwen3-Next, Qwen3.5)
 
     @property
     def params_per_layer(self) -> int:
-        q_and_o = 2 * self.hidden * self.heads * self.head_dim
+        q_and_o = (3 if self.output_gate else 2) * self.hidden * self.heads * self.head_dim
         k_and_v = 2 * self.hidden * self.kv_heads * self.head_dim
         return q_and_o + k_and_v
 
@@ -46,7 +49,9 @@ class RecurrentShape:
     """Mamba-2 or Gated DeltaNet layers: a fixed-size state per sequence, updated every token.
 
     `step_input_bytes` is what ReplaySSM keeps per step in its ring: Mamba-2 post-conv x and B (bf16) and
-    softplus'ed dt (fp32); Gated DeltaNet k and v (bf16) and beta and the gate g (fp32).
+    softplus'ed dt (fp32); Gated DeltaNet the normalised key k̂ (per key head), the corrected value
+    u = β(v − e^g·S·k̂) (per value head) and the log-decay g, all fp32 because they are folded into the fp32
+    checkpoint (the plugin's `replayssm_patch/kernels/gdn_layout.py`).
     """
 
     kind: str  # "mamba2" | "gated_deltanet"
@@ -79,6 +84,7 @@ class ModelShape:
     attention: AttentionShape
     recurrent: RecurrentShape | None
     mlp: MlpShape
+    tied_embeddings: bool = False  # the LM head is the input embedding (Qwen3.5-4B): stored once
 
     @property
     def embedding_params(self) -> int:
@@ -97,8 +103,9 @@ class ModelShape:
 
     @property
     def total_params(self) -> int:
-        """Input embedding + dense + all experts (the LM head is counted in `dense_params`)."""
-        return self.embedding_params + self.dense_params + self.expert_params
+        """Input embedding (unless tied) + dense + all experts (the LM head is counted in `dense_params`)."""
+        embedding = 0 if self.tied_embeddings else self.embedding_params
+        return embedding + self.dense_params + self.expert_params
 
     @property
     def active_params_per_token(self) -> int:
@@ -122,36 +129,66 @@ class ModelShape:
         return self.attention.kv_bytes_per_token
 
 
-def load_model_shape(path: str | os.PathLike[str]) -> ModelShape:
-    """Read a config file; an unreadable or unsupported config is a one-line `UserError`."""
-    path = Path(path)
+def shipped_models() -> list[str]:
+    """Names `--model-config` accepts without a path: the configs shipped in `configs/models/`."""
+    return sorted(path.stem for path in SHIPPED_MODELS.glob("*.json"))
+
+
+def resolve_model_config(name_or_path: str | os.PathLike[str], cwd: Path | None = None) -> Path:
+    """The config file a `--model-config` value means: a shipped model's name, a config.json, or an HF model dir.
+
+    Relative paths are taken against `cwd` when given (a server's working directory). A bare word (no
+    directory part, no `.json`) that is neither a shipped name nor an existing path is a one-line `UserError`.
+    """
+    given = Path(name_or_path)
+    path = given if cwd is None or given.is_absolute() else cwd / given
+    if path.is_dir():
+        return path / "config.json"
+    if path.exists() or given.suffix == ".json" or len(given.parts) > 1:
+        return path
+    shipped = SHIPPED_MODELS / f"{given.name}.json"
+    if shipped.is_file():
+        return shipped
+    raise UserError(
+        f"unknown model {str(name_or_path)!r}; choose one of {', '.join(shipped_models())} "
+        "or give the path of an HF-style config.json"
+    )
+
+
+def load_model_shape(name_or_path: str | os.PathLike[str]) -> ModelShape:
+    """Read a model's config; an unknown name or an unreadable or unsupported config is a one-line `UserError`."""
+    path = resolve_model_config(name_or_path)
     try:
         config = json.loads(path.read_text())
     except FileNotFoundError:
         raise UserError(
-            f"{path}: no such model config; give an HF-style config.json, e.g. configs/models/nemotron-h-8b.json"
+            f"{path}: no such model config; give an HF-style config.json or one of {', '.join(shipped_models())}"
         ) from None
     except (OSError, ValueError) as exc:
         raise UserError(f"{path}: not a readable JSON model config ({exc}); fix the file") from None
     try:
-        return shape_from_config(config, name=path.stem)
+        return shape_from_config(config, name=path.parent.name if path.name == "config.json" else path.stem)
     except KeyError as missing:
         raise UserError(f"{path}: model config lacks field {missing}; add it (see configs/models/)") from None
 
 
+GATED_DELTANET_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+
+
 def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
-    """Dispatch on `model_type`: Nemotron-H (Mamba-2 hybrid) or Qwen3-Next (Gated DeltaNet hybrid)."""
+    """Dispatch on `model_type`: Nemotron-H (Mamba-2 hybrid) or Qwen3-Next / Qwen3.5 (Gated DeltaNet hybrids)."""
     model_type = config.get("model_type")
     if model_type == "nemotron_h":
         return _nemotron_h(config, name)
-    if model_type == "qwen3_next":
-        return _qwen3_next(config, name)
+    if model_type in GATED_DELTANET_TYPES:
+        return _gated_deltanet_hybrid(config, name)
     raise UserError(
-        f"model_type {model_type!r} is not supported by the simulated engine; use a nemotron_h or qwen3_next config"
+        f"model_type {model_type!r} is not supported by the simulated engine; "
+        f"use a config of model_type nemotron_h, {', '.join(GATED_DELTANET_TYPES)}"
     )
 
 
-def _attention(config: dict[str, Any], layers: int) -> AttentionShape:
+def _attention(config: dict[str, Any], layers: int, output_gate: bool = False) -> AttentionShape:
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     return AttentionShape(
@@ -160,6 +197,7 @@ def _attention(config: dict[str, Any], layers: int) -> AttentionShape:
         kv_heads=config.get("num_key_value_heads", heads),
         head_dim=head_dim,
         hidden=config["hidden_size"],
+        output_gate=output_gate,
     )
 
 
@@ -201,7 +239,7 @@ def _nemotron_h(config: dict[str, Any], name: str) -> ModelShape:
     )
 
 
-def _qwen3_next_layer_types(config: dict[str, Any]) -> list[str]:
+def _gated_deltanet_layer_types(config: dict[str, Any]) -> list[str]:
     if config.get("layer_types"):
         return list(config["layer_types"])
     interval = config["full_attention_interval"]
@@ -210,14 +248,31 @@ def _qwen3_next_layer_types(config: dict[str, Any]) -> list[str]:
     ]
 
 
-def _qwen3_next(config: dict[str, Any], name: str) -> ModelShape:
+def _gated_deltanet_mlp(config: dict[str, Any], layers: int) -> MlpShape:
+    """Qwen3-Next / Qwen3.5-MoE: routed experts + a shared expert + router; Qwen3.5 dense: one SwiGLU MLP."""
     hidden = config["hidden_size"]
-    types = _qwen3_next_layer_types(config)
-    k_heads, v_heads = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    if not config.get("num_experts"):
+        return MlpShape(layers=layers, dense_params_per_layer=3 * hidden * config["intermediate_size"])
+    shared = 3 * hidden * config.get("shared_expert_intermediate_size", 0)
+    return MlpShape(
+        layers=layers,
+        dense_params_per_layer=shared + hidden * config["num_experts"] + hidden,
+        experts=config["num_experts"],
+        experts_per_token=config["num_experts_per_tok"],
+        params_per_expert=3 * hidden * config["moe_intermediate_size"],
+    )
+
+
+def _gated_deltanet_hybrid(config: dict[str, Any], name: str) -> ModelShape:
+    """Qwen3-Next (flat config) and Qwen3.5 dense / MoE (the language model's fields under `text_config`)."""
+    text = config.get("text_config", config)
+    hidden = text["hidden_size"]
+    types = _gated_deltanet_layer_types(text)
+    k_heads, v_heads = text["linear_num_key_heads"], text["linear_num_value_heads"]
     k_dim, v_dim, kernel = (
-        config["linear_key_head_dim"],
-        config["linear_value_head_dim"],
-        config["linear_conv_kernel_dim"],
+        text["linear_key_head_dim"],
+        text["linear_value_head_dim"],
+        text["linear_conv_kernel_dim"],
     )
     key_width, value_width = k_heads * k_dim, v_heads * v_dim
     conv_channels = 2 * key_width + value_width
@@ -235,25 +290,17 @@ def _qwen3_next(config: dict[str, Any], name: str) -> ModelShape:
         layers=types.count("linear_attention"),
         state_elements=v_heads * k_dim * v_dim,
         conv_elements=(kernel - 1) * conv_channels,
-        step_input_bytes=(key_width + value_width) * BF16_BYTES + 2 * v_heads * FP32_BYTES,
+        step_input_bytes=(key_width + value_width + v_heads) * FP32_BYTES,  # k̂, u, g
         params_per_layer=deltanet_params,
-    )
-    attention = _attention(config, types.count("full_attention"))
-    expert = 3 * hidden * config["moe_intermediate_size"]
-    shared = 3 * hidden * config.get("shared_expert_intermediate_size", 0)
-    mlp = MlpShape(
-        layers=len(types),
-        dense_params_per_layer=shared + hidden * config["num_experts"] + hidden,
-        experts=config["num_experts"],
-        experts_per_token=config["num_experts_per_tok"],
-        params_per_expert=expert,
     )
     return ModelShape(
         name=name,
-        vocab_size=config["vocab_size"],
+        vocab_size=text["vocab_size"],
         hidden=hidden,
-        max_model_len=config.get("max_position_embeddings", 4096),
-        attention=attention,
+        max_model_len=text.get("max_position_embeddings", 4096),
+        # Qwen3-Next and Qwen3.5 attention gates its output by a second half of q_proj
+        attention=_attention(text, types.count("full_attention"), output_gate=text.get("attn_output_gate", True)),
         recurrent=recurrent,
-        mlp=mlp,
+        mlp=_gated_deltanet_mlp(text, len(types)),
+        tied_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
     )

@@ -5,17 +5,37 @@ replayssm: the checkpoint is read every decode step (the bf16 copy with split pr
            the last m < L step inputs; one ring entry is written per step; the checkpoint is written only
            when the ring fills (every L steps), so its write cost is amortised over L steps.
 Prefill chunks read and write the state once per chunk under both policies (the chunked scan).
+
+The same accounting serves Mamba-2 and Gated DeltaNet layers; only the state size and the ring entry differ
+(`RecurrentShape`). A GDN step reads its checkpoint once for both mat-vecs (S·k̂ and S·q̂), as a Mamba-2 step
+reads its once for h·C. GDN ReplaySSM keeps an fp32 checkpoint only, as the plugin does: its ring's u is
+computed from the state it read, so a bf16 state or bf16 copy would feed rounding into every fold.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Literal
 
 from harness.errors import UserError
 from harness.sim.model_config import BF16_BYTES, FP32_BYTES, RecurrentShape
 
 DTYPE_BYTES = {"float32": FP32_BYTES, "bfloat16": BF16_BYTES}
+
+
+@dataclass(frozen=True)
+class DecodeTraffic:
+    """Bytes one decode step moves for one sequence in one recurrent layer, by part (flushes amortised)."""
+
+    checkpoint_read: float
+    checkpoint_write: float
+    ring_read: float = 0.0
+    ring_append: float = 0.0
+    conv: float = 0.0  # the rolling conv window, read and written every step under both policies
+
+    @property
+    def total(self) -> float:
+        return sum(astuple(self))
 
 
 @dataclass(frozen=True)
@@ -63,22 +83,41 @@ class StatePolicy:
                 per_layer += rec.state_elements * BF16_BYTES
         return rec.layers * per_layer
 
-    def decode_bytes_per_seq(self, rec: RecurrentShape | None) -> float:
-        """State bytes one decode step moves for one sequence (read + write, amortised over flushes)."""
-        if rec is None:
-            return 0.0
-        state, conv = self._state_bytes(rec), self._conv_bytes(rec)
-        if self.name == "baseline":
-            per_layer = 2 * state + 2 * conv
-        else:
-            length = self.buffer_len
-            read_checkpoint = (
-                ((length - 1) * rec.state_elements * BF16_BYTES + state) / length if self.split_precision else state
+    def require_supported(self, rec: RecurrentShape | None) -> None:
+        """Refuse what the plugin refuses on this model's recurrent layers (one clear line each)."""
+        if rec is None or rec.kind != "gated_deltanet" or self.name != "replayssm":
+            return
+        if self.split_precision:
+            raise UserError(
+                "--split-precision is refused for Gated DeltaNet models: u depends on the state it was computed "
+                "from, so a bf16 copy would feed its rounding into the fp32 checkpoint at every flush; drop it"
             )
-            write_checkpoint = (state + (rec.state_elements * BF16_BYTES if self.split_precision else 0)) / length
-            ring_read = (length - 1) / 2 * rec.step_input_bytes
-            per_layer = read_checkpoint + write_checkpoint + ring_read + rec.step_input_bytes + 2 * conv
-        return rec.layers * per_layer
+        if self.ssm_dtype != "float32":
+            raise UserError(
+                "ReplaySSM on a Gated DeltaNet model keeps an fp32 checkpoint (the ring's u is folded into it); "
+                "use --ssm-dtype float32"
+            )
+
+    def decode_traffic(self, rec: RecurrentShape) -> DecodeTraffic:
+        """Per-layer bytes of one decode step: baseline reads and writes the state; ReplaySSM reads the
+        checkpoint, on average (L-1)/2 ring entries, appends one, and writes the checkpoint every L steps."""
+        state, conv = self._state_bytes(rec), 2 * self._conv_bytes(rec)
+        if self.name == "baseline":
+            return DecodeTraffic(checkpoint_read=state, checkpoint_write=state, conv=conv)
+        length = self.buffer_len
+        copy = rec.state_elements * BF16_BYTES if self.split_precision else 0
+        return DecodeTraffic(
+            # non-flush steps read the bf16 copy when there is one; the flush reads the master
+            checkpoint_read=((length - 1) * copy + state) / length if copy else state,
+            checkpoint_write=(state + copy) / length,
+            ring_read=(length - 1) / 2 * rec.step_input_bytes,
+            ring_append=rec.step_input_bytes,
+            conv=conv,
+        )
+
+    def decode_bytes_per_seq(self, rec: RecurrentShape | None) -> float:
+        """State bytes one decode step moves for one sequence, over all recurrent layers."""
+        return 0.0 if rec is None else rec.layers * self.decode_traffic(rec).total
 
     def prefill_bytes_per_seq(self, rec: RecurrentShape | None) -> float:
         """State bytes one prefill chunk moves for one sequence: read and write the state once."""
