@@ -94,6 +94,7 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
 
     def _start_fresh(self, slots: torch.Tensor) -> None:
         """New sequences vLLM lets decode from a reused slot: cursor 0, zero checkpoint and conv state."""
+        slots = slots.long()
         self._cursor_table().take_pending(slots, torch.zeros_like(slots, dtype=torch.bool))
         for layer in self._layers():
             layer.kv_cache[0].index_fill_(0, slots, 0)
