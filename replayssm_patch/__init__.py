@@ -8,6 +8,12 @@ MODEL_OVERRIDES = {
     "Zamba2ForCausalLM": "ReplayZamba2ForCausalLM",
     "Mamba2ForCausalLM": "ReplayMamba2ForCausalLM",
 }
+# The same for every vLLM model built on QwenGatedDeltaNetAttention (replayssm_patch.gdn_models).
+GDN_MODEL_OVERRIDES = {
+    "Qwen3NextForCausalLM": "ReplayQwen3NextForCausalLM",
+    "Qwen3_5ForConditionalGeneration": "ReplayQwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration": "ReplayQwen3_5MoeForConditionalGeneration",
+}
 
 _registered = False
 
@@ -26,4 +32,6 @@ def register() -> None:
 
     for arch, cls_name in MODEL_OVERRIDES.items():
         ModelRegistry.register_model(arch, f"replayssm_patch.models:{cls_name}")
+    for arch, cls_name in GDN_MODEL_OVERRIDES.items():
+        ModelRegistry.register_model(arch, f"replayssm_patch.gdn_models:{cls_name}")
     _registered = True

@@ -8,6 +8,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import torch
+
+from replayssm_patch.kernels.gdn_layout import SPLIT_PRECISION_REFUSED
+
 logger = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: the refusal shows like its own lines
 
 
@@ -15,11 +19,10 @@ class ReplaySSMRefused(RuntimeError):
     """The server was started with ReplaySSM enabled together with a setting it cannot honour."""
 
 
-def unsupported_settings(vllm_config: Any, split_precision: bool) -> list[str]:
-    """Why this server config cannot run ReplaySSM (empty when it can), one fix per reason."""
+def _engine_reasons(vllm_config: Any) -> list[str]:
+    """Settings neither layer family supports: state stored or shipped outside the checkpoint and ring."""
     reasons: list[str] = []
-    cache = vllm_config.cache_config
-    mode = getattr(cache, "mamba_cache_mode", "none")
+    mode = getattr(vllm_config.cache_config, "mamba_cache_mode", "none")
     if mode != "none":
         reasons.append(
             f"mamba prefix caching mode {mode!r} stores per-block states the ring does not fill; "
@@ -27,24 +30,60 @@ def unsupported_settings(vllm_config: Any, split_precision: bool) -> list[str]:
         )
     if getattr(vllm_config, "kv_transfer_config", None) is not None:
         reasons.append("KV transfer would ship checkpoints without their rings; drop --kv-transfer-config")
-    mamba = getattr(vllm_config, "mamba_config", None)
-    backend = getattr(getattr(mamba, "backend", None), "name", "TRITON")
-    if backend != "TRITON":
-        reasons.append(f"the {backend} mamba backend is not wrapped; use the default Triton mamba backend")
     if getattr(vllm_config, "use_v2_model_runner", False):
         reasons.append("the V2 model runner is not supported; unset VLLM_USE_V2_MODEL_RUNNER")
     if getattr(vllm_config, "speculative_config", None) is not None:
         reasons.append("speculative decoding (rollback as a cursor move) is not implemented; drop it")
-    if split_precision and str(getattr(cache, "mamba_ssm_cache_dtype", "auto")) != "float32":
+    return reasons
+
+
+def unsupported_settings(vllm_config: Any, split_precision: bool) -> list[str]:
+    """Why this server config cannot run ReplaySSM on Mamba-2 layers (empty when it can), one fix per reason."""
+    reasons = _engine_reasons(vllm_config)
+    mamba = getattr(vllm_config, "mamba_config", None)
+    backend = getattr(getattr(mamba, "backend", None), "name", "TRITON")
+    if backend != "TRITON":
+        reasons.append(f"the {backend} mamba backend is not wrapped; use the default Triton mamba backend")
+    ssm_dtype = str(getattr(vllm_config.cache_config, "mamba_ssm_cache_dtype", "auto"))
+    if split_precision and ssm_dtype != "float32":
         reasons.append(
             "split_precision keeps an fp32 master beside a bf16 copy; start with --mamba-ssm-cache-dtype float32"
         )
     return reasons
 
 
+def gdn_unsupported_settings(
+    vllm_config: Any, split_precision: bool, ssm_dtype: torch.dtype, on_cuda: bool
+) -> list[str]:
+    """Why this server config cannot run ReplaySSM on Gated DeltaNet layers (empty when it can).
+
+    ``ssm_dtype`` is the GDN state dtype vLLM resolved for the model; ``on_cuda`` whether vLLM runs its CUDA
+    forward (the CPU, XPU and ROCm forwards of the layer bypass the core op the plugin overrides).
+    """
+    reasons = _engine_reasons(vllm_config)
+    if split_precision:
+        reasons.append(SPLIT_PRECISION_REFUSED)
+    if ssm_dtype != torch.float32:
+        dtype = str(ssm_dtype).removeprefix("torch.")
+        reasons.append(
+            f"the Gated DeltaNet checkpoint must be fp32 (vLLM resolved {dtype}); "
+            "start with --mamba-ssm-cache-dtype float32"
+        )
+    if not on_cuda:
+        reasons.append(
+            "only vLLM's CUDA forward of the Gated DeltaNet layer is wrapped (its CPU, XPU and ROCm forwards are "
+            "not); run on an NVIDIA GPU or drop the replayssm knob"
+        )
+    return reasons
+
+
 def refuse_unsupported(vllm_config: Any, split_precision: bool) -> None:
-    """Log one line and stop start-up if any setting is unsupported."""
-    reasons = unsupported_settings(vllm_config, split_precision)
+    """Log one line and stop start-up if any setting is unsupported (Mamba-2 layers)."""
+    refuse(unsupported_settings(vllm_config, split_precision))
+
+
+def refuse(reasons: list[str]) -> None:
+    """Log one line and stop start-up if there is any reason."""
     if reasons:
         message = "ReplaySSM refused: " + "; ".join(reasons)
         logger.error(message)

@@ -14,6 +14,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REQ=$HERE/vllm-0.24.0-cpu.txt
+SHIM=$HERE/vllm_cpu_torchvision.py  # lets the CUDA build of torchvision import on CPU torch (see the file)
 PYTHON=${PYTHON:-python3}
 CACHE=${REPLAYBENCH_CACHE:-$HOME/.cache/replaybench}
 fail() { echo "error: vllm venv: $*" >&2; exit 1; }
@@ -21,7 +22,7 @@ fail() { echo "error: vllm venv: $*" >&2; exit 1; }
 [ -f "$REQ" ] || fail "pinned requirements $REQ missing; restore it from git"
 PYVER=$("$PYTHON" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")') \
   || fail "no usable $PYTHON; set PYTHON=/path/to/python3.11+"
-KEY=$(cat "$REQ" | sha256sum | cut -c1-16)
+KEY=$(cat "$REQ" "$SHIM" "$HERE/vllm_venv.sh" | sha256sum | cut -c1-16)  # the pins and how they are installed
 VENV=$CACHE/vllm-0.24.0-$PYVER-$KEY
 STAMP=$VENV/.replaybench-complete
 
@@ -35,9 +36,12 @@ if [ ! -f "$STAMP" ]; then
   start=$(date +%s)
   {
     "$PYTHON" -m venv "$VENV" &&
-      "$VENV/bin/python" -m pip install -q --no-deps --disable-pip-version-check -r "$REQ"
+      "$VENV/bin/python" -m pip install -q --no-deps --disable-pip-version-check -r "$REQ" &&
+      SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') &&
+      cp "$SHIM" "$SITE/" && echo "import vllm_cpu_torchvision" >"$SITE/vllm_cpu_torchvision.pth"
   } >"$LOG" 2>&1 || { rm -rf "$VENV"; fail "install failed (log: $LOG); check that PyPI is reachable"; }
-  "$VENV/bin/python" -c "import vllm.model_executor.layers.mamba.mamba_mixer2" >>"$LOG" 2>&1 \
+  "$VENV/bin/python" -c "import vllm.model_executor.layers.mamba.mamba_mixer2, compressed_tensors, torchvision" \
+    >>"$LOG" 2>&1 \
     || { rm -rf "$VENV"; fail "vllm does not import after install (log: $LOG)"; }
   echo "built $VENV in $(($(date +%s) - start)) s, $(du -sh "$VENV" | cut -f1)" >&2
   touch "$STAMP"

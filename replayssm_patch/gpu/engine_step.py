@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
 import shlex
@@ -42,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from replayssm_patch import GDN_MODEL_OVERRIDES
 from replayssm_patch.gpu.row_file import RowFileError, read_row_file, record_row
 from replayssm_patch.gpu.variants import MODES, VARIANTS
 
@@ -102,6 +104,16 @@ def sampling_kwargs(tokens: int) -> dict[str, Any]:
     return {"max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True, "temperature": 0.0, "detokenize": False}
 
 
+def model_family_kwargs(model_dir: Path) -> dict[str, Any]:
+    """`vllm.LLM` keywords a model family needs: Qwen3.5 checkpoints are vision-language, served text only; GDN
+    models prefill with vLLM's Triton kernels (the offline bundle cannot JIT FlashInfer's GDN prefill)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    kwargs: dict[str, Any] = {"language_model_only": True} if "vision_config" in config else {}
+    if set(config.get("architectures", [])) & set(GDN_MODEL_OVERRIDES):
+        kwargs["gdn_prefill_backend"] = "triton"
+    return kwargs
+
+
 def llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` for the run's variant and mode (checked against vLLM 0.24 in tests/)."""
     extra = VARIANTS[args.variant]
@@ -116,6 +128,7 @@ def llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "disable_log_stats": False,  # stats on: the preemption counter is read after every batch
         **({"additional_config": extra} if extra else {}),
+        **model_family_kwargs(args.model),
         **MODES[args.mode],
     }
 
@@ -259,9 +272,12 @@ def run_checks(runs: Sequence[tuple[int, Generated]], preempted: int | None) -> 
 # ---- on the GPU host: everything below imports vLLM or torch --------------------------------------------------
 
 
+REPLAY_LAYER_CLASSES = ("ReplayMambaMixer2", "ReplayGatedDeltaNet")
+
+
 def count_replay_layers(model: Any) -> int:
-    """Runs inside vLLM's worker (LLM.apply_model): how many Mamba layers are ReplaySSM's."""
-    return sum(type(m).__name__ == "ReplayMambaMixer2" for m in model.modules())
+    """Runs inside vLLM's worker (LLM.apply_model): how many Mamba-2 or GDN layers are ReplaySSM's."""
+    return sum(type(m).__name__ in REPLAY_LAYER_CLASSES for m in model.modules())
 
 
 def machine_facts() -> dict[str, Any]:

@@ -28,12 +28,13 @@ STEPS, BATCH, BUFFER_LEN, FRESH_EVERY, FRESH_ROWS = 48, 64, 16, 6, 8
 
 
 def vllm_config(additional_config: dict | None, model_dir: Path, **engine_args: Any) -> Any:
-    """A VllmConfig for ``model_dir`` with an fp32 SSM state (the setting ReplaySSM targets)."""
+    """A VllmConfig for ``model_dir`` with an fp32 SSM state (the setting ReplaySSM targets) unless
+    ``engine_args`` say otherwise."""
     from vllm.engine.arg_utils import EngineArgs
 
     args = EngineArgs(
-        model=str(model_dir), skip_tokenizer_init=True, load_format="dummy", mamba_ssm_cache_dtype="float32",
-        additional_config=additional_config or {}, **{"max_model_len": 4096, **engine_args},
+        model=str(model_dir), skip_tokenizer_init=True, load_format="dummy", additional_config=additional_config or {},
+        **{"max_model_len": 4096, "mamba_ssm_cache_dtype": "float32", **engine_args},
     )  # fmt: skip
     return args.create_engine_config()
 

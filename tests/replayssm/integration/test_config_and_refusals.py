@@ -3,9 +3,16 @@
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from replayssm_patch.config import DISABLED, ReplaySSMConfig, ReplaySSMConfigError, parse_replayssm_config
-from replayssm_patch.refusals import ReplaySSMRefused, refuse_unsupported, unsupported_settings
+from replayssm_patch.refusals import (
+    ReplaySSMRefused,
+    gdn_unsupported_settings,
+    refuse,
+    refuse_unsupported,
+    unsupported_settings,
+)
 
 
 def test_absent_or_empty_config_is_disabled():
@@ -75,5 +82,32 @@ def test_each_unsupported_setting_is_refused_with_one_line(overrides, split, nee
         refuse_unsupported(_vllm_config(**overrides), split_precision=split)
     assert needle in str(info.value)
     assert str(info.value).startswith("ReplaySSM refused: ")
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "\n" not in errors[0].getMessage()
+
+
+def test_gdn_fp32_state_on_cuda_passes_and_ignores_the_mamba_ssu_backend():
+    """The Mamba SSU backend choice does not concern GDN layers (they never call it)."""
+    config = _vllm_config(mamba_config=SimpleNamespace(backend=SimpleNamespace(name="FLASHINFER")))
+    assert gdn_unsupported_settings(config, False, torch.float32, on_cuda=True) == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "split", "ssm_dtype", "on_cuda", "needle"),
+    [
+        ({}, True, torch.float32, True, "set split_precision to false"),
+        ({}, False, torch.bfloat16, True, "(vLLM resolved bfloat16); start with --mamba-ssm-cache-dtype float32"),
+        ({}, False, torch.float32, False, "run on an NVIDIA GPU or drop the replayssm knob"),
+        ({"speculative_config": object()}, False, torch.float32, True, "speculative decoding"),
+        ({"kv_transfer_config": object()}, False, torch.float32, True, "drop --kv-transfer-config"),
+        ({"use_v2_model_runner": True}, False, torch.float32, True, "unset VLLM_USE_V2_MODEL_RUNNER"),
+        ({"cache_config": SimpleNamespace(mamba_cache_mode="align", mamba_ssm_cache_dtype="float32")}, False,
+         torch.float32, True, "mamba prefix caching mode 'align'"),
+    ],
+)  # fmt: skip
+def test_each_unsupported_gdn_setting_is_refused_with_one_line(overrides, split, ssm_dtype, on_cuda, needle, caplog):
+    with pytest.raises(ReplaySSMRefused) as info:
+        refuse(gdn_unsupported_settings(_vllm_config(**overrides), split, ssm_dtype, on_cuda))
+    assert needle in str(info.value) and str(info.value).startswith("ReplaySSM refused: ")
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "\n" not in errors[0].getMessage()

@@ -6,6 +6,7 @@ test_vllm_integration.py.
 
 import json
 import multiprocessing
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -83,6 +84,22 @@ def test_sampling_forces_exact_greedy_lengths():
     assert sampling_kwargs(272) == {
         "max_tokens": 272, "min_tokens": 272, "ignore_eos": True, "temperature": 0.0, "detokenize": False,
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "family"),
+    [
+        ("qwen3_5_4b_config.json", {"language_model_only": True, "gdn_prefill_backend": "triton"}),
+        ("nemotron_h_8b_config.json", {}),
+    ],
+)
+def test_qwen3_5_runs_text_only_with_triton_gdn_prefill(tmp_path, config, family):
+    """The qwen3.5-4b shape is a vision-language checkpoint served text only; GDN prefill avoids FlashInfer's JIT."""
+    args = _args(tmp_path, "--variant", "replayssm_fp32")
+    (args.model / "config.json").write_text((Path(__file__).parent / config).read_text())
+    got = llm_kwargs(args)
+    assert {k: got[k] for k in ("language_model_only", "gdn_prefill_backend") if k in got} == family
+    assert got["additional_config"] == VARIANTS["replayssm_fp32"]
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

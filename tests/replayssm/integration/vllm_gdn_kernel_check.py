@@ -16,22 +16,13 @@ import math
 import sys
 
 import torch
-import triton
-import triton.language as tl
 import vllm.model_executor.layers.fla.ops.fused_recurrent as fused_recurrent
 
+from replayssm_patch.gpu.gdn_layer_check import interpretable_exp
 from replayssm_patch.kernels import GdnReplayCache, decode_flush_len, gdn_decode_step, gdn_ring_shapes
 from replayssm_patch.kernels.gdn_synthetic import GdnLayerParams, GdnStepInputs
 
-
-@triton.jit
-def _interpretable_exp(x):
-    return tl.exp(x)
-
-
-# vLLM's fla ops bind `exp = tl.exp` at import time, a name the interpreter cannot patch ("Did you forget to
-# add @triton.jit?"); a jitted wrapper computes the same tl.exp and runs in the interpreter.
-fused_recurrent.exp = _interpretable_exp
+fused_recurrent.exp = interpretable_exp  # vLLM's fla ops bind tl.exp at import, which the interpreter cannot patch
 
 NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM = 2, 4, 16, 32
 SLOTS = torch.tensor([3, 1, 0, 4], dtype=torch.int32)  # 0: vLLM's null block (a padded row)

@@ -1,0 +1,180 @@
+"""Gated DeltaNet attention backend whose metadata builder plans the ReplaySSM ring for every step.
+
+Why a cursor table per builder: vLLM's GDN builder has no ``update_block_table``, so every GDN KV-cache
+group runs its own ``build()`` each step with its own block ids. Each group sees the same requests at the
+same point, so their tables evolve alike; each keeps its own, indexed by its own blocks. The plan (write
+position and flush length per decode row) goes into persistent buffers, the addresses a captured CUDA graph
+reads; capture builds write zeros and never move a cursor.
+
+Two things differ from the Mamba-2 builder. vLLM counts a new one-token prompt as a GDN decode row (it does
+not look at ``is_prefilling``), and its own layer then reads the slot's previous owner's state; here such a
+row restarts its cursor and gets a zero checkpoint and conv state, as a prefill without initial state would.
+And a mixed step carries a prefill-only view of the metadata, which the layer hands to vLLM's own path for
+the prefill rows while it replays the decode rows itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import torch
+from vllm.v1.attention.backends.gdn_attn import (
+    GDNAttentionBackend,
+    GDNAttentionMetadata,
+    GDNAttentionMetadataBuilder,
+)
+from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
+
+from replayssm_patch.config import replayssm_config_of
+from replayssm_patch.cursors import NULL_BLOCK_ID, CursorTable
+
+
+@dataclass
+class ReplayGDNAttentionMetadata(GDNAttentionMetadata):
+    # Decode rows: one per replayed row (all rows of a decode-only step, CUDA-graph padding included).
+    replay_write_pos: torch.Tensor | None = None
+    replay_flush_len: torch.Tensor | None = None
+    # Steps with a prefill: ring entries per prefill row to fold into the checkpoint first.
+    replay_pending: torch.Tensor | None = None
+    # Mixed steps: the prefill rows alone, for vLLM's own path (None: no decode rows to peel off).
+    prefill_view: GDNAttentionMetadata | None = None
+
+
+class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.layer_names = layer_names
+        self.buffer_len = replayssm_config_of(vllm_config).buffer_len
+        max_rows = vllm_config.scheduler_config.max_num_seqs
+        self.write_pos = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self.flush_len = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self.cursors: CursorTable | None = None  # sized at the first real build, once the KV cache is bound
+        self._capturing = False
+
+    def _layers(self) -> list[Any]:
+        context = self.vllm_config.compilation_config.static_forward_context
+        return [context[name] for name in self.layer_names]
+
+    def _cursor_table(self) -> CursorTable:
+        if self.cursors is None:
+            num_blocks = self._layers()[0].kv_cache[1].shape[0]
+            self.cursors = CursorTable(num_blocks, self.buffer_len, self.write_pos.device)
+        return self.cursors
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: Any) -> ReplayGDNAttentionMetadata:
+        self._capturing = True
+        try:
+            return super().build_for_cudagraph_capture(common_attn_metadata)
+        finally:
+            self._capturing = False
+
+    def build(  # type: ignore[override]
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: Any,
+        num_accepted_tokens: torch.Tensor | None = None,
+        num_decode_draft_tokens_cpu: torch.Tensor | None = None,
+        fast_build: bool = False,
+    ) -> ReplayGDNAttentionMetadata:
+        stock = super().build(
+            common_prefix_len, common_attn_metadata, num_accepted_tokens, num_decode_draft_tokens_cpu, fast_build
+        )
+        metadata = ReplayGDNAttentionMetadata(**{f.name: getattr(stock, f.name) for f in fields(stock)})
+        m = common_attn_metadata
+        if not self._capturing and metadata.num_decodes:
+            fresh = first_token_rows(m.seq_lens_cpu_upper_bound, metadata.num_decodes)
+            if fresh.numel():
+                indices = metadata.non_spec_state_indices_tensor
+                self._start_fresh(indices.index_select(0, fresh.to(indices.device)))
+        metadata = plan_gdn_ring(metadata, self._cursor_table, self.write_pos, self.flush_len, dry_run=self._capturing)
+        if metadata.num_decodes and metadata.num_prefills:
+            metadata.prefill_view = prefill_only_view(stock, m.query_start_loc_cpu)
+        return metadata
+
+    def _start_fresh(self, slots: torch.Tensor) -> None:
+        """New sequences vLLM lets decode from a reused slot: cursor 0, zero checkpoint and conv state."""
+        slots = slots.long()
+        self._cursor_table().take_pending(slots, torch.zeros_like(slots, dtype=torch.bool))
+        for layer in self._layers():
+            layer.kv_cache[0].index_fill_(0, slots, 0)
+            layer.kv_cache[1].index_fill_(0, slots, 0)
+
+
+def first_token_rows(seq_lens_cpu: torch.Tensor | None, num_decodes: int) -> torch.Tensor:
+    """Which decode rows are a sequence's first token (sequence length 1: no state computed yet), as CPU row
+    numbers read from vLLM's CPU sequence lengths, so no device sync. Graph padding rows (length 0) are not."""
+    if seq_lens_cpu is None:
+        return torch.zeros(0, dtype=torch.long)
+    return (seq_lens_cpu[:num_decodes] == 1).nonzero().squeeze(1)
+
+
+def plan_gdn_ring(
+    metadata: ReplayGDNAttentionMetadata,
+    cursor_table: Any,
+    write_pos_buffer: torch.Tensor,
+    flush_len_buffer: torch.Tensor,
+    *,
+    dry_run: bool,
+) -> ReplayGDNAttentionMetadata:
+    """Attach this step's ring plan (``cursor_table`` is called only when cursors move).
+
+    Decode rows come first in vLLM's batch and append to their ring whether or not the step holds prefills;
+    a decode-only step plans every row of its (possibly graph-padded) state indices, whose padding rows carry
+    the null block and stay put. Prefill rows get the entries their ring still holds, then restart at 0.
+    """
+    indices = metadata.non_spec_state_indices_tensor
+    rows = 0 if indices is None or not metadata.num_decodes else metadata.num_decodes
+    if rows and not metadata.num_prefills:
+        rows = indices.shape[0]
+    write_pos, flush_len = write_pos_buffer[:rows], flush_len_buffer[:rows]
+    if rows:
+        write_pos.zero_()
+        flush_len.zero_()
+        if not dry_run:
+            real = metadata.num_decodes
+            cursor_table().decode_step(indices[:real], write_pos[:real], flush_len[:real])
+    pending = None
+    if metadata.num_prefills:
+        pending = cursor_table().take_pending(metadata.prefill_state_indices, metadata.prefill_has_initial_state)
+    return replace(metadata, replay_write_pos=write_pos, replay_flush_len=flush_len, replay_pending=pending)
+
+
+def prefill_only_view(stock: GDNAttentionMetadata, query_start_loc_cpu: torch.Tensor) -> GDNAttentionMetadata:
+    """The prefill rows of a mixed step as a step of their own, for vLLM's layer code.
+
+    vLLM's builder already rebased the chunk kernel's inputs (``prefill_*``, chunk indices) onto the prefill
+    rows; the conv kernel's inputs (query starts, state indices, initial-state flags and its launch metadata)
+    still cover the decode rows, so they are cut and rebased here.
+    """
+    decodes, decode_tokens = stock.num_decodes, stock.num_decode_tokens
+    qsl_cpu = query_start_loc_cpu[decodes:] - decode_tokens
+    assert stock.prefill_query_start_loc is not None
+    nums_dict, batch_ptr, token_chunk_offset_ptr = compute_causal_conv1d_metadata(
+        qsl_cpu, device=stock.prefill_query_start_loc.device
+    )
+    return replace(
+        stock,
+        num_decodes=0,
+        num_decode_tokens=0,
+        num_actual_tokens=stock.num_actual_tokens - decode_tokens,
+        has_initial_state=stock.prefill_has_initial_state,
+        non_spec_query_start_loc=stock.prefill_query_start_loc,
+        non_spec_state_indices_tensor=stock.prefill_state_indices,
+        nums_dict=nums_dict,
+        batch_ptr=batch_ptr,
+        token_chunk_offset_ptr=token_chunk_offset_ptr,
+    )
+
+
+class ReplayGDNAttentionBackend(GDNAttentionBackend):
+    @staticmethod
+    def get_name() -> str:
+        return "REPLAYSSM_GDN_ATTN"
+
+    @staticmethod
+    def get_builder_cls() -> type[ReplayGDNAttentionMetadataBuilder]:
+        return ReplayGDNAttentionMetadataBuilder
+
+
+__all__ = ["NULL_BLOCK_ID", "ReplayGDNAttentionBackend", "ReplayGDNAttentionMetadata"]

@@ -1,0 +1,146 @@
+"""The Gated DeltaNet layer with ReplaySSM state management (vLLM ``QwenGatedDeltaNetAttention`` replacement).
+
+Every Qwen3-Next and Qwen3.5 (dense and MoE) GDN layer is this class once the knob is on. Only the core op
+changes (``_forward_core``, which vLLM's custom op ``qwen_gdn_attention_core`` dispatches to): the input
+projections, the z gate (vLLM's gated RMSNorm) and out_proj stay vLLM's. Decode rows (all of a decode-only
+step, the first rows of a mixed one, and new one-token prompts, which vLLM counts as decodes) run vLLM's
+causal-conv update, then the ReplaySSM step: append (k̂, u, g) to the ring, answer from checkpoint + ring,
+and fold the ring into the fp32 checkpoint on the step that fills it. Prefill rows first fold what their
+ring still holds, then run vLLM's own path on a prefill-only view of the step's metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+import torch
+from vllm.config import get_current_vllm_config
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.custom_op import PluggableLayer, op_registry_oot
+from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
+from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
+from vllm.v1.kv_cache_interface import MambaSpec
+
+from replayssm_patch.config import ReplaySSMConfig, replayssm_config_of
+from replayssm_patch.cursors import NULL_BLOCK_ID
+from replayssm_patch.gdn_backend import ReplayGDNAttentionBackend, ReplayGDNAttentionMetadata
+from replayssm_patch.gdn_state_layout import RING_G, RING_K, RING_U, gdn_replay_state_dtypes, gdn_replay_state_shapes
+
+logger = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: same handler and level as its own lines
+
+LAYER_NAME = QwenGatedDeltaNetAttention.__name__  # the PluggableLayer registry key vLLM looks up
+
+
+class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.replayssm = replayssm_config_of(get_current_vllm_config())
+        if not self.replayssm.enable:
+            # Registration is process-wide; a model built without the knob gets vLLM's exact layer.
+            self.__class__ = QwenGatedDeltaNetAttention
+
+    def get_kv_cache_spec(self, vllm_config: Any) -> MambaSpec:
+        """vLLM's spec with the ring appended to every block's page (``get_state_shape``/``_dtype`` stay stock:
+        vLLM's prefill warm-up unpacks ``get_state_dtype()`` as exactly (conv, ssm))."""
+        spec = super().get_kv_cache_spec(vllm_config)
+        assert isinstance(spec, MambaSpec)
+        return replace(
+            spec,
+            shapes=gdn_replay_state_shapes(spec.shapes, self.replayssm, is_conv_state_dim_first()),
+            dtypes=gdn_replay_state_dtypes(spec.dtypes),
+        )
+
+    def get_attn_backend(self) -> type[ReplayGDNAttentionBackend]:
+        return ReplayGDNAttentionBackend
+
+    def _forward_core(
+        self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, core_attn_out: torch.Tensor
+    ) -> None:
+        raw = get_forward_context().attn_metadata
+        metadata = raw.get(self.prefix) if isinstance(raw, dict) else None
+        if metadata is None:  # profile run: vLLM's prefill-kernel warm-up
+            super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
+            return
+        assert isinstance(metadata, ReplayGDNAttentionMetadata) and metadata.spec_sequence_masks is None
+        if metadata.num_decodes:
+            self._replay_decode(mixed_qkv, b, a, core_attn_out, metadata)
+        if metadata.num_prefills:
+            self._prefill(mixed_qkv, b, a, core_attn_out, metadata, raw)
+
+    def _prefill(
+        self,
+        mixed_qkv: torch.Tensor,
+        b: torch.Tensor,
+        a: torch.Tensor,
+        core_attn_out: torch.Tensor,
+        metadata: ReplayGDNAttentionMetadata,
+        raw: dict,
+    ) -> None:
+        """The step's prefill rows through vLLM's own path, reading checkpoints made current first.
+
+        vLLM's layer reads its metadata from the forward context, so for this call the layer's entry is the
+        prefill-only view and the tensors start at the first prefill token (decode rows come first).
+        """
+        from replayssm_patch.kernels import gdn_flush_ring
+
+        assert metadata.prefill_state_indices is not None and metadata.replay_pending is not None
+        cache = self.kv_cache
+        gdn_flush_ring(
+            cache[1], cache[RING_K], cache[RING_U], cache[RING_G], metadata.prefill_state_indices,
+            metadata.replay_pending, pad_slot_id=NULL_BLOCK_ID,
+        )  # fmt: skip
+        if metadata.prefill_view is None:  # no decode rows: the step is its own prefill view
+            super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
+            return
+        skip = metadata.num_decode_tokens
+        raw[self.prefix] = metadata.prefill_view
+        try:
+            super()._forward_core(
+                mixed_qkv=mixed_qkv[skip:], b=b[skip:], a=a[skip:], core_attn_out=core_attn_out[skip:]
+            )
+        finally:
+            raw[self.prefix] = metadata
+
+    def _replay_decode(
+        self,
+        mixed_qkv: torch.Tensor,
+        b: torch.Tensor,
+        a: torch.Tensor,
+        core_attn_out: torch.Tensor,
+        metadata: ReplayGDNAttentionMetadata,
+    ) -> None:
+        from replayssm_patch.kernels import gdn_decode_step
+
+        assert metadata.replay_write_pos is not None and metadata.replay_flush_len is not None
+        assert metadata.non_spec_state_indices_tensor is not None
+        n = metadata.replay_write_pos.shape[0]
+        slots = metadata.non_spec_state_indices_tensor[:n]
+        cache = self.kv_cache
+        conv_state = cache[0] if is_conv_state_dim_first() else cache[0].transpose(-1, -2)
+        conv_weights = self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
+        qkv = causal_conv1d_update(
+            mixed_qkv[:n], conv_state, conv_weights, self.conv1d.bias, self.activation, conv_state_indices=slots,
+            validate_data=False,
+        )  # fmt: skip
+        k_heads, v_heads = self.num_k_heads // self.tp_size, self.num_v_heads // self.tp_size
+        q, k, v = torch.split(
+            qkv, [k_heads * self.head_k_dim, k_heads * self.head_k_dim, v_heads * self.head_v_dim], -1
+        )
+        gdn_decode_step(
+            q.view(n, k_heads, self.head_k_dim), k.view(n, k_heads, self.head_k_dim),
+            v.view(n, v_heads, self.head_v_dim), a[:n], b[:n], self.A_log, self.dt_bias,
+            cache[1], cache[RING_K], cache[RING_U], cache[RING_G], slots,
+            metadata.replay_write_pos, metadata.replay_flush_len,
+            scale=self.head_k_dim**-0.5, pad_slot_id=NULL_BLOCK_ID, out=core_attn_out[:n],
+        )  # fmt: skip
+
+
+def install_replay_gdn(config: ReplaySSMConfig) -> None:
+    """Make vLLM build ``ReplayGatedDeltaNet`` wherever a model asks for ``QwenGatedDeltaNetAttention`` (once
+    per process). Logs one line through vLLM's logger, which the harness's plugin check reads."""
+    if op_registry_oot.get(LAYER_NAME) is not ReplayGatedDeltaNet:
+        PluggableLayer.register_oot(ReplayGatedDeltaNet, name=LAYER_NAME)
+        logger.info("ReplaySSM active: %s layers replaced (buffer_len=%d)", LAYER_NAME, config.buffer_len)

@@ -1,0 +1,169 @@
+"""Gated DeltaNet checks that need the real vllm==0.24.0 Python modules, run by test_vllm_integration.py in the
+cached CPU venv. Args: Qwen3.5-4B model dir, tiny Qwen3.5 model dir, result file (one JSON object).
+
+The plugin refuses non-CUDA platforms at start-up (only vLLM's CUDA forward of the layer is wrapped), so the
+model classmethods are evaluated under ``reporting_cuda``: vLLM's CPU platform answering is_cuda() with True
+for the duration of that call only; layers are still built for the CPU platform.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import torch
+
+from replayssm_patch.gpu.gdn_layer_check import init_single_rank, make_gdn_layer, prepare_cpu
+
+prepare_cpu()
+import json  # noqa: E402
+
+import vllm.platforms as platforms  # noqa: E402
+from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention  # noqa: E402
+from vllm.model_executor.models import ModelRegistry  # noqa: E402
+from vllm.platforms.cpu import CpuPlatform  # noqa: E402
+from vllm.plugins import load_general_plugins  # noqa: E402
+from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend  # noqa: E402
+from vllm_checks import describe  # noqa: E402
+
+from replayssm_patch.config import replayssm_config_of  # noqa: E402
+from replayssm_patch.gdn_mixer import install_replay_gdn  # noqa: E402
+from replayssm_patch.gpu.layer_check import common_metadata, paged_state_tensors, vllm_config  # noqa: E402
+
+ENABLED = {"replayssm": {"enable": True, "buffer_len": 16}}
+
+
+class CudaReportingCpuPlatform(CpuPlatform):
+    def is_cuda(self) -> bool:
+        return True
+
+
+@contextlib.contextmanager
+def reporting_cuda():
+    cpu = platforms.current_platform
+    platforms.current_platform = CudaReportingCpuPlatform()
+    try:
+        yield
+    finally:
+        platforms.current_platform = cpu
+
+
+def model_spec(config):
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    model_cls, _ = ModelRegistry.resolve_model_cls(config.model_config.architecture, model_config=config.model_config)
+    with reporting_cuda():
+        spec = MambaSpec(
+            shapes=model_cls.get_mamba_state_shape_from_config(config),
+            dtypes=model_cls.get_mamba_state_dtype_from_config(config),
+            block_size=-1,
+        )
+        stock = MambaSpec(
+            shapes=model_cls.__mro__[2].get_mamba_state_shape_from_config(config),
+            dtypes=model_cls.__mro__[2].get_mamba_state_dtype_from_config(config),
+            block_size=-1,
+        )
+    return model_cls, spec, stock
+
+
+def refusal(model_dir: Path, knobs: dict, cuda: bool = True, **engine) -> str | None:
+    config = vllm_config({"replayssm": {"enable": True, **knobs}}, model_dir, **engine)
+    model_cls, _ = ModelRegistry.resolve_model_cls(config.model_config.architecture, model_config=config.model_config)
+    try:
+        with reporting_cuda() if cuda else contextlib.nullcontext():
+            model_cls.get_mamba_state_shape_from_config(config)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def builder_steps(tiny: Path) -> dict:
+    """The real builder (through vLLM's own build()) over capture, decode, a mixed step and a fresh 1-token row."""
+    config = vllm_config({"replayssm": {"enable": True, "buffer_len": 4}}, tiny, max_model_len=512, dtype="float32")
+    layer = make_gdn_layer(config, "plan.layers.0.linear_attn")
+    spec = layer.get_kv_cache_spec(config)
+    layer.kv_cache = paged_state_tensors(spec, 8)
+    builder = layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device("cpu"))
+    steps: list[dict] = []
+    capture = builder.build_for_cudagraph_capture(common_metadata([1, 1], [1, 1], [0, 0], [False, False]))
+    steps.append(
+        {"capture_write_pos": capture.replay_write_pos.tolist(), "table_allocated": builder.cursors is not None}
+    )
+    for step in range(5):  # two decoding sequences in blocks 3 and 5
+        m = builder.build(0, common_metadata([1, 1], [10 + step, 20 + step], [3, 5], [False, False]))
+        steps.append({"write_pos": m.replay_write_pos.tolist(), "flush_len": m.replay_flush_len.tolist()})
+    # block 3 decodes beside a continuing 5-token chunk in block 5 and a fresh 7-token prompt in block 6 (stale 2)
+    for _ in range(2):
+        builder.cursors.decode_step(
+            torch.tensor([6]), torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+        )
+    m = builder.build(0, common_metadata([1, 5, 7], [16, 30, 7], [3, 5, 6], [False, True, True]))
+    view = m.prefill_view
+    steps.append({
+        "decodes": m.num_decodes, "prefills": m.num_prefills, "write_pos": m.replay_write_pos.tolist(),
+        "pending": m.replay_pending.tolist(), "after": builder.cursors.positions.tolist(),
+        "view": {"decodes": view.num_decodes, "actual_tokens": view.num_actual_tokens,
+                 "query_start_loc": view.non_spec_query_start_loc.tolist(),
+                 "state_indices": view.non_spec_state_indices_tensor.tolist(),
+                 "has_initial_state": view.has_initial_state.tolist(),
+                 "conv_programs": view.nums_dict[8]["tot"]},
+    })  # fmt: skip
+    # a fresh one-token prompt in reused block 5 (state and conv left by its previous owner) decodes beside block 3
+    layer.kv_cache[0][5] = 1.0
+    layer.kv_cache[1][5] = 1.0
+    m = builder.build(0, common_metadata([1, 1], [17, 1], [3, 5], [False, True]))
+    steps.append({"decodes": m.num_decodes, "write_pos": m.replay_write_pos.tolist(),
+                  "fresh_state_zero": bool((layer.kv_cache[1][5] == 0).all() and (layer.kv_cache[0][5] == 0).all()),
+                  "other_state_kept": bool((layer.kv_cache[1][3] == 0).all())})  # fmt: skip
+    return {"steps": steps}
+
+
+def whole_model(tiny: Path) -> dict:
+    """Every GDN layer of a real tiny Qwen3.5 built with the knob is ReplaySSM's."""
+    config = vllm_config({"replayssm": {"enable": True, "buffer_len": 4}}, tiny, max_model_len=512, dtype="float32")
+    model_cls, _ = ModelRegistry.resolve_model_cls(config.model_config.architecture, model_config=config.model_config)
+    from vllm.config import set_current_vllm_config
+
+    with reporting_cuda():
+        model_cls.active_config(config)  # the refusal checks the model's __init__ runs
+    install_replay_gdn(replayssm_config_of(config))
+    with set_current_vllm_config(config):
+        model = model_cls.__mro__[2](vllm_config=config, prefix="model")  # vLLM's class: its __init__ would refuse CPU
+    layers = [mod for mod in model.modules() if isinstance(mod, QwenGatedDeltaNetAttention)]
+    return {"classes": sorted({type(mod).__name__ for mod in layers}), "layers": len(layers)}
+
+
+def main(model_dir: Path, tiny: Path, result_file: Path) -> None:
+    load_general_plugins()
+    init_single_rank(model_dir, "gloo")
+    out: dict = {}
+    for name, extra in (("disabled", None), ("enabled", ENABLED), ("disabled_after_enabled", None)):
+        config = vllm_config(extra, model_dir)
+        model_cls, spec, stock = model_spec(config)
+        if name == "enabled":
+            install_replay_gdn(replayssm_config_of(config))  # what the model class does before building layers
+        layer = make_gdn_layer(config, f"{name}.layers.0.linear_attn")
+        out[name] = {
+            "model_class": model_cls.__name__, "model_spec": describe(spec), "stock_spec": describe(stock),
+            "layer_class": type(layer).__name__, "layer_is_stock_class": type(layer) is QwenGatedDeltaNetAttention,
+            "layer_spec": describe(layer.get_kv_cache_spec(config)),
+            "backend": layer.get_attn_backend().__name__,
+            "backend_is_stock": layer.get_attn_backend() is GDNAttentionBackend,
+            "builder": layer.get_attn_backend().get_builder_cls().__name__,
+        }  # fmt: skip
+    out["refused"] = {
+        "cpu_platform": refusal(model_dir, {}, cuda=False),
+        "bf16_state": refusal(model_dir, {}, mamba_ssm_cache_dtype="bfloat16"),
+        "split_precision": refusal(model_dir, {"split_precision": True}),
+        "prefix_caching": refusal(model_dir, {}, enable_prefix_caching=True),
+        "fp32_supported": refusal(model_dir, {}),
+    }
+    out["builder"] = builder_steps(tiny)
+    out["whole_model"] = whole_model(tiny)
+    result_file.write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main(*map(Path, sys.argv[1:4]))
