@@ -45,7 +45,8 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.layer_names = layer_names
-        self.buffer_len = replayssm_config_of(vllm_config).buffer_len
+        knobs = replayssm_config_of(vllm_config)
+        self.buffer_len, self.stagger_windows = knobs.buffer_len, knobs.stagger_windows
         max_rows = vllm_config.scheduler_config.max_num_seqs
         self.write_pos = torch.zeros(max_rows, dtype=torch.int32, device=device)
         self.flush_len = torch.zeros(max_rows, dtype=torch.int32, device=device)
@@ -59,7 +60,7 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
     def _cursor_table(self) -> CursorTable:
         if self.cursors is None:
             num_blocks = self._layers()[0].kv_cache[1].shape[0]
-            self.cursors = CursorTable(num_blocks, self.buffer_len, self.write_pos.device)
+            self.cursors = CursorTable(num_blocks, self.buffer_len, self.write_pos.device, stagger=self.stagger_windows)
         return self.cursors
 
     def build_for_cudagraph_capture(self, common_attn_metadata: Any) -> ReplayGDNAttentionMetadata:

@@ -16,9 +16,10 @@ Cache layout per slot (the vLLM state index of a sequence; ``slot`` rows below),
     ssm_state   [slots, nheads, head_dim, d_state]      checkpoint h_c: vLLM's own ssm_state (fp32 master,
                                                          or bf16 when the server runs a bf16 state)
     state_bf16  [slots, nheads, head_dim, d_state] bf16  split-precision copy that replay steps read
-    ring_x      [slots, L, nheads, head_dim]            post-conv x  (model dtype; bf16 is lossless)
-    ring_B      [slots, L, ngroups, d_state]            B            (model dtype)
-    ring_dt     [slots, L, nheads]            fp32      softplus(dt + dt_bias)
+    ring_x      [slots, nheads, L, head_dim]            post-conv x  (model dtype; bf16 is lossless)
+    ring_B      [slots, ngroups, L, d_state]            B            (model dtype)
+    ring_dt     [slots, nheads, L]            fp32      softplus(dt + dt_bias)
+(head-major: a program's entries are one contiguous run; ``layout.ring_entries`` views them entry-major)
 ``ring_shapes`` gives these per-slot shapes/dtypes for the KV-cache spec; ``ReplayCache`` allocates dense
 ones (tests, benchmarks).
 
@@ -26,9 +27,9 @@ Per-row metadata (int32 [batch] device tensors, CUDA-graph safe: kernels read th
     state_indices  slot of each batch row; a row whose slot == pad_slot_id (or < 0) is padding:
                    skipped entirely, nothing read or written (output row left untouched).
     write_pos      ring position of the CURRENT token = number of entries already in the ring (0..L-1).
-    flush_len      number of ring entries (from position 0) to fold into the checkpoint; 0 = no flush.
-                   Decode: L on the step whose write_pos == L-1 (ring full after the append), else 0.
-                   Materialise-before-prefill: the ring's entry count (write_pos of the next step).
+    flush_len      decode step: > 0 folds the whole ring, this step included (write_pos + 1 entries), on the
+                   step that ends the row's window (L-1, or earlier for a staggered first window); 0 = no flush.
+                   ``flush_ring`` (materialise before a prefill): the number of entries from position 0.
 After a flush the sequence's next write_pos is 0. Entries at positions >= write_pos are never read, so a
 reused slot needs no ring reset (stale or non-finite values cannot leak); a new sequence must start at
 write_pos 0 with a checkpoint its prefill wrote (and, in split precision, ``copy_state_to_bf16`` after it).
@@ -40,8 +41,11 @@ for those slots (split precision) and restart the row at write_pos 0.
 Entry points (Triton on CUDA or under TRITON_INTERPRET=1; each has a ``*_reference`` twin in plain
 PyTorch with the same signature):
     replay_decode(...)      append x/B/dt at write_pos and return y for every row. Writes the ring only.
+    replay_decode_step(...) the decode step: the same, with flush rows folding into ssm_state (+ state_bf16)
+                            in the same program (two launches per layer: per-(row, group) coefficients,
+                            then the 1-warp replay; see ``replay_decode``'s docstring).
     flush_ring(...)         fold flush_len entries into ssm_state (fp32 master) and refresh state_bf16.
-    replay_decode_step(...) both, in the order a decode step needs (replay first, then flush).
+    plan_decode_rows(...)   the builder's per-step cursor plan in one launch (``cursors.CursorTable``).
     copy_state_to_bf16(...) refresh the bf16 copy of given slots (after prefill wrote the master).
     decode_flush_len(write_pos, L) -> flush_len for a plain decode step (L where write_pos == L-1).
 

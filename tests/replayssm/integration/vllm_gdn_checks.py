@@ -32,6 +32,8 @@ from replayssm_patch.gdn_mixer import install_replay_gdn  # noqa: E402
 from replayssm_patch.gpu.layer_check import common_metadata, paged_state_tensors, vllm_config  # noqa: E402
 
 ENABLED = {"replayssm": {"enable": True, "buffer_len": 16}}
+# L = 4 with every window aligned to the prefill, so the checks can name exact cursors
+ALIGNED_L4 = {"replayssm": {"enable": True, "buffer_len": 4, "stagger_windows": False}}
 
 
 class CudaReportingCpuPlatform(CpuPlatform):
@@ -80,7 +82,7 @@ def refusal(model_dir: Path, knobs: dict, cuda: bool = True, **engine) -> str | 
 
 def builder_steps(tiny: Path) -> dict:
     """The real builder (through vLLM's own build()) over capture, decode, a mixed step and a fresh 1-token row."""
-    config = vllm_config({"replayssm": {"enable": True, "buffer_len": 4}}, tiny, max_model_len=512, dtype="float32")
+    config = vllm_config(ALIGNED_L4, tiny, max_model_len=512, dtype="float32")
     layer = make_gdn_layer(config, "plan.layers.0.linear_attn")
     spec = layer.get_kv_cache_spec(config)
     layer.kv_cache = paged_state_tensors(spec, 8)
@@ -121,7 +123,7 @@ def builder_steps(tiny: Path) -> dict:
 
 def whole_model(tiny: Path) -> dict:
     """Every GDN layer of a real tiny Qwen3.5 built with the knob is ReplaySSM's."""
-    config = vllm_config({"replayssm": {"enable": True, "buffer_len": 4}}, tiny, max_model_len=512, dtype="float32")
+    config = vllm_config(ALIGNED_L4, tiny, max_model_len=512, dtype="float32")
     model_cls, _ = ModelRegistry.resolve_model_cls(config.model_config.architecture, model_config=config.model_config)
     from vllm.config import set_current_vllm_config
 
