@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from replayssm_patch.kernels.gdn_layout import SPLIT_PRECISION_REFUSED
+from replayssm_patch.config import SPLIT_PRECISION_REFUSED
 
 logger = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: the refusal shows like its own lines
 

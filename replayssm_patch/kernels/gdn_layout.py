@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from replayssm_patch.config import SPLIT_PRECISION_REFUSED
 from replayssm_patch.kernels.layout import PAD_SLOT_ID
 
 __all__ = ["PAD_SLOT_ID", "GdnReplayCache", "GdnRingShapes", "gdn_ring_shapes", "require_fp32_checkpoint"]
@@ -23,11 +24,6 @@ __all__ = ["PAD_SLOT_ID", "GdnReplayCache", "GdnRingShapes", "gdn_ring_shapes", 
 # Why a split-precision (bf16/fp16 copy) checkpoint is refused for GDN, unlike Mamba-2: u is computed from the
 # state it reads, so folding u computed against a rounded copy C of the master M gives f(C) + e^G (M − C), not
 # f(M): the copy's rounding re-enters the master at every flush and the state leaves the fp32 trajectory.
-SPLIT_PRECISION_REFUSED = (
-    "ReplaySSM for Gated DeltaNet keeps an fp32 checkpoint only: a bf16/fp16 checkpoint copy would feed its "
-    "rounding into the fp32 state at every flush (u depends on the state it was computed from); "
-    "set split_precision to false"
-)
 
 
 def require_fp32_checkpoint(ssm_state: torch.Tensor) -> None:

@@ -11,6 +11,13 @@ import sys
 
 import pytest
 
+if "triton.language" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    # triton's own library functions (tl.sum, ...) are decorated when triton is first imported; imported compiled,
+    # interpreted kernels cannot call them. Some module collected earlier imported triton: keep it Triton-free.
+    raise RuntimeError(
+        "triton was imported before the kernel tests set TRITON_INTERPRET=1 (a test module collected earlier "
+        "imports replayssm_patch.kernels); import it lazily there"
+    )
 _saved = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
 for _name in [name for name in sys.modules if name.startswith("replayssm_patch.kernels")]:
