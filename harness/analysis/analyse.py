@@ -232,6 +232,12 @@ def _row(run: RunMetrics, inputs: RunInputs) -> RunRow:
     )
 
 
+def _pair_rows(arm: str, rows: list[RunRow], used: list[int]) -> list[RunRow]:
+    """The arm's rows of the valid repeat pairs; every row of the arm when no pair is valid."""
+    mine = [r for r in rows if r.arm == arm]
+    return [r for r in mine if r.repeat in used] or mine
+
+
 def analyse_run_dir(root: Path) -> RunAnalysis:
     """Re-analyse a run directory from its files. Raises `UnusableRunDir` only when there are no results."""
     inputs = read_inputs(root)
@@ -245,7 +251,10 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
     quality = summarise_quality(inputs.run.quality_json, config.quality)
     config_note = next((n for n in inputs.notes if "experiment.toml" in n), "")
     rows = [_row(runs[key], inputs) for key in sorted(runs, key=lambda k: (k[1], k[0]))]
-    acceptance = acceptance_check(rows, used, ARMS, config.decision.acceptance_tolerance)
+    acceptance = acceptance_check(
+        {arm: [r.spec_decode for r in _pair_rows(arm, rows, used)] for arm in ARMS},
+        config.decision.acceptance_tolerance,
+    )
     decision = decide(
         comparisons=comparisons,
         decision=config.decision,

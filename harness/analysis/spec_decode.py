@@ -19,7 +19,7 @@ The gate compares each arm's AL pooled over its runs in the valid repeat pairs (
 
 from __future__ import annotations
 
-from harness.analysis.model import AcceptanceCheck, RunRow, SpecDecodeRun, Speculation
+from harness.analysis.model import AcceptanceCheck, SpecDecodeRun, Speculation
 from harness.analysis.server_metrics import GENERATION_TOKENS, SampleKey, Snapshots
 
 SPEC = "vllm:spec_decode_"
@@ -33,7 +33,11 @@ SIM_STEP = "replaybench_sim_step_duration_seconds"
 
 def _positions(snapshots: Snapshots) -> list[str]:
     after = snapshots.after or {}
-    found = {dict(labels).get("position") for family, labels in after if family + "_total" == ACCEPTED_PER_POSITION}
+    found = {  # the parser names a counter's family with or without `_total`, depending on its TYPE line
+        dict(labels).get("position")
+        for family, labels in after
+        if family.removesuffix("_total") + "_total" == ACCEPTED_PER_POSITION
+    }
     return sorted((p for p in found if p is not None), key=int)
 
 
@@ -91,13 +95,11 @@ def _configured(runs: list[SpecDecodeRun]) -> float | None:
     return values.pop() if len(values) == 1 else None
 
 
-def acceptance_check(rows: list[RunRow], used: list[int], arms: tuple[str, ...], tolerance: float) -> AcceptanceCheck:
-    """Compare the arms' pooled measured AL over the valid repeat pairs (every run when no pair is valid)."""
-    measured, configured = {}, {}
-    for arm in arms:
-        mine = [r for r in rows if r.arm == arm]
-        runs = [r.spec_decode for r in mine if r.repeat in used] or [r.spec_decode for r in mine]
-        measured[arm], configured[arm] = pooled_acceptance_length(runs), _configured(runs)
+def acceptance_check(runs: dict[str, list[SpecDecodeRun]], tolerance: float) -> AcceptanceCheck:
+    """Compare the arms' pooled measured AL (`runs`: arm -> its runs in the valid repeat pairs, baseline first)."""
+    arms = tuple(runs)
+    measured = {arm: pooled_acceptance_length(mine) for arm, mine in runs.items()}
+    configured = {arm: _configured(mine) for arm, mine in runs.items()}
     base, cand = measured[arms[0]], measured[arms[-1]]
     shown = " vs ".join(f"{arm} {_al(measured[arm])}" for arm in arms)
     line, matched = "", None
