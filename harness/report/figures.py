@@ -223,7 +223,13 @@ def throughput_vs_acceptance(runs: list[RunRow]) -> str:
             mine = [r.spec_decode for r in runs if r.arm == arm and r.valid == valid]
             points = [(s.acceptance_length or 1.0, s.emitted_throughput) for s in mine if s.emitted_throughput]
             if points:
-                axis.plot(*zip(*points, strict=True), "o" if valid else "x", ms=5, color=ARM_COLOURS[arm], label=arm)
+                axis.plot(
+                    *zip(*points, strict=True),
+                    "o" if valid else "x",
+                    ms=5,
+                    color=ARM_COLOURS[arm],
+                    label=arm if valid else f"{arm} (invalid)",
+                )
     axis.set_xlabel("acceptance length, measured (tokens per verify step)")
     axis.set_ylabel("emitted tokens/s (server)")
     axis.legend(frameon=False, fontsize=8)
