@@ -17,12 +17,15 @@ from harness.analysis.compare import compare_metrics
 from harness.analysis.cost import summarise_cost
 from harness.analysis.decision import decide
 from harness.analysis.inputs import ARMS, RunInputs, final_attempt, read_inputs
-from harness.analysis.model import ExcludedRepeat, RunRow, ServerCheck, Summary
+from harness.analysis.model import ExcludedRepeat, RunRow, ServerCheck, SpecDecodeRun, Summary
 from harness.analysis.planning import plan_next_run
 from harness.analysis.quality import summarise_quality
 from harness.analysis.review import review_tables
 from harness.analysis.run_metrics import RunMetrics, TimeBlocks, load_run
 from harness.analysis.server_check import arm_means, server_check
+from harness.analysis.server_metrics import read_snapshots
+from harness.analysis.spec_config import configured_speculation
+from harness.analysis.spec_decode import acceptance_check, spec_decode_run
 from harness.analysis.stability import assess_stability
 from harness.analysis.vllm_aliases import vllm_aliases
 from harness.errors import UserError
@@ -111,7 +114,7 @@ def _pairs(
     return used, excluded
 
 
-def _run_row(run: RunMetrics, check: ServerCheck) -> RunRow:
+def _run_row(run: RunMetrics, check: ServerCheck, spec_decode: SpecDecodeRun) -> RunRow:
     f = run.fidelity
     busiest = f.busiest_worker
     shares = [w.cpu_share for w in f.worker_loads or () if w.cpu_share is not None]
@@ -141,6 +144,7 @@ def _run_row(run: RunMetrics, check: ServerCheck) -> RunRow:
         simulated=run.simulated,
         token_count_sources=run.token_count_sources,
         server_check=check,
+        spec_decode=spec_decode,
         receive_lag_p50_ms=ms(busiest.receive_lag_p50_s) if busiest else None,
         receive_lag_p99_ms=ms(busiest.receive_lag_p99_s) if busiest else None,
         receive_lag_max_ms=ms(busiest.receive_lag_max_s) if busiest else None,
@@ -215,6 +219,25 @@ def _alias_runs(arm: str, pairs: list[Pair], runs: dict[RunKey, RunMetrics]) -> 
     return used or [run for (name, _), run in sorted(runs.items()) if name == arm]
 
 
+def _row(run: RunMetrics, inputs: RunInputs) -> RunRow:
+    """One run's row: its replay, and its server's /metrics (cross-check, speculative decoding)."""
+    snapshots = read_snapshots(
+        inputs.run.metrics(run.arm, run.repeat, "before"), inputs.run.metrics(run.arm, run.repeat, "after")
+    )
+    configured = configured_speculation(inputs.commands.get(run.arm))
+    return _run_row(
+        run,
+        server_check(run, snapshots, inputs.config.decision.server_tpot_tolerance),
+        spec_decode_run(snapshots, run.duration_s, configured),
+    )
+
+
+def _pair_rows(arm: str, rows: list[RunRow], used: list[int]) -> list[RunRow]:
+    """The arm's rows of the valid repeat pairs; every row of the arm when no pair is valid."""
+    mine = [r for r in rows if r.arm == arm]
+    return [r for r in mine if r.repeat in used] or mine
+
+
 def analyse_run_dir(root: Path) -> RunAnalysis:
     """Re-analyse a run directory from its files. Raises `UnusableRunDir` only when there are no results."""
     inputs = read_inputs(root)
@@ -227,6 +250,11 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
     planning = plan_next_run(comparisons, config.decision, len(pairs))
     quality = summarise_quality(inputs.run.quality_json, config.quality)
     config_note = next((n for n in inputs.notes if "experiment.toml" in n), "")
+    rows = [_row(runs[key], inputs) for key in sorted(runs, key=lambda k: (k[1], k[0]))]
+    acceptance = acceptance_check(
+        {arm: [r.spec_decode for r in _pair_rows(arm, rows, used)] for arm in ARMS},
+        config.decision.acceptance_tolerance,
+    )
     decision = decide(
         comparisons=comparisons,
         decision=config.decision,
@@ -237,6 +265,7 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         excluded=excluded,
         planning=planning,
         config_note=config_note,
+        acceptance=acceptance,
     )
     cost = summarise_cost(
         [b.metrics["cost_per_success"] for b, _ in pairs],
@@ -244,11 +273,6 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         config.cost,
     )
     review_requests, review_windows = review_tables(pairs, blocks)
-    tolerance = config.decision.server_tpot_tolerance
-    rows = [
-        _run_row(runs[key], server_check(runs[key], inputs.run, tolerance))
-        for key in sorted(runs, key=lambda k: (k[1], k[0]))
-    ]
     summary = Summary(
         run_dir=str(inputs.run.root),
         experiment=inputs.experiment,
@@ -259,6 +283,7 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         stability=assess_stability(pairs, inputs.capacity),
         runs=rows,
         server_check=arm_means(rows, ARMS),
+        acceptance=acceptance,
         quality=quality,
         cost=cost,
         capacity=inputs.capacity,

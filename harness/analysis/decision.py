@@ -1,6 +1,7 @@
 """From comparisons, validity and quality to KEEP / REJECT / INCONCLUSIVE / INVALID with a one-sentence reason.
 
-Precedence: INVALID (no pre-declared rule, too few valid repeat pairs, required quality missing) > REJECT
+Precedence: INVALID (no pre-declared rule, too few valid repeat pairs, required quality missing, the arms'
+measured speculative-decoding acceptance lengths differ beyond `acceptance_tolerance`) > REJECT
 (a Holm-flagged regression beyond its margin, or a broken quality limit) > INVALID (a decision metric is
 undefined, e.g. a run without any successful request) > KEEP (target improved beyond its margin and every
 decision metric non-inferior) > INCONCLUSIVE.
@@ -9,8 +10,17 @@ The gate family and rule are exactly those of `gate_rule.gate_outcomes`.
 
 from __future__ import annotations
 
-from harness.analysis.model import Decision, ExcludedRepeat, MetricComparison, Outcome, Planning, QualitySummary
+from harness.analysis.model import (
+    AcceptanceCheck,
+    Decision,
+    ExcludedRepeat,
+    MetricComparison,
+    Outcome,
+    Planning,
+    QualitySummary,
+)
 from harness.analysis.planning import advice
+from harness.analysis.spec_decode import acceptance_reason
 from harness.records.decision_config import DecisionConfig, QualityLimits
 
 
@@ -62,6 +72,7 @@ def decide(
     excluded: list[ExcludedRepeat],
     planning: Planning,
     config_note: str = "",
+    acceptance: AcceptanceCheck | None = None,
 ) -> Decision:
     """Apply the pre-declared rule."""
     rule = rule_text(decision, quality_limits)
@@ -79,6 +90,9 @@ def decide(
         )
     if quality_limits.required and not quality.measured:
         return result(Outcome.INVALID, f"quality results are required but missing ({quality.note}).")
+    acceptance_differs = acceptance_reason(acceptance)
+    if acceptance_differs:
+        return result(Outcome.INVALID, acceptance_differs)
     flagged = sorted((c for c in deciding if c.regression_flag), key=lambda c: c.p_regression or 0.0)
     if flagged:
         worst = flagged[0]

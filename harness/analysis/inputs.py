@@ -46,6 +46,7 @@ class RunInputs:
     results: dict[tuple[str, int], Path]
     capacity: dict[str, CapacityEntry]
     notes: list[str] = field(default_factory=list)
+    commands: dict[str, list[str]] = field(default_factory=dict)  # arm -> server command line as declared
 
 
 def _json(path: Path, notes: list[str], what: str) -> object | None:
@@ -59,20 +60,33 @@ def _json(path: Path, notes: list[str], what: str) -> object | None:
         return None
 
 
-def _config(run: RunDir, notes: list[str]) -> tuple[AnalysisConfig, bool, str, str | None]:
-    """(config, declared, experiment name, mode); defaults and a note when experiment.toml is unusable."""
+def _config(run: RunDir, notes: list[str]) -> tuple[AnalysisConfig, bool, str, str | None, dict[str, object]]:
+    """(config, declared, experiment name, mode, the whole document); defaults and a note when
+    experiment.toml is unusable."""
     path = run.experiment_toml
     if not path.exists():
         notes.append("no experiment.toml: analysed with default SLOs and decision rule, so no decision is made")
-        return AnalysisConfig(), False, run.root.name, None
+        return AnalysisConfig(), False, run.root.name, None, {}
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
         config = analysis_config_from_mapping(data, path.name)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, UserError) as error:
         notes.append(f"experiment.toml is unusable ({error}); analysed with defaults, so no decision is made")
-        return AnalysisConfig(), False, run.root.name, None
+        return AnalysisConfig(), False, run.root.name, None, {}
     mode = data.get("mode")
-    return config, True, str(data.get("name") or run.root.name), str(mode) if mode else None
+    return config, True, str(data.get("name") or run.root.name), str(mode) if mode else None, data
+
+
+def _commands(document: dict[str, object]) -> dict[str, list[str]]:
+    """Each arm's `command` from the frozen config's `[arms]` table (the analysis reads it, never runs it)."""
+    arms = document.get("arms")
+    commands = {}
+    for arm in ARMS:
+        entry = arms.get(arm) if isinstance(arms, dict) else None
+        command = entry.get("command") if isinstance(entry, dict) else None
+        if isinstance(command, list) and all(isinstance(word, str) for word in command):
+            commands[arm] = command
+    return commands
 
 
 def _attempts(run: RunDir, notes: list[str]) -> list[Attempt]:
@@ -116,7 +130,7 @@ def read_inputs(root: Path) -> RunInputs:
             f"{run.root}: no result files in results/; not a run directory, or the run "
             "never finished a repeat — re-run `replaybench run`"
         )
-    config, declared, experiment, mode = _config(run, notes)
+    config, declared, experiment, mode, document = _config(run, notes)
     environment = _json(run.env_json, notes, "environment")
     return RunInputs(
         run=run,
@@ -129,4 +143,5 @@ def read_inputs(root: Path) -> RunInputs:
         results=results,
         capacity=_capacity(run, notes),
         notes=notes,
+        commands=_commands(document),
     )

@@ -169,6 +169,44 @@ class ServerCheckMeans(_Record):
     flagged: int  # runs whose TPOT cross-check warned
 
 
+class Speculation(_Record):
+    """The speculative decoding an arm's server command line configures (`spec_config.py`)."""
+
+    method: str | None = None
+    tokens: int | None = None  # drafts k per verify step
+    acceptance_length: float | None = None  # as configured (synthetic acceptance); None: the model decides
+    note: str = ""
+
+
+class SpecDecodeRun(_Record):
+    """One run's decoding as its server counted it: increases of its /metrics series over the run, per second
+    of the run's duration. Acceptance fields are None when the server drafted nothing (no speculation)."""
+
+    configured: Speculation | None = None
+    drafts: float | None = None  # verify steps of a request (vllm:spec_decode_num_drafts)
+    draft_tokens: float | None = None
+    accepted_tokens: float | None = None
+    acceptance_length: float | None = None  # measured: 1 + accepted / drafts (vLLM's mean acceptance length)
+    acceptance_rate: float | None = None  # accepted / draft tokens
+    acceptance_by_position: list[float] = []  # accepted at draft position i / drafts
+    engine_steps: float | None = None  # vllm:iteration_tokens_total observations: one per engine step
+    engine_steps_per_s: float | None = None
+    step_time_mean_s: float | None = None  # where the server exposes step durations (the embedded engine)
+    emitted_throughput: float | None = None  # server-generated tokens / s
+    processed_throughput: float | None = None  # emitted + rejected drafts, / s: tokens the target verified
+    notes: list[str] = []
+
+
+class AcceptanceCheck(_Record):
+    """Did both arms decode with the same measured acceptance? Without it a speed verdict is refused."""
+
+    acceptance_length: dict[str, float | None]  # arm -> 1 + Σ accepted / Σ drafts over its runs in the pairs
+    configured: dict[str, float | None]  # arm -> AL its command line configures
+    tolerance: float  # [decision] acceptance_tolerance
+    matched: bool | None  # None: the gate does not apply (neither arm speculates, or only one does)
+    line: str  # one sentence for the report; "" when neither arm speculates
+
+
 class RunRow(_Record):
     """One (arm, repeat) run for the per-repeat table."""
 
@@ -193,6 +231,7 @@ class RunRow(_Record):
     simulated: bool
     token_count_sources: dict[str, int] = {}  # how streamed tokens were counted -> requests (stream_parse)
     server_check: ServerCheck
+    spec_decode: SpecDecodeRun = SpecDecodeRun()
     # The busiest replay worker's event-loop lateness and the highest worker CPU share; None: not measured
     # (a result file written before receive lag was, or by the virtual-time simulator), so not gated.
     receive_lag_p50_ms: float | None = None
@@ -306,6 +345,7 @@ class Summary(_Record):
     stability: Stability
     runs: list[RunRow]
     server_check: dict[str, ServerCheckMeans]  # arm -> client vs server means over its valid runs
+    acceptance: AcceptanceCheck | None = None  # speculative decoding parity of the arms (None: older summary)
     quality: QualitySummary
     cost: CostSummary
     capacity: dict[str, CapacityEntry]

@@ -27,8 +27,7 @@ import pandas as pd
 
 from harness.analysis.model import CHECK_FIELDS, RunRow, ServerCheck, ServerCheckMeans, SlowSide
 from harness.analysis.run_metrics import RunMetrics
-from harness.analysis.server_metrics import ServerMeans, read_server_means
-from harness.records.run_dir import RunDir
+from harness.analysis.server_metrics import ServerMeans, Snapshots, means_of
 
 
 def _mean(values: np.ndarray) -> float | None:
@@ -100,11 +99,9 @@ def _server_values(means: ServerMeans) -> dict[str, float | None]:
     return {name: values[name] for name in CHECK_FIELDS}
 
 
-def server_check(run: RunMetrics, run_dir: RunDir, tolerance: float) -> ServerCheck:
-    """Read the run's /metrics snapshots and put the server's means beside the client's."""
-    means = read_server_means(
-        run_dir.metrics(run.arm, run.repeat, "before"), run_dir.metrics(run.arm, run.repeat, "after")
-    )
+def server_check(run: RunMetrics, snapshots: Snapshots, tolerance: float) -> ServerCheck:
+    """Put the server's means over the run (from its /metrics snapshots) beside the client's."""
+    means = means_of(snapshots)
     client, server = client_means(run.requests), _server_values(means)
     ratio, side, warning = tpot_flag(client, server, tolerance)
     notes = list(means.notes)

@@ -42,6 +42,7 @@ everywhere with a note. Nothing here raises on a server's text.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,13 +96,16 @@ def parse_snapshot(text: str) -> Snapshot:
     return snapshot
 
 
-def increase(before: Snapshot, after: Snapshot) -> dict[SampleKey, float]:
-    """Per sample name and bucket: how much it grew between the snapshots, summed over label sets.
+def increase(before: Snapshot, after: Snapshot, match: Mapping[str, str] | None = None) -> dict[SampleKey, float]:
+    """Per sample name and bucket: how much it grew between the snapshots, summed over label sets (only those
+    carrying every label of `match`, when given).
 
     A series whose samples fell was reset in between and counts from zero; a series only in `before`
     vanished with a restart and adds nothing."""
     totals: dict[SampleKey, float] = {}
     for series, samples in after.items():
+        if match and not match.items() <= dict(series[1]).items():
+            continue
         earlier = before.get(series, {})
         reset = any(value < earlier.get(key, 0.0) for key, value in samples.items())
         for key, value in samples.items():
@@ -115,13 +119,39 @@ def _mean(totals: dict[SampleKey, float], name: str, exclude: float = 0.0) -> fl
     return total / count if total is not None and count > 0 else None
 
 
+@dataclass(frozen=True)
+class Snapshots:
+    """One run's two parsed snapshots; both None, with `notes` saying why, when either cannot be used."""
+
+    before: Snapshot | None
+    after: Snapshot | None
+    notes: tuple[str, ...] = ()
+
+    def increase(self, match: Mapping[str, str] | None = None) -> dict[SampleKey, float] | None:
+        """`increase` over the run, or None without usable snapshots."""
+        if self.before is None or self.after is None:
+            return None
+        return increase(self.before, self.after, match)
+
+
+def parse_snapshots(before_text: str, after_text: str) -> Snapshots:
+    """Both snapshots of a run from their text; text that is not the exposition format gives a note."""
+    try:
+        return Snapshots(parse_snapshot(before_text), parse_snapshot(after_text))
+    except ValueError as error:
+        return Snapshots(None, None, (f"a /metrics snapshot is not Prometheus text ({error})",))
+
+
 def server_means(before_text: str, after_text: str) -> ServerMeans:
     """Means and counts over the run from the text of two snapshots (before, after)."""
-    try:
-        before, after = parse_snapshot(before_text), parse_snapshot(after_text)
-    except ValueError as error:
-        return ServerMeans(notes=(f"a /metrics snapshot is not Prometheus text ({error})",))
-    totals = increase(before, after)
+    return means_of(parse_snapshots(before_text, after_text))
+
+
+def means_of(snapshots: Snapshots) -> ServerMeans:
+    """Means and counts over the run from its parsed snapshots."""
+    totals = snapshots.increase()
+    if totals is None:
+        return ServerMeans(notes=snapshots.notes)
     present = {name for name, _ in totals}
     itl = next((name for name in ITL_NAMES if name + "_count" in present), ITL_NAMES[0])
     wanted = {
@@ -164,9 +194,14 @@ def _snapshot_text(path: Path) -> tuple[str | None, str]:
     return text, ""
 
 
-def read_server_means(before: Path, after: Path) -> ServerMeans:
-    """`server_means` of two snapshot files; a missing or failed scrape gives None everywhere and a note."""
+def read_snapshots(before: Path, after: Path) -> Snapshots:
+    """Both snapshot files of a run, parsed; a missing or failed scrape gives None and a note."""
     (before_text, before_note), (after_text, after_note) = _snapshot_text(before), _snapshot_text(after)
     if before_text is None or after_text is None:
-        return ServerMeans(notes=tuple(note for note in (before_note, after_note) if note))
-    return server_means(before_text, after_text)
+        return Snapshots(None, None, tuple(note for note in (before_note, after_note) if note))
+    return parse_snapshots(before_text, after_text)
+
+
+def read_server_means(before: Path, after: Path) -> ServerMeans:
+    """`server_means` of two snapshot files; a missing or failed scrape gives None everywhere and a note."""
+    return means_of(read_snapshots(before, after))

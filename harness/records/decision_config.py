@@ -26,6 +26,8 @@ Every model forbids unknown keys, so a typo is an error that names the key inste
     receive_lag_budget_s = 0.005   # ... or whose busiest replay worker's loop runs later than this at p99
     rate_tolerance = 0.01          # ... or whose achieved rate misses the offered rate by more than this
     server_tpot_tolerance = 0.05   # warn (not invalid) when the client's mean TPOT is off the server's own by more
+    acceptance_tolerance = 0.05    # speculative decoding: INVALID when the arms' measured acceptance lengths
+                                   # differ by more than this (relative)
     power = 0.8                    # planning: the chance of KEEP the next run should have ...
     planning_effect = 0.10         # ... if the target truly improves this much (default: twice its margin,
                                    # at least 5 %); planning is advice for the next run, not evidence
@@ -123,6 +125,13 @@ class DecisionConfig(_Strict):
     rate_tolerance: float = Field(default=0.01, gt=0, lt=1)
     # Client mean TPOT vs the server's (/metrics): beyond x (1 + tol) or below / (1 + tol) is a fidelity warning.
     server_tpot_tolerance: float = Field(default=0.05, gt=0, lt=1)
+    # Speculative decoding: the arms' measured acceptance lengths (AL = 1 + accepted / drafts, pooled over the
+    # valid repeats) may differ by at most this, relative, or no speed verdict is given. 5 %: emitted tokens/s
+    # scale with AL at a fixed step time, so a gap this size could alone make up the default 5 % target margin
+    # and no larger gap may pass; and it is far beyond sampling noise (the same integer synthetic AL is exact,
+    # a fractional one varies by at most 0.5 / sqrt(drafts) absolute, under 1 % of AL 2-3 from 1,000 drafts),
+    # while the failure it catches, text that loops after a replay bug, moved acceptance by tens of percent.
+    acceptance_tolerance: float = Field(default=0.05, gt=0, lt=1)
     power: float = Field(default=0.8, gt=0, lt=1)
     planning_effect: float | None = Field(default=None, gt=0, lt=10)
 

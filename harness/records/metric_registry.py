@@ -6,6 +6,10 @@ AIPerf define the same name where they differ (from ../shared/research/peer_surv
 means no difference is known. The README's definitions table is generated from `METRICS`
 (`python -m harness.report.metric_table`).
 
+Server metrics (`source="server"`) come from the increase of the server's own `/metrics` counters over a run
+(speculative decoding, engine steps: `harness/analysis/spec_decode.py`); summary.json holds them per run under
+`runs[].spec_decode`. They are shown and gated on (acceptance parity), never compared as decision metrics.
+
 Latency metrics are distributions: per arm per repeat they are reported as `<name>_<statistic>` for every
 statistic in `STATISTICS` (e.g. `ttft_p99`, `tpot_mean`). Every other metric is one number per run.
 """
@@ -16,7 +20,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 Direction = Literal["lower", "higher"]
-Unit = Literal["s", "req/s", "tokens/s", "fraction", "currency"]
+Unit = Literal["s", "req/s", "tokens/s", "steps/s", "tokens", "fraction", "currency"]
+Source = Literal["client", "server"]
 
 QUANTILES = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
 STATISTICS = ("mean", *QUANTILES)
@@ -54,6 +59,7 @@ class Metric:
     latency: bool  # a per-request or per-token distribution, summarised by STATISTICS
     peers: Peers
     vllm_name: str | None = None  # the name `vllm bench serve --save-result` uses for the same quantity
+    source: Source = "client"  # client: from the result files; server: from its /metrics counters
 
 
 _SUCCESSFUL_ONLY = "excluded (successful requests only)"
@@ -223,9 +229,101 @@ METRICS: tuple[Metric, ...] = (
     ),
 )
 
+_SPEC_COUNTERS = "increase of `vllm:spec_decode_num_drafts`, `..._num_draft_tokens`, `..._num_accepted_tokens`"
+_NO_REQUESTS = "not per request: counted by the server over the run (aborted requests included)"
+_NOT_SPECULATING = "none without speculative decoding"
+
+METRICS += (
+    Metric(
+        name="acceptance_length",
+        title="Acceptance length (measured)",
+        formula="1 + accepted tokens / drafts (a draft: one verify step of one request); the bonus token included",
+        unit="tokens",
+        timestamps=f"none; {_SPEC_COUNTERS} between the /metrics scrapes around the run",
+        failures=_NO_REQUESTS,
+        better="higher",
+        latency=False,
+        source="server",
+        peers=Peers(vllm="`vllm bench serve`'s `spec_decode_acceptance_length`, the same formula over its run"),
+    ),
+    Metric(
+        name="acceptance_rate",
+        title="Draft acceptance rate",
+        formula="accepted tokens / draft tokens",
+        unit="fraction",
+        timestamps=f"none; {_SPEC_COUNTERS}",
+        failures=_NO_REQUESTS,
+        better="higher",
+        latency=False,
+        source="server",
+        peers=Peers(vllm="`spec_decode_acceptance_rate` in percent"),
+    ),
+    Metric(
+        name="acceptance_by_position",
+        title="Acceptance per draft position",
+        formula="per draft position i: accepted tokens at i / drafts (unconditional: drafts 0..i all accepted)",
+        unit="fraction",
+        timestamps="none; increase of `vllm:spec_decode_num_accepted_tokens_per_pos` per `position` label",
+        failures=_NO_REQUESTS,
+        better="higher",
+        latency=False,
+        source="server",
+        peers=Peers(vllm="`spec_decode_per_position_acceptance_rates`"),
+    ),
+    Metric(
+        name="engine_steps_per_s",
+        title="Engine steps per second",
+        formula="engine steps / run duration; a step: one observation of `vllm:iteration_tokens_total`",
+        unit="steps/s",
+        timestamps="the run duration; the histogram's `_count` increase",
+        failures=_NO_REQUESTS,
+        better="higher",
+        latency=False,
+        source="server",
+        peers=Peers(vllm="not reported by `vllm bench serve`"),
+    ),
+    Metric(
+        name="step_time_mean",
+        title="Mean engine step time",
+        formula="sum / count of the server's step-duration histogram; only where it exposes one (serve-sim)",
+        unit="s",
+        timestamps="`replaybench_sim_step_duration_seconds` (vLLM 0.24 exposes no step duration)",
+        failures=_NO_REQUESTS,
+        better="lower",
+        latency=False,
+        source="server",
+        peers=Peers(vllm="not reported"),
+    ),
+    Metric(
+        name="emitted_throughput",
+        title="Emitted token throughput (server)",
+        formula="generated tokens the server counted / run duration",
+        unit="tokens/s",
+        timestamps="the run duration; increase of `vllm:generation_tokens_total`",
+        failures=_NO_REQUESTS,
+        better="higher",
+        latency=False,
+        source="server",
+        peers=Peers(vllm="its `output_throughput` counts completed requests' tokens at the client"),
+    ),
+    Metric(
+        name="processed_throughput",
+        title="Processed token throughput (server)",
+        formula="(generated tokens + draft tokens − accepted tokens) / run duration: what the target verified; "
+        f"equals emitted throughput {_NOT_SPECULATING}",
+        unit="tokens/s",
+        timestamps="the run duration; increases of the generation and spec-decode counters",
+        failures=_NO_REQUESTS,
+        better="higher",
+        latency=False,
+        source="server",
+        peers=Peers(vllm="not reported"),
+    ),
+)
+
 BY_NAME = {metric.name: metric for metric in METRICS}
 LATENCY_METRICS = tuple(metric.name for metric in METRICS if metric.latency)
-RATE_METRICS = tuple(metric.name for metric in METRICS if not metric.latency)
+RATE_METRICS = tuple(metric.name for metric in METRICS if not metric.latency and metric.source == "client")
 
 # Every metric the analysis computes per arm per repeat, and which direction is better.
 METRIC_DIRECTIONS: dict[str, Direction] = {

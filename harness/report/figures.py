@@ -209,3 +209,29 @@ def rate_fidelity(runs: list[RunRow]) -> str:
     axis.set_ylabel("achieved (req/s)")
     figure.tight_layout()
     return _data_uri(figure)
+
+
+REALISTIC_AL = (2.4, 3.5)  # MTP at k = 3 on real text (../shared/research/gdn_specdecode.md §B.5)
+
+
+def throughput_vs_acceptance(runs: list[RunRow]) -> str:
+    """Server-emitted tokens/s against the measured acceptance length, one point per run (no speculation: AL 1)."""
+    figure, axis = plt.subplots(figsize=(5.2, 2.8))
+    axis.axvspan(*REALISTIC_AL, color="#8c959f", alpha=0.13, lw=0, label="realistic MTP AL (k=3)")
+    for arm in ARM_COLOURS:
+        for valid in (True, False):
+            mine = [r.spec_decode for r in runs if r.arm == arm and r.valid == valid]
+            points = [(s.acceptance_length or 1.0, s.emitted_throughput) for s in mine if s.emitted_throughput]
+            if points:
+                axis.plot(
+                    *zip(*points, strict=True),
+                    "o" if valid else "x",
+                    ms=5,
+                    color=ARM_COLOURS[arm],
+                    label=arm if valid else f"{arm} (invalid)",
+                )
+    axis.set_xlabel("acceptance length, measured (tokens per verify step)")
+    axis.set_ylabel("emitted tokens/s (server)")
+    axis.legend(frameon=False, fontsize=8)
+    figure.tight_layout()
+    return _data_uri(figure)

@@ -126,6 +126,9 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
         "lag": figures.lag_histogram(plots, lag_budget_s),
         "rate": figures.rate_fidelity(s.runs),
     }
+    speculating = any(r.spec_decode.acceptance_length is not None or r.spec_decode.configured for r in s.runs)
+    if speculating:
+        fig["acceptance"] = figures.throughput_vs_acceptance(s.runs)
     return _ENV.get_template("index.html.j2").render(
         s=s,
         fig=fig,
@@ -135,6 +138,7 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
         definitions=list(dict.fromkeys(metric_of(c.metric) for c in s.comparisons)),
         check_labels=CHECK_LABELS,
         check_value=_check_value,
+        speculating=speculating,
         tpot_tolerance=analysis.config.decision.server_tpot_tolerance,
         environment=_environment(s.environment),
         slo_text=_slo_text(slo),

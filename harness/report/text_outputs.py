@@ -73,6 +73,7 @@ def summary_markdown(summary: Summary) -> str:
         summary.planning.line,
         f"Cost: {summary.cost.line}",
         *_server_check_lines(summary),
+        *_acceptance_lines(summary),
     ]
     if summary.quality.measured:
         q = summary.quality
@@ -98,6 +99,17 @@ def _server_check_lines(summary: Summary) -> list[str]:
     )
     warned = [f"⚠️ {r.arm} r{r.repeat}: {w}" for r in summary.runs for w in r.warnings]
     return [f"Server cross-check, mean TPOT client / server: {pairs}", *warned]
+
+
+def _acceptance_lines(summary: Summary) -> list[str]:
+    """The speculative-decoding parity line, with the AL each arm's command configures (none: no speculation)."""
+    check = summary.acceptance
+    if check is None or not check.line:
+        return []
+    configured = " · ".join(
+        f"{arm} {'—' if value is None else f'{value:g}'}" for arm, value in check.configured.items()
+    )
+    return [f"Speculative decoding: {check.line}; configured AL {configured}"]
 
 
 def junit_xml(summary: Summary) -> str:

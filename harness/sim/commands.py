@@ -32,6 +32,16 @@ MaxBatchedTokens = Annotated[int, typer.Option("--max-num-batched-tokens", help=
 MaxModelLen = Annotated[int | None, typer.Option("--max-model-len", help="context limit [config's]")]
 Calibration = Annotated[Path | None, typer.Option("--calibration", help="fitted factors JSON [H200 fit]")]
 TensorParallel = Annotated[int, typer.Option("--tensor-parallel-size", help="GPUs the model is split over")]
+SpecTokens = Annotated[
+    int, typer.Option("--spec-tokens", help="speculative decoding: drafts k verified per decode step [0: off]")
+]
+AcceptanceLength = Annotated[
+    float | None,
+    typer.Option(
+        "--acceptance-length",
+        help="speculative decoding: synthetic mean tokens per verify step incl. the bonus token, in [1, k+1] [k+1]",
+    ),
+]
 NoiseSwitch = Annotated[bool, typer.Option("--noise/--no-noise", help="calibrated step-time noise (sim/noise.py)")]
 NoiseShared = Annotated[float, typer.Option("--noise-shared", help="noise: sd of the per-repeat factor of both arms")]
 NoiseRun = Annotated[float, typer.Option("--noise-run", help="noise: sd of the per-run factor")]
@@ -57,8 +67,11 @@ def _spec(
     max_model_len: int | None,
     calibration: Path | None,
     tensor_parallel_size: int,
+    spec_tokens: int = 0,
+    acceptance_length: float | None = None,
 ):
     from harness.sim.engine_spec import build_spec
+    from harness.sim.speculation import speculation_of
     from harness.sim.state_policy import StatePolicy
 
     state_policy = StatePolicy(policy, ssm_dtype, buffer_len, split_precision)  # type: ignore[arg-type]
@@ -71,6 +84,7 @@ def _spec(
         max_model_len,
         calibration,
         tensor_parallel_size,
+        speculation_of(spec_tokens, acceptance_length),
     )
 
 
@@ -105,6 +119,8 @@ def spec_from_serve_args(args: list[str], cwd: Path):
         params["max_model_len"],
         path(params["calibration"]),
         params["tensor_parallel_size"],
+        params["spec_tokens"],
+        params["acceptance_length"],
     )
 
 
@@ -121,6 +137,8 @@ def serve_sim(
     max_model_len: MaxModelLen = None,
     calibration: Calibration = None,
     tensor_parallel_size: TensorParallel = 1,
+    spec_tokens: SpecTokens = 0,
+    acceptance_length: AcceptanceLength = None,
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     seed: Annotated[int, typer.Option("--seed", help="seed of the generated text and of injected faults")] = 0,
     served_model_name: Annotated[str | None, typer.Option("--served-model-name", help="[config file stem]")] = None,
@@ -165,6 +183,8 @@ def serve_sim(
         max_model_len,
         calibration,
         tensor_parallel_size,
+        spec_tokens,
+        acceptance_length,
     )
     faults = FaultConfig(fail_rate, stall_after_tokens, crash_after_requests, startup_delay)
     model = noise_model(noise, noise_shared, noise_run, noise_step, noise_phi)
@@ -196,6 +216,8 @@ def simulate(
     max_model_len: MaxModelLen = None,
     calibration: Calibration = None,
     tensor_parallel_size: TensorParallel = 1,
+    spec_tokens: SpecTokens = 0,
+    acceptance_length: AcceptanceLength = None,
     time_scale: Annotated[float, typer.Option("--time-scale", help="<1 compresses the trace (0.5 = 2x rate)")] = 1.0,
     arm: Annotated[str | None, typer.Option("--arm", help="arm name in the result [policy label]")] = None,
     repeat: Annotated[int, typer.Option("--repeat", help="repeat number stored in the results")] = 0,
@@ -237,6 +259,8 @@ def simulate(
         max_model_len,
         calibration,
         tensor_parallel_size,
+        spec_tokens,
+        acceptance_length,
     )
     arm_name = arm or spec.policy.label
     model = noise_model(noise, noise_shared, noise_run, noise_step, noise_phi)

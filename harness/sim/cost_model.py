@@ -34,10 +34,11 @@ class StepWork:
     prefill_tokens: int = 0
     context_tokens: int = 0  # KV tokens attention reads (sum of every scheduled sequence's context)
     attention_pairs: int = 0  # sum over new tokens of the context each attends to
+    draft_tokens: int = 0  # speculative drafts verified alongside the decodes (k per decode)
 
     @property
     def tokens(self) -> int:
-        return self.decode_seqs + self.prefill_tokens
+        return self.decode_seqs + self.draft_tokens + self.prefill_tokens
 
     @property
     def seqs(self) -> int:
@@ -104,6 +105,7 @@ class CostModel:
         attention = shape.attention
         self._attention_flops_per_pair = 4 * attention.layers * attention.heads * attention.head_dim
         self._decode_state_bytes = policy.decode_bytes_per_seq(shape.recurrent)
+        self._draft_state_bytes = policy.draft_bytes_per_token(shape.recurrent)
         self._prefill_state_bytes = policy.prefill_bytes_per_seq(shape.recurrent)
 
     def features(self, work: StepWork) -> StepFeatures:
@@ -114,6 +116,7 @@ class CostModel:
         traffic = (
             work.context_tokens * shape.kv_bytes_per_token
             + work.decode_seqs * self._decode_state_bytes
+            + work.draft_tokens * self._draft_state_bytes
             + work.prefill_seqs * self._prefill_state_bytes
         )
         per_gpu_bandwidth = gpu.memory_bandwidth * self.tp

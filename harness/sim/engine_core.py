@@ -14,9 +14,10 @@ from harness.sim.scheduler import MemoryPool, Scheduler, Sequence
 class StepResult:
     duration_s: float
     work: StepWork
-    emitted: list[Sequence]
+    emitted: list[tuple[Sequence, int]]  # (sequence, tokens this step gave it: more than 1 under speculation)
     finished: list[Sequence]
     preempted: list[Sequence]
+    accepted: list[int]  # drafts accepted by each verify step (empty without speculation)
 
 
 class RequestRejected(ValueError):
@@ -43,10 +44,10 @@ class EngineCore:
             capacity_bytes=self.cost.pool_bytes(spec.gpu_memory_utilization),
             block_tokens=spec.block_tokens,
             block_bytes=spec.block_tokens * spec.shape.kv_bytes_per_token,
-            state_bytes=spec.policy.memory_bytes_per_seq(spec.shape.recurrent),
+            state_bytes=spec.policy.memory_bytes_per_seq(spec.shape.recurrent, spec.spec_tokens),
         )
         self.pool = pool
-        self.scheduler = Scheduler(spec.limits, pool)
+        self.scheduler = Scheduler(spec.limits, pool, spec.speculation)
 
     def new_sequence(self, request_id: str, prompt_tokens: int, output_tokens: int) -> Sequence:
         """Validate and enqueue a request; raises `RequestRejected` with a vLLM-like message."""
@@ -75,6 +76,7 @@ class EngineCore:
             emitted=outcome.emitted,
             finished=outcome.finished,
             preempted=scheduled.preempted,
+            accepted=outcome.accepted,
         )
 
     @property

@@ -10,6 +10,7 @@ from harness.sim.cost_model import CostModel, FittedFactors, load_factors
 from harness.sim.gpus import Gpu, get_gpu
 from harness.sim.model_config import ModelShape, load_model_shape
 from harness.sim.scheduler import SchedulerLimits
+from harness.sim.speculation import Speculation
 from harness.sim.state_policy import StatePolicy
 
 
@@ -24,6 +25,12 @@ class EngineSpec:
     gpu_memory_utilization: float = 0.85
     block_tokens: int = 16
     tensor_parallel_size: int = 1
+    speculation: Speculation | None = None
+
+    @property
+    def spec_tokens(self) -> int:
+        """Drafts verified per decode step (0 without speculative decoding)."""
+        return self.speculation.tokens if self.speculation else 0
 
     def cost_model(self) -> CostModel:
         return CostModel(self.shape, self.gpu, self.policy, self.factors, self.tensor_parallel_size)
@@ -38,6 +45,7 @@ def build_spec(
     max_model_len: int | None = None,
     calibration: Path | None = None,
     tensor_parallel_size: int = 1,
+    speculation: Speculation | None = None,
 ) -> EngineSpec:
     """Validate user-given engine settings; every bad value is a one-line `UserError` naming the fix."""
     if max_num_seqs < 1:
@@ -59,6 +67,7 @@ def build_spec(
         limits=SchedulerLimits(max_num_seqs, max_num_batched_tokens),
         max_model_len=length,
         tensor_parallel_size=tensor_parallel_size,
+        speculation=speculation,
     )
     _require_memory_left(spec)
     return spec

@@ -4,6 +4,11 @@
 vLLM's per-request latency histograms (TTFT, ITL, per-request TPOT, E2E) are stamped from the true step
 deadlines, the engine's own clock, where vLLM uses its engine core's step stamps (ITL, TPOT) and its API
 server's receipt of them (TTFT, E2E): the server-side cross-check of a replay reads them like vLLM's.
+
+Like vLLM 0.24 it counts engine steps in `vllm:iteration_tokens_total` (one observation per step: prompt
+tokens computed plus tokens generated) and, under speculative decoding only, the `vllm:spec_decode_*`
+counters: one draft per verify step of a request, k draft tokens each, the accepted ones in total and per
+draft position (`position` label). The step's modelled duration is `replaybench_sim_step_duration_seconds`.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from harness.sim.engine_core import StepResult
+
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0)
 LATENESS_BUCKETS = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.1)
 # vLLM 0.24's bucket bounds for the same series (only the sums and counts are read by replaybench).
@@ -20,6 +27,7 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 TOKEN_GAP_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 240.0, 480.0, 960.0)
 COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM 0.24's bounds
 LATENESS_WINDOW = 20_000
 LATE_THRESHOLD_S = 1e-3
 
@@ -81,7 +89,7 @@ class RequestLatencies:
         self.stamps[request_id] = _Stamps(now_s)
 
     def emitted(self, request_id: str, deadline_s: float) -> None:
-        """One token of the request, produced by the step that ends at `deadline_s`."""
+        """Tokens of the request (one, or several under speculation), produced by the step ending at `deadline_s`."""
         stamps = self.stamps.get(request_id)
         if stamps is None:  # aborted while its last step ran
             return
@@ -148,9 +156,48 @@ class LagTracker:
 
 
 @dataclass
+class SpecDecodeCounters:
+    """vLLM's `vllm:spec_decode_*` counters: drafts (verify steps of a request), draft and accepted tokens."""
+
+    spec_tokens: int
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.accepted_per_position = [0] * self.spec_tokens
+
+    def observe(self, accepted: list[int]) -> None:
+        self.drafts += len(accepted)
+        self.draft_tokens += self.spec_tokens * len(accepted)
+        self.accepted_tokens += sum(accepted)
+        for count in accepted:
+            for position in range(count):
+                self.accepted_per_position[position] += 1
+
+    def render(self, labels: str) -> list[str]:
+        lines = []
+        for name, value in (
+            ("num_drafts", self.drafts),
+            ("num_draft_tokens", self.draft_tokens),
+            ("num_accepted_tokens", self.accepted_tokens),
+        ):
+            lines += [f"# TYPE vllm:spec_decode_{name} counter", f"vllm:spec_decode_{name}_total{{{labels}}} {value}"]
+        lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
+        lines += [
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{position}"}} {value}'
+            for position, value in enumerate(self.accepted_per_position)
+        ]
+        return lines
+
+
+@dataclass
 class EngineMetrics:
     model_name: str
+    spec_tokens: int = 0  # drafts per verify step; 0: no speculative decoding, no spec_decode series
     step_duration: Histogram = field(default_factory=lambda: Histogram(DURATION_BUCKETS))
+    iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_BUCKETS))
     lateness: LagTracker = field(default_factory=LagTracker)  # step loop wake-up vs the step's deadline
     delivery: LagTracker = field(default_factory=LagTracker)  # token chunk written vs the step's deadline
     latencies: RequestLatencies = field(default_factory=RequestLatencies)
@@ -160,6 +207,20 @@ class EngineMetrics:
     requests_rejected: int = 0
     injected_failures: int = 0
     injected_stalls: int = 0
+    spec_decode: SpecDecodeCounters | None = None
+
+    def __post_init__(self) -> None:
+        self.spec_decode = SpecDecodeCounters(self.spec_tokens) if self.spec_tokens else None
+
+    def observe_step(self, result: StepResult) -> None:
+        """Count one finished engine step: its duration, tokens, finished requests and verify outcomes."""
+        generated = sum(tokens for _, tokens in result.emitted)
+        self.step_duration.observe(result.duration_s)
+        self.iteration_tokens.observe(result.work.prefill_tokens + generated)
+        self.generation_tokens += generated
+        self.requests_finished += len(result.finished)
+        if self.spec_decode is not None:
+            self.spec_decode.observe(result.accepted)
 
     def render(self, running: int, waiting: int, memory_usage: float, preemptions: int) -> str:
         inner = f'model_name="{self.model_name}"'
@@ -183,6 +244,8 @@ class EngineMetrics:
             "# TYPE vllm:request_success_total counter",
             f"vllm:request_success_total{label} {self.requests_finished}",
             *self.latencies.render(inner),
+            *self.iteration_tokens.render("vllm:iteration_tokens_total", "Tokens per engine step.", inner),
+            *(self.spec_decode.render(inner) if self.spec_decode else []),
             "# TYPE replaybench_sim_requests_rejected_total counter",
             f"replaybench_sim_requests_rejected_total {self.requests_rejected}",
             "# TYPE replaybench_sim_injected_failures_total counter",

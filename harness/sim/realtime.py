@@ -67,10 +67,8 @@ class RealtimeEngine:
             deadline = start + result.duration_s
             await sleep_until(deadline)
             self.metrics.lateness.observe(time.monotonic() - deadline)
-            self.metrics.step_duration.observe(result.duration_s)
-            self.metrics.generation_tokens += len(result.emitted)
-            self.metrics.requests_finished += len(result.finished)
-            for seq in result.emitted:
+            self.metrics.observe_step(result)
+            for seq, _ in result.emitted:
                 self.metrics.latencies.emitted(seq.request_id, deadline)
                 queue = self._streams.get(seq)
                 if queue is not None:

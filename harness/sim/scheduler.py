@@ -5,15 +5,23 @@ ones FCFS, within a token budget (chunked prefill) and a running-sequence cap. M
 KV blocks grow with the context, and each admitted sequence holds its SSM state (incl. ReplaySSM's ring and
 bf16 copy). When a running sequence cannot grow, the most recently admitted one is preempted (its memory is
 freed and it is recomputed from scratch later, as vLLM's recompute preemption does).
+
+With speculative decoding every decode is a verify step: the sequence's last token plus k drafts go through
+the model (1 + k tokens of the budget and of KV room), and the step emits the accepted drafts plus one token,
+so a sequence can gain several tokens in one step (`Speculation`). Its state is sized for 1 + k copies by the
+state policy.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from harness.sim.cost_model import StepWork
+from harness.sim.speculation import Speculation
 
 
 @dataclass(eq=False)
@@ -82,24 +90,36 @@ class SchedulerLimits:
     max_num_batched_tokens: int = 8192
 
 
+class Chunk(NamedTuple):
+    """What one step computes for one sequence: `tokens` new context tokens, of which `drafts` are drafts."""
+
+    seq: Sequence
+    tokens: int
+    drafts: int = 0
+
+
 @dataclass
 class ScheduledStep:
-    chunks: list[tuple[Sequence, int]]
+    chunks: list[Chunk]
     work: StepWork
     preempted: list[Sequence] = field(default_factory=list)
 
 
 @dataclass
 class StepOutcome:
-    """After a step: sequences that produced one more token, and those that are now finished."""
+    """After a step: (sequence, tokens it produced), those now finished, and the drafts each verify accepted."""
 
-    emitted: list[Sequence]
+    emitted: list[tuple[Sequence, int]]
     finished: list[Sequence]
+    accepted: list[int] = field(default_factory=list)  # one entry per verify step (0..k)
 
 
 class Scheduler:
-    def __init__(self, limits: SchedulerLimits, pool: MemoryPool) -> None:
-        self.limits, self.pool = limits, pool
+    def __init__(
+        self, limits: SchedulerLimits, pool: MemoryPool, speculation: Speculation | None = None, seed: int = 0
+    ) -> None:
+        self.limits, self.pool, self.speculation = limits, pool, speculation
+        self._acceptance = random.Random(seed)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
@@ -144,15 +164,18 @@ class Scheduler:
         """Choose this step's chunks; None when there is nothing to run."""
         self._purge_aborted()
         budget = self.limits.max_num_batched_tokens
-        chunks: list[tuple[Sequence, int]] = []
+        chunks: list[Chunk] = []
         preempted: list[Sequence] = []
         for seq in list(self.running):
             if budget == 0 or not seq.holds_state:  # the rest were preempted just now
                 break
-            tokens = min(seq.remaining, budget)
-            if not self._grow_or_preempt(seq, tokens, preempted):
+            drafts = self._drafts(seq, budget)
+            tokens = min(seq.remaining, budget) + drafts
+            if not self._grow_or_preempt(
+                seq, min(tokens, seq.prompt_tokens + seq.output_target - seq.computed), preempted
+            ):
                 break
-            chunks.append((seq, tokens))
+            chunks.append(Chunk(seq, tokens, drafts))
             budget -= tokens
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
             seq = self.waiting[0]
@@ -161,44 +184,56 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(seq)
-            chunks.append((seq, tokens))
+            chunks.append(Chunk(seq, tokens))
             budget -= tokens
         if not chunks:
             return None
         return ScheduledStep(chunks=chunks, work=_work_of(chunks), preempted=preempted)
 
+    def _drafts(self, seq: Sequence, budget: int) -> int:
+        """Drafts to verify with this decode (k under speculation, if the token budget has room), else 0."""
+        k = self.speculation.tokens if self.speculation else 0
+        return k if k and seq.output_count > 0 and seq.remaining == 1 and budget > k else 0
+
     def complete(self, step: ScheduledStep) -> StepOutcome:
-        """Advance every scheduled sequence by its chunk; a sequence whose context is complete samples a token."""
-        emitted: list[Sequence] = []
+        """Advance every scheduled sequence by its chunk; a sequence whose context is complete samples a token
+        (a verify step: one plus the drafts it accepted, at most the tokens still to go)."""
+        emitted: list[tuple[Sequence, int]] = []
         finished: list[Sequence] = []
-        for seq, tokens in step.chunks:
+        accepted: list[int] = []
+        for seq, tokens, drafts in step.chunks:
             if seq.aborted:
                 continue
-            seq.computed += tokens
+            produced = 1
+            if drafts and self.speculation:
+                accepted.append(self.speculation.accepted(self._acceptance))
+                produced = min(1 + accepted[-1], seq.output_target - seq.output_count)
+            seq.computed += tokens - drafts + produced - 1
             if seq.computed < seq.total_tokens:
                 continue
-            seq.output_count += 1
-            emitted.append(seq)
+            seq.output_count += produced
+            emitted.append((seq, produced))
             if seq.output_count >= seq.output_target:
                 seq.finished = True
                 finished.append(seq)
                 self.pool.release(seq)
         if finished:
             self.running = [s for s in self.running if not s.finished]
-        return StepOutcome(emitted=emitted, finished=finished)
+        return StepOutcome(emitted=emitted, finished=finished, accepted=accepted)
 
 
 def _is_decode(seq: Sequence, tokens: int) -> bool:
     return tokens == 1 and seq.output_count > 0 and seq.computed == seq.total_tokens - 1
 
 
-def _work_of(chunks: list[tuple[Sequence, int]]) -> StepWork:
-    decode = prefill_seqs = prefill_tokens = context = pairs = 0
-    for seq, tokens in chunks:
+def _work_of(chunks: list[Chunk]) -> StepWork:
+    decode = prefill_seqs = prefill_tokens = context = pairs = draft_tokens = 0
+    for seq, tokens, drafts in chunks:
         context += seq.computed + tokens
         pairs += tokens * seq.computed + tokens * (tokens + 1) // 2
-        if _is_decode(seq, tokens):
+        if _is_decode(seq, tokens - drafts):
             decode += 1
+            draft_tokens += drafts
         else:
             prefill_seqs += 1
             prefill_tokens += tokens
@@ -208,4 +243,5 @@ def _work_of(chunks: list[tuple[Sequence, int]]) -> StepWork:
         prefill_tokens=prefill_tokens,
         context_tokens=context,
         attention_pairs=pairs,
+        draft_tokens=draft_tokens,
     )

@@ -46,7 +46,9 @@ def describe(core: EngineCore) -> list[str]:
         f"model {shape.name}: {shape.total_params / 1e9:.2f}B params ({shape.active_params_per_token / 1e9:.2f}B "
         f"active), {shape.attention.layers} attention + {rec.layers if rec else 0} {rec.kind if rec else ''} layers",
         f"gpu {spec.tensor_parallel_size} x {spec.gpu.name} (simulated); policy {spec.policy.label}; state "
-        f"{spec.policy.memory_bytes_per_seq(rec) / (1 << 20):.1f} MiB/seq; KV {shape.kv_bytes_per_token} B/token",
+        f"{spec.policy.memory_bytes_per_seq(rec, spec.spec_tokens) / (1 << 20):.1f} MiB/seq; "
+        f"KV {shape.kv_bytes_per_token} B/token",
+        "speculative decoding: " + (f"{spec.speculation.label} (synthetic acceptance)" if spec.speculation else "off"),
         f"memory pool {core.pool.capacity_bytes / GIB:.2f} GiB; max-num-seqs {spec.limits.max_num_seqs}; "
         f"max-num-batched-tokens {spec.limits.max_num_batched_tokens}; max-model-len {spec.max_model_len}; "
         f"{core.max_concurrent_sequences} full-length sequences fit",
@@ -61,7 +63,7 @@ async def _serve(options: ServeOptions) -> None:
     from aiohttp import web
 
     core = EngineCore(options.spec, options.noise)
-    metrics = EngineMetrics(model_name=options.model_name)
+    metrics = EngineMetrics(model_name=options.model_name, spec_tokens=options.spec.spec_tokens)
     engine = RealtimeEngine(core, metrics)
     faults = FaultInjector(options.faults, options.seed)
     state = ServerState(

@@ -178,15 +178,13 @@ async def _stream(
                 await _stall(request, state, seq)
                 return response
             produced, deadline = await queue.get()
-            chunks = []
-            while sent < produced:  # more than one when the loop fell behind: send them in one write
-                text = token_text(plan.token_id(sent), first=sent == 0)
-                sent += 1
-                chunk = formatter.token_chunk(text, plan.finish_reason if sent == plan.length else None)
-                if parsed.continuous_usage:
-                    chunk = formatter.with_usage(chunk, parsed.prompt_tokens, sent)
-                chunks.append(chunk)
-            await response.write(b"".join(chunks))
+            # one SSE chunk per engine step, as vLLM streams: several tokens in it under speculative decoding
+            text = "".join(token_text(plan.token_id(i), first=i == 0) for i in range(sent, produced))
+            sent = produced
+            chunk = formatter.token_chunk(text, plan.finish_reason if sent == plan.length else None)
+            if parsed.continuous_usage:
+                chunk = formatter.with_usage(chunk, parsed.prompt_tokens, sent)
+            await response.write(chunk)
             state.metrics.delivery.observe(time.monotonic() - deadline)
         if parsed.include_usage:
             await response.write(formatter.usage_chunk(parsed.prompt_tokens, sent))

@@ -36,6 +36,7 @@ META_SIM_GPU = "replaybench.sim.gpu"
 META_SIM_MODEL = "replaybench.sim.model"
 META_SIM_PREEMPTIONS = "replaybench.sim.preemptions"
 META_SIM_NOISE = "replaybench.sim.noise"  # JSON of the step-time noise and its seeds, or "off"
+META_SIM_SPECULATION = "replaybench.sim.speculation"  # e.g. "spec k=3 AL=2.8", or "off"
 
 
 def trace_requests(trace: Trace, time_scale: float) -> list[RequestSpec]:
@@ -75,15 +76,16 @@ def _row(run: VirtualRun, timing: RequestTiming, arm: str, repeat: int) -> dict[
     if timing.rejected:
         return row | {"status": 400, "error": "http_4xx", "output_tokens": 0}
     times = [t - spec.arrival_s for t in run.token_times(timing)]
+    tokens = sum(timing.token_counts)
     return row | {
         "status": 200,
         "ttft_s": times[0],
         "e2e_s": times[-1],
         "token_times": times,
-        "token_counts": [1] * len(times),  # the engine's own count: one token per step
+        "token_counts": timing.token_counts,  # the engine's own count per step (several under speculation)
         "token_count_source": CONTINUOUS_USAGE,
-        "output_tokens": len(times),
-        "output_tokens_usage": len(times),
+        "output_tokens": tokens,
+        "output_tokens_usage": tokens,
         "prompt_tokens_server": spec.prompt_tokens,
         "finish_reason": "length",
     }
@@ -119,5 +121,6 @@ def write_simulated_results(
         META_SIM_MODEL: spec.shape.name,
         META_SIM_PREEMPTIONS: str(run.preemptions),
         META_SIM_NOISE: json.dumps(noise.describe()) if noise is not None else "off",
+        META_SIM_SPECULATION: spec.speculation.label if spec.speculation else "off",
     }
     return write_results(out, result_table(run, arm, repeat), metadata)

@@ -5,6 +5,9 @@ replayssm: the checkpoint is read every decode step (the bf16 copy with split pr
            the last m < L step inputs; one ring entry is written per step; the checkpoint is written only
            when the ring fills (every L steps), so its write cost is amortised over L steps.
 Prefill chunks read and write the state once per chunk under both policies (the chunked scan).
+Speculative decoding with k drafts (vLLM 0.24): baseline holds 1 + k full states per sequence and a verify
+step writes one state per verified token; ReplaySSM's ring grows by k entries and a verify step appends one
+entry per verified token. The drafter's own passes are not modelled: they cost the same in both arms.
 
 The same accounting serves Mamba-2 and Gated DeltaNet layers; only the state size and the ring entry differ
 (`RecurrentShape`). A GDN step reads its checkpoint once for both mat-vecs (S·k̂ and S·q̂), as a Mamba-2 step
@@ -72,13 +75,15 @@ class StatePolicy:
     def _conv_bytes(self, rec: RecurrentShape) -> int:
         return rec.conv_elements * BF16_BYTES
 
-    def memory_bytes_per_seq(self, rec: RecurrentShape | None) -> int:
-        """Recurrent memory one running sequence holds, over all recurrent layers."""
+    def memory_bytes_per_seq(self, rec: RecurrentShape | None, spec_tokens: int = 0) -> int:
+        """Recurrent memory one running sequence holds, over all recurrent layers (k = `spec_tokens` drafts)."""
         if rec is None:
             return 0
         per_layer = self._state_bytes(rec) + self._conv_bytes(rec)
-        if self.name == "replayssm":
-            per_layer += self.buffer_len * rec.step_input_bytes
+        if self.name == "baseline":
+            per_layer += spec_tokens * self._state_bytes(rec)
+        else:
+            per_layer += (self.buffer_len + spec_tokens) * rec.step_input_bytes
             if self.split_precision:
                 per_layer += rec.state_elements * BF16_BYTES
         return rec.layers * per_layer
@@ -118,6 +123,12 @@ class StatePolicy:
     def decode_bytes_per_seq(self, rec: RecurrentShape | None) -> float:
         """State bytes one decode step moves for one sequence, over all recurrent layers."""
         return 0.0 if rec is None else rec.layers * self.decode_traffic(rec).total
+
+    def draft_bytes_per_token(self, rec: RecurrentShape | None) -> float:
+        """Extra state bytes a verify step moves per draft token: a full state write (baseline), a ring entry."""
+        if rec is None:
+            return 0.0
+        return rec.layers * (self._state_bytes(rec) if self.name == "baseline" else rec.step_input_bytes)
 
     def prefill_bytes_per_seq(self, rec: RecurrentShape | None) -> float:
         """State bytes one prefill chunk moves for one sequence: read and write the state once."""

@@ -1,8 +1,8 @@
 """Drive an `EngineCore` in virtual time: no clock, no HTTP; an hour of traffic runs in seconds.
 
 Arrivals come from an open-loop list (a trace) or from a closed loop (C streams that each send the next
-request the moment the previous one finishes, as the calibration load did). Every emitted token is stamped
-with the virtual end time of the step that produced it.
+request the moment the previous one finishes, as the calibration load did). Every step's emitted tokens are
+stamped with the virtual end time of that step (several at once under speculative decoding).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ class RequestTiming:
     """What happened to one request, in virtual seconds from the start."""
 
     spec: RequestSpec
-    token_steps: list[int] = field(default_factory=list)  # index of the step that emitted each token
+    token_steps: list[int] = field(default_factory=list)  # index of each step that emitted tokens
+    token_counts: list[int] = field(default_factory=list)  # how many tokens that step emitted (>1: speculation)
     rejected: str | None = None
 
 
@@ -107,8 +108,9 @@ def run_virtual(
         durations.append(result.duration_s)
         works.append(result.work)
         now += result.duration_s
-        for seq in result.emitted:
+        for seq, produced in result.emitted:
             by_seq[seq].token_steps.append(step_index)
+            by_seq[seq].token_counts.append(produced)
         if progress and result.finished:
             progress(len(result.finished))
         for seq in result.finished:

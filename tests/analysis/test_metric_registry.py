@@ -61,5 +61,15 @@ def test_every_definition_is_complete_and_names_are_unique() -> None:
     assert len({m.name for m in METRICS}) == len(METRICS)
     for m in METRICS:
         assert all((m.title, m.formula, m.timestamps, m.failures)), m.name
-        assert m.latency == (m.unit == "s"), m.name
+        if m.source == "client":  # a server's mean step time is in seconds but one number per run
+            assert m.latency == (m.unit == "s"), m.name
     assert {m.vllm_name for m in METRICS if m.vllm_name} >= {"ttft", "tpot", "itl", "e2el", "request_throughput"}
+
+
+def test_server_counted_metrics_are_documented_but_never_decision_metrics() -> None:
+    server = {m.name for m in METRICS if m.source == "server"}
+    assert {"acceptance_length", "engine_steps_per_s", "emitted_throughput", "processed_throughput"} <= server
+    assert not server & set(METRIC_DIRECTIONS)
+    document = tomllib.loads('[decision]\nexploratory = ["acceptance_length"]\n')
+    with pytest.raises(UserError, match="unknown metric"):
+        analysis_config_from_mapping(document, "experiment.toml")

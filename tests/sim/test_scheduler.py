@@ -48,7 +48,7 @@ def test_decodes_go_first_and_waiting_requests_fill_the_rest_fcfs() -> None:
     scheduler.add(second)
     scheduler.add(third)
     step = scheduler.schedule()
-    assert [(s.request_id, n) for s, n in step.chunks] == [("first", 1), ("second", 60), ("third", 3)]
+    assert [(c.seq.request_id, c.tokens) for c in step.chunks] == [("first", 1), ("second", 60), ("third", 3)]
     assert step.work.decode_seqs == 1 and step.work.prefill_tokens == 63
 
 
