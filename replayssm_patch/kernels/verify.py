@@ -33,7 +33,11 @@ from replayssm_patch.kernels.common import (
 from replayssm_patch.kernels.flush import flush_ring, flush_ring_reference
 from replayssm_patch.kernels.launch_config import launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, ring_entries, ring_len_of
-from replayssm_patch.kernels.replay_decode import COEF_NUM_WARPS, _step_inputs
+from replayssm_patch.kernels.replay_decode import _step_inputs
+
+# T coefficient rows per (row, group) hold ~T times the decode step's registers: 4 warps keep them from spilling
+# (ptxas at T = 4, L + T = 20, d_state 128: 254 registers per thread at 2 warps).
+VERIFY_COEF_NUM_WARPS = 4
 
 
 @triton.jit(do_not_specialize_on_alignment=["dt_ptr", "B_ptr", "C_ptr"])
@@ -61,15 +65,13 @@ def _verify_coefficients_kernel(
     new = (offs_l >= pos) & (offs_l < pos + count)
     token = start + offs_l - pos  # the query token an appended position holds (masked elsewhere)
 
-    rB = ring_B_ptr + slot * srB_slot + group * srB_g
-    at_B = rB + offs_l[:, None] * srB_l + offs_n[None, :] * srB_n
-    ring_B = tl.load(at_B, mask=history[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
-    new_B = tl.load(
-        B_ptr + token[:, None] * sB_t + group * sB_g + offs_n[None, :] * sB_n,
-        mask=new[:, None] & mask_n[None, :], other=0.0,
-    )  # fmt: skip
-    tl.store(at_B, new_B.to(ring_B_ptr.dtype.element_ty), mask=new[:, None] & mask_n[None, :])
-    all_B = tl.where(new[:, None], new_B.to(tl.float32), ring_B)  # [L, N]: the ring with the T entries appended
+    at_B = ring_B_ptr + slot * srB_slot + group * srB_g + offs_l[:, None] * srB_l + offs_n[None, :] * srB_n
+    from_B = B_ptr + token[:, None] * sB_t + group * sB_g + offs_n[None, :] * sB_n
+    # one [L, N] tile: ring entries for the history, this step's B for the appended positions
+    live_B = (history | new)[:, None] & mask_n[None, :]
+    B_raw = tl.load(tl.where(new[:, None], from_B, at_B), mask=live_B, other=0.0)
+    tl.store(at_B, B_raw.to(ring_B_ptr.dtype.element_ty), mask=new[:, None] & mask_n[None, :])
+    all_B = B_raw.to(tl.float32)
     groups = tl.num_programs(1)
     for j in tl.static_range(BLOCK_T):
         C_j = tl.load(C_ptr + (start + j) * sC_t + group * sC_g + offs_n * sC_n, mask=mask_n & (j < count), other=0.0)
@@ -125,13 +127,10 @@ def _verify_step_kernel(
     token = start + offs_l - pos
 
     at_x = ring_x_ptr + slot * srx_slot + head * srx_h + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p
-    ring_x = tl.load(at_x, mask=history[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
-    new_x = tl.load(
-        x_ptr + token[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p,
-        mask=new[:, None] & mask_p[None, :], other=0.0,
-    )  # fmt: skip
-    tl.store(at_x, new_x.to(ring_x_ptr.dtype.element_ty), mask=new[:, None] & mask_p[None, :])
-    xs = tl.where(new[:, None], new_x.to(tl.float32), ring_x)  # [L, P]
+    from_x = x_ptr + token[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p
+    x_raw = tl.load(tl.where(new[:, None], from_x, at_x), mask=(history | new)[:, None] & mask_p[None, :], other=0.0)
+    tl.store(at_x, x_raw.to(ring_x_ptr.dtype.element_ty), mask=new[:, None] & mask_p[None, :])
+    xs = x_raw.to(tl.float32)  # [L, P]: the ring with this step's tokens appended
 
     C_row = C_ptr + group * sC_g
     read = tl.zeros((BLOCK_T, BLOCK_P), dtype=tl.float32)  # h_c·C_j for every query token: one checkpoint read
@@ -218,7 +217,7 @@ def replay_verify(
         d_state, ring_len, max_query_len, pad_slot_id,
         *dt.stride(), *B.stride(), *C.stride(), *ring_B.stride(), *ring_dt.stride(),
         HEADS_PER_GROUP=nheads // ngroups, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus,
-        BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_N=block_size(d_state, floor=16), num_warps=COEF_NUM_WARPS,
+        BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_N=block_size(d_state, floor=16), num_warps=VERIFY_COEF_NUM_WARPS,
     )  # fmt: skip
     _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
         x, C, D if D is not None else A, state, ring_x, state_indices, write_pos, query_start_loc,
