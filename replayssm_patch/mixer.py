@@ -132,6 +132,22 @@ class ReplayMambaMixer2(MambaMixer2):
         shape = (n, groups, self.ssm_state_size)
         return x.view(n, heads, self.head_dim), B.view(shape), C.view(shape), dt
 
+    def _kernel_arguments(
+        self, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor, out: torch.Tensor
+    ) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
+        """The leading arguments and the keywords the decode and verify steps share."""
+        cache = self.kv_cache
+        leading = (x, dt, self.A, B, C, cache[1], cache[RING_X], cache[RING_B], cache[RING_DT])
+        keywords = {
+            "state_bf16": cache[STATE_BF16] if self.replayssm.split_precision else None,
+            "D": self.D,
+            "dt_bias": self.dt_bias,
+            "dt_softplus": True,
+            "pad_slot_id": NULL_BLOCK_ID,
+            "out": out,
+        }
+        return leading, keywords
+
     def _replay_decode(
         self, projected_states: torch.Tensor, output: torch.Tensor, metadata: ReplayMamba2AttentionMetadata
     ) -> None:
@@ -139,27 +155,9 @@ class ReplayMambaMixer2(MambaMixer2):
 
         n = metadata.num_decode_tokens
         x, B, C, dt = self._decode_conv(projected_states, metadata, metadata.state_indices_tensor_d.size(-1))
-        cache = self.kv_cache
-        replay_decode_step(
-            x,
-            dt,
-            self.A,
-            B,
-            C,
-            cache[1],
-            cache[RING_X],
-            cache[RING_B],
-            cache[RING_DT],
-            metadata.state_indices_tensor_d[:n, 0],
-            metadata.replay_write_pos[:n],
-            metadata.replay_flush_len[:n],
-            state_bf16=cache[STATE_BF16] if self.replayssm.split_precision else None,
-            D=self.D,
-            dt_bias=self.dt_bias,
-            dt_softplus=True,
-            pad_slot_id=NULL_BLOCK_ID,
-            out=output[:n].view(x.shape),
-        )
+        leading, keywords = self._kernel_arguments(x, dt, B, C, output[:n].view(x.shape))
+        plan = (metadata.state_indices_tensor_d[:n, 0], metadata.replay_write_pos[:n], metadata.replay_flush_len[:n])
+        replay_decode_step(*leading, *plan, **keywords)
 
     def _replay_verify(
         self, projected_states: torch.Tensor, output: torch.Tensor, metadata: ReplayMamba2AttentionMetadata
@@ -172,29 +170,13 @@ class ReplayMambaMixer2(MambaMixer2):
         n, rows = metadata.num_decode_tokens, metadata.state_indices_tensor_d.shape[0]
         max_query_len = 1 + self.num_spec
         x, B, C, dt = self._decode_conv(projected_states, metadata, max_query_len)
-        cache = self.kv_cache
-        replay_verify_step(
-            x,
-            dt,
-            self.A,
-            B,
-            C,
-            cache[1],
-            cache[RING_X],
-            cache[RING_B],
-            cache[RING_DT],
+        leading, keywords = self._kernel_arguments(x, dt, B, C, output[:n].view(x.shape))
+        plan = (
             metadata.state_indices_tensor_d[:, 0],
             metadata.replay_write_pos[:rows],
             metadata.replay_fold_len[:rows],
-            metadata.query_start_loc_d,
-            max_query_len,
-            state_bf16=cache[STATE_BF16] if self.replayssm.split_precision else None,
-            D=self.D,
-            dt_bias=self.dt_bias,
-            dt_softplus=True,
-            pad_slot_id=NULL_BLOCK_ID,
-            out=output[:n].view(x.shape),
         )
+        replay_verify_step(*leading, *plan, metadata.query_start_loc_d, max_query_len, **keywords)
 
 
 def install_replay_mixer(config: ReplaySSMConfig) -> None:

@@ -66,12 +66,11 @@ def _verify_coefficients_kernel(
     token = start + offs_l - pos  # the query token an appended position holds (masked elsewhere)
 
     at_B = ring_B_ptr + slot * srB_slot + group * srB_g + offs_l[:, None] * srB_l + offs_n[None, :] * srB_n
-    from_B = B_ptr + token[:, None] * sB_t + group * sB_g + offs_n[None, :] * sB_n
-    # one [L, N] tile: ring entries for the history, this step's B for the appended positions
-    live_B = (history | new)[:, None] & mask_n[None, :]
-    B_raw = tl.load(tl.where(new[:, None], from_B, at_B), mask=live_B, other=0.0)
-    tl.store(at_B, B_raw.to(ring_B_ptr.dtype.element_ty), mask=new[:, None] & mask_n[None, :])
-    all_B = B_raw.to(tl.float32)
+    new_B = new[:, None] & mask_n[None, :]
+    B_raw = tl.load(B_ptr + token[:, None] * sB_t + group * sB_g + offs_n[None, :] * sB_n, mask=new_B, other=0.0)
+    tl.store(at_B, B_raw.to(ring_B_ptr.dtype.element_ty), mask=new_B)
+    ring_B = tl.load(at_B, mask=history[:, None] & mask_n[None, :], other=0.0)
+    all_B = tl.where(new[:, None], B_raw.to(tl.float32), ring_B.to(tl.float32))  # [L, N]: the ring, T appended
     groups = tl.num_programs(1)
     for j in tl.static_range(BLOCK_T):
         C_j = tl.load(C_ptr + (start + j) * sC_t + group * sC_g + offs_n * sC_n, mask=mask_n & (j < count), other=0.0)
@@ -127,10 +126,11 @@ def _verify_step_kernel(
     token = start + offs_l - pos
 
     at_x = ring_x_ptr + slot * srx_slot + head * srx_h + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p
-    from_x = x_ptr + token[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p
-    x_raw = tl.load(tl.where(new[:, None], from_x, at_x), mask=(history | new)[:, None] & mask_p[None, :], other=0.0)
-    tl.store(at_x, x_raw.to(ring_x_ptr.dtype.element_ty), mask=new[:, None] & mask_p[None, :])
-    xs = x_raw.to(tl.float32)  # [L, P]: the ring with this step's tokens appended
+    new_x = new[:, None] & mask_p[None, :]
+    x_raw = tl.load(x_ptr + token[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p, mask=new_x, other=0.0)
+    tl.store(at_x, x_raw.to(ring_x_ptr.dtype.element_ty), mask=new_x)
+    ring_x = tl.load(at_x, mask=history[:, None] & mask_p[None, :], other=0.0)
+    xs = tl.where(new[:, None], x_raw.to(tl.float32), ring_x.to(tl.float32))  # [L, P]: the ring, T appended
 
     C_row = C_ptr + group * sC_g
     read = tl.zeros((BLOCK_T, BLOCK_P), dtype=tl.float32)  # h_c·C_j for every query token: one checkpoint read
