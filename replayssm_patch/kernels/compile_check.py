@@ -5,7 +5,8 @@
 Triton's interpreter runs kernels as NumPy code and accepts things the real compiler rejects (tl.dot shape
 limits, type mixing, control flow); this drives the real compiler (Triton -> PTX -> ptxas cubin) for the
 variants vLLM uses, with the registers ptxas gives each (they decide how many programs an SM holds):
-bf16 activations, fp32 or bf16 checkpoint, Nemotron-H block sizes, and the GDN kernels
+bf16 activations, fp32 or bf16 checkpoint, Nemotron-H block sizes, the speculative verify and its plan at
+T = 4 (MTP k = 3, ring L + T = 20), and the GDN kernels
 (fp32 checkpoint and ring) at Qwen3.5 block sizes. Run it with TRITON_INTERPRET unset.
 """
 
