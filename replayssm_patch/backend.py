@@ -5,6 +5,11 @@ graph, so it is where cursors can advance. It writes each decode row's write pos
 into persistent buffers (fixed addresses the graph reads, shared by every Mamba KV-cache group) in one
 launch and, for prefill rows, the ring entry counts the layer must fold into the checkpoint first.
 CUDA-graph capture builds (dummy batches) write zeros and never advance real cursors.
+
+Under speculative decoding every decode row is a verify of 1..1+k tokens: the plan commits the accepted prefix of
+each row's last verify (vLLM's num_accepted_tokens, on the device), decides which rows fold their history before
+appending, and gives each row its write position. vLLM then builds every KV-cache group itself (no
+update_block_table), so each group's builder keeps its own cursor table and its own plan buffers.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from vllm.v1.attention.backends.mamba2_attn import (
     Mamba2AttentionMetadataBuilder,
 )
 
-from replayssm_patch.config import replayssm_config_of
+from replayssm_patch.config import replayssm_config_of, verify_len_of
 from replayssm_patch.cursors import CursorTable
 
 logger = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger
@@ -32,6 +37,8 @@ class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
     # Decode rows: one per state_indices_tensor_d row (graph padding rows get 0).
     replay_write_pos: torch.Tensor | None = None
     replay_flush_len: torch.Tensor | None = None
+    # Speculative decoding instead of replay_flush_len: committed entries each row folds before its verify.
+    replay_fold_len: torch.Tensor | None = None
     # Steps with a prefill: ring entries per prefill row to fold into the checkpoint first, and whether any
     # row may have some (False when the CPU knows every prefill row is a fresh sequence: no fold launches).
     replay_pending: torch.Tensor | None = None
@@ -51,14 +58,18 @@ class RingPlanBuffers:
     flush_len: torch.Tensor
 
     @classmethod
+    def allocate(cls, rows: int, device: torch.device) -> RingPlanBuffers:
+        zeros = torch.zeros(2, rows, dtype=torch.int32, device=device)
+        return cls(zeros[0], zeros[1])
+
+    @classmethod
     def of_engine(cls, vllm_config: Any, device: torch.device) -> RingPlanBuffers:
         """Keyed by device and row count, not by config object: every group's captured graphs must see the
         same addresses however vLLM hands its config to each builder (one engine per process)."""
         rows = vllm_config.scheduler_config.max_num_seqs
         key = (str(device), rows)
         if key not in _PLAN_BUFFERS:
-            zeros = torch.zeros(2, rows, dtype=torch.int32, device=device)
-            _PLAN_BUFFERS[key] = cls(zeros[0], zeros[1])
+            _PLAN_BUFFERS[key] = cls.allocate(rows, device)
         return _PLAN_BUFFERS[key]
 
 
@@ -72,7 +83,13 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         knobs = replayssm_config_of(vllm_config)
         self.buffer_len, self.stagger_windows = knobs.buffer_len, knobs.stagger_windows
-        self.plan_buffers = RingPlanBuffers.of_engine(vllm_config, device)
+        self.verify_len = verify_len_of(vllm_config)
+        # speculation: every group builds (and commits) on its own, so its plan must not be shared
+        self.plan_buffers = (
+            RingPlanBuffers.allocate(vllm_config.scheduler_config.max_num_seqs, device)
+            if self.verify_len
+            else RingPlanBuffers.of_engine(vllm_config, device)
+        )
         self.cursors: CursorTable | None = None  # sized at the first build, once the KV cache is bound
         self.full_decode_graphs = vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs()
         self._capturing = False
@@ -82,7 +99,11 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
             layer = self.vllm_config.compilation_config.static_forward_context[self.layer_names[0]]
             num_blocks = layer.kv_cache[1].shape[0]
             self.cursors = CursorTable(
-                num_blocks, self.buffer_len, self.plan_buffers.write_pos.device, stagger=self.stagger_windows
+                num_blocks,
+                self.buffer_len,
+                self.plan_buffers.write_pos.device,
+                stagger=self.stagger_windows,
+                verify_len=self.verify_len,
             )
         return self.cursors
 
@@ -100,7 +121,10 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         if metadata.num_prefills and common_attn_metadata.max_query_len == 1 and self.full_decode_graphs:
             warn_single_token_prompts()
         fresh = prefills_all_fresh(common_attn_metadata, metadata.num_prefills)
-        return plan_ring(metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing, fresh=fresh)
+        return plan_ring(
+            metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing, fresh=fresh,
+            verify=bool(self.verify_len), num_accepted=kwargs.get("num_accepted_tokens"),
+        )  # fmt: skip
 
 
 def prefills_all_fresh(common_attn_metadata: Any, num_prefills: int) -> bool:
@@ -133,29 +157,47 @@ def plan_ring(
     *,
     dry_run: bool,
     fresh: bool = False,
+    verify: bool = False,
+    num_accepted: torch.Tensor | None = None,
 ) -> ReplayMamba2AttentionMetadata:
     """Attach this step's ring plan to ``metadata`` (``cursor_table`` is called only when cursors move).
 
     Decode rows append to their ring whether or not the step also holds prefills (decode rows come first in
     vLLM's batch): one plan launch writes every row of the persistent buffers, padding included. Prefill rows
     get the entries their ring still holds (to fold in before vLLM's prefill reads the checkpoint) and restart.
+    ``verify`` (a speculative server): decode rows are verifies (``CursorTable.verify_step``: commit the accepted
+    prefix of the last verify, fold before an overflow, append) and the second buffer holds fold lengths;
+    ``num_accepted`` is vLLM's per-request count for the whole batch, so prefill rows count their accepted prefix.
+    A capture build (``dry_run``) plans zeros and moves no cursor.
     """
     rows = 0 if metadata.state_indices_tensor_d is None else metadata.state_indices_tensor_d.shape[0]
-    write_pos, flush_len = buffers.write_pos[:rows], buffers.flush_len[:rows]
+    write_pos, lengths = buffers.write_pos[:rows], buffers.flush_len[:rows]
     if rows:
+        slots = metadata.state_indices_tensor_d[:, 0]
         if dry_run or not metadata.num_decodes:
             write_pos.zero_()
-            flush_len.zero_()
+            lengths.zero_()
+        elif verify:
+            assert metadata.num_accepted_tokens is not None and metadata.query_start_loc_d is not None, (
+                "ReplaySSM verify steps need vLLM's num_accepted_tokens (passed for every speculative build)"
+            )
+            cursor_table().verify_step(
+                slots, metadata.query_start_loc_d, metadata.num_accepted_tokens, write_pos, lengths,
+                real_rows=metadata.num_decodes,
+            )  # fmt: skip
         else:
-            slots = metadata.state_indices_tensor_d[:, 0]
-            cursor_table().decode_step(slots, write_pos, flush_len, real_rows=metadata.num_decodes)
+            cursor_table().decode_step(slots, write_pos, lengths, real_rows=metadata.num_decodes)
     pending = None
     if metadata.num_prefills:
-        pending = cursor_table().take_pending(metadata.state_indices_tensor_p, metadata.has_initial_states_p)
+        accepted = None
+        if verify and num_accepted is not None:
+            accepted = num_accepted[metadata.num_decodes : metadata.num_decodes + metadata.num_prefills]
+        pending = cursor_table().take_pending(metadata.state_indices_tensor_p, metadata.has_initial_states_p, accepted)
     return replace(
         metadata,
         replay_write_pos=write_pos,
-        replay_flush_len=flush_len,
+        replay_flush_len=None if verify else lengths,
+        replay_fold_len=lengths if verify else None,
         replay_pending=pending,
         replay_fold_pending=bool(metadata.num_prefills) and not fresh,
     )

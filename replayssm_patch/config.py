@@ -72,3 +72,13 @@ def parse_replayssm_config(additional_config: Any) -> ReplaySSMConfig:
 def replayssm_config_of(vllm_config: Any) -> ReplaySSMConfig:
     """The knobs of a ``VllmConfig`` (anything with ``additional_config``)."""
     return parse_replayssm_config(getattr(vllm_config, "additional_config", None))
+
+
+def verify_len_of(vllm_config: Any) -> int:
+    """T = 1 + num_speculative_tokens, the most query tokens a verify row holds, under speculative decoding; else 0.
+
+    The ring then holds buffer_len + T entries, so a window of buffer_len committed entries still takes a verify.
+    """
+    spec = getattr(vllm_config, "speculative_config", None)
+    tokens = getattr(spec, "num_speculative_tokens", None) if spec is not None else None
+    return 1 + tokens if tokens else 0

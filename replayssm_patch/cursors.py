@@ -10,6 +10,12 @@ block, used for padded rows: its cursor never moves. On CUDA a decode step's pla
 Staggered windows: a sequence's first window after a prefill ends at L-1 - (hash(slot) mod L) and later ones at
 L-1, so a cohort admitted in one step (consecutive slots) spreads its flushes over L steps instead of
 folding every ring in the same step.
+
+Speculative decoding (``verify_len`` = 1 + num_speculative_tokens > 0): each block also counts the entries its last
+verify appended (``pending``). A verify step first commits the accepted prefix of those (positions += accepted,
+from vLLM's num_accepted_tokens on the device), then appends its T tokens at the committed count; the rest of the
+last verify's entries are overwritten (rollback is a cursor move). The ring holds buffer_len + verify_len entries,
+and a row whose history would overflow it folds first (``verify_step``).
 """
 
 from __future__ import annotations
@@ -28,13 +34,18 @@ def first_window_end(slots: torch.Tensor, buffer_len: int, stagger: bool) -> tor
 
 
 class CursorTable:
-    """Entry count of every block's ring (0..buffer_len-1) and the write position its window flushes at."""
+    """Entry count of every block's ring (0..buffer_len-1; committed entries under speculation) and the write
+    position its window flushes at; with ``verify_len`` > 0 also the entries each block's last verify appended."""
 
-    def __init__(self, num_blocks: int, buffer_len: int, device: torch.device | str, stagger: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, buffer_len: int, device: torch.device | str, stagger: bool = True, verify_len: int = 0
+    ) -> None:
         self.buffer_len = buffer_len
         self.stagger = stagger
+        self.verify_len = verify_len
         self.positions = torch.zeros(num_blocks, dtype=torch.int32, device=device)
         self.window_end = first_window_end(torch.arange(num_blocks, device=device), buffer_len, stagger)
+        self.pending = torch.zeros(num_blocks, dtype=torch.int32, device=device) if verify_len else None
 
     def decode_step(
         self, slots: torch.Tensor, write_pos: torch.Tensor, flush_len: torch.Tensor, real_rows: int | None = None
@@ -53,17 +64,50 @@ class CursorTable:
             from replayssm_patch.kernels.cursor_plan import plan_decode_rows_reference as plan
         plan(slots, self.positions, self.window_end, write_pos, flush_len, real_rows, self.buffer_len, NULL_BLOCK_ID)
 
-    def take_pending(self, slots: torch.Tensor, has_state: torch.Tensor | None = None) -> torch.Tensor:
+    def verify_step(
+        self,
+        slots: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        num_accepted: torch.Tensor,
+        write_pos: torch.Tensor,
+        fold_len: torch.Tensor,
+        real_rows: int | None = None,
+    ) -> None:
+        """Plan one verify step of rows [0, real_rows) (``kernels.cursor_plan.plan_verify_rows``): commit the accepted
+        prefix of each row's last verify, fill ``write_pos`` / ``fold_len`` in place (fold_len > 0: fold that many
+        committed entries first, then append at 0) and record this step's T_r = query_start_loc[r+1] -
+        query_start_loc[r] as pending. Device ops only; never call it for a CUDA-graph capture (a dry run)."""
+        assert self.pending is not None, "verify_step needs a table built with verify_len > 0"
+        if real_rows is None:
+            real_rows = slots.shape[0]
+        if self.positions.device.type == "cuda":
+            from replayssm_patch.kernels.cursor_plan import plan_verify_rows as plan
+        else:
+            from replayssm_patch.kernels.cursor_plan import plan_verify_rows_reference as plan
+        plan(
+            slots, query_start_loc, num_accepted, self.positions, self.pending, self.window_end, write_pos, fold_len,
+            real_rows, self.buffer_len, self.verify_len, NULL_BLOCK_ID,
+        )  # fmt: skip
+
+    def take_pending(
+        self, slots: torch.Tensor, has_state: torch.Tensor | None = None, num_accepted: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Ring entries to fold into the checkpoint before a prefill step; restarts those rings (at 0, with a
         staggered first window).
 
         ``has_state`` marks rows that continue a sequence (vLLM's has_initial_states); a fresh
-        sequence in a reused slot gets 0 so the previous owner's ring is never read.
+        sequence in a reused slot gets 0 so the previous owner's ring is never read. Under speculation
+        ``num_accepted`` (the rows' vLLM counts) commits the accepted prefix of a row's last verify first.
         """
         slots = slots.long()
         real = slots != NULL_BLOCK_ID
         continuing = real if has_state is None else real & has_state
-        pending = torch.where(continuing, self.positions[slots], 0).to(torch.int32)
+        committed = self.positions[slots]
+        if self.pending is not None:
+            accepted = torch.zeros_like(committed) if num_accepted is None else num_accepted.to(committed.dtype)
+            committed = committed + torch.minimum(accepted.clamp(min=0), self.pending[slots])
+            self.pending[slots] = torch.where(real, 0, self.pending[slots])
+        pending = torch.where(continuing, committed, 0).to(torch.int32)
         self.positions[slots] = torch.where(real, 0, self.positions[slots])
         self.window_end[slots] = torch.where(
             real, first_window_end(slots, self.buffer_len, self.stagger), self.window_end[slots]

@@ -25,7 +25,7 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_upd
 from vllm.v1.kv_cache_interface import MambaSpec
 
 from replayssm_patch.backend import ReplayMamba2AttentionBackend, ReplayMamba2AttentionMetadata
-from replayssm_patch.config import ReplaySSMConfig, replayssm_config_of
+from replayssm_patch.config import ReplaySSMConfig, replayssm_config_of, verify_len_of
 from replayssm_patch.cursors import NULL_BLOCK_ID
 from replayssm_patch.state_layout import RING_B, RING_DT, RING_X, STATE_BF16, replay_state_dtypes, replay_state_shapes
 
@@ -48,10 +48,12 @@ class ReplayMambaMixer2(MambaMixer2):
         """
         spec = super().get_kv_cache_spec(vllm_config)
         assert isinstance(spec, MambaSpec) and self.model_config is not None
+        verify_len = verify_len_of(vllm_config)
         return replace(
             spec,
-            shapes=replay_state_shapes(spec.shapes, self.replayssm, is_conv_state_dim_first()),
+            shapes=replay_state_shapes(spec.shapes, self.replayssm, is_conv_state_dim_first(), verify_len),
             dtypes=replay_state_dtypes(spec.dtypes, self.model_config.dtype, self.replayssm),
+            num_speculative_blocks=0,  # one block per request: a rollback is a cursor move, not a state copy
         )
 
     def get_attn_backend(self) -> type[ReplayMamba2AttentionBackend]:
@@ -64,7 +66,9 @@ class ReplayMambaMixer2(MambaMixer2):
             super().conv_ssm_forward(projected_states=projected_states, output=output)
             return
         assert isinstance(metadata, ReplayMamba2AttentionMetadata)
-        if metadata.num_decodes:
+        if metadata.num_decodes and metadata.replay_fold_len is not None:
+            self._replay_verify(projected_states, output, metadata)
+        elif metadata.num_decodes:
             self._replay_decode(projected_states, output, metadata)
         if metadata.num_prefills:
             self._prefill(projected_states, output, metadata, raw)
@@ -101,50 +105,78 @@ class ReplayMambaMixer2(MambaMixer2):
             cache[1], cache[RING_X], cache[RING_B], cache[RING_DT], self.A, slots, pending, pad_slot_id=NULL_BLOCK_ID
         )
 
-    def _replay_decode(
-        self, projected_states: torch.Tensor, output: torch.Tensor, metadata: ReplayMamba2AttentionMetadata
-    ) -> None:
-        from replayssm_patch.kernels import replay_decode_step
-
+    def _decode_conv(
+        self, projected_states: torch.Tensor, metadata: ReplayMamba2AttentionMetadata, max_query_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """vLLM's causal-conv update of the decode tokens (shifted by num_accepted_tokens under speculation);
+        returns their x [tokens, heads, head_dim], B and C [tokens, groups, d_state] and raw dt."""
         n = metadata.num_decode_tokens
         hidden_states_B_C, dt = torch.split(
             projected_states[:n, self.tped_intermediate_size :], [self.tped_conv_size, self.tped_dt_size], dim=-1
         )
         cache = self.kv_cache
         conv_state = cache[0] if is_conv_state_dim_first() else cache[0].transpose(-1, -2)
-        slots_2d = metadata.state_indices_tensor_d
         hidden_states_B_C = causal_conv1d_update(
             hidden_states_B_C,
             conv_state,
             self.conv_weights,
             self.conv1d.bias,
             self.activation,
-            conv_state_indices=slots_2d,
+            conv_state_indices=metadata.state_indices_tensor_d,
+            num_accepted_tokens=metadata.num_accepted_tokens,
             query_start_loc=metadata.query_start_loc_d,
-            max_query_len=slots_2d.size(-1),
+            max_query_len=max_query_len,
         )
         x, B, C = self.split_hidden_states_B_C_fn(hidden_states_B_C)
         heads, groups = self.num_heads // self.tp_size, self.n_groups // self.tp_size
-        replay_decode_step(
-            x.view(n, heads, self.head_dim),
-            dt,
-            self.A,
-            B.view(n, groups, self.ssm_state_size),
-            C.view(n, groups, self.ssm_state_size),
-            cache[1],
-            cache[RING_X],
-            cache[RING_B],
-            cache[RING_DT],
-            slots_2d[:n, 0],
-            metadata.replay_write_pos[:n],
-            metadata.replay_flush_len[:n],
-            state_bf16=cache[STATE_BF16] if self.replayssm.split_precision else None,
-            D=self.D,
-            dt_bias=self.dt_bias,
-            dt_softplus=True,
-            pad_slot_id=NULL_BLOCK_ID,
-            out=output[:n].view(n, heads, self.head_dim),
+        shape = (n, groups, self.ssm_state_size)
+        return x.view(n, heads, self.head_dim), B.view(shape), C.view(shape), dt
+
+    def _kernel_arguments(
+        self, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor, out: torch.Tensor
+    ) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
+        """The leading arguments and the keywords the decode and verify steps share."""
+        cache = self.kv_cache
+        leading = (x, dt, self.A, B, C, cache[1], cache[RING_X], cache[RING_B], cache[RING_DT])
+        keywords = {
+            "state_bf16": cache[STATE_BF16] if self.replayssm.split_precision else None,
+            "D": self.D,
+            "dt_bias": self.dt_bias,
+            "dt_softplus": True,
+            "pad_slot_id": NULL_BLOCK_ID,
+            "out": out,
+        }
+        return leading, keywords
+
+    def _replay_decode(
+        self, projected_states: torch.Tensor, output: torch.Tensor, metadata: ReplayMamba2AttentionMetadata
+    ) -> None:
+        from replayssm_patch.kernels import replay_decode_step
+
+        n = metadata.num_decode_tokens
+        x, B, C, dt = self._decode_conv(projected_states, metadata, metadata.state_indices_tensor_d.size(-1))
+        leading, keywords = self._kernel_arguments(x, dt, B, C, output[:n].view(x.shape))
+        plan = (metadata.state_indices_tensor_d[:n, 0], metadata.replay_write_pos[:n], metadata.replay_flush_len[:n])
+        replay_decode_step(*leading, *plan, **keywords)
+
+    def _replay_verify(
+        self, projected_states: torch.Tensor, output: torch.Tensor, metadata: ReplayMamba2AttentionMetadata
+    ) -> None:
+        """Speculative decode rows: fold rows whose history would overflow, then all 1+k tokens of every row from
+        one checkpoint read. ``max_query_len`` is 1+k, passed explicitly: vLLM's own layer reads it from the width
+        of its state indices, which is 1 here (num_speculative_blocks = 0)."""
+        from replayssm_patch.kernels import replay_verify_step
+
+        n, rows = metadata.num_decode_tokens, metadata.state_indices_tensor_d.shape[0]
+        max_query_len = 1 + self.num_spec
+        x, B, C, dt = self._decode_conv(projected_states, metadata, max_query_len)
+        leading, keywords = self._kernel_arguments(x, dt, B, C, output[:n].view(x.shape))
+        plan = (
+            metadata.state_indices_tensor_d[:, 0],
+            metadata.replay_write_pos[:rows],
+            metadata.replay_fold_len[:rows],
         )
+        replay_verify_step(*leading, *plan, metadata.query_start_loc_d, max_query_len, **keywords)
 
 
 def install_replay_mixer(config: ReplaySSMConfig) -> None:

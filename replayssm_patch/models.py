@@ -18,7 +18,7 @@ from vllm.model_executor.models.mamba2 import Mamba2ForCausalLM
 from vllm.model_executor.models.nemotron_h import NemotronHForCausalLM
 from vllm.model_executor.models.zamba2 import Zamba2ForCausalLM
 
-from replayssm_patch.config import ReplaySSMConfig, replayssm_config_of
+from replayssm_patch.config import ReplaySSMConfig, replayssm_config_of, verify_len_of
 from replayssm_patch.refusals import refuse_unsupported
 from replayssm_patch.state_layout import replay_state_dtypes, replay_state_shapes
 
@@ -46,7 +46,9 @@ class ReplaySSMModelMixin:
     def get_mamba_state_shape_from_config(cls, vllm_config: Any) -> tuple[tuple[int, ...], ...]:
         stock = super().get_mamba_state_shape_from_config(vllm_config)  # type: ignore[misc]
         config = active_config(vllm_config)
-        return replay_state_shapes(stock, config, is_conv_state_dim_first()) if config.enable else stock
+        if not config.enable:
+            return stock
+        return replay_state_shapes(stock, config, is_conv_state_dim_first(), verify_len_of(vllm_config))
 
     @classmethod
     def get_mamba_state_dtype_from_config(cls, vllm_config: Any) -> tuple[torch.dtype, ...]:

@@ -14,6 +14,13 @@ from replayssm_patch.config import SPLIT_PRECISION_REFUSED
 
 logger = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: the refusal shows like its own lines
 
+# Drafting methods whose target-side steps the Mamba-2 verify serves (vLLM 0.24 SpeculativeConfig.method values:
+# MTP model types resolve to "mtp"). They differ only in the drafter; the target sees 1..1+k tokens per row.
+SPEC_METHODS = ("mtp", "eagle", "eagle3", "ngram", "ngram_gpu", "draft_model", "custom_class")
+# vLLM 0.24 sizes these models' state pages without the speculative conv widening (their
+# get_mamba_state_shape_from_config does not pass num_spec), so a spec server's pages are wrong with or without us.
+SPEC_MISSIZED_ARCHITECTURES = ("FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM", "Zamba2ForCausalLM")
+
 
 class ReplaySSMRefused(RuntimeError):
     """The server was started with ReplaySSM enabled together with a setting it cannot honour."""
@@ -32,14 +39,41 @@ def _engine_reasons(vllm_config: Any) -> list[str]:
         reasons.append("KV transfer would ship checkpoints without their rings; drop --kv-transfer-config")
     if getattr(vllm_config, "use_v2_model_runner", False):
         reasons.append("the V2 model runner is not supported; unset VLLM_USE_V2_MODEL_RUNNER")
-    if getattr(vllm_config, "speculative_config", None) is not None:
-        reasons.append("speculative decoding (rollback as a cursor move) is not implemented; drop it")
+    return reasons
+
+
+def _speculation_reasons(vllm_config: Any) -> list[str]:
+    """Speculative settings the Mamba-2 verify does not serve (empty without speculative decoding)."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None:
+        return []
+    reasons: list[str] = []
+    method = getattr(spec, "method", None)
+    if method not in SPEC_METHODS:
+        reasons.append(
+            f"speculative method {method!r} is not supported with ReplaySSM; use one of {', '.join(SPEC_METHODS)}"
+        )
+    if getattr(spec, "parallel_drafting", False):
+        reasons.append("parallel drafting is not supported with ReplaySSM; drop parallel_drafting")
+    if getattr(spec, "num_speculative_tokens_per_batch_size", None):
+        reasons.append(
+            "dynamic speculative decoding changes T at run time, which the ring is sized for; "
+            "drop num_speculative_tokens_per_batch_size"
+        )
+    if getattr(spec, "disable_padded_drafter_batch", False):
+        reasons.append("unpadded drafter batches are not supported with ReplaySSM; drop disable_padded_drafter_batch")
+    architecture = getattr(getattr(vllm_config, "model_config", None), "architecture", None)
+    if architecture in SPEC_MISSIZED_ARCHITECTURES:
+        reasons.append(
+            f"vLLM 0.24 sizes {architecture}'s state without the speculative conv window; "
+            "drop --speculative-config for this model"
+        )
     return reasons
 
 
 def unsupported_settings(vllm_config: Any, split_precision: bool) -> list[str]:
     """Why this server config cannot run ReplaySSM on Mamba-2 layers (empty when it can), one fix per reason."""
-    reasons = _engine_reasons(vllm_config)
+    reasons = _engine_reasons(vllm_config) + _speculation_reasons(vllm_config)
     mamba = getattr(vllm_config, "mamba_config", None)
     backend = getattr(getattr(mamba, "backend", None), "name", "TRITON")
     if backend != "TRITON":
@@ -61,6 +95,10 @@ def gdn_unsupported_settings(
     forward (the CPU, XPU and ROCm forwards of the layer bypass the core op the plugin overrides).
     """
     reasons = _engine_reasons(vllm_config)
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        reasons.append(
+            "speculative decoding on Gated DeltaNet layers is not implemented yet; drop --speculative-config"
+        )
     if split_precision:
         reasons.append(SPLIT_PRECISION_REFUSED)
     if ssm_dtype != torch.float32:

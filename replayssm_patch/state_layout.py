@@ -40,12 +40,16 @@ class Mamba2Dims:
 
 
 def replay_state_shapes(
-    stock: tuple[tuple[int, ...], ...], config: ReplaySSMConfig, dim_first: bool
+    stock: tuple[tuple[int, ...], ...], config: ReplaySSMConfig, dim_first: bool, verify_len: int = 0
 ) -> tuple[tuple[int, ...], ...]:
-    """vLLM's (conv, ssm) shapes followed by ring_dt, ring_x, ring_B and, with split precision, the bf16 copy."""
+    """vLLM's (conv, ssm) shapes followed by ring_dt, ring_x, ring_B and, with split precision, the bf16 copy.
+
+    Under speculative decoding (``verify_len`` = 1 + k, ``config.verify_len_of``) the rings hold buffer_len + 1 + k
+    entries: a full window still takes one verify before it folds. vLLM's conv shape is kept as given (widened
+    by k columns for speculation)."""
     conv_shape, ssm_shape = stock
     dims = Mamba2Dims.from_state_shapes(conv_shape, ssm_shape, dim_first)
-    L = config.buffer_len
+    L = config.buffer_len + verify_len
     extra: list[tuple[int, ...]] = [
         (dims.nheads, L),
         (dims.nheads, L, dims.head_dim),

@@ -78,9 +78,10 @@ def paged_state_tensors(spec: Any, num_blocks: int, device: torch.device | str =
 
 
 def common_metadata(
-    query_lens: list[int], seq_lens: list[int], blocks: list[int], prefilling: list[bool], device: str = "cpu"
+    query_lens: list[int], seq_lens: list[int], blocks: list, prefilling: list[bool], device: str = "cpu"
 ) -> Any:
-    """One step's batch as vLLM's model runner hands it to the builders (one mamba block per request)."""
+    """One step's batch as vLLM's model runner hands it to the builders: one mamba block per request, or a list of
+    blocks per request (vLLM's 1 + k under speculative decoding)."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     ql = torch.tensor(query_lens, dtype=torch.int32)
@@ -90,7 +91,7 @@ def common_metadata(
     return CommonAttentionMetadata(
         query_start_loc=qsl.to(device), query_start_loc_cpu=qsl, seq_lens=sl.to(device), num_reqs=len(ql),
         num_actual_tokens=int(ql.sum()), max_query_len=int(ql.max()), max_seq_len=int(sl.max()),
-        block_table_tensor=torch.tensor(blocks, dtype=torch.int32, device=device).unsqueeze(1),
+        block_table_tensor=torch.tensor(blocks, dtype=torch.int32, device=device).reshape(len(ql), -1),
         slot_mapping=torch.zeros(int(ql.sum()), dtype=torch.int64, device=device),
         is_prefilling=torch.tensor(prefilling), seq_lens_cpu_upper_bound=sl.clone(),
     )  # fmt: skip

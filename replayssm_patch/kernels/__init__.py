@@ -46,6 +46,10 @@ PyTorch with the same signature):
                             then the 1-warp replay; see ``replay_decode``'s docstring).
     flush_ring(...)         fold flush_len entries into ssm_state (fp32 master) and refresh state_bf16.
     plan_decode_rows(...)   the builder's per-step cursor plan in one launch (``cursors.CursorTable``).
+    replay_verify_step(...) speculative decoding: fold rows whose history would overflow the ring (fold_len > 0),
+                            then answer all T = 1+k query tokens of every row from one checkpoint read, appending
+                            them at write_pos.. (ring of L + T entries; ``verify``'s docstring has the math).
+    plan_verify_rows(...)   its cursor plan: commit the accepted prefix of the last verify, fold, append.
     copy_state_to_bf16(...) refresh the bf16 copy of given slots (after prefill wrote the master).
     decode_flush_len(write_pos, L) -> flush_len for a plain decode step (L where write_pos == L-1).
 
@@ -60,7 +64,12 @@ Checks: ``python -m replayssm_patch.kernels.compile_check`` compiles every defau
 any machine; ``python -m replayssm_patch.gpu.kernel_bench --out DIR`` measures them against vLLM on a GPU.
 """
 
-from replayssm_patch.kernels.cursor_plan import plan_decode_rows, plan_decode_rows_reference
+from replayssm_patch.kernels.cursor_plan import (
+    plan_decode_rows,
+    plan_decode_rows_reference,
+    plan_verify_rows,
+    plan_verify_rows_reference,
+)
 from replayssm_patch.kernels.decode_step import replay_decode_step, replay_decode_step_reference
 from replayssm_patch.kernels.flush import flush_ring, flush_ring_reference
 from replayssm_patch.kernels.gdn_decode import gdn_decode_step, gdn_decode_step_reference
@@ -75,6 +84,12 @@ from replayssm_patch.kernels.layout import (
     ring_shapes,
 )
 from replayssm_patch.kernels.replay_decode import replay_decode, replay_decode_reference
+from replayssm_patch.kernels.verify import (
+    replay_verify,
+    replay_verify_reference,
+    replay_verify_step,
+    replay_verify_step_reference,
+)
 
 __all__ = [
     "PAD_SLOT_ID",
@@ -93,9 +108,15 @@ __all__ = [
     "gdn_ring_shapes",
     "plan_decode_rows",
     "plan_decode_rows_reference",
+    "plan_verify_rows",
+    "plan_verify_rows_reference",
     "replay_decode",
     "replay_decode_reference",
     "replay_decode_step",
     "replay_decode_step_reference",
+    "replay_verify",
+    "replay_verify_reference",
+    "replay_verify_step",
+    "replay_verify_step_reference",
     "ring_shapes",
 ]

@@ -5,7 +5,8 @@
 Triton's interpreter runs kernels as NumPy code and accepts things the real compiler rejects (tl.dot shape
 limits, type mixing, control flow); this drives the real compiler (Triton -> PTX -> ptxas cubin) for the
 variants vLLM uses, with the registers ptxas gives each (they decide how many programs an SM holds):
-bf16 activations, fp32 or bf16 checkpoint, Nemotron-H block sizes, and the GDN kernels
+bf16 activations, fp32 or bf16 checkpoint, Nemotron-H block sizes, the speculative verify and its plan at
+T = 4 (MTP k = 3, ring L + T = 20), and the GDN kernels
 (fp32 checkpoint and ring) at Qwen3.5 block sizes. Run it with TRITON_INTERPRET unset.
 """
 
@@ -39,9 +40,12 @@ _STEP_POINTERS = {
 # Triton specialises integer arguments equal to 1 at launch; the innermost strides are, in every real launch, so
 # they are fixed here too: without them the compiler cannot vectorise and reports other register counts.
 _UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sr_n", "sm_n", "sc_n", "srx_p", "srB_n", "so_p")}
-# Triton specialises integer arguments equal to 1 at launch; the innermost strides are, in every real launch, so
-# they are fixed here too: without them the compiler cannot vectorise and reports other register counts.
-_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sr_n", "sm_n", "sc_n", "srx_p", "srB_n", "so_p")}
+_VERIFY_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sr_n", "srx_p", "so_p")}
+_VERIFY_COEF_POINTERS = {**_COEF_POINTERS, "qsl_ptr": "*i32"}
+_VERIFY_STEP_POINTERS = {
+    "x_ptr": "*bf16", "C_ptr": "*bf16", "D_ptr": "*fp32", "ring_x_ptr": "*bf16", "slot_ptr": "*i32", "pos_ptr": "*i32",
+    "qsl_ptr": "*i32", "bc_ptr": "*fp32", "w_ptr": "*fp32", "decay_ptr": "*fp32", "out_ptr": "*bf16",
+}  # fmt: skip
 _FLUSH_POINTERS = {
     "A_ptr": "*fp32", "state_ptr": "*fp32", "ring_x_ptr": "*bf16", "ring_B_ptr": "*bf16", "ring_dt_ptr": "*fp32",
     "slot_ptr": "*i32", "len_ptr": "*i32",
@@ -102,7 +106,7 @@ def ptxas_usage(ptx: str) -> tuple[int, int]:
 
 def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, object], int]]:
     """(label, kernel, pointer types, constexprs, num_warps) for the default launch of each variant."""
-    from replayssm_patch.kernels.cursor_plan import PLAN_BLOCK, _cursor_plan_kernel
+    from replayssm_patch.kernels.cursor_plan import PLAN_BLOCK, _cursor_plan_kernel, _verify_plan_kernel
     from replayssm_patch.kernels.flush import _flush_kernel
     from replayssm_patch.kernels.gdn_decode import _gdn_decode_step_kernel
     from replayssm_patch.kernels.gdn_flush import _gdn_flush_kernel
@@ -114,6 +118,7 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
         _replay_step_kernel,
         _ring_coefficients_kernel,
     )
+    from replayssm_patch.kernels.verify import VERIFY_COEF_NUM_WARPS, _verify_coefficients_kernel, _verify_step_kernel
 
     coef = {"HEADS_PER_GROUP": 16, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True, "BLOCK_L": 16, "BLOCK_N": 128}
     found = [("ring coefficients", _ring_coefficients_kernel, _COEF_POINTERS, coef, COEF_NUM_WARPS)]
@@ -132,6 +137,18 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     plan_pointers = {"slot_ptr": "*i32", "positions_ptr": "*i32", "window_end_ptr": "*i32", "write_pos_ptr": "*i32",
                      "flush_ptr": "*i32"}  # fmt: skip
     found.append(("cursor plan", _cursor_plan_kernel, plan_pointers, {"BLOCK": PLAN_BLOCK}, 4))
+    verify_plan_pointers = {**plan_pointers, "qsl_ptr": "*i32", "accepted_ptr": "*i32", "pending_ptr": "*i32",
+                            "fold_ptr": "*i32"}  # fmt: skip
+    found.append(("verify plan", _verify_plan_kernel, verify_plan_pointers, {"BLOCK": PLAN_BLOCK}, 4))
+    # MTP k = 3 (T = 4) on the L = 16 ring plus T: BLOCK_L 32
+    verify_coef = {**coef, "BLOCK_T": 4, "BLOCK_L": 32}
+    found.append(("verify coefficients, T=4", _verify_coefficients_kernel, _VERIFY_COEF_POINTERS, verify_coef,
+                  VERIFY_COEF_NUM_WARPS))  # fmt: skip
+    for label, read in (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")):
+        consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": DEFAULT_BLOCK_P, "BLOCK_N": DEFAULT_BLOCK_N,
+                  "N_TILES": 128 // DEFAULT_BLOCK_N, **_VERIFY_UNIT_STRIDES}  # fmt: skip
+        found.append((f"verify step T=4, {label}", _verify_step_kernel, {**_VERIFY_STEP_POINTERS, "read_ptr": read},
+                      consts, DEFAULT_NUM_WARPS))  # fmt: skip
     found.append(("gdn decode step", _gdn_decode_step_kernel, _GDN_STEP_POINTERS, _GDN_BLOCKS, 4))
     found.append(("gdn flush", _gdn_flush_kernel, _GDN_FLUSH_POINTERS, _GDN_BLOCKS, 4))
     return found

@@ -4,6 +4,9 @@ position and flush length, advance the cursor (before: ~17 small torch ops per s
 A slot's cursor is its ring entry count and the position at which its current window flushes. The first
 window after a prefill ends at L-1 - (hash(slot) mod L) (``cursors.first_window_end``), later ones at L-1, so requests
 admitted together (consecutive slots) flush on different steps instead of all in one.
+
+Speculative decoding plans verify steps instead (``plan_verify_rows``): the cursor commits the accepted prefix of
+the row's last verify first, and a row whose history would overflow the ring folds it before appending.
 """
 
 from __future__ import annotations
@@ -81,3 +84,90 @@ def plan_decode_rows_reference(
     flush_len[rows] = torch.where(flush, pos + 1, 0).to(flush_len.dtype)
     positions[slot] = torch.where(flush, 0, pos + 1).to(positions.dtype)
     window_end[slot] = torch.where(flush, ring_len - 1, end).to(window_end.dtype)
+
+
+@triton.jit(do_not_specialize=["real_rows", "rows"])
+def _verify_plan_kernel(
+    slot_ptr, slot_stride, qsl_ptr, accepted_ptr, positions_ptr, pending_ptr, window_end_ptr, write_pos_ptr, fold_ptr,
+    real_rows, rows, buffer_len, verify_len, null_block, BLOCK: tl.constexpr,
+):  # fmt: skip
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_batch = offs < rows
+    slot = tl.load(slot_ptr + offs * slot_stride, mask=offs < real_rows, other=null_block)
+    real = (offs < real_rows) & (slot != null_block)
+    count = tl.load(qsl_ptr + offs + 1, mask=real, other=0) - tl.load(qsl_ptr + offs, mask=real, other=0)
+    pending = tl.load(pending_ptr + slot, mask=real, other=0)
+    accepted = tl.minimum(tl.maximum(tl.load(accepted_ptr + offs, mask=real, other=0), 0), pending)
+    committed = tl.load(positions_ptr + slot, mask=real, other=0) + accepted
+    end = tl.load(window_end_ptr + slot, mask=real, other=buffer_len - 1)
+    fold = real & (committed + count > end + 1 + verify_len)
+    write = tl.where(fold, 0, committed)
+    tl.store(write_pos_ptr + offs, tl.where(real, write, 0), mask=in_batch)
+    tl.store(fold_ptr + offs, tl.where(fold, committed, 0), mask=in_batch)
+    tl.store(positions_ptr + slot, write, mask=real)
+    tl.store(pending_ptr + slot, count, mask=real)
+    tl.store(window_end_ptr + slot, buffer_len - 1, mask=fold)
+
+
+def plan_verify_rows(
+    slots: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    num_accepted: torch.Tensor,
+    positions: torch.Tensor,
+    pending: torch.Tensor,
+    window_end: torch.Tensor,
+    write_pos: torch.Tensor,
+    fold_len: torch.Tensor,
+    real_rows: int,
+    buffer_len: int,
+    verify_len: int,
+    null_block: int,
+) -> None:
+    """Plan a verify step in one launch: commit, fold decision and write position of rows [0, real_rows).
+
+    Per row: committed = positions + min(num_accepted, pending), the accepted prefix of the row's last verify
+    (nothing after a prefill, whose pending is 0). If committed + T_r would pass the window's end plus
+    ``verify_len`` (T_max; the ring holds buffer_len + T_max entries): fold_len = committed, write_pos = 0;
+    else fold_len = 0, write_pos = committed. positions becomes write_pos and pending T_r; rejected entries
+    are simply overwritten later. Rows past real_rows (graph padding) and null-block rows get 0 and move
+    nothing. Device work only, no ``.item()``: vLLM's async scheduler may still be correcting num_accepted.
+    """
+    check_launchable(slots, positions)
+    rows = write_pos.shape[0]
+    if rows == 0:
+        return
+    _verify_plan_kernel[(triton.cdiv(rows, PLAN_BLOCK),)](
+        slots, slots.stride(0), query_start_loc, num_accepted, positions, pending, window_end, write_pos, fold_len,
+        real_rows, rows, buffer_len, verify_len, null_block, BLOCK=PLAN_BLOCK,
+    )  # fmt: skip
+
+
+def plan_verify_rows_reference(
+    slots: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    num_accepted: torch.Tensor,
+    positions: torch.Tensor,
+    pending: torch.Tensor,
+    window_end: torch.Tensor,
+    write_pos: torch.Tensor,
+    fold_len: torch.Tensor,
+    real_rows: int,
+    buffer_len: int,
+    verify_len: int,
+    null_block: int,
+) -> None:
+    """Plain-PyTorch twin of ``plan_verify_rows`` (same arguments)."""
+    write_pos.zero_()
+    fold_len.zero_()
+    slot = slots[:real_rows].long()
+    rows = (slot != null_block).nonzero().squeeze(1)
+    slot = slot[rows]
+    count = (query_start_loc[rows + 1] - query_start_loc[rows]).to(pending.dtype)
+    committed = positions[slot] + torch.minimum(num_accepted[rows].to(pending.dtype).clamp(min=0), pending[slot])
+    fold = committed + count > window_end[slot] + 1 + verify_len
+    write = torch.where(fold, 0, committed)
+    write_pos[rows] = write.to(write_pos.dtype)
+    fold_len[rows] = torch.where(fold, committed, 0).to(fold_len.dtype)
+    positions[slot] = write.to(positions.dtype)
+    pending[slot] = count
+    window_end[slot] = torch.where(fold, buffer_len - 1, window_end[slot]).to(window_end.dtype)

@@ -5,8 +5,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from replayssm_patch.config import DISABLED, ReplaySSMConfig, ReplaySSMConfigError, parse_replayssm_config
+from replayssm_patch.config import (
+    DISABLED,
+    ReplaySSMConfig,
+    ReplaySSMConfigError,
+    parse_replayssm_config,
+    verify_len_of,
+)
 from replayssm_patch.refusals import (
+    SPEC_METHODS,
     ReplaySSMRefused,
     gdn_unsupported_settings,
     refuse,
@@ -51,7 +58,16 @@ def _vllm_config(**overrides):
         "mamba_config": SimpleNamespace(backend=SimpleNamespace(name="TRITON")),
         "use_v2_model_runner": False,
         "speculative_config": None,
+        "model_config": SimpleNamespace(architecture="NemotronHForCausalLM"),
     }
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+def _spec(**overrides):
+    """A SpeculativeConfig stand-in: MTP with k = 3 and vLLM 0.24's defaults for the fields the refusals read."""
+    fields = {"method": "mtp", "num_speculative_tokens": 3, "parallel_drafting": False,
+              "num_speculative_tokens_per_batch_size": None, "disable_padded_drafter_batch": False}  # fmt: skip
     fields.update(overrides)
     return SimpleNamespace(**fields)
 
@@ -72,7 +88,20 @@ def test_supported_config_passes():
         ({"mamba_config": SimpleNamespace(backend=SimpleNamespace(name="FLASHINFER"))}, False,
          "FLASHINFER mamba backend"),
         ({"use_v2_model_runner": True}, False, "unset VLLM_USE_V2_MODEL_RUNNER"),
-        ({"speculative_config": object()}, False, "speculative decoding"),
+        ({"speculative_config": _spec(method="medusa")}, False,
+         "speculative method 'medusa' is not supported with ReplaySSM; use one of mtp, eagle, eagle3, ngram"),
+        ({"speculative_config": _spec(method="suffix")}, False, "speculative method 'suffix' is not supported"),
+        ({"speculative_config": _spec(method="eagle", parallel_drafting=True)}, False, "drop parallel_drafting"),
+        ({"speculative_config": _spec(num_speculative_tokens_per_batch_size=[(1, 64, 3), (65, 256, 1)])}, False,
+         "drop num_speculative_tokens_per_batch_size"),
+        ({"speculative_config": _spec(method="eagle", disable_padded_drafter_batch=True)}, False,
+         "drop disable_padded_drafter_batch"),
+        ({"speculative_config": _spec(), "model_config": SimpleNamespace(architecture="FalconH1ForCausalLM")}, False,
+         "vLLM 0.24 sizes FalconH1ForCausalLM's state without the speculative conv window"),
+        ({"speculative_config": _spec(), "model_config": SimpleNamespace(architecture="GraniteMoeHybridForCausalLM")},
+         False, "GraniteMoeHybridForCausalLM's state"),
+        ({"speculative_config": _spec(), "model_config": SimpleNamespace(architecture="Zamba2ForCausalLM")}, False,
+         "drop --speculative-config for this model"),
         ({"cache_config": SimpleNamespace(mamba_cache_mode="none", mamba_ssm_cache_dtype="bfloat16")}, True,
          "--mamba-ssm-cache-dtype float32"),
     ],
@@ -84,6 +113,19 @@ def test_each_unsupported_setting_is_refused_with_one_line(overrides, split, nee
     assert str(info.value).startswith("ReplaySSM refused: ")
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "\n" not in errors[0].getMessage()
+
+
+@pytest.mark.parametrize("method", SPEC_METHODS)
+def test_speculative_methods_the_verify_serves_pass_on_mamba2(method):
+    """The drafter differs, the target's verify rows do not: each method with k = 3 on Nemotron-H is accepted."""
+    config = _vllm_config(speculative_config=_spec(method=method))
+    assert unsupported_settings(config, split_precision=True) == []
+    assert verify_len_of(config) == 4
+
+
+def test_verify_len_is_zero_without_speculation():
+    assert verify_len_of(_vllm_config()) == 0
+    assert verify_len_of(SimpleNamespace()) == 0
 
 
 def test_gdn_fp32_state_on_cuda_passes_and_ignores_the_mamba_ssu_backend():
@@ -98,7 +140,8 @@ def test_gdn_fp32_state_on_cuda_passes_and_ignores_the_mamba_ssu_backend():
         ({}, True, torch.float32, True, "set split_precision to false"),
         ({}, False, torch.bfloat16, True, "(vLLM resolved bfloat16); start with --mamba-ssm-cache-dtype float32"),
         ({}, False, torch.float32, False, "run on an NVIDIA GPU or drop the replayssm knob"),
-        ({"speculative_config": object()}, False, torch.float32, True, "speculative decoding"),
+        ({"speculative_config": _spec()}, False, torch.float32, True,
+         "speculative decoding on Gated DeltaNet layers is not implemented yet; drop --speculative-config"),
         ({"kv_transfer_config": object()}, False, torch.float32, True, "drop --kv-transfer-config"),
         ({"use_v2_model_runner": True}, False, torch.float32, True, "unset VLLM_USE_V2_MODEL_RUNNER"),
         ({"cache_config": SimpleNamespace(mamba_cache_mode="align", mamba_ssm_cache_dtype="float32")}, False,

@@ -95,3 +95,89 @@ def test_graph_padding_rows_past_the_real_count_get_zero_and_move_nothing():
         table.decode_step(torch.tensor([5, 6, 6, 6], dtype=torch.int32), write_pos, flush_len, real_rows=1)
     assert write_pos.tolist() == [3, 0, 0, 0] and flush_len.tolist() == [4, 0, 0, 0]
     assert table.positions[6].item() == 0
+
+
+T = 3  # verify rows of 1 + k = 3 tokens: the ring holds L + T = 7 entries
+
+
+def _verify(table, slots, accepted, counts=None):
+    """One verify step of ``slots`` (T tokens each unless ``counts``); accepted = vLLM's num_accepted_tokens."""
+    slots = torch.tensor(slots, dtype=torch.int32)
+    counts = torch.tensor(counts or [T] * len(slots), dtype=torch.int32)
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int32), counts.cumsum(0).to(torch.int32)])
+    write_pos = torch.full_like(slots, -7)
+    fold_len = torch.full_like(slots, -7)
+    table.verify_step(slots, qsl, torch.tensor(accepted, dtype=torch.int32), write_pos, fold_len)
+    return write_pos.tolist(), fold_len.tolist()
+
+
+def _spec_table(**kw):
+    return CursorTable(num_blocks=8, buffer_len=L, device="cpu", stagger=False, verify_len=T, **kw)
+
+
+def test_verify_commits_the_accepted_prefix_and_overwrites_the_rejected_entries():
+    table = _spec_table()
+    assert _verify(table, [3], [1]) == ([0], [0])  # after the prefill: nothing pending, the forced 1 commits nothing
+    assert _verify(table, [3], [2]) == ([2], [0])  # 2 of the 3 entries accepted: the third is overwritten now
+    assert table.positions[3].item() == 2 and table.pending[3].item() == T
+
+
+def test_all_rejected_advances_one_entry_per_verify():
+    """num_accepted = 1 (only the corrected token): a rollback of every draft is a cursor move by one."""
+    table = _spec_table()
+    seen = [_verify(table, [5], [1]) for _ in range(L + 3)]
+    assert [w[0] for w, _ in seen] == [0, 1, 2, 3, 4, 0, 1]  # history of 5 > L: folds before the 6th verify
+    assert [f[0] for _, f in seen] == [0, 0, 0, 0, 0, 5, 0]
+
+
+def test_all_accepted_folds_before_a_verify_would_overflow_the_ring():
+    table = _spec_table()
+    seen = [_verify(table, [2], [1 if t == 0 else T]) for t in range(5)]
+    assert [w[0] for w, _ in seen] == [0, 3, 0, 3, 0]  # 6 committed + 3 would pass L + T = 7 entries
+    assert [f[0] for _, f in seen] == [0, 0, 6, 0, 6]
+    assert all(w[0] + T <= L + T for w, _ in seen)
+
+
+def test_mixed_acceptance_and_token_counts_stay_inside_the_ring():
+    """Rows with different drafts (an ngram row with none: 1 token) and acceptance; padding past real rows."""
+    table = _spec_table()
+    gen = torch.Generator().manual_seed(3)
+    _verify(table, [1, 4], [1, 1])
+    for _ in range(20):
+        counts = torch.randint(1, T + 1, (2,), generator=gen).tolist()
+        accepted = [int(torch.randint(1, c + 1, (1,), generator=gen)) for c in table.pending[[1, 4]].tolist()]
+        write_pos, fold_len = _verify(table, [1, 4], accepted, counts)
+        assert all(w + c <= L + T for w, c in zip(write_pos, counts, strict=True))
+        assert all(f == 0 or w == 0 for w, f in zip(write_pos, fold_len, strict=True))
+
+
+def test_verify_graph_padding_and_the_null_block_move_nothing():
+    table = _spec_table()
+    slots = torch.tensor([6, NULL_BLOCK_ID, 6, 6], dtype=torch.int32)
+    qsl = torch.arange(0, 5 * T, T, dtype=torch.int32)
+    write_pos, fold_len = torch.full((4,), -7, dtype=torch.int32), torch.full((4,), -7, dtype=torch.int32)
+    for _ in range(2):
+        table.verify_step(slots, qsl, torch.full((4,), T, dtype=torch.int32), write_pos, fold_len, real_rows=2)
+    assert write_pos.tolist()[1:] == [0, 0, 0] and fold_len.tolist()[1:] == [0, 0, 0]
+    assert table.positions[NULL_BLOCK_ID].item() == 0 and table.pending[NULL_BLOCK_ID].item() == 0
+    assert table.positions[6].item() == T  # the second verify committed the first's T entries
+
+
+def test_take_pending_counts_the_accepted_prefix_of_the_last_verify():
+    table = _spec_table()
+    _verify(table, [2, 5], [1, 1])
+    _verify(table, [2, 5], [T, 1])
+    pending = table.take_pending(torch.tensor([2, 5], dtype=torch.int32), None, torch.tensor([2, 1]))
+    assert pending.tolist() == [T + 2, 1 + 1]
+    assert table.positions[[2, 5]].tolist() == [0, 0] and table.pending[[2, 5]].tolist() == [0, 0]
+    assert _verify(table, [2], [T]) == ([0], [0])  # the prefill wrote the state: nothing to commit after it
+
+
+def test_staggered_first_window_folds_earlier_under_speculation():
+    table = CursorTable(num_blocks=64, buffer_len=L, device="cpu", stagger=True, verify_len=T)
+    slot = int((first_window_end(torch.arange(64), L, True) < L - 1).nonzero()[0])
+    end = int(table.window_end[slot])
+    seen = [_verify(table, [slot], [1]) for _ in range(L + 2)]
+    first_fold = next(t for t, (_, f) in enumerate(seen) if f[0])
+    assert first_fold == end + 2 and seen[first_fold][1] == [end + 2]  # a history past the window's end + 1 folds
+    assert table.window_end[slot].item() == L - 1

@@ -258,6 +258,41 @@ def test_fold_before_prefill_leaves_the_exact_state(layer_check, mode):
 
 
 @pytest.fixture(scope="module")
+def spec_layer(vllm_python, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("vllm_spec_layer")
+    return _run_check(vllm_python, root, "vllm_spec_layer_check.py", ["nemotron_h_tiny_fp32"], TRITON_INTERPRET="1",
+                      CUDA_VISIBLE_DEVICES="")  # fmt: skip
+
+
+def test_spec_layer_spec_keeps_one_block_the_widened_conv_and_a_ring_of_l_plus_t(spec_layer):
+    """k = 3: vLLM's spec has 3 speculative blocks and a conv window of K-1+k = 6; ReplaySSM's has none, the same
+    conv and (ssm) shapes, rings of L + 1 + k = 8 entries, and equals what the model classmethods size."""
+    base, rep = spec_layer["specs"]["base"], spec_layer["specs"]["rep"]
+    assert (base["blocks"], rep["blocks"]) == (3, 0)
+    assert rep["shapes"][:2] == base["shapes"] == [[6, 128], [8, 8, 16]]
+    assert rep["shapes"][2:] == [[8, 8], [8, 8, 8], [2, 8, 16]]  # dt [H, L+T], x [H, L+T, P], B [G, L+T, N]
+    assert spec_layer["model_shapes"] == rep["shapes"]
+
+
+def test_spec_verify_matches_vllms_speculative_layer_across_commits_rollbacks_and_folds(spec_layer):
+    """10 verify steps of 4 tokens (3 rows): all accepted, all rejected, then mixed acceptance; every token's output
+    agrees with vLLM's 1+k-state layer (same math in another order, observed <= 5e-7), and the checkpoint after
+    folding the rings (accepted prefix included) equals vLLM's state after the accepted tokens."""
+    assert len(spec_layer["output_rel_err"]) == 10 and max(spec_layer["output_rel_err"]) <= 1e-5
+    plans = spec_layer["plans"]
+    assert plans[0] == {"accepted": [1, 1, 1], "write_pos": [0, 0, 0], "fold_len": [0, 0, 0]}  # after the prefill
+    assert sum(f > 0 for p in plans for f in p["fold_len"]) >= 6  # folds under every pattern
+    assert plans[4]["write_pos"] == [1, 1, 1] and plans[5]["write_pos"] == [2, 2, 2]  # all rejected: +1 per step
+    assert all(w + 4 <= 8 for p in plans for w in p["write_pos"])
+    assert spec_layer["state_rel_err_after_fold"] <= 1e-5
+
+
+def test_spec_capture_builds_are_dry_runs(spec_layer):
+    assert spec_layer["capture"] == {"write_pos": [0, 0, 0], "fold_len": [0, 0, 0], "table_allocated": False}
+    assert spec_layer["recapture_moved_cursors"] is False
+
+
+@pytest.fixture(scope="module")
 def gdn_kernels(vllm_python, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("vllm_gdn_kernels")
     return _run_check(vllm_python, root, "vllm_gdn_kernel_check.py", [], TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")

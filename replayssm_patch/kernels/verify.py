@@ -1,0 +1,351 @@
+"""Speculative verify of a Mamba-2 layer through the ring: all T = 1+k query tokens of a row from ONE checkpoint read.
+
+Row r holds m = write_pos[r] committed entries (ring positions 0..m-1) and T_r = qsl[r+1] - qsl[r] query tokens,
+appended at m..m+T_r-1. Token j answers with the baseline recurrence's output after entries 0..m+j:
+    y_j = exp(A*S_{m+j}) (h_c·C_j) + sum_{s <= m+j} exp(A*(S_{m+j} - S_s)) dt_s (B_s·C_j) x_s + D x_j
+a masked T x (m+T) coefficient matrix times the entries' x, plus the checkpoint read once against all T C vectors.
+The checkpoint is never written here: the builder commits the accepted prefix at the next step (cursor + accepted)
+and rejected entries are overwritten then, so a rollback is a cursor move. A row whose history would overflow the
+ring folds it first (``replay_verify_step``: ``flush_ring`` of fold_len = m entries, then the verify at write_pos 0).
+
+Two launches, as the decode step: ``_verify_coefficients_kernel`` per (row, B/C group) computes bc[j, s] = B_s·C_j
+and, per head, the weights w[j, s] = exp(A·(dt summed over (s, m+j]))·dt_s and the checkpoint decays; it appends
+B and dt. ``_verify_step_kernel`` per (head_dim block, row, head) appends x and forms every y_j. The ring must
+hold m + T_r entries (the layout gives verify rows L + T); a row that does not fit is skipped, like padding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_patch.kernels.common import (
+    block_size,
+    check_launchable,
+    decay_sum_after,
+    decay_sum_after_reference,
+    softplus_f32,
+    softplus_reference,
+)
+from replayssm_patch.kernels.flush import flush_ring, flush_ring_reference
+from replayssm_patch.kernels.launch_config import launch_for
+from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, ring_entries, ring_len_of
+from replayssm_patch.kernels.replay_decode import _step_inputs
+
+# T coefficient rows per (row, group) hold ~T times the decode step's registers: 4 warps keep them from spilling
+# (ptxas at T = 4, L + T = 20, d_state 128: 254 registers per thread at 2 warps).
+VERIFY_COEF_NUM_WARPS = 4
+
+
+@triton.jit(do_not_specialize_on_alignment=["dt_ptr", "B_ptr", "C_ptr"])
+def _verify_coefficients_kernel(
+    dt_ptr, A_ptr, B_ptr, C_ptr, dt_bias_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, pos_ptr, qsl_ptr,
+    bc_ptr, w_ptr, decay_ptr,
+    d_state, ring_len, max_tokens, pad_slot_id,
+    sdt_t, sdt_h, sB_t, sB_g, sB_n, sC_t, sC_g, sC_n,
+    srB_slot, srB_g, srB_l, srB_n, srdt_slot, srdt_h, srdt_l,
+    HEADS_PER_GROUP: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    group = tl.program_id(1)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    pos = tl.load(pos_ptr + row).to(tl.int64)
+    start = tl.load(qsl_ptr + row).to(tl.int64)
+    count = tl.load(qsl_ptr + row + 1).to(tl.int64) - start
+    if (slot == pad_slot_id) | (slot < 0) | (pos < 0) | (count <= 0) | (count > max_tokens) | (pos + count > ring_len):
+        return
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < d_state
+    history = offs_l < pos
+    new = (offs_l >= pos) & (offs_l < pos + count)
+    token = start + offs_l - pos  # the query token an appended position holds (masked elsewhere)
+
+    at_B = ring_B_ptr + slot * srB_slot + group * srB_g + offs_l[:, None] * srB_l + offs_n[None, :] * srB_n
+    new_B = new[:, None] & mask_n[None, :]
+    B_raw = tl.load(B_ptr + token[:, None] * sB_t + group * sB_g + offs_n[None, :] * sB_n, mask=new_B, other=0.0)
+    tl.store(at_B, B_raw.to(ring_B_ptr.dtype.element_ty), mask=new_B)
+    ring_B = tl.load(at_B, mask=history[:, None] & mask_n[None, :], other=0.0)
+    all_B = tl.where(new[:, None], B_raw.to(tl.float32), ring_B.to(tl.float32))  # [L, N]: the ring, T appended
+    groups = tl.num_programs(1)
+    for j in tl.static_range(BLOCK_T):
+        C_j = tl.load(C_ptr + (start + j) * sC_t + group * sC_g + offs_n * sC_n, mask=mask_n & (j < count), other=0.0)
+        bc_j = tl.sum(all_B * C_j.to(tl.float32)[None, :], axis=1)
+        tl.store(bc_ptr + ((row * groups + group) * BLOCK_T + j) * BLOCK_L + offs_l, bc_j)
+
+    heads = HEADS_PER_GROUP * groups
+    for i in range(HEADS_PER_GROUP):
+        head = group * HEADS_PER_GROUP + i
+        dt = tl.load(dt_ptr + token * sdt_t + head * sdt_h, mask=new, other=0.0).to(tl.float32)
+        if HAS_DT_BIAS:
+            dt += tl.load(dt_bias_ptr + head).to(tl.float32)
+        if DT_SOFTPLUS:
+            dt = softplus_f32(dt)
+        rdt = ring_dt_ptr + slot * srdt_slot + head * srdt_h
+        tl.store(rdt + offs_l * srdt_l, dt.to(ring_dt_ptr.dtype.element_ty), mask=new)
+        ring_dt = tl.load(rdt + offs_l * srdt_l, mask=history, other=0.0).to(tl.float32)
+        all_dt = tl.where(new, dt, ring_dt)  # 0 past the appended entries
+        A = tl.load(A_ptr + head).to(tl.float32)
+        for j in tl.static_range(BLOCK_T):
+            upto = (offs_l <= pos + j) & (j < count)
+            dt_j = tl.where(upto, all_dt, 0.0)
+            weight = tl.where(upto, tl.exp(A * decay_sum_after(dt_j, offs_l)) * dt_j, 0.0)
+            tl.store(w_ptr + ((row * heads + head) * BLOCK_T + j) * BLOCK_L + offs_l, weight)
+            tl.store(decay_ptr + (row * heads + head) * BLOCK_T + j, tl.exp(A * tl.sum(dt_j, axis=0)))
+
+
+@triton.jit(do_not_specialize_on_alignment=["x_ptr", "C_ptr", "out_ptr"])
+def _verify_step_kernel(
+    x_ptr, C_ptr, D_ptr, read_ptr, ring_x_ptr, slot_ptr, pos_ptr, qsl_ptr, bc_ptr, w_ptr, decay_ptr, out_ptr,
+    head_dim, d_state, ring_len, max_tokens, nheads, heads_per_group, pad_slot_id,
+    sx_t, sx_h, sx_p, sC_t, sC_g, sC_n, sr_slot, sr_h, sr_p, sr_n, srx_slot, srx_h, srx_l, srx_p,
+    so_t, so_h, so_p,
+    HAS_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
+):  # fmt: skip
+    pblock = tl.program_id(0)
+    row = tl.program_id(1)
+    head = tl.program_id(2)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    pos = tl.load(pos_ptr + row).to(tl.int64)
+    start = tl.load(qsl_ptr + row).to(tl.int64)
+    count = tl.load(qsl_ptr + row + 1).to(tl.int64) - start
+    if (slot == pad_slot_id) | (slot < 0) | (pos < 0) | (count <= 0) | (count > max_tokens) | (pos + count > ring_len):
+        return
+    group = head // heads_per_group
+    offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_t = tl.arange(0, BLOCK_T)
+    mask_p = offs_p < head_dim
+    history = offs_l < pos
+    new = (offs_l >= pos) & (offs_l < pos + count)
+    token = start + offs_l - pos
+
+    at_x = ring_x_ptr + slot * srx_slot + head * srx_h + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p
+    new_x = new[:, None] & mask_p[None, :]
+    x_raw = tl.load(x_ptr + token[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p, mask=new_x, other=0.0)
+    tl.store(at_x, x_raw.to(ring_x_ptr.dtype.element_ty), mask=new_x)
+    ring_x = tl.load(at_x, mask=history[:, None] & mask_p[None, :], other=0.0)
+    xs = tl.where(new[:, None], x_raw.to(tl.float32), ring_x.to(tl.float32))  # [L, P]: the ring, T appended
+
+    C_row = C_ptr + group * sC_g
+    read = tl.zeros((BLOCK_T, BLOCK_P), dtype=tl.float32)  # h_c·C_j for every query token: one checkpoint read
+    for t in tl.static_range(N_TILES):
+        offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < d_state
+        h = tl.load(
+            read_ptr + slot * sr_slot + head * sr_h + offs_p[:, None] * sr_p + offs_n[None, :] * sr_n,
+            mask=mask_p[:, None] & mask_n[None, :], other=0.0, eviction_policy="evict_first",
+        ).to(tl.float32)  # fmt: skip
+        for j in tl.static_range(BLOCK_T):
+            C_j = tl.load(C_row + (start + j) * sC_t + offs_n * sC_n, mask=mask_n & (j < count), other=0.0)
+            part = tl.sum(h * C_j.to(tl.float32)[None, :], axis=1)
+            read = tl.where(offs_t[:, None] == j, read + part[None, :], read)
+    coef_row = (row * nheads + head) * BLOCK_T
+    y = tl.load(decay_ptr + coef_row + offs_t)[:, None] * read
+    bc_row = (row * (nheads // heads_per_group) + group) * BLOCK_T
+    for j in tl.static_range(BLOCK_T):  # the masked T x (m+T) product, one query token per pass
+        coef = tl.load(w_ptr + (coef_row + j) * BLOCK_L + offs_l) * tl.load(bc_ptr + (bc_row + j) * BLOCK_L + offs_l)
+        part = tl.sum(coef[:, None] * xs, axis=0)
+        y = tl.where(offs_t[:, None] == j, y + part[None, :], y)
+    mask_tp = (offs_t < count)[:, None] & mask_p[None, :]
+    if HAS_D:
+        x_tok = tl.load(x_ptr + (start + offs_t)[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p, mask=mask_tp)
+        y += tl.load(D_ptr + head).to(tl.float32) * x_tok.to(tl.float32)
+    out_at = out_ptr + (start + offs_t)[:, None] * so_t + head * so_h + offs_p[None, :] * so_p
+    tl.store(out_at, y.to(out_ptr.dtype.element_ty), mask=mask_tp)
+
+
+def replay_verify(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    state: torch.Tensor,
+    ring_x: torch.Tensor,
+    ring_B: torch.Tensor,
+    ring_dt: torch.Tensor,
+    state_indices: torch.Tensor,
+    write_pos: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    *,
+    D: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = True,
+    pad_slot_id: int = PAD_SLOT_ID,
+    out: torch.Tensor | None = None,
+    block_p: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """Append every row's query tokens to its ring at write_pos.. and return y [num_tokens, nheads, head_dim].
+
+    x [num_tokens, nheads, head_dim] post-conv, the tokens of row r at query_start_loc[r]..query_start_loc[r+1]-1
+    (int32 [batch + 1], vLLM's query_start_loc_d); dt [num_tokens, nheads] raw (or vLLM's head_dim expansion);
+    B, C [num_tokens, ngroups, d_state]; state is the checkpoint to READ (never written); state_indices /
+    write_pos int32 [batch]. ``max_query_len`` (1 + num_speculative_tokens) sizes the kernels, so it must be
+    passed, not read from the metadata. Padding rows, rows with no tokens and rows that would not fit the
+    ring are skipped (their ``out`` rows left as they were). Tuning knobs as in ``replay_decode``.
+    """
+    check_launchable(x, state)
+    nheads, head_dim = x.shape[1], x.shape[2]
+    ngroups, d_state = B.shape[1], B.shape[2]
+    dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
+    batch = state_indices.shape[0]
+    if batch == 0 or x.shape[0] == 0:
+        return out
+    ring_len = ring_len_of(ring_x)
+    tuned = launch_for(state.dtype, x.device)
+    BLOCK_T = block_size(max_query_len)
+    BLOCK_L = block_size(ring_len, floor=16)
+    BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p)
+    BLOCK_N = block_size(d_state, cap=block_n or tuned.block_n)
+    per_row = (ngroups + nheads) * BLOCK_T * BLOCK_L
+    scratch = torch.empty(batch * (per_row + nheads * BLOCK_T), dtype=torch.float32, device=x.device)
+    bc = scratch[: batch * ngroups * BLOCK_T * BLOCK_L]
+    weight = scratch[batch * ngroups * BLOCK_T * BLOCK_L : batch * per_row]
+    decay = scratch[batch * per_row :]
+    _verify_coefficients_kernel[(batch, ngroups)](
+        dt, A, B, C, dt_bias if dt_bias is not None else A, ring_B, ring_dt, state_indices, write_pos,
+        query_start_loc, bc, weight, decay,
+        d_state, ring_len, max_query_len, pad_slot_id,
+        *dt.stride(), *B.stride(), *C.stride(), *ring_B.stride(), *ring_dt.stride(),
+        HEADS_PER_GROUP=nheads // ngroups, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus,
+        BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_N=block_size(d_state, floor=16), num_warps=VERIFY_COEF_NUM_WARPS,
+    )  # fmt: skip
+    _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
+        x, C, D if D is not None else A, state, ring_x, state_indices, write_pos, query_start_loc,
+        bc, weight, decay, out,
+        head_dim, d_state, ring_len, max_query_len, nheads, nheads // ngroups, pad_slot_id,
+        *x.stride(), *C.stride(), *state.stride(), *ring_x.stride(), *out.stride(),
+        HAS_D=D is not None, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
+        N_TILES=triton.cdiv(d_state, BLOCK_N), num_warps=num_warps or tuned.num_warps,
+    )  # fmt: skip
+    return out
+
+
+def replay_verify_reference(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    state: torch.Tensor,
+    ring_x: torch.Tensor,
+    ring_B: torch.Tensor,
+    ring_dt: torch.Tensor,
+    state_indices: torch.Tensor,
+    write_pos: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    *,
+    D: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = True,
+    pad_slot_id: int = PAD_SLOT_ID,
+    out: torch.Tensor | None = None,
+    block_p: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """Plain-PyTorch twin of ``replay_verify`` (same arguments; the tuning knobs are ignored), in fp32, row by row."""
+    del block_p, block_n, num_warps
+    nheads = x.shape[1]
+    dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
+    ring_len = ring_len_of(ring_x)
+    entries_x, entries_B, entries_dt = ring_entries(ring_x), ring_entries(ring_B), ring_entries(ring_dt)
+    heads_group = group_of_head(nheads, B.shape[1], x.device)
+    starts = query_start_loc.tolist()
+    for row, (slot, pos) in enumerate(zip(state_indices.tolist(), write_pos.tolist(), strict=True)):
+        first, count = starts[row], starts[row + 1] - starts[row]
+        if slot == pad_slot_id or slot < 0 or pos < 0 or not 0 < count <= max_query_len or pos + count > ring_len:
+            continue
+        tokens = slice(first, first + count)
+        step_dt = dt[tokens].float() + (dt_bias.float() if dt_bias is not None else 0.0)
+        entries_x[slot, pos : pos + count] = x[tokens].to(ring_x.dtype)
+        entries_B[slot, pos : pos + count] = B[tokens].to(ring_B.dtype)
+        entries_dt[slot, pos : pos + count] = (softplus_reference(step_dt) if dt_softplus else step_dt).to(
+            ring_dt.dtype
+        )
+        C_heads = C[tokens].float()[:, heads_group]  # [T, H, N]
+        read = torch.einsum("hpn,thn->thp", state[slot].float(), C_heads)
+        for j in range(count):
+            seen = pos + j + 1  # entries 0..m+j
+            entry_dt = entries_dt[slot, :seen].float()  # [S, H]
+            weight = torch.exp(A.float() * decay_sum_after_reference(entry_dt, 0)) * entry_dt
+            bc = torch.einsum("shn,hn->sh", entries_B[slot, :seen].float()[:, heads_group], C_heads[j])
+            y = torch.einsum("sh,shp->hp", weight * bc, entries_x[slot, :seen].float())
+            y += torch.exp(A.float() * entry_dt.sum(0))[:, None] * read[j]
+            if D is not None:
+                y += D.float()[:, None] * x[first + j].float()
+            out[first + j] = y.to(out.dtype)
+    return out
+
+
+def replay_verify_step(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    ssm_state: torch.Tensor,
+    ring_x: torch.Tensor,
+    ring_B: torch.Tensor,
+    ring_dt: torch.Tensor,
+    state_indices: torch.Tensor,
+    write_pos: torch.Tensor,
+    fold_len: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    *,
+    state_bf16: torch.Tensor | None = None,
+    pad_slot_id: int = PAD_SLOT_ID,
+    **verify_kwargs: Any,
+) -> torch.Tensor:
+    """The verify step of a layer: rows with fold_len > 0 fold their committed entries [0, fold_len) into ssm_state
+    (+ state_bf16) first (the builder gives them write_pos 0), then every row verifies, reading state_bf16 when
+    given (else ssm_state). Three fixed-grid launches (fold, coefficients, outputs), so it can be graph-captured.
+    Other keywords (D, dt_bias, dt_softplus, out, tuning knobs) as in ``replay_verify``."""
+    flush_ring(ssm_state, ring_x, ring_B, ring_dt, A, state_indices, fold_len, state_bf16=state_bf16,
+               pad_slot_id=pad_slot_id)  # fmt: skip
+    read = state_bf16 if state_bf16 is not None else ssm_state
+    return replay_verify(
+        x, dt, A, B, C, read, ring_x, ring_B, ring_dt, state_indices, write_pos, query_start_loc, max_query_len,
+        pad_slot_id=pad_slot_id, **verify_kwargs,
+    )  # fmt: skip
+
+
+def replay_verify_step_reference(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    ssm_state: torch.Tensor,
+    ring_x: torch.Tensor,
+    ring_B: torch.Tensor,
+    ring_dt: torch.Tensor,
+    state_indices: torch.Tensor,
+    write_pos: torch.Tensor,
+    fold_len: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    *,
+    state_bf16: torch.Tensor | None = None,
+    pad_slot_id: int = PAD_SLOT_ID,
+    **verify_kwargs: Any,
+) -> torch.Tensor:
+    """Plain-PyTorch twin of ``replay_verify_step`` (same arguments)."""
+    flush_ring_reference(ssm_state, ring_x, ring_B, ring_dt, A, state_indices, fold_len, state_bf16=state_bf16,
+                         pad_slot_id=pad_slot_id)  # fmt: skip
+    read = state_bf16 if state_bf16 is not None else ssm_state
+    return replay_verify_reference(
+        x, dt, A, B, C, read, ring_x, ring_B, ring_dt, state_indices, write_pos, query_start_loc, max_query_len,
+        pad_slot_id=pad_slot_id, **verify_kwargs,
+    )  # fmt: skip

@@ -1,0 +1,239 @@
+"""Speculative verify (Triton under TRITON_INTERPRET=1, and its PyTorch twin) vs the fp64 Mamba-2 recurrence.
+
+The multi-step tests drive the rows with the real cursor table (``CursorTable.verify_step``, what the metadata
+builder calls): each step commits the accepted prefix of the row's last verify, folds a history that would
+overflow the ring and appends T tokens. The fp64 truth keeps, per row, the state after its accepted tokens only;
+every output of a verify (accepted or not) must equal the recurrence run from that committed state. Tolerances as
+in test_replay_kernels.py (fp32 paths 2e-5 of the output scale; split precision bounded by one bf16 ulp of the
+checkpoint copy, summed over d_state, decayed to the token).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replayssm_patch.cursors import NULL_BLOCK_ID, CursorTable
+from replayssm_patch.kernels import flush_ring_reference
+from replayssm_patch.kernels.common import softplus_reference
+from replayssm_patch.kernels.cursor_plan import plan_verify_rows, plan_verify_rows_reference
+from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
+from replayssm_patch.kernels.layout import group_of_head
+from replayssm_patch.kernels.layout import ring_entries as entries
+from replayssm_patch.kernels.synthetic import StepInputs
+from replayssm_patch.kernels.verify import (
+    replay_verify,
+    replay_verify_reference,
+    replay_verify_step,
+    replay_verify_step_reference,
+)
+from tests.replayssm.kernels.numerics import rel_err, seeded
+from tests.replayssm.kernels.test_replay_kernels import (
+    BF16_ULP,
+    FP32_TOL,
+    Shape,
+    fill_ring,
+    make_cache,
+    make_layer,
+    ring_fp64_state,
+)
+
+VERIFY_SHAPES = [
+    (Shape(nheads=2, head_dim=4, d_state=8, ngroups=1, ring_len=4 + 3, batch=3, dtype=torch.float32), 3),
+    (Shape(nheads=4, head_dim=16, d_state=16, ngroups=2, ring_len=6 + 4, batch=3, dtype=torch.bfloat16), 4),
+    (Shape(nheads=6, head_dim=5, d_state=12, ngroups=3, ring_len=5 + 2, batch=4, dtype=torch.float32), 2),
+]
+
+
+def tokens(shape: Shape, layer, count: int, gen: torch.Generator) -> StepInputs:
+    return StepInputs.random(count, shape.nheads, shape.head_dim, shape.ngroups, shape.d_state, layer, gen, shape.dtype)
+
+
+def truth_outputs(h: torch.Tensor, step: StepInputs, layer, first: int, count: int) -> tuple[torch.Tensor, list]:
+    """fp64 outputs of ``count`` recurrence steps from state h [1, H, P, N] (not modified), and the state after each."""
+    h = h.clone()
+    ys, states = [], []
+    for t in range(first, first + count):
+        one = step.rows(slice(t, t + 1))
+        ys.append(recurrence_step_fp64(h, one.x, one.dt, layer.A, one.B, one.C, D=layer.D, dt_bias=layer.dt_bias))
+        states.append(h.clone())
+    return torch.cat(ys), states
+
+
+def verify_bound(cache, slot: int, C: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
+    """Split precision: 2^-7 * decay_j * sum_n |h_n C_jn| per output element of one row's tokens ([T, H, P])."""
+    C_heads = C.double()[:, group_of_head(cache.ssm_state.shape[1], C.shape[1], C.device)]
+    mass = torch.einsum("hpn,thn->thp", cache.ssm_state[slot].double().abs(), C_heads.abs())
+    return BF16_ULP * decay[:, :, None] * mass
+
+
+def decays(cache, slot: int, m: int, step: StepInputs, layer, first: int, count: int) -> torch.Tensor:
+    """exp(A * S_{m+j}) [T, H]: from the checkpoint through ring entries 0..m-1 and query tokens 0..j."""
+    ring = entries(cache.ring_dt)[slot, :m].double().sum(0)
+    now = softplus_reference(step.dt[first : first + count] + layer.dt_bias).double().cumsum(0)
+    return torch.exp(layer.A.double() * (ring + now))
+
+
+@pytest.mark.parametrize(("shape", "T"), VERIFY_SHAPES, ids=lambda v: str(v))
+def test_verify_matches_reference_and_fp64(shape: Shape, T: int) -> None:
+    """Rows at different cursors with 1..T query tokens (an empty and a nearly full history among them), a padding
+    row with tokens, and a row that would overflow the ring (skipped); stale ring entries are NaN."""
+    gen = seeded(shape, T, "verify")
+    layer = make_layer(shape, gen)
+    slots = shape.batch + 3
+    perm = torch.randperm(slots, generator=gen)
+    counts = [*[T, 1, max(T - 1, 1), T][: shape.batch], 2, T]  # + a padding row, + a row that would overflow
+    history = [*[0, shape.ring_len - 1, 2, shape.ring_len - T][: shape.batch], 0, shape.ring_len - T + 1]
+    indices = torch.cat([perm[: shape.batch], torch.tensor([-1]), perm[shape.batch : shape.batch + 1]]).to(torch.int32)
+    write_pos = torch.tensor(history, dtype=torch.int32)
+    qsl = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+    cache = make_cache(shape, slots, False, gen)
+    fill_ring(shape, cache, indices[[*range(shape.batch), -1]].long(), write_pos[[*range(shape.batch), -1]], gen)
+    step = tokens(shape, layer, int(qsl[-1]), gen)
+    sentinel = torch.full((int(qsl[-1]), shape.nheads, shape.head_dim), 7.0)
+    kw = {"D": layer.D, "dt_bias": layer.dt_bias}
+    results = []
+    for fn in (replay_verify, replay_verify_reference):
+        run = cache.clone()
+        args = (step.x, step.dt, layer.A, step.B, step.C, run.ssm_state, run.ring_x, run.ring_B, run.ring_dt)
+        results.append((fn(*args, indices, write_pos, qsl, T, out=sentinel.clone(), **kw), run))
+    (y_tri, c_tri), (y_ref, c_ref) = results
+
+    for row in range(shape.batch):
+        first, count, slot = int(qsl[row]), counts[row], int(indices[row])
+        h = ring_fp64_state(cache, indices[row : row + 1].long(), write_pos[row : row + 1].long(), layer.A)
+        y_true, _ = truth_outputs(h, step, layer, first, count)
+        span = slice(first, first + count)
+        assert torch.isfinite(y_tri[span]).all()
+        assert rel_err(y_tri[span], y_ref[span]) <= FP32_TOL, f"row {row}"
+        assert rel_err(y_tri[span], y_true) <= FP32_TOL, f"row {row}"
+        for run in (c_tri, c_ref):  # the T entries landed at m..m+T-1 of the row's slot
+            at = slice(history[row], history[row] + count)
+            assert torch.equal(entries(run.ring_x)[slot, at], step.x[span].to(shape.dtype))
+            assert torch.equal(entries(run.ring_B)[slot, at], step.B[span].to(shape.dtype))
+    for y in (y_tri, y_ref):  # padding and overflow rows: outputs untouched
+        assert (y[int(qsl[-3]) :] == 7.0).all()
+    for run in (c_tri, c_ref):
+        assert torch.equal(run.ssm_state, cache.ssm_state), "a verify never writes the checkpoint"
+        overflow = int(indices[-1])
+        assert torch.equal(run.ring_x[overflow].nan_to_num(), cache.ring_x[overflow].nan_to_num())
+
+
+def run_verify_steps(shape: Shape, T: int, split: bool, pattern: str, steps: int) -> None:
+    """``steps`` verify steps of T tokens; accepted per row and step from ``pattern`` (all / none / mixed)."""
+    gen = seeded(shape, T, split, pattern)
+    layer = make_layer(shape, gen)
+    rows = shape.batch
+    indices = (torch.randperm(rows + 2, generator=gen)[:rows] + 1).to(torch.int32)  # block 0 is the null block
+    cache = make_cache(shape, rows + 3, split, gen)
+    buffer_len = shape.ring_len - T
+    table = CursorTable(rows + 3, buffer_len, "cpu", stagger=True, verify_len=T)
+    truth = cache.ssm_state[indices.long()].double()
+    caches = {"triton": cache.clone(), "reference": cache.clone()}
+    qsl = torch.arange(0, (rows + 1) * T, T, dtype=torch.int32)
+    accepted = torch.ones(rows, dtype=torch.int32)  # vLLM forces 1 after a prefill (nothing pending then)
+    folds = 0
+    for t in range(steps):
+        write_pos, fold_len = torch.full((rows,), -7, dtype=torch.int32), torch.full((rows,), -7, dtype=torch.int32)
+        table.verify_step(indices, qsl, accepted, write_pos, fold_len)
+        assert ((write_pos + T) <= shape.ring_len).all(), "a planned verify must fit the ring"
+        folds += int((fold_len > 0).sum())
+        step = tokens(shape, layer, rows * T, gen)
+        decay_from = caches["triton"].clone()
+        outs = {}
+        for name, fn in (("triton", replay_verify_step), ("reference", replay_verify_step_reference)):
+            run = caches[name]
+            args = (step.x, step.dt, layer.A, step.B, step.C, run.ssm_state, run.ring_x, run.ring_B, run.ring_dt)
+            outs[name] = fn(*args, indices, write_pos, fold_len, qsl, T, state_bf16=run.state_bf16, D=layer.D,
+                            dt_bias=layer.dt_bias, pad_slot_id=NULL_BLOCK_ID, out=torch.empty(rows * T, shape.nheads,
+                            shape.head_dim))  # fmt: skip
+        if pattern == "all":
+            accepted = torch.full((rows,), T, dtype=torch.int32)
+        elif pattern == "none":
+            accepted = torch.ones(rows, dtype=torch.int32)
+        else:
+            accepted = torch.randint(1, T + 1, (rows,), generator=gen, dtype=torch.int32)
+        for row in range(rows):
+            span = slice(row * T, (row + 1) * T)
+            y_true, states = truth_outputs(truth[row : row + 1], step, layer, row * T, T)
+            if split:
+                folded = decay_from.clone()  # the checkpoint the verify read, after this step's fold
+                slot = int(indices[row])
+                m = int(write_pos[row])
+                if fold_len[row] > 0:
+                    folded.ssm_state[slot] = caches["triton"].ssm_state[slot]
+                bound = verify_bound(folded, slot, step.C[span], decays(folded, slot, m, step, layer, row * T, T))
+                bound = bound + FP32_TOL * y_true.abs().max()
+            else:
+                bound = FP32_TOL * y_true.abs().max()
+            for name, y in outs.items():
+                assert ((y[span].double() - y_true).abs() <= bound).all(), f"{name} step {t} row {row} {pattern}"
+            truth[row] = states[int(accepted[row]) - 1][0]  # the committed state: after the accepted tokens
+    assert folds >= rows, "every row must fold at least once"
+
+    pending = table.take_pending(indices, torch.ones(rows, dtype=torch.bool), accepted)  # e.g. a prefill comes
+    for run in caches.values():
+        run_fold = run.clone()
+        flush_ring_reference(run_fold.ssm_state, run_fold.ring_x, run_fold.ring_B, run_fold.ring_dt, layer.A,
+                             indices, pending, state_bf16=run_fold.state_bf16)  # fmt: skip
+        assert rel_err(run_fold.ssm_state[indices.long()], truth) <= FP32_TOL, "master after folding the commits"
+        if split:
+            assert rel_err(run.state_bf16[indices.long()], run.ssm_state[indices.long()]) <= BF16_ULP
+
+
+@pytest.mark.parametrize("pattern", ["all", "none", "mixed"])
+@pytest.mark.parametrize(("shape", "T"), VERIFY_SHAPES[:2], ids=lambda v: str(v))
+def test_verify_steps_track_fp64_across_folds(shape: Shape, T: int, pattern: str) -> None:
+    run_verify_steps(shape, T, split=False, pattern=pattern, steps=3 * (shape.ring_len - T) // T + 4)
+
+
+@pytest.mark.parametrize("pattern", ["all", "mixed"])
+def test_verify_steps_in_split_precision_stay_within_the_bf16_bound(pattern: str) -> None:
+    shape, T = VERIFY_SHAPES[1]
+    run_verify_steps(shape, T, split=True, pattern=pattern, steps=8)
+
+
+def test_verify_plan_kernel_matches_its_reference() -> None:
+    """Commit, fold and graph padding through the interpreted one-launch plan and its twin, over many steps with
+    random acceptance and token counts (a 1-token row among them)."""
+    L, T, blocks = 4, 3, 10
+    gen = seeded("verify-plan")
+    slots = torch.tensor([4, 0, 7, 2, 0, 0], dtype=torch.int32)  # rows 4, 5: padding past real_rows
+    seen = []
+    for plan in (plan_verify_rows, plan_verify_rows_reference):
+        table = CursorTable(blocks, L, "cpu", stagger=True, verify_len=T)
+        gen = seeded("verify-plan")
+        history = []
+        for _ in range(12):
+            counts = torch.randint(1, T + 1, (6,), generator=gen, dtype=torch.int32)
+            qsl = torch.cat([torch.zeros(1, dtype=torch.int32), counts.cumsum(0).to(torch.int32)])
+            accepted = torch.randint(0, T + 2, (6,), generator=gen, dtype=torch.int32)  # also out-of-range values
+            write_pos, fold_len = torch.full((6,), -7, dtype=torch.int32), torch.full((6,), -7, dtype=torch.int32)
+            plan(slots, qsl, accepted, table.positions, table.pending, table.window_end, write_pos, fold_len, 4, L, T,
+                 NULL_BLOCK_ID)  # fmt: skip
+            assert ((write_pos + counts <= L + T) | (slots == 0)).all()
+            history.append((write_pos.tolist(), fold_len.tolist(), table.positions.tolist(), table.pending.tolist()))
+        seen.append(history)
+    assert seen[0] == seen[1]
+    assert all(w[1] == 0 and f[1] == 0 and w[4:] == [0, 0] for w, f, _, _ in seen[0])
+    assert any(max(f) > 0 for _, f, _, _ in seen[0])
+
+
+def test_stale_ring_entries_past_the_history_never_reach_an_output() -> None:
+    """NaN in every ring entry at or after write_pos (a rolled-back verify's leftovers) changes nothing."""
+    shape, T = VERIFY_SHAPES[0]
+    gen = seeded("stale")
+    layer = make_layer(shape, gen)
+    cache = make_cache(shape, 2, False, gen)
+    fill_ring(shape, cache, torch.tensor([1]), torch.tensor([2]), gen)
+    clean = cache.clone()
+    entries(clean.ring_x)[1, 2:] = 0.0
+    entries(clean.ring_B)[1, 2:] = 0.0
+    entries(clean.ring_dt)[1, 2:] = 0.0
+    step = tokens(shape, layer, T, gen)
+    outs = []
+    for run in (cache, clean):
+        args = (step.x, step.dt, layer.A, step.B, step.C, run.ssm_state, run.ring_x, run.ring_B, run.ring_dt)
+        one = torch.tensor([1], dtype=torch.int32)
+        outs.append(replay_verify(*args, one, one * 2, torch.tensor([0, T], dtype=torch.int32), T, D=layer.D))
+    assert torch.equal(outs[0], outs[1])
