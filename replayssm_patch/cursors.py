@@ -45,6 +45,13 @@ class CursorTable:
         self.verify_len = verify_len
         self.positions = torch.zeros(num_blocks, dtype=torch.int32, device=device)
         self.window_end = first_window_end(torch.arange(num_blocks, device=device), buffer_len, stagger)
+        # imported here, not at module level, and chosen once: one launch on CUDA, the PyTorch twins elsewhere
+        from replayssm_patch.kernels import cursor_plan as plans
+
+        if self.positions.device.type == "cuda":
+            self._plan_decode, self._plan_verify = plans.plan_decode_rows, plans.plan_verify_rows
+        else:
+            self._plan_decode, self._plan_verify = plans.plan_decode_rows_reference, plans.plan_verify_rows_reference
         self.pending = torch.zeros(num_blocks, dtype=torch.int32, device=device) if verify_len else None
 
     def decode_step(
@@ -58,11 +65,9 @@ class CursorTable:
         """
         if real_rows is None:
             real_rows = slots.shape[0]
-        if self.positions.device.type == "cuda":
-            from replayssm_patch.kernels.cursor_plan import plan_decode_rows as plan
-        else:
-            from replayssm_patch.kernels.cursor_plan import plan_decode_rows_reference as plan
-        plan(slots, self.positions, self.window_end, write_pos, flush_len, real_rows, self.buffer_len, NULL_BLOCK_ID)
+        self._plan_decode(
+            slots, self.positions, self.window_end, write_pos, flush_len, real_rows, self.buffer_len, NULL_BLOCK_ID
+        )
 
     def verify_step(
         self,
@@ -80,11 +85,7 @@ class CursorTable:
         assert self.pending is not None, "verify_step needs a table built with verify_len > 0"
         if real_rows is None:
             real_rows = slots.shape[0]
-        if self.positions.device.type == "cuda":
-            from replayssm_patch.kernels.cursor_plan import plan_verify_rows as plan
-        else:
-            from replayssm_patch.kernels.cursor_plan import plan_verify_rows_reference as plan
-        plan(
+        self._plan_verify(
             slots, query_start_loc, num_accepted, self.positions, self.pending, self.window_end, write_pos, fold_len,
             real_rows, self.buffer_len, self.verify_len, NULL_BLOCK_ID,
         )  # fmt: skip

@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET
     from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
 
 HBM_BYTES_PER_S = 4.3e12
+CONV_WIDTH = 4  # Nemotron-H's conv kernel: vLLM keeps its last 3 inputs per channel
 TARGET_REL_ERR = 1e-4
 PAD = -1
 
@@ -485,22 +486,33 @@ class KernelSetup:
 
 
 def paged_cache(plan: Plan, slots: int, split: bool, device: str) -> ReplayCache:
-    """A ReplayCache whose tensors are views into one page per slot, packed as vLLM packs a MambaSpec."""
+    """A ReplayCache whose tensors are views into one page per slot, laid out by the plugin's own MambaSpec
+    functions (conv state, checkpoint, ring, bf16 copy), as vLLM packs them."""
     import torch
 
+    from replayssm_patch.config import ReplaySSMConfig
     from replayssm_patch.gpu.layer_check import paged_state_tensors
-    from replayssm_patch.kernels import ReplayCache, ring_shapes
+    from replayssm_patch.kernels import ReplayCache
+    from replayssm_patch.state_layout import (
+        RING_B,
+        RING_DT,
+        RING_X,
+        STATE_BF16,
+        replay_state_dtypes,
+        replay_state_shapes,
+    )
 
-    ring = ring_shapes(plan.nheads, plan.head_dim, plan.ngroups, plan.d_state, plan.buffer_len, split)
-    state = (plan.nheads, plan.head_dim, plan.d_state)
-    shapes = [state, ring.ring_dt, ring.ring_x, ring.ring_B] + ([state] if split else [])
-    dtypes = [torch.float32, torch.float32, torch.bfloat16, torch.bfloat16] + ([torch.bfloat16] if split else [])
+    knobs = ReplaySSMConfig(enable=True, buffer_len=plan.buffer_len, split_precision=split)
+    conv_dim = plan.nheads * plan.head_dim + 2 * plan.ngroups * plan.d_state
+    stock = ((conv_dim, CONV_WIDTH - 1), (plan.nheads, plan.head_dim, plan.d_state))
+    shapes = replay_state_shapes(stock, knobs, dim_first=True)
+    dtypes = replay_state_dtypes((torch.bfloat16, torch.float32), torch.bfloat16, knobs)
     page = sum(
         math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in zip(shapes, dtypes, strict=True)
     )
-    spec = SimpleNamespace(shapes=shapes, dtypes=dtypes, page_size_bytes=page)
-    tensors = paged_state_tensors(spec, slots, device)
-    return ReplayCache(tensors[0], tensors[2], tensors[3], tensors[1], tensors[4] if split else None)
+    tensors = paged_state_tensors(SimpleNamespace(shapes=shapes, dtypes=dtypes, page_size_bytes=page), slots, device)
+    copy = tensors[STATE_BF16] if split else None
+    return ReplayCache(tensors[1], tensors[RING_X], tensors[RING_B], tensors[RING_DT], copy)
 
 
 @dataclass(frozen=True)

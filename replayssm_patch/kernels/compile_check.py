@@ -110,11 +110,9 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     from replayssm_patch.kernels.flush import _flush_kernel
     from replayssm_patch.kernels.gdn_decode import _gdn_decode_step_kernel
     from replayssm_patch.kernels.gdn_flush import _gdn_flush_kernel
+    from replayssm_patch.kernels.launch_config import DEFAULT
     from replayssm_patch.kernels.replay_decode import (
         COEF_NUM_WARPS,
-        DEFAULT_BLOCK_N,
-        DEFAULT_BLOCK_P,
-        DEFAULT_NUM_WARPS,
         _replay_step_kernel,
         _ring_coefficients_kernel,
     )
@@ -126,10 +124,10 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
         pointers = {**_STEP_POINTERS, "read_ptr": read, "copy_ptr": copy}
         consts = {
             "HAS_D": True, "HAS_FLUSH": True, "HAS_COPY": copy == "*bf16",
-            "BLOCK_L": 16, "BLOCK_P": DEFAULT_BLOCK_P, "BLOCK_N": DEFAULT_BLOCK_N, "N_TILES": 128 // DEFAULT_BLOCK_N,
+            "BLOCK_L": 16, "BLOCK_P": DEFAULT.block_p, "BLOCK_N": DEFAULT.block_n, "N_TILES": 128 // DEFAULT.block_n,
             **_UNIT_STRIDES,
         }  # fmt: skip
-        found.append((f"replay step, {label}", _replay_step_kernel, pointers, consts, DEFAULT_NUM_WARPS))
+        found.append((f"replay step, {label}", _replay_step_kernel, pointers, consts, DEFAULT.num_warps))
     for copy in (False, True):
         pointers = {**_FLUSH_POINTERS, "bf16_ptr": "*bf16" if copy else "*fp32"}
         consts = {"HAS_BF16": copy, "BLOCK_L": 16, "BLOCK_P": 16, "BLOCK_N": 128, "P_BLOCKS": 4}  # head_dim 64
@@ -145,10 +143,10 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     found.append(("verify coefficients, T=4", _verify_coefficients_kernel, _VERIFY_COEF_POINTERS, verify_coef,
                   VERIFY_COEF_NUM_WARPS))  # fmt: skip
     for label, read in (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")):
-        consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": DEFAULT_BLOCK_P, "BLOCK_N": DEFAULT_BLOCK_N,
-                  "N_TILES": 128 // DEFAULT_BLOCK_N, **_VERIFY_UNIT_STRIDES}  # fmt: skip
+        consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": DEFAULT.block_p, "BLOCK_N": DEFAULT.block_n,
+                  "N_TILES": 128 // DEFAULT.block_n, **_VERIFY_UNIT_STRIDES}  # fmt: skip
         found.append((f"verify step T=4, {label}", _verify_step_kernel, {**_VERIFY_STEP_POINTERS, "read_ptr": read},
-                      consts, DEFAULT_NUM_WARPS))  # fmt: skip
+                      consts, DEFAULT.num_warps))  # fmt: skip
     found.append(("gdn decode step", _gdn_decode_step_kernel, _GDN_STEP_POINTERS, _GDN_BLOCKS, 4))
     found.append(("gdn flush", _gdn_flush_kernel, _GDN_FLUSH_POINTERS, _GDN_BLOCKS, 4))
     return found

@@ -32,6 +32,7 @@ class ReplayLaunch:
 DEFAULT = ReplayLaunch()
 
 
+@functools.cache  # every layer launch asks: read the table once per (dtype, device), not per launch
 def launch_for(state_dtype: torch.dtype, device: torch.device) -> ReplayLaunch:
     """The tuned shape for a checkpoint of ``state_dtype`` ("fp32" or "split" entry), else the default."""
     entry = "split" if state_dtype.itemsize <= 2 else "fp32"
@@ -39,12 +40,10 @@ def launch_for(state_dtype: torch.dtype, device: torch.device) -> ReplayLaunch:
     return ReplayLaunch(**table[entry]) if entry in table else DEFAULT
 
 
-@functools.cache
 def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-@functools.cache
 def _tuned_table(device_name: str) -> dict[str, dict[str, int]]:
     path = os.environ.get(ENV_VAR)
     if not path:

@@ -31,7 +31,7 @@ from replayssm_patch.kernels.common import (
     softplus_f32,
     softplus_reference,
 )
-from replayssm_patch.kernels.launch_config import DEFAULT, launch_for
+from replayssm_patch.kernels.launch_config import launch_for
 from replayssm_patch.kernels.layout import (
     PAD_SLOT_ID,
     group_of_head,
@@ -42,12 +42,9 @@ from replayssm_patch.kernels.layout import (
     valid_rows,
 )
 
-# Launch shape of the head_dim programs (``launch_config``; default 1 warp, 16 head_dim rows, the checkpoint
-# in 64-wide d_state tiles). vLLM's SSU runs 1-warp programs of 4 rows on the H200 (its tuned config); small
-# programs keep registers low (the GPU runs many of them per SM) and need no cross-warp reductions.
-DEFAULT_BLOCK_P = DEFAULT.block_p
-DEFAULT_BLOCK_N = DEFAULT.block_n
-DEFAULT_NUM_WARPS = DEFAULT.num_warps
+# The head_dim programs' launch shape comes from ``launch_config`` (default 1 warp, 16 head_dim rows, the
+# checkpoint in 64-wide d_state tiles). vLLM's SSU runs 1-warp programs of 4 rows on the H200 (its tuned
+# config); small programs keep registers low (the GPU runs many of them per SM) and need no cross-warp reductions.
 COEF_NUM_WARPS = 2
 
 
