@@ -37,6 +37,9 @@ class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
     # Decode rows: one per state_indices_tensor_d row (graph padding rows get 0).
     replay_write_pos: torch.Tensor | None = None
     replay_flush_len: torch.Tensor | None = None
+    # The rows with replay_flush_len > 0, listed first, and how many there are (int32 [1]): the fold's work list.
+    replay_flush_rows: torch.Tensor | None = None
+    replay_flush_count: torch.Tensor | None = None
     # Speculative decoding instead of replay_flush_len: committed entries each row folds before its verify.
     replay_fold_len: torch.Tensor | None = None
     # Steps with a prefill: ring entries per prefill row to fold into the checkpoint first, and whether any
@@ -47,7 +50,7 @@ class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
 
 @dataclass(frozen=True)
 class RingPlanBuffers:
-    """The decode rows' plan every Mamba KV-cache group's graphs read: one pair of persistent buffers per engine.
+    """The decode rows' plan every Mamba KV-cache group's graphs read: one set of persistent buffers per engine.
 
     vLLM builds the first Mamba group each step and derives the others with ``update_block_table``, which
     keeps this metadata's fields; every group holds the same requests at the same point, so one plan (and
@@ -56,11 +59,13 @@ class RingPlanBuffers:
 
     write_pos: torch.Tensor
     flush_len: torch.Tensor
+    flush_rows: torch.Tensor
+    flush_count: torch.Tensor
 
     @classmethod
     def allocate(cls, rows: int, device: torch.device) -> RingPlanBuffers:
-        zeros = torch.zeros(2, rows, dtype=torch.int32, device=device)
-        return cls(zeros[0], zeros[1])
+        zeros = torch.zeros(3 * rows + 1, dtype=torch.int32, device=device)
+        return cls(zeros[:rows], zeros[rows : 2 * rows], zeros[2 * rows : 3 * rows], zeros[3 * rows :])
 
     @classmethod
     def of_engine(cls, vllm_config: Any, device: torch.device) -> RingPlanBuffers:
@@ -177,6 +182,7 @@ def plan_ring(
         if dry_run or not metadata.num_decodes:
             write_pos.zero_()
             lengths.zero_()
+            buffers.flush_count.zero_()
         elif verify:
             assert metadata.num_accepted_tokens is not None and metadata.query_start_loc_d is not None, (
                 "ReplaySSM verify steps need vLLM's num_accepted_tokens (passed for every speculative build)"
@@ -186,7 +192,9 @@ def plan_ring(
                 real_rows=metadata.num_decodes,
             )  # fmt: skip
         else:
-            cursor_table().decode_step(slots, write_pos, lengths, real_rows=metadata.num_decodes)
+            cursor_table().decode_step(
+                slots, write_pos, lengths, metadata.num_decodes, buffers.flush_rows[:rows], buffers.flush_count
+            )
     pending = None
     if metadata.num_prefills:
         accepted = None
@@ -197,6 +205,8 @@ def plan_ring(
         metadata,
         replay_write_pos=write_pos,
         replay_flush_len=None if verify else lengths,
+        replay_flush_rows=None if verify else buffers.flush_rows[:rows],
+        replay_flush_count=None if verify else buffers.flush_count,
         replay_fold_len=lengths if verify else None,
         replay_pending=pending,
         replay_fold_pending=bool(metadata.num_prefills) and not fresh,

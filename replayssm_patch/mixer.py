@@ -157,7 +157,8 @@ class ReplayMambaMixer2(MambaMixer2):
         x, B, C, dt = self._decode_conv(projected_states, metadata, metadata.state_indices_tensor_d.size(-1))
         leading, keywords = self._kernel_arguments(x, dt, B, C, output[:n].view(x.shape))
         plan = (metadata.state_indices_tensor_d[:n, 0], metadata.replay_write_pos[:n], metadata.replay_flush_len[:n])
-        replay_decode_step(*leading, *plan, **keywords)
+        fold_list = {"flush_rows": metadata.replay_flush_rows[:n], "flush_count": metadata.replay_flush_count}
+        replay_decode_step(*leading, *plan, **fold_list, **keywords)
 
     def _replay_verify(
         self, projected_states: torch.Tensor, output: torch.Tensor, metadata: ReplayMamba2AttentionMetadata

@@ -405,15 +405,18 @@ class KernelSetup:
     def step(
         self, mode: str, cfg: tuple[int, int, int] | None, write_pos: torch.Tensor, flush_len: torch.Tensor
     ) -> Callable[[], Any]:
-        """The decode step as vLLM runs it: both launches (coefficients, fused replay step) in one graph."""
+        """The decode step as vLLM runs it, in one graph: coefficients, replay, and the fold over the flush rows,
+        listed once beforehand as the builder's cursor plan lists them (not timed: one plan serves every layer)."""
         from replayssm_patch.kernels import replay_decode_step
+        from replayssm_patch.kernels.decode_fold import flush_work_list
 
         cache, s, layer = self.caches[mode], self.inputs, self.layer
         tuning = {} if cfg is None else {"block_p": cfg[0], "block_n": cfg[1], "num_warps": cfg[2]}
+        rows, count = flush_work_list(flush_len, self.indices, write_pos, self.plan.buffer_len, PAD)
         return lambda: replay_decode_step(
             s.x, s.dt, layer.A, s.B, s.C, cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt, self.indices,
-            write_pos, flush_len, state_bf16=cache.state_bf16, D=layer.D, dt_bias=layer.dt_bias, out=self.out,
-            **tuning,
+            write_pos, flush_len, flush_rows=rows, flush_count=count, state_bf16=cache.state_bf16, D=layer.D,
+            dt_bias=layer.dt_bias, out=self.out, **tuning,
         )  # fmt: skip
 
     def materialise(self, mode: str) -> Callable[[], Any]:

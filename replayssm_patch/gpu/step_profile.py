@@ -17,7 +17,6 @@ import argparse
 import json
 import math
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +64,10 @@ def profiled_tokens(batch: int, max_num_batched_tokens: int, steps: int) -> int:
     return prefill_steps + steps + SLACK_STEPS
 
 
-def newest_trace(trace_dir: Path, since: float) -> Path | None:
-    found = [p for p in trace_dir.glob(TRACE_GLOB) if p.stat().st_mtime >= since]
+def newest_trace(trace_dir: Path, before: set[Path]) -> Path | None:
+    """The newest trace not among ``before`` (the traces there before profiling): by name, not by mtime, whose
+    coarse granularity can date a trace written right after the profile started before its start."""
+    found = [p for p in trace_dir.glob(TRACE_GLOB) if p not in before]
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
@@ -83,14 +84,14 @@ def profile_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: in
     timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), SHORT_TOKENS)  # warm-up
     budget = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
     tokens = profiled_tokens(batch, budget, args.steps)
-    since = time.time()
+    before = set(trace_dir.glob(TRACE_GLOB))
     llm.start_profile()
     run = timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), tokens)
     llm.stop_profile()
     row: dict[str, Any] = {"variant": args.variant, "mode": args.mode, "batch": batch, "output_tokens": tokens,
                            "generate_s": round(run.seconds, 2), "exact": run.exact,
                            "ran_together": run.together}  # fmt: skip
-    trace = newest_trace(trace_dir, since)
+    trace = newest_trace(trace_dir, before)
     if trace is None:
         return row | {"error": f"no {TRACE_GLOB} written to {trace_dir}"}
     try:

@@ -26,6 +26,13 @@ def decay_sum_after(dt, offs_l):
     return tl.sum(tl.where(later, dt[None, :], 0.0), axis=1)
 
 
+@triton.jit
+def decay_sums_after(dt, offs_l):
+    """``decay_sum_after`` of every row of a [rows, L] tile (one head per row), in one masked [rows, L, L] sum."""
+    later = offs_l[None, :] > offs_l[:, None]
+    return tl.sum(tl.where(later[None, :, :], dt[:, None, :], 0.0), axis=2)
+
+
 def softplus_reference(dt: torch.Tensor) -> torch.Tensor:
     """PyTorch twin of ``softplus_f32``."""
     return torch.where(dt <= 20.0, torch.log(torch.exp(dt) + 1.0), dt)

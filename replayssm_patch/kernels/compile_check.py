@@ -33,13 +33,19 @@ _COEF_POINTERS = {
     "w_ptr": "*fp32", "decay_ptr": "*fp32",
 }  # fmt: skip
 _STEP_POINTERS = {
+    "x_ptr": "*bf16", "C_ptr": "*bf16", "D_ptr": "*fp32", "ring_x_ptr": "*bf16", "slot_ptr": "*i32",
+    "pos_ptr": "*i32", "flush_ptr": "*i32", "bc_ptr": "*fp32", "w_ptr": "*fp32", "decay_ptr": "*fp32",
+    "out_ptr": "*bf16",
+}  # fmt: skip
+_FOLD_POINTERS = {
     "x_ptr": "*bf16", "C_ptr": "*bf16", "D_ptr": "*fp32", "master_ptr": "*fp32", "ring_x_ptr": "*bf16",
-    "ring_B_ptr": "*bf16", "slot_ptr": "*i32", "pos_ptr": "*i32", "flush_ptr": "*i32", "bc_ptr": "*fp32",
+    "ring_B_ptr": "*bf16", "slot_ptr": "*i32", "pos_ptr": "*i32", "rows_ptr": "*i32", "count_ptr": "*i32",
     "w_ptr": "*fp32", "decay_ptr": "*fp32", "out_ptr": "*bf16",
 }  # fmt: skip
 # Triton specialises integer arguments equal to 1 at launch; the innermost strides are, in every real launch, so
 # they are fixed here too: without them the compiler cannot vectorise and reports other register counts.
-_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sr_n", "sm_n", "sc_n", "srx_p", "srB_n", "so_p")}
+_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sr_n", "srx_p", "so_p")}
+_FOLD_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sm_n", "sc_n", "srx_p", "srB_n", "so_p")}
 _VERIFY_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sr_n", "srx_p", "so_p")}
 _VERIFY_COEF_POINTERS = {**_COEF_POINTERS, "qsl_ptr": "*i32"}
 _VERIFY_STEP_POINTERS = {
@@ -75,15 +81,31 @@ class Compiled:
     spill_bytes: int
 
 
+# Integer arguments that are multiples of 16 in every real launch (strides, head_dim, d_state, head and ring
+# counts): Triton specialises those at launch (divisibility 16), which lets it vectorise; without the hint the
+# compiler reports the registers of scalar address arithmetic, far above what the GPU runs.
+_ALIGNED_SCALAR = re.compile(r"^(s[a-zA-Z]*_[a-z]+|head_dim|d_state|nheads|heads_per_group|ring_len|buffer_len)$")
+
+
 def compile_for_hopper(
     kernel: triton.JITFunction, pointers: dict[str, str], constexprs: dict[str, object], num_warps: int
 ) -> Compiled:
-    """Compile one specialisation (other scalar arguments as i32) and read its register use from ``ptxas -v``."""
+    """Compile one specialisation (other scalar arguments as i32) and read its register use from ``ptxas -v``.
+
+    Specialised as a launch of the real shapes would be: pointers 16-byte aligned unless the kernel opts out
+    (``do_not_specialize_on_alignment``), the scalars ``_ALIGNED_SCALAR`` names divisible by 16."""
     signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32") for name in kernel.arg_names}
+    unaligned = set(kernel.do_not_specialize_on_alignment or ()) | set(kernel.do_not_specialize or ())
+    aligned = [
+        i for i, name in enumerate(kernel.arg_names)
+        if name not in unaligned and name not in constexprs
+        and (signature[name].startswith("*") or (signature[name] == "i32" and _ALIGNED_SCALAR.match(name)))
+    ]  # fmt: skip
     source = ASTSource(
         fn=kernel,
         signature=signature,
         constexprs={(kernel.arg_names.index(name),): value for name, value in constexprs.items()},
+        attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
     )
     compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps})
     registers, spills = ptxas_usage(compiled.asm["ptx"])
@@ -107,6 +129,7 @@ def ptxas_usage(ptx: str) -> tuple[int, int]:
 def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, object], int]]:
     """(label, kernel, pointer types, constexprs, num_warps) for the default launch of each variant."""
     from replayssm_patch.kernels.cursor_plan import PLAN_BLOCK, _cursor_plan_kernel, _verify_plan_kernel
+    from replayssm_patch.kernels.decode_fold import FOLD_BLOCK_N, FOLD_BLOCK_P, FOLD_NUM_WARPS, _decode_fold_kernel
     from replayssm_patch.kernels.flush import _flush_kernel
     from replayssm_patch.kernels.gdn_decode import _gdn_decode_step_kernel
     from replayssm_patch.kernels.gdn_flush import _gdn_flush_kernel
@@ -119,22 +142,29 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     from replayssm_patch.kernels.verify import VERIFY_COEF_NUM_WARPS, _verify_coefficients_kernel, _verify_step_kernel
 
     coef = {"HEADS_PER_GROUP": 16, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True, "BLOCK_L": 16, "BLOCK_N": 128}
-    found = [("ring coefficients", _ring_coefficients_kernel, _COEF_POINTERS, coef, COEF_NUM_WARPS)]
-    for label, read, copy in (("fp32 checkpoint", "*fp32", "*fp32"), ("split precision", "*bf16", "*bf16")):
-        pointers = {**_STEP_POINTERS, "read_ptr": read, "copy_ptr": copy}
+    found = [("ring coefficients", _ring_coefficients_kernel, _COEF_POINTERS, {**coef, "HEAD_CHUNK": 16},
+              COEF_NUM_WARPS)]  # fmt: skip
+    for label, read in (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")):
         consts = {
-            "HAS_D": True, "HAS_FLUSH": True, "HAS_COPY": copy == "*bf16",
+            "HAS_D": True, "HAS_FLUSH": True,
             "BLOCK_L": 16, "BLOCK_P": DEFAULT.block_p, "BLOCK_N": DEFAULT.block_n, "N_TILES": 128 // DEFAULT.block_n,
             **_UNIT_STRIDES,
         }  # fmt: skip
+        pointers = {**_STEP_POINTERS, "read_ptr": read}
         found.append((f"replay step, {label}", _replay_step_kernel, pointers, consts, DEFAULT.num_warps))
+        fold = {"HAS_D": True, "HAS_COPY": read == "*bf16", "BLOCK_L": 16, "BLOCK_P": FOLD_BLOCK_P,
+                "P_BLOCKS": 64 // FOLD_BLOCK_P, "BLOCK_N": FOLD_BLOCK_N, "N_TILES": 128 // FOLD_BLOCK_N,
+                **_FOLD_UNIT_STRIDES}  # fmt: skip
+        found.append((f"decode fold, {label}", _decode_fold_kernel, {**_FOLD_POINTERS, "copy_ptr": read}, fold,
+                      FOLD_NUM_WARPS))  # fmt: skip
     for copy in (False, True):
         pointers = {**_FLUSH_POINTERS, "bf16_ptr": "*bf16" if copy else "*fp32"}
         consts = {"HAS_BF16": copy, "BLOCK_L": 16, "BLOCK_P": 16, "BLOCK_N": 128, "P_BLOCKS": 4}  # head_dim 64
         found.append((f"flush, bf16 copy {copy}", _flush_kernel, pointers, consts, 4))
     plan_pointers = {"slot_ptr": "*i32", "positions_ptr": "*i32", "window_end_ptr": "*i32", "write_pos_ptr": "*i32",
                      "flush_ptr": "*i32"}  # fmt: skip
-    found.append(("cursor plan", _cursor_plan_kernel, plan_pointers, {"BLOCK": PLAN_BLOCK}, 4))
+    list_pointers = {**plan_pointers, "flush_rows_ptr": "*i32", "flush_count_ptr": "*i32"}
+    found.append(("cursor plan", _cursor_plan_kernel, list_pointers, {"HAS_LIST": True, "BLOCK": PLAN_BLOCK}, 4))
     verify_plan_pointers = {**plan_pointers, "qsl_ptr": "*i32", "accepted_ptr": "*i32", "pending_ptr": "*i32",
                             "fold_ptr": "*i32"}  # fmt: skip
     found.append(("verify plan", _verify_plan_kernel, verify_plan_pointers, {"BLOCK": PLAN_BLOCK}, 4))

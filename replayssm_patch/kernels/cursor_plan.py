@@ -22,10 +22,10 @@ PLAN_BLOCK = 256
 
 @triton.jit(do_not_specialize=["real_rows", "rows"])  # the row counts change every step: one compiled kernel
 def _cursor_plan_kernel(
-    slot_ptr, slot_stride, positions_ptr, window_end_ptr, write_pos_ptr, flush_ptr,
-    real_rows, rows, ring_len, null_block, BLOCK: tl.constexpr,
+    slot_ptr, slot_stride, positions_ptr, window_end_ptr, write_pos_ptr, flush_ptr, flush_rows_ptr, flush_count_ptr,
+    real_rows, rows, ring_len, null_block, HAS_LIST: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.arange(0, BLOCK)  # one program holds every row, so the flush list needs no atomics
     in_batch = offs < rows
     slot = tl.load(slot_ptr + offs * slot_stride, mask=offs < real_rows, other=null_block)
     real = (offs < real_rows) & (slot != null_block)
@@ -36,6 +36,10 @@ def _cursor_plan_kernel(
     tl.store(flush_ptr + offs, tl.where(flush, pos + 1, 0), mask=in_batch)
     tl.store(positions_ptr + slot, tl.where(flush, 0, pos + 1), mask=real)
     tl.store(window_end_ptr + slot, ring_len - 1, mask=flush)
+    if HAS_LIST:
+        flags = flush.to(tl.int32)
+        tl.store(flush_rows_ptr + tl.cumsum(flags, axis=0) - 1, offs, mask=flush)
+        tl.store(flush_count_ptr, tl.sum(flags, axis=0))
 
 
 def plan_decode_rows(
@@ -47,17 +51,23 @@ def plan_decode_rows(
     real_rows: int,
     ring_len: int,
     null_block: int,
+    flush_rows: torch.Tensor | None = None,
+    flush_count: torch.Tensor | None = None,
 ) -> None:
     """Plan ``write_pos`` / ``flush_len`` (int32 [rows], persistent buffers) for rows [0, real_rows) of
     ``slots`` and advance their cursors (``positions`` / ``window_end``, int32 per block); rows past
-    real_rows (CUDA-graph padding) and null-block rows get 0. A flush row gets flush_len = write_pos + 1."""
+    real_rows (CUDA-graph padding) and null-block rows get 0. A flush row gets flush_len = write_pos + 1.
+    With ``flush_rows`` (int32 [rows]) and ``flush_count`` (int32 [1]) it also lists the flush rows, in row
+    order, for the decode step's fold (entries past the count are left as they were)."""
     check_launchable(slots, positions)
     rows = write_pos.shape[0]
     if rows == 0:
         return
-    _cursor_plan_kernel[(triton.cdiv(rows, PLAN_BLOCK),)](
+    has_list = flush_rows is not None and flush_count is not None
+    _cursor_plan_kernel[(1,)](
         slots, slots.stride(0), positions, window_end, write_pos, flush_len,
-        real_rows, rows, ring_len, null_block, BLOCK=PLAN_BLOCK,
+        flush_rows if has_list else write_pos, flush_count if has_list else write_pos,
+        real_rows, rows, ring_len, null_block, HAS_LIST=has_list, BLOCK=max(PLAN_BLOCK, triton.next_power_of_2(rows)),
     )  # fmt: skip
 
 
@@ -70,6 +80,8 @@ def plan_decode_rows_reference(
     real_rows: int,
     ring_len: int,
     null_block: int,
+    flush_rows: torch.Tensor | None = None,
+    flush_count: torch.Tensor | None = None,
 ) -> None:
     """Plain-PyTorch twin of ``plan_decode_rows`` (same arguments)."""
     write_pos.zero_()
@@ -84,6 +96,10 @@ def plan_decode_rows_reference(
     flush_len[rows] = torch.where(flush, pos + 1, 0).to(flush_len.dtype)
     positions[slot] = torch.where(flush, 0, pos + 1).to(positions.dtype)
     window_end[slot] = torch.where(flush, ring_len - 1, end).to(window_end.dtype)
+    if flush_rows is not None and flush_count is not None:
+        listed = rows[flush]
+        flush_rows[: listed.numel()] = listed.to(flush_rows.dtype)
+        flush_count.fill_(listed.numel())
 
 
 @triton.jit(do_not_specialize=["real_rows", "rows"])

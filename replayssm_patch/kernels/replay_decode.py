@@ -1,19 +1,17 @@
-"""Output-only replay decode, with the flush fused in: two launches per layer and step, whatever the flush plan.
+"""Output-only replay decode: a coefficient launch and a 1-warp replay launch per layer and step, plus the fold.
 
 1. ``_ring_coefficients_kernel``, one program per (batch row, B/C group), 2 warps: everything that depends
    on the row and group but not on head_dim, computed once instead of in every head_dim program (32x
-   redundant before): bc[s] = B_s·C_t over the ring and the current B_t, and per head of the group the
-   weights w[s] = exp(A·(dt summed after s))·dt_s and the checkpoint decay exp(A·Σdt). It appends B_t and
-   dt_t to the ring (the only program that owns them, so no leader masks and no races).
+   redundant before): bc[s] = B_s·C_t over the ring and the current B_t, and for the group's heads at once
+   (a [heads, L] tile, not a serial loop over heads) the weights w[s] = exp(A·(dt summed after s))·dt_s and
+   the checkpoint decay exp(A·Σdt). It appends B_t and dt_t to the ring (the only program that owns them).
 2. ``_replay_step_kernel``, one program per (head_dim block, batch row, head), 1 warp, head_dim block
    fastest so a row's per-head inputs are fetched once: appends x_t, then
-   - non-flush rows: y = Σ_s w_s·bc_s·x_s + decay·(h_c·C_t) + D·x_t, the checkpoint (fp32 master, or the
-     bf16 copy in split precision) streamed in BLOCK_N-wide tiles, read once and never written;
-   - flush rows (flush_len > 0: the append fills the ring): h' = decay·h_c + Σ_s w_s·x_s⊗B_s from the fp32
-     master, written back (and its bf16 copy) in the same pass, and y = h'·C_t + D·x_t. The fold runs as
-     exact fp32 FMAs over the entries (a tl.dot's operand tiles cost every program registers, flush or not:
-     ptxas gave 200-255 per thread at 1 warp; a flush row is 1 in L, so its extra FMAs are cheap).
-   A flush costs its rows one extra state write, and idle rows nothing: there is no second grid.
+   y = Σ_s w_s·bc_s·x_s + decay·(h_c·C_t) + D·x_t, the checkpoint (fp32 master, or the bf16 copy in split
+   precision) streamed in BLOCK_N-wide tiles, read once and never written.
+3. On a decode step, rows whose window ends (flush_len > 0) skip 2. and are answered by the fold
+   (``decode_fold``): a fixed grid of 4-warp programs over the compacted list of those rows, which writes
+   h' = decay·h_c + Σ_s w_s·x_s⊗B_s to the fp32 master (and its bf16 copy) and y = h'·C_t + D·x_t.
 Entries at ring positions > write_pos are never read (stale or non-finite values of a reused slot).
 """
 
@@ -26,11 +24,12 @@ import triton.language as tl
 from replayssm_patch.kernels.common import (
     block_size,
     check_launchable,
-    decay_sum_after,
     decay_sum_after_reference,
+    decay_sums_after,
     softplus_f32,
     softplus_reference,
 )
+from replayssm_patch.kernels.decode_fold import FoldPlan, launch_decode_fold
 from replayssm_patch.kernels.launch_config import launch_for
 from replayssm_patch.kernels.layout import (
     PAD_SLOT_ID,
@@ -57,7 +56,7 @@ def _ring_coefficients_kernel(
     d_state, ring_len, pad_slot_id,
     sdt_b, sdt_h, sB_b, sB_g, sB_n, sC_b, sC_g, sC_n,
     srB_slot, srB_g, srB_l, srB_n, srdt_slot, srdt_h, srdt_l,
-    HEADS_PER_GROUP: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    HEADS_PER_GROUP: tl.constexpr, HEAD_CHUNK: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
@@ -84,33 +83,30 @@ def _ring_coefficients_kernel(
     tl.store(rB + pos * srB_l + offs_n * srB_n, B_raw.to(ring_B_ptr.dtype.element_ty), mask=mask_n)
 
     heads = HEADS_PER_GROUP * tl.num_programs(1)
-    for i in range(HEADS_PER_GROUP):
-        head = group * HEADS_PER_GROUP + i
+    for chunk in tl.static_range(HEADS_PER_GROUP // HEAD_CHUNK):  # one chunk unless a group has > 16 heads
+        head = group * HEADS_PER_GROUP + chunk * HEAD_CHUNK + tl.arange(0, HEAD_CHUNK)
         dt = tl.load(dt_ptr + row * sdt_b + head * sdt_h).to(tl.float32)
         if HAS_DT_BIAS:
             dt += tl.load(dt_bias_ptr + head).to(tl.float32)
         if DT_SOFTPLUS:
             dt = softplus_f32(dt)
         A = tl.load(A_ptr + head).to(tl.float32)
-        rdt = ring_dt_ptr + slot * srdt_slot + head * srdt_h
-        ring_dt = tl.load(rdt + offs_l * srdt_l, mask=earlier, other=0.0).to(tl.float32)
-        all_dt = tl.where(offs_l == pos, dt, ring_dt)
-        weight = tl.where(live, tl.exp(A * decay_sum_after(all_dt, offs_l)) * all_dt, 0.0)
-        tl.store(w_ptr + (row * heads + head) * BLOCK_L + offs_l, weight)
-        tl.store(decay_ptr + row * heads + head, tl.exp(A * tl.sum(all_dt, axis=0)))
+        rdt = ring_dt_ptr + slot * srdt_slot + head * srdt_h  # [HEAD_CHUNK] pointers
+        ring_dt = tl.load(rdt[:, None] + offs_l[None, :] * srdt_l, mask=earlier[None, :], other=0.0).to(tl.float32)
+        all_dt = tl.where((offs_l == pos)[None, :], dt[:, None], ring_dt)  # [HEAD_CHUNK, L]
+        weight = tl.where(live[None, :], tl.exp(A[:, None] * decay_sums_after(all_dt, offs_l)) * all_dt, 0.0)
+        tl.store(w_ptr + (row * heads + head)[:, None] * BLOCK_L + offs_l[None, :], weight)
+        tl.store(decay_ptr + row * heads + head, tl.exp(A * tl.sum(all_dt, axis=1)))
         tl.store(rdt + pos * srdt_l, dt.to(ring_dt_ptr.dtype.element_ty))
 
 
 @triton.jit(do_not_specialize_on_alignment=["x_ptr", "C_ptr", "out_ptr"])
 def _replay_step_kernel(
-    x_ptr, C_ptr, D_ptr, read_ptr, master_ptr, copy_ptr, ring_x_ptr, ring_B_ptr,
+    x_ptr, C_ptr, D_ptr, read_ptr, ring_x_ptr,
     slot_ptr, pos_ptr, flush_ptr, bc_ptr, w_ptr, decay_ptr, out_ptr,
     head_dim, d_state, ring_len, nheads, heads_per_group, pad_slot_id,
-    sx_b, sx_h, sx_p, sC_b, sC_g, sC_n,
-    sr_slot, sr_h, sr_p, sr_n, sm_slot, sm_h, sm_p, sm_n, sc_slot, sc_h, sc_p, sc_n,
-    srx_slot, srx_h, srx_l, srx_p, srB_slot, srB_g, srB_l, srB_n,
-    so_b, so_h, so_p,
-    HAS_D: tl.constexpr, HAS_FLUSH: tl.constexpr, HAS_COPY: tl.constexpr,
+    sx_b, sx_h, sx_p, sC_b, sC_g, sC_n, sr_slot, sr_h, sr_p, sr_n, srx_slot, srx_h, srx_l, srx_p, so_b, so_h, so_p,
+    HAS_D: tl.constexpr, HAS_FLUSH: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
 ):  # fmt: skip
     pblock = tl.program_id(0)
@@ -118,7 +114,10 @@ def _replay_step_kernel(
     head = tl.program_id(2)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     pos = tl.load(pos_ptr + row).to(tl.int64)
-    if (slot == pad_slot_id) | (slot < 0) | (pos < 0) | (pos >= ring_len):
+    skip = (slot == pad_slot_id) | (slot < 0) | (pos < 0) | (pos >= ring_len)
+    if HAS_FLUSH:
+        skip = skip | (tl.load(flush_ptr + row) > 0)  # the fold answers this row
+    if skip:
         return
     group = head // heads_per_group
     offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -133,51 +132,21 @@ def _replay_step_kernel(
     ).to(tl.float32)  # fmt: skip
     tl.store(rx + pos * srx_l + offs_p * srx_p, x_raw.to(ring_x_ptr.dtype.element_ty), mask=mask_p)
     xs = tl.where((offs_l == pos)[:, None], x[None, :], ring_x)  # [L, P]: the ring with this step appended
-    w_row = w_ptr + (row * nheads + head) * BLOCK_L
-    weight = tl.load(w_row + offs_l)
-    decay = tl.load(decay_ptr + row * nheads + head)
+    weight = tl.load(w_ptr + (row * nheads + head) * BLOCK_L + offs_l)
+    bc = tl.load(bc_ptr + (row * (nheads // heads_per_group) + group) * BLOCK_L + offs_l)
+    y = tl.sum((weight * bc)[:, None] * xs, axis=0)
     C_row = C_ptr + row * sC_b + group * sC_g
-
-    flush = False
-    if HAS_FLUSH:
-        flush = tl.load(flush_ptr + row) > 0
-    if flush:
-        rB = ring_B_ptr + slot * srB_slot + group * srB_g
-        y = tl.zeros((BLOCK_P,), dtype=tl.float32)
-        for t in tl.static_range(N_TILES):
-            offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < d_state
-            update = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
-            for s in range(BLOCK_L):  # the rank-(pos+1) fold as FMAs (w_s = 0 past pos); unrolled it spills (ptxas)
-                w_s = tl.load(w_row + s)
-                x_s = tl.load(rx + s * srx_l + offs_p * srx_p, mask=mask_p & (s < pos), other=0.0).to(tl.float32)
-                x_s = tl.where(s == pos, x, x_s)
-                B_s = tl.load(rB + s * srB_l + offs_n * srB_n, mask=mask_n & (s <= pos), other=0.0).to(tl.float32)
-                update += (w_s * x_s)[:, None] * B_s[None, :]
-            # the master tile is loaded after the fold so its 64-bit addresses are not held across the loop
-            mask_pn = mask_p[:, None] & mask_n[None, :]
-            at = master_ptr + slot * sm_slot + head * sm_h + offs_p[:, None] * sm_p + offs_n[None, :] * sm_n
-            h = decay * tl.load(at, mask=mask_pn, other=0.0).to(tl.float32) + update
-            tl.store(at, h.to(master_ptr.dtype.element_ty), mask=mask_pn)
-            if HAS_COPY:
-                copy_at = copy_ptr + slot * sc_slot + head * sc_h + offs_p[:, None] * sc_p + offs_n[None, :] * sc_n
-                tl.store(copy_at, h.to(copy_ptr.dtype.element_ty), mask=mask_pn)
-            C = tl.load(C_row + offs_n * sC_n, mask=mask_n, other=0.0).to(tl.float32)
-            y += tl.sum(h * C[None, :], axis=1)
-    else:
-        bc = tl.load(bc_ptr + (row * (nheads // heads_per_group) + group) * BLOCK_L + offs_l)
-        y = tl.sum((weight * bc)[:, None] * xs, axis=0)
-        read = tl.zeros((BLOCK_P,), dtype=tl.float32)
-        for t in tl.static_range(N_TILES):
-            offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < d_state
-            h = tl.load(
-                read_ptr + slot * sr_slot + head * sr_h + offs_p[:, None] * sr_p + offs_n[None, :] * sr_n,
-                mask=mask_p[:, None] & mask_n[None, :], other=0.0, eviction_policy="evict_first",
-            ).to(tl.float32)  # fmt: skip
-            C = tl.load(C_row + offs_n * sC_n, mask=mask_n, other=0.0).to(tl.float32)
-            read += tl.sum(h * C[None, :], axis=1)
-        y += decay * read
+    read = tl.zeros((BLOCK_P,), dtype=tl.float32)
+    for t in tl.static_range(N_TILES):
+        offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < d_state
+        h = tl.load(
+            read_ptr + slot * sr_slot + head * sr_h + offs_p[:, None] * sr_p + offs_n[None, :] * sr_n,
+            mask=mask_p[:, None] & mask_n[None, :], other=0.0, eviction_policy="evict_first",
+        ).to(tl.float32)  # fmt: skip
+        C = tl.load(C_row + offs_n * sC_n, mask=mask_n, other=0.0).to(tl.float32)
+        read += tl.sum(h * C[None, :], axis=1)
+    y += tl.load(decay_ptr + row * nheads + head) * read
     if HAS_D:
         y += tl.load(D_ptr + head).to(tl.float32) * x
     tl.store(out_ptr + row * so_b + head * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
@@ -197,6 +166,11 @@ def _step_inputs(
     return per_head_dt(dt), per_head(A, nheads), per_head(D, nheads), per_head(dt_bias, nheads), out
 
 
+def head_chunk(heads_per_group: int) -> int:
+    """Heads the coefficient launch handles as one tile: the largest power of two dividing the group, at most 16."""
+    return min(16, heads_per_group & -heads_per_group)
+
+
 def launch_replay(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -210,9 +184,7 @@ def launch_replay(
     state_indices: torch.Tensor,
     write_pos: torch.Tensor,
     *,
-    flush_len: torch.Tensor | None,
-    master: torch.Tensor | None,
-    state_bf16: torch.Tensor | None,
+    fold: FoldPlan | None,
     D: torch.Tensor | None,
     dt_bias: torch.Tensor | None,
     dt_softplus: bool,
@@ -222,7 +194,7 @@ def launch_replay(
     block_n: int | None,
     num_warps: int | None,
 ) -> torch.Tensor:
-    """Both launches of a replay (``flush_len`` None: replay only; else flush rows fold into ``master``)."""
+    """The launches of a replay (``fold`` None: replay only; else its rows fold into the master and answer)."""
     check_launchable(x, read_state)
     batch, nheads, head_dim = x.shape
     ngroups, d_state = B.shape[1], B.shape[2]
@@ -243,21 +215,20 @@ def launch_replay(
         bc, weight, decay,
         d_state, ring_len, pad_slot_id,
         *dt.stride(), *B.stride(), *C.stride(), *ring_B.stride(), *ring_dt.stride(),
-        HEADS_PER_GROUP=nheads // ngroups, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus, BLOCK_L=BLOCK_L,
-        BLOCK_N=block_size(d_state, floor=16), num_warps=COEF_NUM_WARPS,
+        HEADS_PER_GROUP=nheads // ngroups, HEAD_CHUNK=head_chunk(nheads // ngroups), HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=dt_softplus, BLOCK_L=BLOCK_L, BLOCK_N=block_size(d_state, floor=16), num_warps=COEF_NUM_WARPS,
     )  # fmt: skip
-    master = read_state if master is None else master
-    copy = state_bf16 if state_bf16 is not None else master
     _replay_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
-        x, C, D if D is not None else A, read_state, master, copy, ring_x, ring_B,
-        state_indices, write_pos, flush_len if flush_len is not None else write_pos, bc, weight, decay, out,
+        x, C, D if D is not None else A, read_state, ring_x,
+        state_indices, write_pos, fold.flush_len if fold is not None else write_pos, bc, weight, decay, out,
         head_dim, d_state, ring_len, nheads, nheads // ngroups, pad_slot_id,
-        *x.stride(), *C.stride(), *read_state.stride(), *master.stride(), *copy.stride(),
-        *ring_x.stride(), *ring_B.stride(), *out.stride(),
-        HAS_D=D is not None, HAS_FLUSH=flush_len is not None, HAS_COPY=state_bf16 is not None,
+        *x.stride(), *C.stride(), *read_state.stride(), *ring_x.stride(), *out.stride(),
+        HAS_D=D is not None, HAS_FLUSH=fold is not None,
         BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
         N_TILES=triton.cdiv(d_state, BLOCK_N), num_warps=num_warps or tuned.num_warps,
     )  # fmt: skip
+    if fold is not None:
+        launch_decode_fold(fold, x, C, D, ring_x, ring_B, state_indices, write_pos, weight, decay, out, BLOCK_L)
     return out
 
 
@@ -296,7 +267,7 @@ def replay_decode(
     """
     return launch_replay(
         x, dt, A, B, C, state, ring_x, ring_B, ring_dt, state_indices, write_pos,
-        flush_len=None, master=None, state_bf16=None, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
+        fold=None, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
         pad_slot_id=pad_slot_id, out=out, block_p=block_p, block_n=block_n, num_warps=num_warps,
     )  # fmt: skip
 

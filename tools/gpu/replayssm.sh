@@ -1,40 +1,77 @@
 #!/usr/bin/env bash
-# Issue 15 on ONE H200 (kind nvidia-h200), after `session.sh recv 0..2` calls; vLLM's default compile mode.
-#   replayssm.sh kernels            recv part 3, install; the kernel bench (2,000-step equivalence at batch 256 vs
-#                                   vLLM's SSU, launch-shape sweep, timing at 64/128/256, registers); its fastest
-#                                   shapes go to $RES/kernel_bench/launch_config.json for the engine runs
-#   replayssm.sh engine VARIANT [profile]
-#                                   engine-side decode step of VARIANT at batch 1..256 (LLM.generate, the GPU to
-#                                   itself at 0.85), with the tuned shapes; then, with what is left of the call, the
-#                                   step profile at 64 and 256
-# Every stage keeps inside one call (CALL_S, default 585 s) and tars /tmp/gpu/out to $OUT at the end.
+# ReplaySSM's own speed on ONE H200 (kind nvidia-h200), after `session.sh recv 0..2` calls; vLLM's default compile
+# mode, the GPU to one engine at a time (0.85). A queue: every call names the whole plan, runs the jobs not done yet
+# in order while they fit in the call (CALL_S, default 585 s; a job that would not fit is left for the next call,
+# and a shorter one after it may run), then tars /tmp/gpu/out to $OUT. Issue the same command again, the moment the
+# previous call returns, until it prints "plan done".
+#   replayssm.sh JOB...
+# Jobs (estimated seconds in JOB_S):
+#   setup            recv part 3, install the bundle (first call only)
+#   kernels          kernel bench: 2,000-step equivalence at batch 256 vs vLLM's SSU, launch-shape sweep, timing at
+#                    64/128/256, registers; its fastest shapes go to the engine jobs after it
+#   engine:VARIANT   engine-side decode step of Nemotron-H-8B at batch 1..256 -> engine_step-h200.json
+#   gdn:VARIANT      the same for Qwen3.5-4B (GDN; .device/qwen35/config.json) -> engine_step-qwen3.5-4b-h200.json
+#   floor:VARIANT    the host floor: Nemotron-H-8B's layers at toy widths (replayssm_patch/gpu/host_floor.py) at batch
+#                    1, 8, 64, 256 -> engine_step-floor-h200.json
+#   profile:VARIANT  the step profile at batch 64 and 256 -> profile/
+# e.g. replayssm.sh setup kernels engine:replayssm_fp32 gdn:baseline gdn:replayssm_fp32 floor:baseline \
+#        floor:replayssm_fp32 engine:replayssm_split engine:baseline
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export MODE=default ENGINE_UTIL=0.85 MAX_LEN=2048
 S="bash tools/gpu/session.sh"
 RES=/tmp/gpu/out
+DONE=/tmp/gpu/done
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 CALL_S=${CALL_S:-585}
 TUNED=$RES/kernel_bench/launch_config.json
-mkdir -p "$RES"
-trap '$S pack "${STAGE:-replayssm}"; echo "call used ${SECONDS}s"' EXIT
+ALL_BATCHES=1,8,32,64,128,256
+declare -A JOB_S=([setup]=90 [kernels]=110 [engine]=300 [gdn]=300 [floor]=170 [profile]=240)
+mkdir -p "$RES" "$DONE"
+trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
-case ${1:-} in
-  kernels)
-    STAGE=kernels
-    $S recv 3 > /dev/null
-    $S setup 2>&1 | tee "$RES/setup.log" | tail -4
-    [ -d /tmp/site/vllm ] || exit 1
-    timeout $((CALL_S - SECONDS - 20)) python3 -m replayssm_patch.gpu.kernel_bench --out "$RES/kernel_bench" \
-      2>&1 | tee "$RES/kernel_bench.log" | grep -v "^\[kernel_bench\]   step"
-    ;;
-  engine)
-    STAGE=engine-$2
-    [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED && echo "launch shapes: $(tr -d '\n ' < "$TUNED")"
-    ENGINE_TIMEOUT_S=$((CALL_S - SECONDS - 30)) $S engine "$2" 0 1,8,32,64,128,256
-    if [ "${3:-}" = profile ] && [ $((CALL_S - SECONDS)) -gt 200 ]; then
-      ENGINE_TIMEOUT_S=$((CALL_S - SECONDS - 25)) $S profile "$2" 0 64,256
-    fi
-    ;;
-  *) echo "usage: replayssm.sh kernels | engine VARIANT [profile]"; exit 2 ;;
-esac
+left() { echo $((CALL_S - SECONDS)); }
+
+engine_job() {  # MODEL_DIR STEPS_NAME VARIANT BATCHES
+  [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
+  MODEL=$1 STEPS_NAME=$2 ENGINE_TIMEOUT_S=$(($(left) - 25)) $S engine "$3" 0 "$4"
+}
+
+run_job() {
+  local kind=${1%%:*} variant=${1#*:}
+  case $kind in
+    setup)
+      $S recv 3 > /dev/null
+      $S setup 2>&1 | tee "$RES/setup.log" | tail -4
+      [ -d /tmp/site/vllm ] ;;
+    kernels)
+      timeout $(($(left) - 20)) python3 -m replayssm_patch.gpu.kernel_bench --out "$RES/kernel_bench" \
+        2>&1 | tee "$RES/kernel_bench.log" | grep -v "^\[kernel_bench\]   step" ;;
+    engine) engine_job /tmp/model engine_step-h200.json "$variant" $ALL_BATCHES ;;
+    gdn)
+      [ -d /tmp/model-qwen35 ] || $S model /tmp/model-qwen35 .device/qwen35/config.json
+      engine_job /tmp/model-qwen35 engine_step-qwen3.5-4b-h200.json "$variant" $ALL_BATCHES ;;
+    floor)
+      [ -d /tmp/model-floor ] || { python3 -m replayssm_patch.gpu.host_floor --model /tmp/model --out /tmp/model-floor \
+        && $S model /tmp/model-floor /tmp/model-floor/config.json; }
+      engine_job /tmp/model-floor engine_step-floor-h200.json "$variant" 1,8,64,256 ;;
+    profile)
+      [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
+      ENGINE_TIMEOUT_S=$(($(left) - 25)) $S profile "$variant" 0 64,256 ;;
+    *) echo "unknown job $1"; return 2 ;;
+  esac
+}
+
+[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels engine:V gdn:V floor:V profile:V)"; exit 2; }
+pending=0
+for job in "$@"; do
+  [ -f "$DONE/$job" ] && continue
+  need=${JOB_S[${job%%:*}]:-300}
+  if [ "$(left)" -lt "$need" ]; then
+    echo "-- $job left for the next call (needs ~${need}s, $(left)s left)"; pending=1; continue
+  fi
+  echo "-- $job at ${SECONDS}s"
+  if run_job "$job"; then touch "$DONE/$job"; else echo "-- $job FAILED (exit $?) at ${SECONDS}s"; touch "$DONE/$job"; fi
+  [ "$job" = setup ] && [ ! -d /tmp/site/vllm ] && { echo "setup failed: nothing else can run"; exit 1; }
+done
+[ $pending = 0 ] && echo "plan done"

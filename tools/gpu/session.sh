@@ -3,6 +3,7 @@
 #   recv K        copy bundle part K (and, for K=0, the installer files) from .gpu/ to /tmp/pkg
 #   setup         unpack vLLM 0.24.0 to /tmp/site, add the carried wheels, make this checkout's plugin visible
 #                 (a dist-info under /tmp/rb-site, see replayssm_patch/plugin_site.py), build the model dir
+#   model DIR CONFIG                another model dir (config + tokenizer); MODEL=DIR makes the stages use it
 #   serve ARM GPU PORT [EXTRA...]   start a vLLM server detached (setsid); ARM names the log/pid files
 #   wait TIMEOUT_S PORT...          poll /health of each port until ready (exit 1 on timeout or death)
 #   stop ARM      kill a server started by `serve` (its whole session)
@@ -26,12 +27,13 @@ case $MODE in O0 | default) ;; *) echo "MODE=$MODE: use MODE=O0 or MODE=default"
 mkdir -p "$STATE" "$RES" /tmp/pkg
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$ROOT VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-MODEL=/tmp/model
+MODEL=${MODEL:-/tmp/model}  # the model dir of serve / engine / profile (setup builds /tmp/model)
 mapfile -t MODE_FLAGS < <(python3 -m replayssm_patch.gpu.variants --mode "$MODE")
 VLLM_FLAGS=(--model "$MODEL" --served-model-name m --load-format dummy --max-num-seqs 256 --max-model-len "${MAX_LEN:-8192}"
   --gpu-memory-utilization "${SERVE_UTIL:-0.85}" --mamba-ssm-cache-dtype float32 "${MODE_FLAGS[@]}")
-STEPS=$RES/engine_step-h200.json  # starts from the committed file, so the packed one is the merged whole
-[ -f "$STEPS" ] || cp "$ROOT/replayssm_patch/gpu/results/engine_step-h200.json" "$STEPS" 2>/dev/null
+# engine-step rows (STEPS_NAME: one file per model) start from the committed file, so the packed one is the merged whole
+STEPS=$RES/${STEPS_NAME:-engine_step-h200.json}
+[ -f "$STEPS" ] || cp "$ROOT/replayssm_patch/gpu/results/$(basename "$STEPS")" "$STEPS" 2>/dev/null
 
 recv() {
   local k=$1
@@ -45,11 +47,14 @@ setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$ROOT"/.whl/*.whl
   python3 -c "from pathlib import Path; from replayssm_patch.plugin_site import write_plugin_site; \
 write_plugin_site(Path('/tmp/rb-site'))" || return 1
-  mkdir -p "$MODEL" && cp "$ROOT/.device/model/config.json" "$MODEL/"
-  python3 "$ROOT/.device/make-tokenizer.py" "$MODEL"
+  model_dir /tmp/model "$ROOT/.device/model/config.json"
   python3 -c "import vllm, harness, replayssm_patch, importlib.metadata as m; \
 print('vllm', vllm.__version__, '| plugins:', [e.name for e in m.entry_points(group='vllm.general_plugins')])"
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+}
+
+model_dir() {  # DIR CONFIG: a model dir for dummy weights: the config and a word-level tokenizer of its vocabulary
+  mkdir -p "$1" && cp "$2" "$1/config.json" && python3 "$ROOT/.device/make-tokenizer.py" "$1"
 }
 
 serve() {
@@ -110,6 +115,7 @@ cmd=$1; shift
 case $cmd in
   recv) recv "$@" ;;
   setup) setup ;;
+  model) model_dir "$@" ;;
   serve) serve "$@" ;;
   wait) wait_ready "$@" ;;
   stop) stop "$@" ;;

@@ -106,8 +106,12 @@ def test_qwen3_5_runs_text_only_with_triton_gdn_prefill(tmp_path, config, family
 def test_llm_keywords_carry_variant_and_mode(tmp_path, variant):
     o0 = llm_kwargs(_args(tmp_path, "--variant", variant, "--mode", "O0"))
     default = llm_kwargs(_args(tmp_path, "--variant", variant, "--mode", "default"))
-    assert o0["optimization_level"] == 0 and o0["compilation_config"] == {"cudagraph_mode": "FULL_DECODE_ONLY"}
-    assert "optimization_level" not in default and "compilation_config" not in default
+    captured = {"cudagraph_capture_sizes": [64, 256]}  # the default --batches: only those are captured
+    assert o0["optimization_level"] == 0
+    assert o0["compilation_config"] == {"cudagraph_mode": "FULL_DECODE_ONLY", **captured}
+    assert "optimization_level" not in default and default["compilation_config"] == captured
+    every = llm_kwargs(_args(tmp_path, "--variant", variant, "--mode", "default", "--all-capture-sizes"))
+    assert "compilation_config" not in every, "vLLM's own capture list: nothing passed"
     assert o0.get("additional_config") == VARIANTS[variant] == default.get("additional_config")
     assert (o0["load_format"], o0["enable_prefix_caching"], o0["gpu_memory_utilization"]) == ("dummy", False, 0.45)
     assert server_flags("O0") == ["-O0", "-cc", '{"cudagraph_mode":"FULL_DECODE_ONLY"}'] and not server_flags("default")

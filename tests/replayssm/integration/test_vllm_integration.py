@@ -103,6 +103,15 @@ def test_engine_step_llm_arguments_build_vllm_024_configs(llm_args, variant):
         assert case["config_prefix_caching"] is False and case["disable_log_stats"] is False
         assert case["replayssm"]["enable"] == (variant != "baseline")
         assert case["replayssm"]["split_precision"] == (variant == "replayssm_split")
+        assert case["capture_sizes"] == [64, 256], "graphs are captured at the measured batches only"
+
+
+def test_host_floor_config_is_a_model_vllm_024_builds_with_every_layer(llm_args):
+    """The floor model (host_floor.py) keeps the 8B's 52 layers at hidden 256, and the plugin's knob reaches it."""
+    real, floor = llm_args["cases"]["replayssm_fp32/default"], llm_args["floor"]
+    assert (real["hidden_size"], real["layers"]) == (4096, 52)
+    assert (floor["hidden_size"], floor["layers"]) == (256, 52)
+    assert floor["replayssm"]["enable"] is True and floor["mamba_ssm_cache_dtype"] == "float32"
 
 
 def test_step_profile_arguments_and_generate_api_exist_in_vllm_024(llm_args):
@@ -124,7 +133,8 @@ def test_engine_step_runs_warm_up_then_alternating_exact_greedy_generates(engine
     engine stats out): per batch one warm-up of 16 tokens, then 16/272, 272/16, 16/272 of fresh 1024-id prompts."""
     split = engine_flow["split"]
     assert split["exit"] == 0
-    assert "'enable': True" in split["kwargs"]["additional_config"] and "compilation_config" not in split["kwargs"]
+    assert "'enable': True" in split["kwargs"]["additional_config"]
+    assert split["kwargs"]["compilation_config"] == "{'cudagraph_capture_sizes': [4, 8]}"  # the batches measured
     order = [(c["batch"], c["max_tokens"]) for c in split["calls"]]
     per_batch = [16, 16, 272, 272, 16, 16, 272]
     assert order == [(4, t) for t in per_batch] + [(8, t) for t in per_batch]

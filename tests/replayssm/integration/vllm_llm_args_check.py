@@ -21,7 +21,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.inputs import TokensPrompt  # noqa: E402
 
 from replayssm_patch.config import replayssm_config_of  # noqa: E402
-from replayssm_patch.gpu import engine_step, step_profile  # noqa: E402
+from replayssm_patch.gpu import engine_step, host_floor, step_profile  # noqa: E402
 from replayssm_patch.gpu.variants import MODES, VARIANTS  # noqa: E402
 
 
@@ -49,6 +49,7 @@ def constructed(kwargs: dict) -> dict:
         "load_format": args.load_format,
         "profiler": args.profiler_config.profiler,
         "profiler_with_stack": args.profiler_config.torch_profiler_with_stack,
+        "capture_sizes": args.compilation_config.cudagraph_capture_sizes,
     }
     config = dataclasses.replace(args, skip_tokenizer_init=True).create_engine_config()
     return given | {
@@ -60,6 +61,8 @@ def constructed(kwargs: dict) -> dict:
         "max_model_len": config.model_config.max_model_len,
         "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
         "replayssm": dataclasses.asdict(replayssm_config_of(config)),
+        "hidden_size": config.model_config.hf_config.hidden_size,
+        "layers": config.model_config.hf_config.num_hidden_layers,
     }
 
 
@@ -73,6 +76,11 @@ def main(model_dir: Path, result: Path) -> None:
             out["cases"][f"{variant}/{mode}"] = constructed(engine_step.llm_kwargs(args))
     profiled = engine_step.llm_kwargs(args) | {"profiler_config": step_profile.profiler_config(result.parent / "t")}
     out["profiled"] = constructed(profiled)
+    floor_dir = result.parent / "floor"
+    assert host_floor.main(["--model", str(model_dir), "--out", str(floor_dir)]) == 0
+    floor_argv = ["--model", str(floor_dir), "--variant", "replayssm_fp32", "--mode", "default"]
+    floor_args = engine_step.parser().parse_args([*floor_argv, "--out", str(result.parent / "unused.json")])
+    out["floor"] = constructed(engine_step.llm_kwargs(floor_args))
     params = SamplingParams(**engine_step.sampling_kwargs(272))
     out["sampling"] = {k: getattr(params, k) for k in ("max_tokens", "min_tokens", "ignore_eos", "temperature",
                                                         "detokenize")}  # fmt: skip

@@ -76,9 +76,11 @@ def test_kernels_compile_for_hopper() -> None:
     done = run_module("replayssm_patch.kernels.compile_check", interpret=False)
     assert done.returncode == 0, done.stdout
     lines = [line for line in done.stdout.splitlines() if ": ok" in line]
-    assert len(lines) == 12, done.stdout  # 8 decode-path variants and 4 of the verify
+    assert len(lines) == 14, done.stdout  # 8 decode-path variants, 4 of the verify, 2 of GDN
     registers = [int(line.split(" registers")[0].rsplit(" ", 1)[1]) for line in lines]
     assert all(0 < count <= 255 for count in registers), done.stdout  # ptxas -v was read for every kernel
+    every_step = [line for line in lines if line.startswith(("replay step", "decode fold", "ring coefficients"))]
+    assert len(every_step) == 5 and all(" 0 B spilled" in line for line in every_step), done.stdout
 
 
 def selective_state_update_stand_in(

@@ -418,10 +418,57 @@ def test_cursor_plan_kernel_matches_its_reference_over_many_steps() -> None:
         for _ in range(3 * L):
             write_pos = torch.full((8,), -7, dtype=torch.int32)
             flush_len = torch.full((8,), -7, dtype=torch.int32)
-            plan(slots, positions, window_end, write_pos, flush_len, 5, L, 0)
+            flush_rows, flush_count = torch.full((8,), -7, dtype=torch.int32), torch.full((1,), -7, dtype=torch.int32)
+            plan(slots, positions, window_end, write_pos, flush_len, 5, L, 0, flush_rows, flush_count)
+            listed = flush_rows[: int(flush_count)].tolist()
+            assert listed == (flush_len > 0).nonzero().squeeze(1).tolist(), "the fold's list: flush rows, in order"
+            assert (flush_rows[int(flush_count) :] == -7).all(), "entries past the count are left alone"
             seen.append((write_pos.tolist(), flush_len.tolist()))
         tables.append((seen, positions.tolist(), window_end.tolist()))
     assert tables[0] == tables[1]
     seen = tables[0][0]
     assert [w[1] for w, _ in seen] == [0] * (3 * L) and [w[5:] for w, _ in seen] == [[0, 0, 0]] * (3 * L)
     assert [f[0] for _, f in seen][:L] == [0, 0, 3, 0]  # slot 5: first window ends at L-1 - 1
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["fp32", "split"])
+def test_decode_step_folds_exactly_the_listed_rows(split: bool) -> None:
+    """The fold walks the cursor plan's list, not flush_len: given the plan's list (stale entries past the count),
+    the step equals the one that derives the list itself, bit for bit, and its PyTorch twin; rows flushing are
+    answered by the fold (y = h'·C + D·x), every other row by the replay, and only flush rows' masters change.
+    In split precision the twin answers flush rows from the bf16 copy, the fold from the fp32 master: only
+    the other rows' outputs are compared there."""
+    shape = dataclasses.replace(SHAPES[1], batch=6)
+    gen = seeded(shape, split, "listed-fold")
+    layer = make_layer(shape, gen)
+    indices, slots = layout_rows(shape.batch, gen, -1)
+    real = indices[:-1].long()
+    write_pos = torch.randint(0, shape.ring_len, (shape.batch,), generator=gen, dtype=torch.int32)
+    write_pos[:2], write_pos[2:4] = shape.ring_len - 1, 0  # both kinds of row, whatever the draw
+    cache = make_cache(shape, slots, split, gen)
+    fill_ring(shape, cache, real, write_pos[:-1], gen)
+    flush_len = decode_flush_len(write_pos, shape.ring_len)
+    flushing = (flush_len[:-1] > 0).nonzero().squeeze(1)
+    flush_rows = torch.full((shape.batch,), shape.batch + 99, dtype=torch.int32)  # stale past the count
+    flush_rows[: flushing.numel()] = flushing.to(torch.int32)
+    flush_count = torch.tensor([flushing.numel()], dtype=torch.int32)
+    step = make_step(shape, layer, gen)
+    runs = {"listed": cache.clone(), "derived": cache.clone(), "reference": cache.clone()}
+    outs = {}
+    for name, run in runs.items():
+        fn = replay_decode_step_reference if name == "reference" else replay_decode_step
+        listing = {"flush_rows": flush_rows, "flush_count": flush_count} if name == "listed" else {}
+        out = torch.full((shape.batch, shape.nheads, shape.head_dim), 7.0)
+        args = (*step_args(step, layer, run), indices, write_pos, flush_len)
+        outs[name] = fn(*args, state_bf16=run.state_bf16, out=out, D=layer.D, dt_bias=layer.dt_bias, **listing)
+    assert torch.equal(outs["listed"], outs["derived"])
+    assert torch.equal(runs["listed"].ssm_state, runs["derived"].ssm_state)
+    compared = (flush_len[:-1] == 0).nonzero().squeeze(1) if split else torch.arange(shape.batch - 1)
+    assert rel_err(outs["listed"][compared], outs["reference"][compared]) <= FP32_TOL
+    assert (outs["listed"][-1] == 7.0).all(), "the padding row is left as it was"
+    changed = (runs["listed"].ssm_state != cache.ssm_state).flatten(1).any(1)
+    folded_slots = set(real[flushing].tolist())
+    assert {int(i) for i in changed.nonzero().squeeze(1)} == folded_slots
+    assert rel_err(runs["listed"].ssm_state[real], runs["reference"].ssm_state[real]) <= FP32_TOL
+    if split:
+        assert rel_err(runs["listed"].state_bf16[real], runs["listed"].ssm_state[real]) <= BF16_ULP
