@@ -11,8 +11,8 @@ From a test use the context manager (starts it in its own process group, always 
 Endpoints
 - POST /v1/completions, /v1/chat/completions: streaming SSE (`"stream": true`; a final chunk with `usage`
   when `stream_options.include_usage`) or one JSON body. Output is deterministic: token i is the word
-  ` t<i>`, except that with `--diverge-every N` a request whose prompt text hashes (`diverges`) to a multiple
-  of N says ` d<i>` from token `--diverge-at` K on (a model that changed its answer). A JSON body with
+  ` t<i>`, except that with `--diverge-every N` a non-streamed answer to a prompt whose text hashes (`diverges`)
+  to a multiple of N says ` d<i>` from token `--diverge-at` K on (a model that changed its answer). A JSON body with
   `"return_token_ids": true` carries the choice's `token_ids` (the /tokenize ids of its words), as vLLM's do.
   Length: `max_tokens` (default 16) when `ignore_eos` is true; otherwise the "model" stops at
   `max(min_tokens, --natural-len)` capped by max_tokens, with finish_reason "stop" (else "length").
@@ -36,7 +36,7 @@ request body, decoded as UTF-8)), --procs N (N processes accept on one socket, f
 counting (--fault-every, `seq`) is then per process), --no-tokenize (no /tokenize route: a server like
 most non-vLLM ones), --burst (mode ok, streaming, no delays: the whole SSE answer in one write, rendered once
 per length and kept, so the server spends almost nothing per token and any client reading it is the
-bottleneck; for saturating a replay worker; never diverges).
+bottleneck; for saturating a replay worker).
 """
 
 from __future__ import annotations
@@ -138,10 +138,10 @@ class Upstream:
     def _faulted(self, seq: int) -> bool:
         return self.behaviour.mode != "ok" and seq % self.behaviour.fault_every == 0
 
-    def output_words(self, body: dict[str, Any], first: int, last: int) -> list[str]:
-        """Output tokens `first`..`last - 1` of the answer to `body`."""
+    def answer_words(self, body: dict[str, Any], n_out: int) -> list[str]:
+        """The `n_out` words of a non-streamed answer, changed from `--diverge-at` on for a diverging prompt."""
         changed = diverges(prompt_words(body), self.behaviour.diverge_every)
-        return [f"d{i}" if changed and i >= self.behaviour.diverge_at else f"t{i}" for i in range(first, last)]
+        return [f"d{i}" if changed and i >= self.behaviour.diverge_at else f"t{i}" for i in range(n_out)]
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         recv_mono_ns, recv_real_ns = time.monotonic_ns(), time.time_ns()
@@ -202,7 +202,7 @@ class Upstream:
             request.transport.close()
             return web.Response()
         await asyncio.sleep(first_delay + self.behaviour.token_delay * max(n_out - 1, 0))
-        words = self.output_words(body, 0, n_out)
+        words = self.answer_words(body, n_out)
         text = "".join(f" {w}" for w in words)
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
         if body.get("return_token_ids"):
@@ -271,7 +271,7 @@ class Upstream:
                 deadline = first_at + (done + k - 1) * self.behaviour.token_delay
                 await asyncio.sleep(max(0.0, deadline - time.monotonic()))
             empty = self.behaviour.empty_every and (chunk + 1) % self.behaviour.empty_every == 0
-            piece = "" if empty else "".join(f" {w}" for w in self.output_words(body, done, done + k))
+            piece = "" if empty else "".join(f" t{i}" for i in range(done, done + k))
             done, chunk = done + k, chunk + 1
             choice = (
                 {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece, "logprobs": None}
