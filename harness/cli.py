@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "harness.experiment.commands",
     "harness.experiment.capacity_commands",
     "harness.experiment.plan_commands",
+    "harness.experiment.agree_commands",
     "harness.analysis.commands",
     "harness.report.commands",
 )

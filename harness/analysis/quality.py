@@ -61,6 +61,15 @@ def summarise_quality(path: Path, limits: QualityLimits) -> QualitySummary:
     except (OSError, ValueError, ValidationError) as error:
         first_line = str(error).splitlines()[0]
         return _not_measured(f"quality.json is unreadable ({first_line}); re-run the quality tasks")
+    return _summarise(records, limits)
+
+
+def summarise_document(document: object, limits: QualityLimits) -> QualitySummary:
+    """The same for a document of quality.json's shape held in memory (`replaybench agree` scores its own)."""
+    return _summarise(_QualityFile.model_validate(document).tasks, limits)
+
+
+def _summarise(records: list[_TaskRecord], limits: QualityLimits) -> QualitySummary:
     tasks = [
         QualityTask(
             task_id=t.task_id,

@@ -1,6 +1,7 @@
-"""The few blocking OpenAI-API calls the experiment makes outside the replay: warm-up and quality tasks.
+"""The few blocking OpenAI-API calls the experiment makes outside the replay: warm-up, quality tasks, agreement.
 
-Greedy (temperature 0), non-streaming, one at a time: these requests are never measured.
+Greedy (temperature 0), non-streaming, one at a time (the agreement check sends its batch from threads): these
+requests are never measured.
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
+from typing import Any
 
 from harness.errors import UserError
 
@@ -46,6 +49,40 @@ def generate(base_url: str, model: str, api: str, prompt: str, max_tokens: int, 
         return str(body["choices"][0]["message"]["content"] or "")  # type: ignore[index]
     body = _post(f"{base}/v1/completions", common | {"prompt": prompt}, timeout_s)
     return str(body["choices"][0]["text"] or "")  # type: ignore[index]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One greedy completion: its text, its token ids (None when the server does not return them) and the
+    number of tokens the server says it generated."""
+
+    text: str
+    token_ids: list[int] | None
+    completion_tokens: int | None
+
+
+def exact_completion_body(model: str, prompt: str | list[int], tokens: int) -> dict[str, Any]:
+    """A greedy /v1/completions body for exactly `tokens` tokens (ignore_eos, min_tokens = max_tokens) of a text or
+    token-id prompt, asking for the generated token ids (vLLM's `return_token_ids`; other servers ignore it)."""
+    exact = {"max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True, "return_token_ids": True}
+    return {"model": model, "prompt": prompt, "temperature": 0, "stream": False} | exact
+
+
+def generate_exactly(
+    base_url: str, model: str, prompt: str | list[int], tokens: int, timeout_s: float = 600.0
+) -> Answer:
+    """The answer to exact_completion_body(model, prompt, tokens)."""
+    body = _post(f"{base_url.rstrip('/')}/v1/completions", exact_completion_body(model, prompt, tokens), timeout_s)
+    try:
+        choice: dict[str, Any] = body["choices"][0]  # type: ignore[index]
+        ids, usage = choice.get("token_ids"), body.get("usage")
+        return Answer(
+            text=str(choice.get("text") or ""),
+            token_ids=[int(t) for t in ids] if isinstance(ids, list) else None,
+            completion_tokens=int(usage["completion_tokens"]) if isinstance(usage, dict) else None,
+        )
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        raise UserError(f"{base_url} answered without a completion ({error!r}); is it an OpenAI server?") from None
 
 
 def tokenize(base_url: str, model: str, text: str, timeout_s: float = 30.0) -> list[int] | None:

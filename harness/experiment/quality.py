@@ -94,6 +94,30 @@ def first_divergence(a: list[int] | list[str], b: list[int] | list[str]) -> int 
 
 
 Tokenize = Callable[[str], list[int] | None]
+TokenIds = list[int] | None
+
+BY_TOKEN_IDS = "token ids returned by the server"
+BY_TEXT = "text"
+BY_TOKENIZE = "server /tokenize"
+BY_WORDS = "whitespace (server has no /tokenize)"
+
+
+def compare_answers(
+    baseline: str, candidate: str, tokenize: Tokenize, ids: tuple[TokenIds, TokenIds] = (None, None)
+) -> tuple[bool, int | None, str]:
+    """(identical, first divergent token, what was compared) for one prompt's answers from the two arms.
+
+    Token ids when both arms returned them (vLLM's `return_token_ids`): exact, no re-tokenisation. Otherwise the
+    texts, the divergence located in the server's tokens, or in whitespace words without a /tokenize."""
+    if ids[0] is not None and ids[1] is not None:
+        divergent = first_divergence(ids[0], ids[1])
+        return divergent is None, divergent, BY_TOKEN_IDS
+    if baseline == candidate:
+        return True, None, BY_TEXT
+    tokens = [tokenize(baseline), tokenize(candidate)]
+    if tokens[0] is None or tokens[1] is None:
+        return False, first_divergence(baseline.split(), candidate.split()), BY_WORDS
+    return False, first_divergence(tokens[0], tokens[1]), BY_TOKENIZE
 
 
 def compare_outputs(
@@ -101,18 +125,12 @@ def compare_outputs(
 ) -> dict[str, object]:
     """Score both arms' outputs (in task order) and compare them; write quality.json atomically and return it."""
     records = []
-    tokenizer = "server /tokenize"
+    tokenizer = BY_TOKENIZE
     for index, task in enumerate(tasks):
         texts = {arm: outputs[arm][index] for arm in ("baseline", "candidate")}
-        identical = texts["baseline"] == texts["candidate"]
-        divergent = None
-        if not identical:
-            tokens = [tokenize(texts["baseline"]), tokenize(texts["candidate"])]
-            if tokens[0] is None or tokens[1] is None:
-                tokenizer = "whitespace (server has no /tokenize)"
-                divergent = first_divergence(texts["baseline"].split(), texts["candidate"].split())
-            else:
-                divergent = first_divergence(tokens[0], tokens[1])
+        identical, divergent, compared = compare_answers(texts["baseline"], texts["candidate"], tokenize)
+        if compared == BY_WORDS:
+            tokenizer = BY_WORDS
         records.append(
             {
                 "task_id": task.task_id,
@@ -123,6 +141,11 @@ def compare_outputs(
             }
         )
     document = {"tokenizer": tokenizer, "tasks": records}
+    write_json(target, document)
+    return document
+
+
+def write_json(target: Path, document: object) -> None:
+    """Write a result document atomically (a reader never sees half a file)."""
     with atomic_path(target) as tmp:
         tmp.write_text(json.dumps(document, indent=2) + "\n")
-    return document

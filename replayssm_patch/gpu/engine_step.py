@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import shlex
@@ -43,9 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from replayssm_patch import GDN_MODEL_OVERRIDES
 from replayssm_patch.gpu.row_file import RowFileError, read_row_file, record_row
-from replayssm_patch.gpu.variants import MODES, VARIANTS
+from replayssm_patch.gpu.variants import MODES, VARIANTS, model_family_kwargs
 
 SHORT_TOKENS, LONG_TOKENS = 16, 272
 PROMPT_TOKENS = 1024
@@ -102,16 +100,6 @@ def prompt_token_ids(rng: np.random.Generator, batch: int, length: int, vocab_si
 def sampling_kwargs(tokens: int) -> dict[str, Any]:
     """SamplingParams of a generate that produces exactly `tokens` tokens (greedy; text is not needed)."""
     return {"max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True, "temperature": 0.0, "detokenize": False}
-
-
-def model_family_kwargs(model_dir: Path) -> dict[str, Any]:
-    """`vllm.LLM` keywords a model family needs: Qwen3.5 checkpoints are vision-language, served text only; GDN
-    models prefill with vLLM's Triton kernels (the offline bundle cannot JIT FlashInfer's GDN prefill)."""
-    config = json.loads((model_dir / "config.json").read_text())
-    kwargs: dict[str, Any] = {"language_model_only": True} if "vision_config" in config else {}
-    if set(config.get("architectures", [])) & set(GDN_MODEL_OVERRIDES):
-        kwargs["gdn_prefill_backend"] = "triton"
-    return kwargs
 
 
 def compilation_config(args: argparse.Namespace) -> dict[str, Any]:

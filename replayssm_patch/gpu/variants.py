@@ -1,10 +1,12 @@
-"""The arms every GPU script compares, as vLLM ``additional_config`` values, and vLLM's two compile modes.
+"""The arms every GPU script compares, as vLLM ``additional_config`` values, vLLM's two compile modes, and what a
+model family needs to start.
 
 One table, so the engine-side step, the profile, the serve check and the shell stages of tools/gpu enable
-the plugin with the same knobs:
+the plugin with the same knobs and start a model the same way:
 
     python3 -m replayssm_patch.gpu.variants replayssm_fp32     # prints the --additional-config JSON ({} for baseline)
     python3 -m replayssm_patch.gpu.variants --mode O0          # the server flags of a compile mode, one a line
+    python3 -m replayssm_patch.gpu.variants --family MODEL_DIR # the server flags the model's family needs, one a line
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
+
+from replayssm_patch import GDN_MODEL_OVERRIDES
 
 VARIANTS: dict[str, dict[str, Any] | None] = {
     "baseline": None,
@@ -34,18 +39,40 @@ def server_flags(mode: str) -> list[str]:
     return ["-O0", "-cc", json.dumps(O0_COMPILATION, separators=(",", ":"))] if mode == "O0" else []
 
 
+def model_family_kwargs(model_dir: Path) -> dict[str, Any]:
+    """`vllm.LLM` keywords a model family needs: Qwen3.5 checkpoints are vision-language, served text only; GDN
+    models prefill with vLLM's Triton kernels (the offline bundle cannot JIT FlashInfer's GDN prefill)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    kwargs: dict[str, Any] = {"language_model_only": True} if "vision_config" in config else {}
+    if set(config.get("architectures", [])) & set(GDN_MODEL_OVERRIDES):
+        kwargs["gdn_prefill_backend"] = "triton"
+    return kwargs
+
+
+def family_flags(model_dir: Path) -> list[str]:
+    """`vllm serve` flags equivalent to model_family_kwargs(model_dir) (a True keyword is a bare switch)."""
+    flags: list[str] = []
+    for key, value in model_family_kwargs(model_dir).items():
+        flags += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return flags
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("variant", nargs="?", choices=list(VARIANTS))
     parser.add_argument("--mode", choices=list(MODES))
+    parser.add_argument("--family", type=Path, metavar="MODEL_DIR", help="a dir holding the model's config.json")
     args = parser.parse_args(argv)
-    if (args.variant is None) == (args.mode is None):
-        parser.error("give a variant or --mode MODE")
+    if [args.variant, args.mode, args.family].count(None) != 2:
+        parser.error("give one of: a variant, --mode MODE, --family MODEL_DIR")
+    if args.family is not None and not (args.family / "config.json").exists():
+        parser.error(f"{args.family / 'config.json'} missing; give --family a model dir (session.sh setup makes them)")
     if args.variant is not None:
         print(json.dumps(VARIANTS[args.variant] or {}, separators=(",", ":")))
-    else:
-        for flag in server_flags(args.mode):  # one a line, for bash's `mapfile -t FLAGS < <(...)`
-            print(flag)
+        return 0
+    flags = server_flags(args.mode) if args.mode is not None else family_flags(args.family)
+    for flag in flags:  # one a line, for bash's `mapfile -t FLAGS < <(...)`
+        print(flag)
     return 0
 
 

@@ -11,7 +11,10 @@ From a test use the context manager (starts it in its own process group, always 
 Endpoints
 - POST /v1/completions, /v1/chat/completions: streaming SSE (`"stream": true`; a final chunk with `usage`
   when `stream_options.include_usage`) or one JSON body. Output is deterministic: token i is the word
-  ` t<i>`. Length: `max_tokens` (default 16) when `ignore_eos` is true; otherwise the "model" stops at
+  ` t<i>`, except that with `--diverge-every N` a non-streamed answer to a prompt whose text hashes (`diverges`)
+  to a multiple of N says ` d<i>` from token `--diverge-at` K on (a model that changed its answer). A JSON body with
+  `"return_token_ids": true` carries the choice's `token_ids` (the /tokenize ids of its words), as vLLM's do.
+  Length: `max_tokens` (default 16) when `ignore_eos` is true; otherwise the "model" stops at
   `max(min_tokens, --natural-len)` capped by max_tokens, with finish_reason "stop" (else "length").
   Chat streams a role-only first chunk (no token), then one chunk per token, or `--chunk-tokens` (cycled)
   tokens per chunk; `--empty-every N` gives every Nth chunk empty text although it carries its tokens. With
@@ -77,6 +80,18 @@ class Behaviour:
     burst: bool = False
     chunk_tokens: tuple[int, ...] = (1,)  # tokens per streamed chunk, cycled (a chunk of k waits k token delays)
     empty_every: int = 0  # every Nth chunk carries its tokens with empty text (0 = never)
+    diverge_every: int = 0  # requests whose prompt hashes to a multiple of this change their answer (0 = never)
+    diverge_at: int = 0  # ...from this output token on
+
+
+def token_id(word: str) -> int:
+    """The id of a word, in /tokenize and in `token_ids` alike."""
+    return zlib.crc32(word.encode()) % 50_000
+
+
+def diverges(words: list[str], every: int) -> bool:
+    """Whether a request with these prompt words gets the changed answer under `--diverge-every every`."""
+    return every > 0 and zlib.crc32(" ".join(words).encode()) % every == 0
 
 
 def count_words(text: str) -> int:
@@ -122,6 +137,11 @@ class Upstream:
 
     def _faulted(self, seq: int) -> bool:
         return self.behaviour.mode != "ok" and seq % self.behaviour.fault_every == 0
+
+    def answer_words(self, body: dict[str, Any], n_out: int) -> list[str]:
+        """The `n_out` words of a non-streamed answer, changed from `--diverge-at` on for a diverging prompt."""
+        changed = diverges(prompt_words(body), self.behaviour.diverge_every)
+        return [f"d{i}" if changed and i >= self.behaviour.diverge_at else f"t{i}" for i in range(n_out)]
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         recv_mono_ns, recv_real_ns = time.monotonic_ns(), time.time_ns()
@@ -182,8 +202,11 @@ class Upstream:
             request.transport.close()
             return web.Response()
         await asyncio.sleep(first_delay + self.behaviour.token_delay * max(n_out - 1, 0))
-        text = "".join(f" t{i}" for i in range(n_out))
+        words = self.answer_words(body, n_out)
+        text = "".join(f" {w}" for w in words)
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = [token_id(w) for w in words]
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
@@ -280,7 +303,7 @@ class Upstream:
             {
                 "count": len(words),
                 "max_model_len": MAX_MODEL_LEN,
-                "tokens": [zlib.crc32(w.encode()) % 50_000 for w in words],
+                "tokens": [token_id(w) for w in words],
             }
         )
 
@@ -327,6 +350,8 @@ async def serve(args: argparse.Namespace, sock: socket.socket, primary: bool) ->
         natural_len=args.natural_len,
         chunk_tokens=tuple(int(k) for k in args.chunk_tokens.split(",")),
         empty_every=args.empty_every,
+        diverge_every=args.diverge_every,
+        diverge_at=args.diverge_at,
         burst=args.burst,
     )
     log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if args.log else None
@@ -382,6 +407,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--burst", action="store_true")
     parser.add_argument("--chunk-tokens", default="1", help="tokens per chunk, cycled, e.g. 1,3,2,4")
     parser.add_argument("--empty-every", type=int, default=0, help="every Nth chunk has empty text")
+    parser.add_argument("--diverge-every", type=int, default=0, help="answers of 1 in N prompts change")
+    parser.add_argument("--diverge-at", type=int, default=0, help="...from this output token on")
     return parser.parse_args(argv)
 
 
@@ -400,6 +427,8 @@ def upstream(
     burst: bool = False,
     chunk_tokens: tuple[int, ...] = (1,),
     empty_every: int = 0,
+    diverge_every: int = 0,
+    diverge_at: int = 0,
     start_timeout_s: float = 30.0,
 ) -> Iterator[str]:
     """Start the upstream in its own process group; yield its base URL; always stop it (TERM, then KILL)."""
@@ -431,6 +460,10 @@ def upstream(
             ",".join(map(str, chunk_tokens)),
             "--empty-every",
             str(empty_every),
+            "--diverge-every",
+            str(diverge_every),
+            "--diverge-at",
+            str(diverge_at),
         ] + ([] if tokenize else ["--no-tokenize"])
         if burst:
             cmd.append("--burst")

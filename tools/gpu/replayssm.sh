@@ -10,9 +10,9 @@
 #   kernels          kernel bench: 2,000-step equivalence at batch 256 vs vLLM's SSU, launch-shape sweep, timing at
 #                    64/128/256, registers; its fastest shapes go to the engine jobs after it
 #   engine:VARIANT   engine-side decode step of Nemotron-H-8B at batch 1..256 -> engine_step-h200.json
-#   gdn:VARIANT      the same for Qwen3.5-4B (GDN; .device/qwen35/config.json) -> engine_step-qwen3.5-4b-h200.json
+#   gdn:VARIANT      the same for Qwen3.5-4B (GDN; .device/qwen35/config.json) -> engine_step-h200-qwen3.5-4b.json
 #   floor:VARIANT    the host floor: Nemotron-H-8B's layers at toy widths (replayssm_patch/gpu/host_floor.py) at batch
-#                    1, 8, 64, 256 -> engine_step-floor-h200.json
+#                    1, 8, 64, 256 -> engine_step-h200-floor.json
 #   profile:VARIANT  the step profile at batch 64 and 256 -> profile/
 # e.g. replayssm.sh setup kernels engine:replayssm_fp32 gdn:baseline gdn:replayssm_fp32 floor:baseline \
 #        floor:replayssm_fp32 engine:replayssm_split engine:baseline
@@ -32,9 +32,9 @@ trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
 left() { echo $((CALL_S - SECONDS)); }
 
-engine_job() {  # MODEL_DIR STEPS_NAME VARIANT BATCHES
+engine_job() {  # MODEL VARIANT BATCHES (MODEL as session.sh names them)
   [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
-  MODEL=$1 STEPS_NAME=$2 ENGINE_TIMEOUT_S=$(($(left) - 25)) $S engine "$3" 0 "$4"
+  MODEL=$1 ENGINE_TIMEOUT_S=$(($(left) - 25)) $S engine "$2" 0 "$3"
 }
 
 run_job() {
@@ -47,14 +47,12 @@ run_job() {
     kernels)
       timeout $(($(left) - 20)) python3 -m replayssm_patch.gpu.kernel_bench --out "$RES/kernel_bench" \
         2>&1 | tee "$RES/kernel_bench.log" | grep -v "^\[kernel_bench\]   step" ;;
-    engine) engine_job /tmp/model engine_step-h200.json "$variant" $ALL_BATCHES ;;
-    gdn)
-      [ -d /tmp/model-qwen35 ] || $S model /tmp/model-qwen35 .device/qwen35/config.json
-      engine_job /tmp/model-qwen35 engine_step-qwen3.5-4b-h200.json "$variant" $ALL_BATCHES ;;
+    engine) engine_job nemotron "$variant" $ALL_BATCHES ;;
+    gdn) engine_job qwen35 "$variant" $ALL_BATCHES ;;
     floor)
-      [ -d /tmp/model-floor ] || { python3 -m replayssm_patch.gpu.host_floor --model /tmp/model --out /tmp/model-floor \
-        && $S model /tmp/model-floor /tmp/model-floor/config.json; }
-      engine_job /tmp/model-floor engine_step-floor-h200.json "$variant" 1,8,64,256 ;;
+      [ -d /tmp/model-floor ] || { python3 -m replayssm_patch.gpu.host_floor --model /tmp/model --out /tmp/floor-config \
+        && $S model /tmp/model-floor /tmp/floor-config/config.json; }
+      engine_job floor "$variant" 1,8,64,256 ;;
     profile)
       [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
       ENGINE_TIMEOUT_S=$(($(left) - 25)) $S profile "$variant" 0 64,256 ;;

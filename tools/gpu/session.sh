@@ -2,8 +2,10 @@
 # Stages of a GPU session on the H200 host (run through the `device` tool, one stage list per call).
 #   recv K        copy bundle part K (and, for K=0, the installer files) from .gpu/ to /tmp/pkg
 #   setup         unpack vLLM 0.24.0 to /tmp/site, add the carried wheels, make this checkout's plugin visible
-#                 (a dist-info under /tmp/rb-site, see replayssm_patch/plugin_site.py), build the model dir
-#   model DIR CONFIG                another model dir (config + tokenizer); MODEL=DIR makes the stages use it
+#                 (a dist-info under /tmp/rb-site, see replayssm_patch/plugin_site.py), build a model dir (config +
+#                 word-level tokenizer) for every carried config: /tmp/model (.device/model, Nemotron-H-8B),
+#                 /tmp/model-qwen35 (.device/qwen35, qwen3.5-4b), /tmp/model-qwen35moe (.device/qwen35moe, qwen3.5-35b-a3b)
+#   model DIR CONFIG                one more model dir the same way (replayssm.sh builds /tmp/model-floor so)
 #   serve ARM GPU PORT [EXTRA...]   start a vLLM server detached (setsid); ARM names the log/pid files
 #   wait TIMEOUT_S PORT...          poll /health of each port until ready (exit 1 on timeout or death)
 #   stop ARM      kill a server started by `serve` (its whole session)
@@ -17,6 +19,9 @@
 #   pack NAME     copy server logs into the results and tar them to $OUT/NAME.tgz (one file comes back)
 # MODE=O0 (default: -O0 + FULL_DECODE_ONLY graphs) or MODE=default (vLLM's torch.compile mode) applies to serve,
 # engine, profile and pace alike (replayssm_patch/gpu/variants.py holds the flags and each variant's knob).
+# MODEL=nemotron (default) | qwen35 | qwen35moe picks the model dir of serve, engine and profile; serve adds the
+# family's flags (Qwen3.5: text only, Triton GDN prefill; `variants --family`). Engine-step, pace and profile
+# results of a Qwen model go to files of their own (engine_step-h200-qwen3.5-4b.json, ...), Nemotron's keep their names.
 # Logs and pids live in /tmp/gpu (survives between calls while the host is kept); `pack` sends the results back.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -24,16 +29,21 @@ STATE=/tmp/gpu
 RES=$STATE/out  # everything worth keeping; `pack` tars it into $OUT
 MODE=${MODE:-O0}
 case $MODE in O0 | default) ;; *) echo "MODE=$MODE: use MODE=O0 or MODE=default"; exit 2 ;; esac
+case ${MODEL:-nemotron} in
+  nemotron) MODEL_DIR=/tmp/model SUFFIX= ;;
+  qwen35) MODEL_DIR=/tmp/model-qwen35 SUFFIX=-qwen3.5-4b ;;
+  qwen35moe) MODEL_DIR=/tmp/model-qwen35moe SUFFIX=-qwen3.5-35b-a3b ;;
+  floor) MODEL_DIR=/tmp/model-floor SUFFIX=-floor ;;  # Nemotron-H-8B's host floor (replayssm.sh floor:VARIANT)
+  *) echo "MODEL=$MODEL: use MODEL=nemotron (the default), qwen35, qwen35moe or floor"; exit 2 ;;
+esac
 mkdir -p "$STATE" "$RES" /tmp/pkg
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$ROOT VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-MODEL=${MODEL:-/tmp/model}  # the model dir of serve / engine / profile (setup builds /tmp/model)
 mapfile -t MODE_FLAGS < <(python3 -m replayssm_patch.gpu.variants --mode "$MODE")
-VLLM_FLAGS=(--model "$MODEL" --served-model-name m --load-format dummy --max-num-seqs 256 --max-model-len "${MAX_LEN:-8192}"
+VLLM_FLAGS=(--model "$MODEL_DIR" --served-model-name m --load-format dummy --max-num-seqs 256 --max-model-len "${MAX_LEN:-8192}"
   --gpu-memory-utilization "${SERVE_UTIL:-0.85}" --mamba-ssm-cache-dtype float32 "${MODE_FLAGS[@]}")
-# engine-step rows (STEPS_NAME: one file per model) start from the committed file, so the packed one is the merged whole
-STEPS=$RES/${STEPS_NAME:-engine_step-h200.json}
-[ -f "$STEPS" ] || cp "$ROOT/replayssm_patch/gpu/results/$(basename "$STEPS")" "$STEPS" 2>/dev/null
+STEPS=$RES/engine_step-h200$SUFFIX.json  # starts from the committed file, so the packed one is the merged whole
+[ -f "$STEPS" ] || cp "$ROOT/replayssm_patch/gpu/results/engine_step-h200$SUFFIX.json" "$STEPS" 2>/dev/null
 
 recv() {
   local k=$1
@@ -47,19 +57,30 @@ setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$ROOT"/.whl/*.whl
   python3 -c "from pathlib import Path; from replayssm_patch.plugin_site import write_plugin_site; \
 write_plugin_site(Path('/tmp/rb-site'))" || return 1
-  model_dir /tmp/model "$ROOT/.device/model/config.json"
+  model_dir /tmp/model "$ROOT/.device/model/config.json" || return 1
+  for name in qwen35 qwen35moe; do
+    [ -f "$ROOT/.device/$name/config.json" ] && { model_dir "/tmp/model-$name" "$ROOT/.device/$name/config.json" || return 1; }
+  done
   python3 -c "import vllm, harness, replayssm_patch, importlib.metadata as m; \
 print('vllm', vllm.__version__, '| plugins:', [e.name for e in m.entry_points(group='vllm.general_plugins')])"
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 }
 
-model_dir() {  # DIR CONFIG: a model dir for dummy weights: the config and a word-level tokenizer of its vocabulary
-  mkdir -p "$1" && cp "$2" "$1/config.json" && python3 "$ROOT/.device/make-tokenizer.py" "$1"
+model_dir() {  # DIR CONFIG: the config and a word-level tokenizer of its vocabulary (make-tokenizer.py reads a
+               # top-level vocab_size; Qwen3.5 keeps it in text_config, so the tokenizer is made from a stand-in)
+  local dir=$1 config=$2 vocab=$STATE/vocab-${1##*/}
+  mkdir -p "$dir" "$vocab" && cp "$config" "$dir/config.json" || return 1
+  python3 -c "import json, sys; c = json.load(open(sys.argv[1])); n = c.get('vocab_size') or c['text_config']['vocab_size']; \
+json.dump({'vocab_size': n}, open(sys.argv[2], 'w'))" "$config" "$vocab/config.json" || return 1
+  python3 "$ROOT/.device/make-tokenizer.py" "$vocab" && cp "$vocab"/tokenizer*.json "$dir/"
 }
 
 serve() {
-  local arm=$1 gpu=$2 port=$3; shift 3
-  CUDA_VISIBLE_DEVICES=$gpu setsid python3 -m vllm.entrypoints.openai.api_server "${VLLM_FLAGS[@]}" --port "$port" "$@" \
+  local arm=$1 gpu=$2 port=$3 family; shift 3
+  [ -f "$MODEL_DIR/config.json" ] || { echo "$MODEL_DIR/config.json missing: carry its .device config and run setup"; return 1; }
+  mapfile -t family < <(python3 -m replayssm_patch.gpu.variants --family "$MODEL_DIR")
+  CUDA_VISIBLE_DEVICES=$gpu setsid python3 -m vllm.entrypoints.openai.api_server "${VLLM_FLAGS[@]}" "${family[@]}" \
+    --port "$port" "$@" \
     > "$STATE/$arm.log" 2>&1 < /dev/null &
   echo $! > "$STATE/$arm.pid"
   echo "started $arm on GPU $gpu port $port pid $(cat "$STATE/$arm.pid") at ${SECONDS}s"
@@ -87,7 +108,7 @@ on_gpu() {  # MODULE VARIANT GPU BATCHES OUT SHOWN: one engine-side script (ENGI
             # 0.45 leaves room for a server beside it); prints its exit code and the log lines matching SHOWN
   local module=$1 variant=$2 gpu=$3 batches=$4 out=$5 shown=$6 log=$STATE/$1-$2-$MODE.log
   CUDA_VISIBLE_DEVICES=$gpu timeout "${ENGINE_TIMEOUT_S:-540}" python3 -m "replayssm_patch.gpu.$module" \
-    --model "$MODEL" --variant "$variant" --mode "$MODE" --batches "$batches" \
+    --model "$MODEL_DIR" --variant "$variant" --mode "$MODE" --batches "$batches" \
     --gpu-memory-utilization "${ENGINE_UTIL:-0.45}" --max-model-len "${MAX_LEN:-8192}" --out "$out" > "$log" 2>&1
   echo "$module $variant $MODE exit $?"; grep -E "$shown|^error" "$log"
 }
@@ -96,7 +117,7 @@ pace() {
   local port=$1 variant=$2 streams=${3:-64,256} reference=()
   [ -f "$STEPS" ] && reference=(--engine-step "$STEPS")  # without it the rows say engine_step_ms null
   timeout "${PACE_TIMEOUT_S:-300}" python3 -m bench.decode_pace --url "http://127.0.0.1:$port" --streams "$streams" \
-    --workers 1,4 --variant "$variant" --mode "$MODE" "${reference[@]}" --out "$RES/decode_pace-h200.json" \
+    --workers 1,4 --variant "$variant" --mode "$MODE" "${reference[@]}" --out "$RES/decode_pace-h200$SUFFIX.json" \
     > "$STATE/pace-$variant-$MODE.log" 2>&1
   echo "pace $variant $MODE exit $?"; grep -E "streams [0-9]+ workers|^error" "$STATE/pace-$variant-$MODE.log"
 }
@@ -120,7 +141,7 @@ case $cmd in
   wait) wait_ready "$@" ;;
   stop) stop "$@" ;;
   engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" ;;
-  profile) on_gpu step_profile "$1" "$2" "${3:-64,256}" "$RES/profile" "B=[0-9]+: " ;;
+  profile) on_gpu step_profile "$1" "$2" "${3:-64,256}" "$RES/profile$SUFFIX" "B=[0-9]+: " ;;
   pace) pace "$@" ;;
   diagnose) diagnose "$@" ;;
   pack) pack "$@" ;;

@@ -126,6 +126,23 @@ def test_variants_module_prints_what_the_shell_stages_pass_to_vllm(capsys):
     assert capsys.readouterr().out.splitlines() == server_flags("O0")
 
 
+@pytest.mark.parametrize(
+    ("config", "flags"),
+    [
+        ("qwen3_5_4b_config.json", ["--language-model-only", "--gdn-prefill-backend", "triton"]),
+        ("nemotron_h_8b_config.json", []),
+    ],
+)
+def test_variants_module_prints_a_model_familys_server_flags(tmp_path, capsys, config, flags):
+    """tools/gpu/session.sh serves every model with these: the same settings the engine-side step gives vllm.LLM."""
+    (tmp_path / "config.json").write_text((Path(__file__).parent / config).read_text())
+    assert variants_main(["--family", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines() == flags
+    with pytest.raises(SystemExit):
+        variants_main(["--family", str(tmp_path / "missing")])
+    assert "config.json missing" in capsys.readouterr().err
+
+
 def test_row_has_mean_step_spread_and_every_repeat(tmp_path):
     args = _args(tmp_path, "--variant", "replayssm_fp32", "--mode", "default")
     repeats = [Repeat(2.0, 4.56, 10.0), Repeat(2.1, 4.5, 9.375), Repeat(1.9, 4.6, 10.547)]

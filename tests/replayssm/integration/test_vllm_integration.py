@@ -123,6 +123,27 @@ def test_step_profile_arguments_and_generate_api_exist_in_vllm_024(llm_args):
 
 
 @pytest.fixture(scope="module")
+def server_args(vllm_python, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("vllm_server")
+    return _run_check(vllm_python, root, "vllm_server_args_check.py", ["nemotron_h_8b", "qwen3_5_4b"])
+
+
+@pytest.mark.parametrize("mode", ["O0", "default"])
+def test_gpu_stage_server_flags_parse_in_vllm_024(server_args, mode):
+    """tools/gpu/session.sh serves Qwen3.5 text only with Triton GDN prefill, Nemotron-H with no extra flag."""
+    qwen, nemotron = server_args[f"qwen/{mode}"], server_args[f"nemotron/{mode}"]
+    assert (qwen["language_model_only"], qwen["gdn_prefill_backend"]) == (True, "triton")
+    assert (nemotron["flags"], nemotron["language_model_only"], nemotron["gdn_prefill_backend"]) == ([], False, None)
+
+
+def test_agreement_request_asks_vllm_024_for_exact_greedy_token_ids(server_args):
+    assert server_args["agreement_request"] == {
+        "prompt": [11, 12, 13], "return_token_ids": True, "stream": False, "max_tokens": 512, "min_tokens": 512,
+        "ignore_eos": True, "temperature": 0.0, "choice_has_token_ids": True,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
 def engine_flow(vllm_python, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("vllm_flow")
     return _run_check(vllm_python, root, "vllm_engine_flow_check.py", ["nemotron_h_8b"])
