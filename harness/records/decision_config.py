@@ -59,9 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.errors import UserError
 from harness.records.fidelity import DEFAULT_LAG_BUDGET_S, DEFAULT_RECEIVE_LAG_BUDGET_S
-from harness.records.metric_registry import METRIC_DIRECTIONS, Direction
-
-DEFAULT_ACCEPTANCE_TOLERANCE = 0.05  # [decision] acceptance_tolerance; also the GPU spec-decode step's AL check
+from harness.records.metric_registry import DEFAULT_ACCEPTANCE_TOLERANCE, METRIC_DIRECTIONS, Direction
 
 
 class _Strict(BaseModel):

@@ -47,7 +47,7 @@ from typing import Any
 from harness.analysis.model import SpecDecodeRun
 from harness.analysis.server_metrics import Snapshot, Snapshots, means_of, parse_snapshot
 from harness.analysis.spec_decode import pooled_acceptance_length, spec_decode_run
-from harness.records.decision_config import DEFAULT_ACCEPTANCE_TOLERANCE
+from harness.records.metric_registry import DEFAULT_ACCEPTANCE_TOLERANCE
 from replayssm_patch.gpu.engine_step import (
     LONG_TOKENS,
     REPEATS,

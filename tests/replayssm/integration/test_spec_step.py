@@ -14,6 +14,7 @@ import pytest
 from harness.analysis.server_metrics import parse_snapshots
 from harness.analysis.spec_decode import spec_decode_run
 from harness.records.decision_config import DecisionConfig
+from harness.records.metric_registry import DEFAULT_ACCEPTANCE_TOLERANCE
 from replayssm_patch.gpu.engine_step import Generated, llm_kwargs, run_checks
 from replayssm_patch.gpu.row_file import record_row
 from replayssm_patch.gpu.spec_step import (
@@ -88,7 +89,7 @@ def test_rates_and_step_times_from_the_two_generates():
 
 
 def test_acceptance_parity_uses_the_harness_tolerance():
-    assert DecisionConfig.model_fields["acceptance_tolerance"].default == 0.05
+    assert DecisionConfig.model_fields["acceptance_tolerance"].default == DEFAULT_ACCEPTANCE_TOLERANCE == 0.05
     assert acceptance_problem(3.0, 3.0) is None and acceptance_problem(3.0, 2.86) is None  # 4.7 % off
     off = acceptance_problem(3.0, 2.8)
     assert off.startswith("measured acceptance length 2.800 is 6.7% off the configured 3 (tolerance 5%)")

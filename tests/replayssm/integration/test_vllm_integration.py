@@ -86,7 +86,8 @@ def layer_check(vllm_python, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def llm_args(vllm_python, tmp_path_factory) -> dict:
-    return _run_check(vllm_python, tmp_path_factory.mktemp("vllm_llm"), "vllm_llm_args_check.py", ["nemotron_h_8b"])
+    root = tmp_path_factory.mktemp("vllm_llm")
+    return _run_check(vllm_python, root, "vllm_llm_args_check.py", ["nemotron_h_8b", "nemotron_h_8b_mtp"])
 
 
 @pytest.mark.parametrize("variant", ["baseline", "replayssm_fp32", "replayssm_split"])
@@ -103,6 +104,30 @@ def test_engine_step_llm_arguments_build_vllm_024_configs(llm_args, variant):
         assert case["config_prefix_caching"] is False and case["disable_log_stats"] is False
         assert case["replayssm"]["enable"] == (variant != "baseline")
         assert case["replayssm"]["split_precision"] == (variant == "replayssm_split")
+
+
+SPEC_ARM_RATES = [("native_standard", None), ("native_spec", [1.0, 1.0, 0.0]), ("replayssm_standard", None),
+                  ("replayssm_spec", [1.0, 0.8, 0.0])]  # fmt: skip
+
+
+@pytest.mark.parametrize(("arm", "rates"), SPEC_ARM_RATES)
+def test_spec_step_arms_build_vllm_024_configs_with_mtp_and_synthetic_acceptance(llm_args, arm, rates):
+    """spec_step's keywords on the MTP model dir: the spec arms resolve to vLLM's MTP drafter (NemotronHMTPModel)
+    with synthetic rejection sampling (AL 3.0 -> rates 1, 1, 0; 2.8 -> 1, 0.8, 0), the standard arms to no
+    speculation; the ReplaySSM arms carry the fp32 knobs, and the plugin refuses none of the four."""
+    length = 3.0 if arm.startswith("native") else 2.8
+    case = llm_args["cases"][f"{arm}/{length:g}"]
+    assert case["replayssm"]["enable"] == arm.startswith("replayssm") and not case["replayssm"]["split_precision"]
+    assert (case["optimization_level"], case["mamba_ssm_cache_dtype"], case["config_prefix_caching"]) == (
+        2, "float32", False)  # fmt: skip
+    assert case["refused"] == []
+    if rates is None:
+        assert case["speculative"] is None and case["verify_len"] == 0
+        return
+    spec = case["speculative"]
+    assert (spec["method"], spec["num_speculative_tokens"], spec["rejection_sample_method"]) == ("mtp", 3, "synthetic")
+    assert spec["synthetic_acceptance_rates"] == pytest.approx(rates)
+    assert spec["draft_architectures"] == ["NemotronHMTPModel"] and case["verify_len"] == 4
 
 
 def test_step_profile_arguments_and_generate_api_exist_in_vllm_024(llm_args):
