@@ -173,7 +173,7 @@ def make_row(
     problems += [p for p in [acceptance_problem(configured, measured)] if p]
     if steps is None:
         problems.append("no engine steps counted (vllm:iteration_tokens_total): the step time is unknown")
-    drafts = sum(r.drafts or 0.0 for r in counted)
+    drafts = int(sum(r.drafts or 0.0 for r in counted))
     return {
         "arm": args.arm,
         "mode": args.mode,
@@ -188,7 +188,7 @@ def make_row(
         "step_ms_spread": step_spread,
         f"t{SHORT_TOKENS}_s": round(statistics.fmean(r.t_short_s for r in repeats), 3),
         f"t{LONG_TOKENS}_s": round(statistics.fmean(r.t_long_s for r in repeats), 3),
-        "repeats": [asdict(r) for r in repeats],
+        "repeats": [{k: None if v is None else round(v, 4) for k, v in asdict(r).items()} for r in repeats],
         "variant": args.variant,
         "speculative_config": arm_kwargs(args).get("speculative_config"),
         **facts,
@@ -347,8 +347,9 @@ def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: in
         counted += generated.items()
         short, long = generated[SHORT_TOKENS], generated[LONG_TOKENS]
         repeats.append(SpecRepeat(short.run.seconds, long.run.seconds, short.spec.engine_steps, long.spec.engine_steps))
+        step = engine_step_ms(repeats[-1])
         print(f"  B={batch} repeat {r}: {tokens_per_s(batch, short.run.seconds, long.run.seconds):.1f} tok/s, "
-              f"step {engine_step_ms(repeats[-1])} ms", flush=True)  # fmt: skip
+              f"step {'?' if step is None else f'{step:.3f}'} ms", flush=True)  # fmt: skip
     lost = [c.preempted for _, c in counted]
     preempted = None if None in lost else int(sum(lost))
     checks = run_checks([(tokens, c.run) for tokens, c in counted], preempted)
