@@ -267,12 +267,19 @@ def child_command(argv: Sequence[str], length: float, budget_left_s: float | Non
 
 
 def sweep(argv: Sequence[str], args: argparse.Namespace) -> int:
-    """Each AL of --sweep-al on an engine of its own, in turn; the worst exit code of the engines."""
-    began, codes = time.monotonic(), []
+    """Each AL of --sweep-al on an engine of its own, in turn; the worst exit code of the engines. A next engine
+    starts only while as much of --budget-s is left as the last one took (it would be killed half-way)."""
+    began, codes, last_s = time.monotonic(), [], 0.0
     for length in within_budget(args.sweep_al, args.budget_s, began, label="AL {:g}"):
         left = None if args.budget_s is None else args.budget_s - (time.monotonic() - began)
+        if left is not None and left < last_s:
+            print(f"skipped AL {length:g} and later: {left:.0f} s of --budget-s left, the last engine took "
+                  f"{last_s:.0f} s", flush=True)  # fmt: skip
+            break
         print(f"{args.arm} AL {length:g}: engine in a process of its own", flush=True)
+        started = time.monotonic()
         codes.append(subprocess.call(child_command(argv, length, left)))
+        last_s = time.monotonic() - started
     return max(codes, default=0)
 
 

@@ -7,6 +7,11 @@
 #                                   engine-side decode step of VARIANT at batch 1..256 (LLM.generate, the GPU to
 #                                   itself at 0.85), with the tuned shapes; then, with what is left of the call, the
 #                                   step profile at 64 and 256
+#   replayssm.sh spec ARM [BATCHES]
+#                                   issue 17: speculative decoding on the engine (spec_step.py) of ARM (native_standard
+#                                   native_spec replayssm_standard replayssm_spec) on /tmp/model-mtp at BATCHES
+#                                   [64,128,256], the tuned shapes, k = SPEC_TOKENS [3]; a spec arm at SWEEP_AL [3.0],
+#                                   one engine per AL, none started in the call's last 120 s (SPEC_BUDGET_S)
 # Every stage keeps inside one call (CALL_S, default 585 s) and tars /tmp/gpu/out to $OUT at the end.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,5 +41,11 @@ case ${1:-} in
       ENGINE_TIMEOUT_S=$((CALL_S - SECONDS - 25)) $S profile "$2" 0 64,256
     fi
     ;;
-  *) echo "usage: replayssm.sh kernels | engine VARIANT [profile]"; exit 2 ;;
+  spec)
+    STAGE=spec-$2
+    [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
+    SPEC_BUDGET_S=${SPEC_BUDGET_S:-$((CALL_S - SECONDS - 120))} ENGINE_TIMEOUT_S=$((CALL_S - SECONDS - 30)) \
+      $S spec "$2" 0 "${3:-64,128,256}"
+    ;;
+  *) echo "usage: replayssm.sh kernels | engine VARIANT [profile] | spec ARM [BATCHES]"; exit 2 ;;
 esac

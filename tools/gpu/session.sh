@@ -3,19 +3,24 @@
 #   recv K        copy bundle part K (and, for K=0, the installer files) from .gpu/ to /tmp/pkg
 #   setup         unpack vLLM 0.24.0 to /tmp/site, add the carried wheels, make this checkout's plugin visible
 #                 (a dist-info under /tmp/rb-site, see replayssm_patch/plugin_site.py), build the model dir
+#                 (and /tmp/model-mtp, the model with an MTP layer, when .device/model-mtp/config.json is carried)
 #   serve ARM GPU PORT [EXTRA...]   start a vLLM server detached (setsid); ARM names the log/pid files
 #   wait TIMEOUT_S PORT...          poll /health of each port until ready (exit 1 on timeout or death)
 #   stop ARM      kill a server started by `serve` (its whole session)
 #   engine VARIANT GPU [BATCHES]    engine-side decode step (replayssm_patch/gpu/engine_step.py, LLM.generate, no
 #                                   HTTP; default batches 64,256) -> rows merged into engine_step-h200.json
 #   profile VARIANT GPU [BATCHES]   kernel time per layer kind of a decode step (step_profile.py) -> profile/
+#   spec ARM GPU [BATCHES]          speculative decoding on the engine (spec_step.py, /tmp/model-mtp; ARM one of
+#                                   native_standard native_spec replayssm_standard replayssm_spec; default batches
+#                                   64,128,256; SPEC_TOKENS k [3], SWEEP_AL for a spec arm: ALs, one engine each
+#                                   [3.0], SPEC_BUDGET_S: no new engine or batch after it) -> spec_step-h200.json
 #   pace PORT VARIANT [STREAMS]     client-seen decode pace of the server on PORT through `replaybench replay`
 #                                   (bench/decode_pace.py: 1 and 4 workers, prompt 1024, exactly 256 tokens; default
 #                                   streams 64,256) against engine_step-h200.json -> rows merged into decode_pace-h200.json
 #   diagnose ARM  the lines of a server log that say why it died
 #   pack NAME     copy server logs into the results and tar them to $OUT/NAME.tgz (one file comes back)
 # MODE=O0 (default: -O0 + FULL_DECODE_ONLY graphs) or MODE=default (vLLM's torch.compile mode) applies to serve,
-# engine, profile and pace alike (replayssm_patch/gpu/variants.py holds the flags and each variant's knob).
+# engine, profile, spec and pace alike (replayssm_patch/gpu/variants.py holds the flags and each variant's knob).
 # Logs and pids live in /tmp/gpu (survives between calls while the host is kept); `pack` sends the results back.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -27,11 +32,14 @@ mkdir -p "$STATE" "$RES" /tmp/pkg
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$ROOT VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 MODEL=/tmp/model
+MODEL_MTP=/tmp/model-mtp
 mapfile -t MODE_FLAGS < <(python3 -m replayssm_patch.gpu.variants --mode "$MODE")
 VLLM_FLAGS=(--model "$MODEL" --served-model-name m --load-format dummy --max-num-seqs 256 --max-model-len "${MAX_LEN:-8192}"
   --gpu-memory-utilization "${SERVE_UTIL:-0.85}" --mamba-ssm-cache-dtype float32 "${MODE_FLAGS[@]}")
 STEPS=$RES/engine_step-h200.json  # starts from the committed file, so the packed one is the merged whole
 [ -f "$STEPS" ] || cp "$ROOT/replayssm_patch/gpu/results/engine_step-h200.json" "$STEPS" 2>/dev/null
+SPECS=$RES/spec_step-h200.json  # the same for the spec-decode rows
+[ -f "$SPECS" ] || cp "$ROOT/replayssm_patch/gpu/results/spec_step-h200.json" "$SPECS" 2>/dev/null
 
 recv() {
   local k=$1
@@ -47,6 +55,10 @@ setup() {
 write_plugin_site(Path('/tmp/rb-site'))" || return 1
   mkdir -p "$MODEL" && cp "$ROOT/.device/model/config.json" "$MODEL/"
   python3 "$ROOT/.device/make-tokenizer.py" "$MODEL"
+  if [ -f "$ROOT/.device/model-mtp/config.json" ]; then
+    mkdir -p "$MODEL_MTP" && cp "$ROOT/.device/model-mtp/config.json" "$MODEL_MTP/"
+    python3 "$ROOT/.device/make-tokenizer.py" "$MODEL_MTP"
+  fi
   python3 -c "import vllm, harness, replayssm_patch, importlib.metadata as m; \
 print('vllm', vllm.__version__, '| plugins:', [e.name for e in m.entry_points(group='vllm.general_plugins')])"
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
@@ -78,13 +90,23 @@ stop() {
   kill -TERM -- "-$pid" 2>/dev/null; sleep 4; kill -KILL -- "-$pid" 2>/dev/null; rm -f "$STATE/$1.pid"; echo "stopped $1"
 }
 
-on_gpu() {  # MODULE VARIANT GPU BATCHES OUT SHOWN: one engine-side script (ENGINE_UTIL: its GPU memory share,
-            # 0.45 leaves room for a server beside it); prints its exit code and the log lines matching SHOWN
-  local module=$1 variant=$2 gpu=$3 batches=$4 out=$5 shown=$6 log=$STATE/$1-$2-$MODE.log
+on_gpu() {  # MODULE NAME GPU BATCHES OUT SHOWN [ARGS...]: one engine-side script on ENGINE_MODEL (default the
+            # model dir) with ARGS (its variant or arm); ENGINE_UTIL: its GPU memory share, 0.45 leaves room for a
+            # server beside it; prints its exit code and the log lines matching SHOWN
+  local module=$1 name=$2 gpu=$3 batches=$4 out=$5 shown=$6 log=$STATE/$1-$2-$MODE.log; shift 6
   CUDA_VISIBLE_DEVICES=$gpu timeout "${ENGINE_TIMEOUT_S:-540}" python3 -m "replayssm_patch.gpu.$module" \
-    --model "$MODEL" --variant "$variant" --mode "$MODE" --batches "$batches" \
-    --gpu-memory-utilization "${ENGINE_UTIL:-0.45}" --max-model-len "${MAX_LEN:-8192}" --out "$out" > "$log" 2>&1
-  echo "$module $variant $MODE exit $?"; grep -E "$shown|^error" "$log"
+    --model "${ENGINE_MODEL:-$MODEL}" --mode "$MODE" --batches "$batches" \
+    --gpu-memory-utilization "${ENGINE_UTIL:-0.45}" --max-model-len "${MAX_LEN:-8192}" --out "$out" "$@" > "$log" 2>&1
+  echo "$module $name $MODE exit $?"; grep -E "$shown|^error" "$log"
+}
+
+spec() {  # ARM GPU [BATCHES]: spec_step.py on the MTP model (see the stage list above)
+  local arm=$1 gpu=$2 batches=${3:-64,128,256} extra=(--arm "$1" --spec-tokens "${SPEC_TOKENS:-3}")
+  [ -f "$MODEL_MTP/config.json" ] || { echo "no $MODEL_MTP: carry .device/model-mtp/config.json, run setup"; return 1; }
+  case $arm in *_spec) [ -n "${SWEEP_AL:-}" ] && extra+=(--sweep-al "$SWEEP_AL") ;; esac
+  [ -n "${SPEC_BUDGET_S:-}" ] && extra+=(--budget-s "$SPEC_BUDGET_S")
+  ENGINE_MODEL=$MODEL_MTP on_gpu spec_step "$arm" "$gpu" "$batches" "$SPECS" \
+    "tok/s \(spread|maximum concurrency|^skipped" "${extra[@]}"
 }
 
 pace() {
@@ -113,8 +135,9 @@ case $cmd in
   serve) serve "$@" ;;
   wait) wait_ready "$@" ;;
   stop) stop "$@" ;;
-  engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" ;;
-  profile) on_gpu step_profile "$1" "$2" "${3:-64,256}" "$RES/profile" "B=[0-9]+: " ;;
+  engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" --variant "$1" ;;
+  profile) on_gpu step_profile "$1" "$2" "${3:-64,256}" "$RES/profile" "B=[0-9]+: " --variant "$1" ;;
+  spec) spec "$@" ;;
   pace) pace "$@" ;;
   diagnose) diagnose "$@" ;;
   pack) pack "$@" ;;
