@@ -59,7 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.errors import UserError
 from harness.records.fidelity import DEFAULT_LAG_BUDGET_S, DEFAULT_RECEIVE_LAG_BUDGET_S
-from harness.records.metric_registry import METRIC_DIRECTIONS, Direction
+from harness.records.metric_registry import DEFAULT_ACCEPTANCE_TOLERANCE, METRIC_DIRECTIONS, Direction
 
 
 class _Strict(BaseModel):
@@ -131,7 +131,7 @@ class DecisionConfig(_Strict):
     # and no larger gap may pass; and it is far beyond sampling noise (the same integer synthetic AL is exact,
     # a fractional one varies by at most 0.5 / sqrt(drafts) absolute, under 1 % of AL 2-3 from 1,000 drafts),
     # while the failure it catches, text that loops after a replay bug, moved acceptance by tens of percent.
-    acceptance_tolerance: float = Field(default=0.05, gt=0, lt=1)
+    acceptance_tolerance: float = Field(default=DEFAULT_ACCEPTANCE_TOLERANCE, gt=0, lt=1)
     power: float = Field(default=0.8, gt=0, lt=1)
     planning_effect: float | None = Field(default=None, gt=0, lt=10)
 

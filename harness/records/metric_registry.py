@@ -232,6 +232,9 @@ METRICS: tuple[Metric, ...] = (
 _SPEC_COUNTERS = "increase of `vllm:spec_decode_num_drafts`, `..._num_draft_tokens`, `..._num_accepted_tokens`"
 _NO_REQUESTS = "not per request: counted by the server over the run (aborted requests included)"
 _NOT_SPECULATING = "none without speculative decoding"
+# [decision] acceptance_tolerance's default (its reasons are in decision_config.py): the relative gap of measured
+# acceptance lengths beyond which no speed verdict is given; also replayssm_patch/gpu/spec_step.py's AL check.
+DEFAULT_ACCEPTANCE_TOLERANCE = 0.05
 
 METRICS += (
     Metric(

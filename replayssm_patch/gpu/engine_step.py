@@ -35,10 +35,10 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -50,6 +50,8 @@ PROMPT_TOKENS = 1024
 REPEATS = 3
 DEFAULT_BATCHES = (64, 256)
 FIRST_TOKEN_ID = 10  # ids below are the tokenizer's specials (../shared/gpu/make-tokenizer.py: pad, bos, eos, unk)
+G = TypeVar("G")  # what one timed generate gives (engine_step: Generated; spec_step: it with the counters)
+T = TypeVar("T")
 WHAT = (
     f"Engine-side decode step (vLLM LLM.generate, no HTTP): B prompts of {PROMPT_TOKENS} random token ids with "
     f"exactly {SHORT_TOKENS} and exactly {LONG_TOKENS} output tokens (ignore_eos, min_tokens = max_tokens, greedy); "
@@ -159,10 +161,12 @@ def row_line(row: dict[str, Any]) -> str:
     )
 
 
-def engine_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The engine's options, shared with step_profile.py (same engine, same defaults)."""
+def engine_options(p: argparse.ArgumentParser, variant: bool = True) -> argparse.ArgumentParser:
+    """The engine's options, shared with step_profile.py and spec_step.py (same engine, same defaults); spec_step
+    names an arm instead of a variant (variant=False) and sets args.variant from it."""
     p.add_argument("--model", type=Path, required=True, help="dir with config.json (+ tokenizer); weights are dummy")
-    p.add_argument("--variant", choices=list(VARIANTS), default="baseline")
+    if variant:
+        p.add_argument("--variant", choices=list(VARIANTS), default="baseline")
     p.add_argument("--mode", choices=list(MODES), default="O0", help="O0: -O0 + FULL_DECODE_ONLY; default: vLLM's")
     p.add_argument("--batches", type=parse_batches, default=DEFAULT_BATCHES, help="comma-separated [64,256]")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.45, help="0.45 leaves room for a server")
@@ -339,18 +343,32 @@ def timed_generate(llm: Any, prompts: list[list[int]], tokens: int) -> Generated
     )
 
 
-def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: int) -> dict[str, Any]:
+def repeated_generates(
+    llm: Any, args: argparse.Namespace, batch: int, vocab_size: int, generate: Callable[[Any, list[list[int]], int], G]
+) -> Iterator[dict[int, G]]:
+    """The method's generates at one batch: a warm-up, then per repeat the short and the long generate (in
+    repeat_order, each of fresh prompts) as {tokens: what `generate` returned}, yielded as each repeat ends."""
     rng = np.random.default_rng([args.seed, batch])
     timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), SHORT_TOKENS)  # warm-up
+    for r in range(args.repeats):
+        yield {t: generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), t) for t in repeat_order(r)}
+
+
+def within_budget(items: Sequence[T], budget_s: float | None, began: float, label: str = "B={}") -> Iterator[T]:
+    """`items` in turn while --budget-s (seconds since `began`) is not spent; the first one skipped is named."""
+    for item in items:
+        if budget_s is not None and time.monotonic() - began > budget_s:
+            print(f"skipped {label.format(item)} and later: --budget-s {budget_s:g} spent", flush=True)
+            return
+        yield item
+
+
+def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: int) -> dict[str, Any]:
     before = preemptions(llm)
     repeats, runs = [], []
-    for r in range(args.repeats):
-        times = {}
-        for tokens in repeat_order(r):
-            run = timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), tokens)
-            times[tokens] = run.seconds
-            runs.append((tokens, run))
-        short, long = times[SHORT_TOKENS], times[LONG_TOKENS]
+    for r, generated in enumerate(repeated_generates(llm, args, batch, vocab_size, timed_generate)):
+        runs += generated.items()
+        short, long = generated[SHORT_TOKENS].seconds, generated[LONG_TOKENS].seconds
         repeats.append(Repeat(short, long, step_ms(short, long)))
         print(f"  B={batch} repeat {r}: step {repeats[-1].step_ms:.3f} ms", flush=True)
     after = preemptions(llm)
@@ -358,14 +376,15 @@ def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: in
     return make_row(args, batch, repeats, **run_checks(runs, lost))
 
 
-def start_engine(args: argparse.Namespace, **extra: Any) -> tuple[Any, dict[str, Any]] | None:
+def start_engine(args: argparse.Namespace, name: str | None = None, **extra: Any) -> tuple[Any, dict[str, Any]] | None:
     """The engine and the facts every row carries; None (after one error line) if its layers are wrong."""
     began = time.monotonic()
     llm = open_llm(args, **extra)
     facts = machine_facts()
     layers = replay_layers(llm)
     facts |= {"startup_s": round(time.monotonic() - began, 1), "replayssm_layers": layers}
-    print(f"{args.variant} {args.mode}: engine up in {facts['startup_s']} s, ReplaySSM layers: {layers}", flush=True)
+    shown = name or f"{args.variant} {args.mode}"
+    print(f"{shown}: engine up in {facts['startup_s']} s, ReplaySSM layers: {layers}", flush=True)
     wrong = layers_problem(args.variant, layers)
     if wrong:
         print(f"error: {wrong}")
@@ -387,10 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     llm, facts = started
     vocab_size = llm.llm_engine.model_config.get_vocab_size()
     invalid = 0
-    for batch in args.batches:
-        if args.budget_s is not None and time.monotonic() - began > args.budget_s:
-            print(f"skipped B={batch} and later: --budget-s {args.budget_s:g} spent", flush=True)
-            break
+    for batch in within_budget(args.batches, args.budget_s, began):
         row = measure_batch(llm, args, batch, vocab_size)
         row |= {k: facts[k] for k in ("replayssm_layers", "startup_s", "gpu", "vllm", "date")}
         record_row(args.out, row, WHAT, command_line("replayssm_patch.gpu.engine_step", argv), facts)

@@ -1,10 +1,11 @@
-"""A JSON results file of rows keyed by (variant, mode, batch, ...), filled by several runs, sessions and machines.
+"""A JSON results file of rows keyed by (variant or arm, mode, batch, ...), filled by several runs and machines.
 
     {"what": "...", "command": "<latest>", "commands": [...], "machine": {...latest...}, "rows": [...]}
 
-A new row replaces the row of the same key; rows stay ordered by variant (VARIANTS), mode (MODES), batch and
-then any further key field. The file is rewritten atomically after every row, so a crash keeps what was measured,
-under a lock, so processes on several GPUs can merge into the same file.
+A new row replaces the row of the same key; rows stay ordered by the key's fields in turn: a variant or an arm
+as VARIANTS and SPEC_ARMS list them, a mode as MODES does, any other field by value (None first). The file is
+rewritten atomically after every row, so a crash keeps what was measured, under a lock, so processes on several
+GPUs can merge into the same file.
 """
 
 from __future__ import annotations
@@ -16,25 +17,29 @@ from pathlib import Path
 from typing import Any
 
 from harness.atomic import atomic_path
-from replayssm_patch.gpu.variants import MODES, VARIANTS
+from replayssm_patch.gpu.variants import MODES, SPEC_ARMS, VARIANTS
 
 ROW_KEY = ("variant", "mode", "batch")
+RANKED = {"variant": list(VARIANTS), "arm": list(SPEC_ARMS), "mode": list(MODES)}  # fields in a listed order
 
 
 class RowFileError(ValueError):
     """The file named is not such a results file; the message names the fix."""
 
 
-def _row_order(row: dict[str, Any], key: tuple[str, ...]) -> tuple[Any, ...]:
-    def rank(values: list[str], value: str) -> int:
-        return values.index(value) if value in values else len(values)
+def _rank(field: str, value: Any) -> tuple[Any, ...]:
+    if field in RANKED:
+        values = RANKED[field]
+        return (values.index(value) if value in values else len(values),)
+    return (value is not None, value)  # an unset field (None) sorts before every value, never against one
 
-    known = (rank(list(VARIANTS), row["variant"]), rank(list(MODES), row["mode"]), int(row["batch"]))
-    return known + tuple(row[k] for k in key[len(ROW_KEY) :])
+
+def _row_order(row: dict[str, Any], key: tuple[str, ...]) -> tuple[Any, ...]:
+    return tuple(_rank(field, row[field]) for field in key)
 
 
 def merge_rows(rows: Sequence[dict[str, Any]], new: dict[str, Any], key: tuple[str, ...] = ROW_KEY) -> list[dict]:
-    """`rows` with `new` in place of any row of the same `key` values, ordered variant, mode, batch, the rest."""
+    """`rows` with `new` in place of any row of the same `key` values, ordered by the key's fields in turn."""
     mine = tuple(new[k] for k in key)
     kept = [r for r in rows if tuple(r.get(k) for k in key) != mine]
     return sorted([*kept, new], key=lambda r: _row_order(r, key))

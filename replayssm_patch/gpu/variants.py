@@ -25,6 +25,15 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "replayssm_split": {"replayssm": {"enable": True, "buffer_len": 16, "split_precision": True}},
 }
 
+# The speculative-decoding benchmark's four arms (gpu/spec_step.py): a variant above, with or without speculation
+# (MTP with synthetic acceptance), so native and ReplaySSM speculate with the same drafter and knobs.
+SPEC_ARMS: dict[str, tuple[str, bool]] = {
+    "native_standard": ("baseline", False),
+    "native_spec": ("baseline", True),
+    "replayssm_standard": ("replayssm_fp32", False),
+    "replayssm_spec": ("replayssm_fp32", True),
+}
+
 # O0: no torch.compile, full CUDA graphs for decode only (the calibration's setting, fastest start-up).
 # default: vLLM's own defaults (torch.compile, FULL_AND_PIECEWISE graphs), what production runs.
 O0_COMPILATION = {"cudagraph_mode": "FULL_DECODE_ONLY"}

@@ -14,6 +14,9 @@
 #   floor:VARIANT    the host floor: Nemotron-H-8B's layers at toy widths (replayssm_patch/gpu/host_floor.py) at batch
 #                    1, 8, 64, 256 -> engine_step-h200-floor.json
 #   profile:VARIANT  the step profile at batch 64 and 256 -> profile/
+#   spec:ARM         issue 17: speculative decoding on the engine (spec_step.py) of ARM (native_standard native_spec
+#                    replayssm_standard replayssm_spec) on /tmp/model-mtp at batch 64, 128, 256, k = SPEC_TOKENS [3];
+#                    a spec arm at AL 3.0, or one engine per AL of SWEEP_AL, none started in the call's last 120 s
 # e.g. replayssm.sh setup kernels engine:replayssm_fp32 gdn:baseline gdn:replayssm_fp32 floor:baseline \
 #        floor:replayssm_fp32 engine:replayssm_split engine:baseline
 set -uo pipefail
@@ -26,7 +29,7 @@ export PYTHONPATH=/tmp/site:/tmp/rb-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_H
 CALL_S=${CALL_S:-585}
 TUNED=$RES/kernel_bench/launch_config.json
 ALL_BATCHES=1,8,32,64,128,256
-declare -A JOB_S=([setup]=90 [kernels]=110 [engine]=300 [gdn]=300 [floor]=170 [profile]=240)
+declare -A JOB_S=([setup]=90 [kernels]=110 [engine]=300 [gdn]=300 [floor]=170 [profile]=240 [spec]=280)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
@@ -56,11 +59,14 @@ run_job() {
     profile)
       [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
       ENGINE_TIMEOUT_S=$(($(left) - 25)) $S profile "$variant" 0 64,256 ;;
+    spec)
+      [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
+      SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} ENGINE_TIMEOUT_S=$(($(left) - 25)) $S spec "$variant" 0 ;;
     *) echo "unknown job $1"; return 2 ;;
   esac
 }
 
-[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels engine:V gdn:V floor:V profile:V)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels engine:V gdn:V floor:V profile:V spec:ARM)"; exit 2; }
 pending=0
 for job in "$@"; do
   [ -f "$DONE/$job" ] && continue

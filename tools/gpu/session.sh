@@ -5,6 +5,7 @@
 #                 (a dist-info under /tmp/rb-site, see replayssm_patch/plugin_site.py), build a model dir (config +
 #                 word-level tokenizer) for every carried config: /tmp/model (.device/model, Nemotron-H-8B),
 #                 /tmp/model-qwen35 (.device/qwen35, qwen3.5-4b), /tmp/model-qwen35moe (.device/qwen35moe, qwen3.5-35b-a3b)
+#                 and /tmp/model-mtp (.device/model-mtp, Nemotron-H-8B with an MTP layer) for `spec`
 #   model DIR CONFIG                one more model dir the same way (replayssm.sh builds /tmp/model-floor so)
 #   serve ARM GPU PORT [EXTRA...]   start a vLLM server detached (setsid); ARM names the log/pid files
 #   wait TIMEOUT_S PORT...          poll /health of each port until ready (exit 1 on timeout or death)
@@ -12,13 +13,17 @@
 #   engine VARIANT GPU [BATCHES]    engine-side decode step (replayssm_patch/gpu/engine_step.py, LLM.generate, no
 #                                   HTTP; default batches 64,256) -> rows merged into engine_step-h200.json
 #   profile VARIANT GPU [BATCHES]   kernel time per layer kind of a decode step (step_profile.py) -> profile/
+#   spec ARM GPU [BATCHES]          engine-side speculative decoding (replayssm_patch/gpu/spec_step.py) of ARM
+#                                   (native_standard native_spec replayssm_standard replayssm_spec) on /tmp/model-mtp,
+#                                   MTP k = SPEC_TOKENS [3], synthetic AL 3.0 or the list SWEEP_AL (one engine each,
+#                                   SPEC_BUDGET_S seconds at most) -> rows merged into spec_step-h200.json
 #   pace PORT VARIANT [STREAMS]     client-seen decode pace of the server on PORT through `replaybench replay`
 #                                   (bench/decode_pace.py: 1 and 4 workers, prompt 1024, exactly 256 tokens; default
 #                                   streams 64,256) against engine_step-h200.json -> rows merged into decode_pace-h200.json
 #   diagnose ARM  the lines of a server log that say why it died
 #   pack NAME     copy server logs into the results and tar them to $OUT/NAME.tgz (one file comes back)
 # MODE=O0 (default: -O0 + FULL_DECODE_ONLY graphs) or MODE=default (vLLM's torch.compile mode) applies to serve,
-# engine, profile and pace alike (replayssm_patch/gpu/variants.py holds the flags and each variant's knob).
+# engine, profile, spec and pace alike (replayssm_patch/gpu/variants.py holds the flags and each variant's knob).
 # MODEL=nemotron (default) | qwen35 | qwen35moe picks the model dir of serve, engine and profile; serve adds the
 # family's flags (Qwen3.5: text only, Triton GDN prefill; `variants --family`). Engine-step, pace and profile
 # results of a Qwen model go to files of their own (engine_step-h200-qwen3.5-4b.json, ...), Nemotron's keep their names.
@@ -44,6 +49,9 @@ VLLM_FLAGS=(--model "$MODEL_DIR" --served-model-name m --load-format dummy --max
   --gpu-memory-utilization "${SERVE_UTIL:-0.85}" --mamba-ssm-cache-dtype float32 "${MODE_FLAGS[@]}")
 STEPS=$RES/engine_step-h200$SUFFIX.json  # starts from the committed file, so the packed one is the merged whole
 [ -f "$STEPS" ] || cp "$ROOT/replayssm_patch/gpu/results/engine_step-h200$SUFFIX.json" "$STEPS" 2>/dev/null
+SPECS=$RES/spec_step-h200.json  # the same for the spec-decode rows
+[ -f "$SPECS" ] || cp "$ROOT/replayssm_patch/gpu/results/spec_step-h200.json" "$SPECS" 2>/dev/null
+MODEL_MTP=/tmp/model-mtp
 
 recv() {
   local k=$1
@@ -61,6 +69,7 @@ write_plugin_site(Path('/tmp/rb-site'))" || return 1
   for name in qwen35 qwen35moe; do
     [ -f "$ROOT/.device/$name/config.json" ] && { model_dir "/tmp/model-$name" "$ROOT/.device/$name/config.json" || return 1; }
   done
+  [ -f "$ROOT/.device/model-mtp/config.json" ] && { model_dir "$MODEL_MTP" "$ROOT/.device/model-mtp/config.json" || return 1; }
   python3 -c "import vllm, harness, replayssm_patch, importlib.metadata as m; \
 print('vllm', vllm.__version__, '| plugins:', [e.name for e in m.entry_points(group='vllm.general_plugins')])"
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
@@ -104,13 +113,23 @@ stop() {
   kill -TERM -- "-$pid" 2>/dev/null; sleep 4; kill -KILL -- "-$pid" 2>/dev/null; rm -f "$STATE/$1.pid"; echo "stopped $1"
 }
 
-on_gpu() {  # MODULE VARIANT GPU BATCHES OUT SHOWN: one engine-side script (ENGINE_UTIL: its GPU memory share,
-            # 0.45 leaves room for a server beside it); prints its exit code and the log lines matching SHOWN
-  local module=$1 variant=$2 gpu=$3 batches=$4 out=$5 shown=$6 log=$STATE/$1-$2-$MODE.log
+on_gpu() {  # MODULE NAME GPU BATCHES OUT SHOWN [ARGS...]: one engine-side script (ENGINE_UTIL: its GPU memory
+            # share, 0.45 leaves room for a server beside it) on ENGINE_MODEL [the MODEL dir], with the script's own
+            # ARGS; prints its exit code and the log lines matching SHOWN
+  local module=$1 name=$2 gpu=$3 batches=$4 out=$5 shown=$6 log=$STATE/$1-$2-$MODE.log; shift 6
   CUDA_VISIBLE_DEVICES=$gpu timeout "${ENGINE_TIMEOUT_S:-540}" python3 -m "replayssm_patch.gpu.$module" \
-    --model "$MODEL_DIR" --variant "$variant" --mode "$MODE" --batches "$batches" \
-    --gpu-memory-utilization "${ENGINE_UTIL:-0.45}" --max-model-len "${MAX_LEN:-8192}" --out "$out" > "$log" 2>&1
-  echo "$module $variant $MODE exit $?"; grep -E "$shown|^error" "$log"
+    --model "${ENGINE_MODEL:-$MODEL_DIR}" --mode "$MODE" --batches "$batches" \
+    --gpu-memory-utilization "${ENGINE_UTIL:-0.45}" --max-model-len "${MAX_LEN:-8192}" --out "$out" "$@" > "$log" 2>&1
+  echo "$module $name $MODE exit $?"; grep -E "$shown|^error" "$log"
+}
+
+spec() {  # ARM GPU [BATCHES]: spec_step.py on the MTP model (see the stage list above)
+  local arm=$1 gpu=$2 batches=${3:-64,128,256} extra=(--arm "$1" --spec-tokens "${SPEC_TOKENS:-3}")
+  [ -f "$MODEL_MTP/config.json" ] || { echo "no $MODEL_MTP: carry .device/model-mtp/config.json, run setup"; return 1; }
+  case $arm in *_spec) [ -n "${SWEEP_AL:-}" ] && extra+=(--sweep-al "$SWEEP_AL") ;; esac
+  [ -n "${SPEC_BUDGET_S:-}" ] && extra+=(--budget-s "$SPEC_BUDGET_S")
+  ENGINE_MODEL=$MODEL_MTP on_gpu spec_step "$arm" "$gpu" "$batches" "$SPECS" \
+    "tok/s \(spread|maximum concurrency|^skipped" "${extra[@]}"
 }
 
 pace() {
@@ -140,8 +159,9 @@ case $cmd in
   serve) serve "$@" ;;
   wait) wait_ready "$@" ;;
   stop) stop "$@" ;;
-  engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" ;;
-  profile) on_gpu step_profile "$1" "$2" "${3:-64,256}" "$RES/profile$SUFFIX" "B=[0-9]+: " ;;
+  engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" --variant "$1" ;;
+  profile) on_gpu step_profile "$1" "$2" "${3:-64,256}" "$RES/profile$SUFFIX" "B=[0-9]+: " --variant "$1" ;;
+  spec) spec "$@" ;;
   pace) pace "$@" ;;
   diagnose) diagnose "$@" ;;
   pack) pack "$@" ;;

@@ -86,7 +86,8 @@ def layer_check(vllm_python, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def llm_args(vllm_python, tmp_path_factory) -> dict:
-    return _run_check(vllm_python, tmp_path_factory.mktemp("vllm_llm"), "vllm_llm_args_check.py", ["nemotron_h_8b"])
+    root = tmp_path_factory.mktemp("vllm_llm")
+    return _run_check(vllm_python, root, "vllm_llm_args_check.py", ["nemotron_h_8b", "nemotron_h_8b_mtp"])
 
 
 @pytest.mark.parametrize("variant", ["baseline", "replayssm_fp32", "replayssm_split"])
@@ -112,6 +113,30 @@ def test_host_floor_config_is_a_model_vllm_024_builds_with_every_layer(llm_args)
     assert (real["hidden_size"], real["layers"]) == (4096, 52)
     assert (floor["hidden_size"], floor["layers"]) == (256, 52)
     assert floor["replayssm"]["enable"] is True and floor["mamba_ssm_cache_dtype"] == "float32"
+
+
+SPEC_ARM_RATES = [("native_standard", None), ("native_spec", [1.0, 1.0, 0.0]), ("replayssm_standard", None),
+                  ("replayssm_spec", [1.0, 0.8, 0.0])]  # fmt: skip
+
+
+@pytest.mark.parametrize(("arm", "rates"), SPEC_ARM_RATES)
+def test_spec_step_arms_build_vllm_024_configs_with_mtp_and_synthetic_acceptance(llm_args, arm, rates):
+    """spec_step's keywords on the MTP model dir: the spec arms resolve to vLLM's MTP drafter (NemotronHMTPModel)
+    with synthetic rejection sampling (AL 3.0 -> rates 1, 1, 0; 2.8 -> 1, 0.8, 0), the standard arms to no
+    speculation; the ReplaySSM arms carry the fp32 knobs, and the plugin refuses none of the four."""
+    length = 3.0 if arm.startswith("native") else 2.8
+    case = llm_args["cases"][f"{arm}/{length:g}"]
+    assert case["replayssm"]["enable"] == arm.startswith("replayssm") and not case["replayssm"]["split_precision"]
+    assert (case["optimization_level"], case["mamba_ssm_cache_dtype"], case["config_prefix_caching"]) == (
+        2, "float32", False)  # fmt: skip
+    assert case["refused"] == []
+    if rates is None:
+        assert case["speculative"] is None and case["verify_len"] == 0
+        return
+    spec = case["speculative"]
+    assert (spec["method"], spec["num_speculative_tokens"], spec["rejection_sample_method"]) == ("mtp", 3, "synthetic")
+    assert spec["synthetic_acceptance_rates"] == pytest.approx(rates)
+    assert spec["draft_architectures"] == ["NemotronHMTPModel"] and case["verify_len"] == 4
 
 
 def test_step_profile_arguments_and_generate_api_exist_in_vllm_024(llm_args):
@@ -141,6 +166,48 @@ def test_agreement_request_asks_vllm_024_for_exact_greedy_token_ids(server_args)
         "prompt": [11, 12, 13], "return_token_ids": True, "stream": False, "max_tokens": 512, "min_tokens": 512,
         "ignore_eos": True, "temperature": 0.0, "choice_has_token_ids": True,
     }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def spec_flow(vllm_python, tmp_path_factory) -> dict:
+    return _run_check(vllm_python, tmp_path_factory.mktemp("vllm_spec"), "vllm_spec_step_flow_check.py",
+                      ["nemotron_h_8b_mtp"])  # fmt: skip
+
+
+def test_spec_step_reads_vllms_own_counters_into_rows_per_arm(spec_flow):
+    """spec_step.main against a stand-in engine counting through vLLM 0.24's PrometheusStatLogger: drafts, accepted
+    tokens and engine steps come out exactly as emulated (AL 3: 6 and 92 steps for 16 and 272 tokens; standard:
+    16 and 272), the capacity as vLLM's front end holds it, and the arm's keywords reach vllm.LLM."""
+    assert spec_flow["exits"] == {"replayssm_spec": 0, "native_spec": 0, "native_standard": 0,
+                                  "replayssm_spec_2.5": 1}  # fmt: skip
+    kwargs = spec_flow["kwargs"]
+    assert "'synthetic_acceptance_length': 3.0" in kwargs["replayssm_spec"]["speculative_config"]
+    assert "'enable': True" in kwargs["replayssm_spec"]["additional_config"]
+    assert "speculative_config" not in kwargs["native_standard"] and "additional_config" not in kwargs["native_spec"]
+    rows = {(r["arm"], r["acceptance_length_configured"], r["batch"]): r for r in spec_flow["file"]["rows"]}
+    assert list(rows) == [("native_standard", None, 4), ("native_spec", 3.0, 4), ("replayssm_spec", 2.5, 4),
+                          ("replayssm_spec", 3.0, 4), ("replayssm_spec", 3.0, 8)]  # fmt: skip
+    for (arm, length, batch), row in rows.items():
+        steps = (16, 272) if length is None else (1 + -(-15 // int(length)), 1 + -(-271 // int(length)))
+        assert [(r["steps_short"], r["steps_long"]) for r in row["repeats"]] == [steps] * 3
+        assert row["drafts"] == (0 if length is None else 3 * batch * (steps[0] + steps[1] - 2))
+        assert row["preemptions"] == 0 and row["exact"] and row["tokens_per_s"] > 0 and row["step_ms"] > 0
+        assert row["max_concurrency"] == (24.0 if arm == "native_spec" else 96.0) and row["max_model_len"] == 2048
+    assert rows[("replayssm_spec", 3.0, 8)]["acceptance_length_measured"] == 3.0
+    assert rows[("native_standard", None, 4)]["acceptance_length_measured"] is None
+    assert all(rows[key]["valid"] for key in rows if key[1] != 2.5)
+
+
+def test_spec_step_invalidates_an_acceptance_off_its_configuration_and_summarises(spec_flow):
+    bad = spec_flow["file"]["rows"][2]
+    assert (bad["acceptance_length_configured"], bad["acceptance_length_measured"], bad["valid"]) == (2.5, 2.0, False)
+    assert bad["problems"] == ["measured acceptance length 2.000 is 20.0% off the configured 2.5 (tolerance 5%): "
+                               "its speed is not comparable"]  # fmt: skip
+    summary = spec_flow["summary"]
+    assert spec_flow["summarise_exit"] == 0 and "## default mode, k = 3, AL 3 configured" in summary
+    batch4 = next(line for line in summary.split("AL 3 configured")[1].splitlines() if line.startswith("| 4 |"))
+    assert batch4.endswith("| 24.0 → 96.0 (4.00×) |") and "AL 3.00" in batch4 and batch4.count("×") == 3
+    assert "- replayssm_spec default, k 3, AL 2.5, batch 4: measured acceptance length 2.000" in summary
 
 
 @pytest.fixture(scope="module")

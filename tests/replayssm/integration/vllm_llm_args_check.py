@@ -1,6 +1,7 @@
 """The GPU benchmarks' `vllm.LLM(...)` arguments through the real vllm==0.24.0 constructor, up to the engine config.
 
-Run by test_vllm_integration.py in the cached CPU venv. Args: Nemotron-H-8B model dir, result file. The
+Run by test_vllm_integration.py in the cached CPU venv. Args: Nemotron-H-8B model dir, the same with an MTP
+layer (spec_step's arms), result file. The
 engine itself cannot start without a GPU, so `LLMEngine.from_engine_args` is stopped with the EngineArgs that
 LLM built; those then build the VllmConfig. Not collected by pytest (no test_ prefix).
 """
@@ -20,9 +21,10 @@ import vllm.entrypoints.llm as llm_module  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.inputs import TokensPrompt  # noqa: E402
 
-from replayssm_patch.config import replayssm_config_of  # noqa: E402
-from replayssm_patch.gpu import engine_step, host_floor, step_profile  # noqa: E402
-from replayssm_patch.gpu.variants import MODES, VARIANTS  # noqa: E402
+from replayssm_patch.config import replayssm_config_of, verify_len_of  # noqa: E402
+from replayssm_patch.gpu import engine_step, host_floor, spec_step, step_profile  # noqa: E402
+from replayssm_patch.gpu.variants import MODES, SPEC_ARMS, VARIANTS  # noqa: E402
+from replayssm_patch.refusals import unsupported_settings  # noqa: E402
 
 
 class Built(Exception):
@@ -63,10 +65,23 @@ def constructed(kwargs: dict) -> dict:
         "replayssm": dataclasses.asdict(replayssm_config_of(config)),
         "hidden_size": config.model_config.hf_config.hidden_size,
         "layers": config.model_config.hf_config.num_hidden_layers,
+        **speculation(config),
     }
 
 
-def main(model_dir: Path, result: Path) -> None:
+def speculation(config) -> dict:
+    """The resolved SpeculativeConfig (vLLM turns synthetic_acceptance_length into per-position rates), the verify
+    length the plugin sizes its ring for and the plugin's refusals of this config (none expected)."""
+    spec, resolved = config.speculative_config, None
+    if spec is not None:
+        resolved = {k: getattr(spec, k) for k in ("method", "num_speculative_tokens", "rejection_sample_method",
+                                                  "synthetic_acceptance_rates")}  # fmt: skip
+        resolved["draft_architectures"] = list(spec.draft_model_config.architectures)
+    refused = unsupported_settings(config, replayssm_config_of(config).split_precision)
+    return {"speculative": resolved, "verify_len": verify_len_of(config), "refused": refused}
+
+
+def main(model_dir: Path, mtp_dir: Path, result: Path) -> None:
     llm_module.LLMEngine.from_engine_args = stop_before_engine
     out: dict = {"cases": {}}
     for variant in VARIANTS:
@@ -74,6 +89,10 @@ def main(model_dir: Path, result: Path) -> None:
             args = engine_step.parser().parse_args(["--model", str(model_dir), "--variant", variant, "--mode", mode,
                                                     "--out", str(result.parent / "unused.json")])  # fmt: skip
             out["cases"][f"{variant}/{mode}"] = constructed(engine_step.llm_kwargs(args))
+    for arm, length in zip(SPEC_ARMS, (3.0, 3.0, 2.8, 2.8), strict=True):
+        spec = spec_step.parse_args(["--model", str(mtp_dir), "--arm", arm, "--mode", "default", "--acceptance-length",
+                                     str(length), "--out", str(result.parent / "unused.json")])  # fmt: skip
+        out["cases"][f"{arm}/{length:g}"] = constructed(engine_step.llm_kwargs(spec) | spec_step.arm_kwargs(spec))
     profiled = engine_step.llm_kwargs(args) | {"profiler_config": step_profile.profiler_config(result.parent / "t")}
     out["profiled"] = constructed(profiled)
     floor_dir = result.parent / "floor"
@@ -92,4 +111,4 @@ def main(model_dir: Path, result: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(*map(Path, sys.argv[1:3]))
+    main(*map(Path, sys.argv[1:4]))

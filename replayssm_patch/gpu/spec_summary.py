@@ -1,0 +1,106 @@
+"""The markdown summary of spec_step.py's rows: issue 17's "done when" table, one per speculative setting.
+
+Per compile mode, k and configured acceptance length, and per batch: each arm's output tokens/s (with its time per
+engine step and, speculating, the AL it measured), ReplaySSM spec over native spec and over native standard
+decode, and the maximum concurrency of native spec against ReplaySSM spec. The standard arms do not depend on
+k or AL, so their rows of the same mode and batch appear in every setting's table. A ratio is given only where
+both rows are valid (an AL off its configuration, a preemption or a batch run in waves gives "–"); the
+concurrency is an engine fact and is shown whatever the speed rows say. Invalid rows and why follow the tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from replayssm_patch.gpu.variants import MODES, SPEC_ARMS
+
+ARM_TITLES = {"native_standard": "native standard", "native_spec": "native spec",
+              "replayssm_standard": "ReplaySSM standard", "replayssm_spec": "ReplaySSM spec"}  # fmt: skip
+RATIOS = (("replayssm_spec", "native_spec"), ("replayssm_spec", "native_standard"))
+NONE = "–"
+
+Setting = tuple[str, int, float | None]  # (mode, k, configured AL); k 0: standard decode only
+
+
+def _settings(rows: Sequence[dict[str, Any]]) -> list[Setting]:
+    """Every (mode, k, AL) the spec rows hold; a mode with standard rows only gives (mode, 0, None)."""
+    spec = {(r["mode"], r["spec_tokens"], r["acceptance_length_configured"]) for r in rows if r["spec_tokens"]}
+    plain = {(r["mode"], 0, None) for r in rows} - {(mode, 0, None) for mode, _, _ in spec}
+    rank = list(MODES)
+    return sorted(spec | plain, key=lambda s: (rank.index(s[0]) if s[0] in rank else len(rank), s[1], s[2] or 0.0))
+
+
+def _in_setting(row: dict[str, Any], setting: Setting) -> bool:
+    mode, tokens, length = setting
+    if row["mode"] != mode:
+        return False
+    return not row["spec_tokens"] or (row["spec_tokens"], row["acceptance_length_configured"]) == (tokens, length)
+
+
+def _cell(row: dict[str, Any] | None) -> str:
+    if row is None or row.get("tokens_per_s") is None:
+        return NONE
+    inside = [f"{row['step_ms']:.2f} ms" if row.get("step_ms") is not None else "step ?"]
+    if row["spec_tokens"]:
+        measured = row.get("acceptance_length_measured")
+        inside.append(NONE if measured is None else f"AL {measured:.2f}")
+    return f"{row['tokens_per_s']:,.0f} ({', '.join(inside)})" + ("" if row["valid"] else " **invalid**")
+
+
+def speed_ratio(over: dict[str, Any] | None, under: dict[str, Any] | None) -> float | None:
+    """tokens/s of `over` / `under`, only when both rows are there and valid."""
+    if over is None or under is None or not (over["valid"] and under["valid"]):
+        return None
+    if not over.get("tokens_per_s") or not under.get("tokens_per_s"):
+        return None
+    return over["tokens_per_s"] / under["tokens_per_s"]
+
+
+def concurrency(native: dict[str, Any] | None, replay: dict[str, Any] | None) -> str:
+    """'native → ReplaySSM (ratio×)' of the rows' maximum concurrency."""
+    values = [None if r is None else r.get("max_concurrency") for r in (native, replay)]
+    shown = " → ".join(NONE if v is None else f"{v:,.1f}" for v in values)
+    if None in values or not values[0]:
+        return shown
+    return f"{shown} ({values[1] / values[0]:.2f}×)"
+
+
+def _times(value: float | None) -> str:
+    return NONE if value is None else f"{value:.2f}×"
+
+
+def setting_table(rows: Sequence[dict[str, Any]], setting: Setting) -> list[str]:
+    mode, tokens, length = setting
+    mine = [r for r in rows if _in_setting(r, setting)]
+    title = f"## {mode} mode, k = {tokens}, AL {length:g} configured" if tokens else f"## {mode} mode, no speculation"
+    head = ["batch", *ARM_TITLES.values(), *(f"{ARM_TITLES[a]} / {ARM_TITLES[b]}" for a, b in RATIOS),
+            "max concurrency, native spec → ReplaySSM spec"]  # fmt: skip
+    lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for batch in sorted({r["batch"] for r in mine}):
+        by_arm = {r["arm"]: r for r in mine if r["batch"] == batch}
+        cells = [str(batch), *(_cell(by_arm.get(arm)) for arm in SPEC_ARMS)]
+        cells += [_times(speed_ratio(by_arm.get(a), by_arm.get(b))) for a, b in RATIOS]
+        cells.append(concurrency(by_arm.get("native_spec"), by_arm.get("replayssm_spec")))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """Every setting's table, then the invalid rows with their problems."""
+    lines = [
+        "# Speculative decoding, engine-side (replayssm_patch/gpu/spec_step.py)",
+        "",
+        "Output tokens/s = B · 256 / (t272 − t16); in brackets the time per engine step and, for a spec arm, the "
+        "acceptance length measured from vllm:spec_decode_*. Ratios only between valid rows; max concurrency = "
+        "vLLM's requests of max_model_len tokens that the KV cache holds.",
+    ]
+    for setting in _settings(rows):
+        lines += ["", *setting_table(rows, setting)]
+    invalid = [r for r in rows if not r["valid"]]
+    if invalid:
+        lines += ["", "Invalid rows:", ""]
+        for r in invalid:
+            setting = f", k {r['spec_tokens']}, AL {r['acceptance_length_configured']:g}" if r["spec_tokens"] else ""
+            lines.append(f"- {r['arm']} {r['mode']}{setting}, batch {r['batch']}: {'; '.join(r['problems'])}")
+    return "\n".join(lines) + "\n"
