@@ -17,6 +17,8 @@
 #   spec:ARM         issue 17: speculative decoding on the engine (spec_step.py) of ARM (native_standard native_spec
 #                    replayssm_standard replayssm_spec) on /tmp/model-mtp at batch 64, 128, 256, k = SPEC_TOKENS [3];
 #                    a spec arm at AL 3.0, or one engine per AL of SWEEP_AL, none started in the call's last 120 s
+#   onegpu:STAGE     a stage of onegpu.sh with what is left of the call: agree (greedy cross-arm agreement, both
+#                    servers at 0.45), moe (qwen3.5-35b-a3b served with the plugin, a replay with exact lengths)
 # e.g. replayssm.sh setup kernels engine:replayssm_fp32 gdn:baseline gdn:replayssm_fp32 floor:baseline \
 #        floor:replayssm_fp32 engine:replayssm_split engine:baseline
 set -uo pipefail
@@ -29,7 +31,7 @@ export PYTHONPATH=/tmp/site:/tmp/rb-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_H
 CALL_S=${CALL_S:-585}
 TUNED=$RES/kernel_bench/launch_config.json
 ALL_BATCHES=1,8,32,64,128,256
-declare -A JOB_S=([setup]=90 [kernels]=110 [engine]=300 [gdn]=300 [floor]=170 [profile]=240 [spec]=280)
+declare -A JOB_S=([setup]=90 [kernels]=110 [engine]=300 [gdn]=300 [floor]=170 [profile]=240 [spec]=280 [onegpu]=420)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
@@ -62,11 +64,12 @@ run_job() {
     spec)
       [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
       SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} ENGINE_TIMEOUT_S=$(($(left) - 25)) $S spec "$variant" 0 ;;
+    onegpu) env -u MAX_LEN -u ENGINE_UTIL CALL_S=$(($(left) - 10)) bash tools/gpu/onegpu.sh "$variant" ;;  # its own sizes
     *) echo "unknown job $1"; return 2 ;;
   esac
 }
 
-[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels engine:V gdn:V floor:V profile:V spec:ARM)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels engine:V gdn:V floor:V profile:V spec:ARM onegpu:STAGE)"; exit 2; }
 pending=0
 for job in "$@"; do
   [ -f "$DONE/$job" ] && continue

@@ -39,7 +39,7 @@ case ${MODEL:-nemotron} in
   qwen35) MODEL_DIR=/tmp/model-qwen35 SUFFIX=-qwen3.5-4b ;;
   qwen35moe) MODEL_DIR=/tmp/model-qwen35moe SUFFIX=-qwen3.5-35b-a3b ;;
   floor) MODEL_DIR=/tmp/model-floor SUFFIX=-floor ;;  # Nemotron-H-8B's host floor (replayssm.sh floor:VARIANT)
-  *) echo "MODEL=$MODEL: use MODEL=nemotron (the default), qwen35, qwen35moe or floor"; exit 2 ;;
+  *) echo "MODEL=$MODEL: use MODEL=nemotron (the default), MODEL=qwen35, MODEL=qwen35moe or MODEL=floor"; exit 2 ;;
 esac
 mkdir -p "$STATE" "$RES" /tmp/pkg
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$ROOT VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
