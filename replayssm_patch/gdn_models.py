@@ -21,16 +21,20 @@ from replayssm_patch.refusals import gdn_unsupported_settings, refuse
 
 
 class ReplayGDNModelMixin:
-    """Put first in the bases: ``super()`` is the vLLM model class. Keyword arguments pass on as they are
-    (Qwen3.5's default prefix differs from Qwen3-Next's)."""
+    """Put first in the bases: ``super()`` is the vLLM model class.
 
-    def __init__(self, **kwargs: Any) -> None:
-        config = self.active_config(kwargs["vllm_config"])
+    ``vllm_config`` and ``prefix`` are named: vLLM 0.24's initialize_model passes them only to a class whose
+    ``__init__`` names both, and calls any other the old way (seen on the H200: KeyError 'vllm_config' at start-up,
+    baseline included). A prefix left out keeps the vLLM class's own default (Qwen3.5's differs from Qwen3-Next's).
+    """
+
+    def __init__(self, *, vllm_config: Any, prefix: str | None = None) -> None:
+        config = self.active_config(vllm_config)
         if config.enable:
             from replayssm_patch.gdn_mixer import install_replay_gdn
 
             install_replay_gdn(config)  # before super().__init__ builds the GDN layers
-        super().__init__(**kwargs)
+        super().__init__(vllm_config=vllm_config, **({} if prefix is None else {"prefix": prefix}))  # type: ignore[call-arg]
 
     @classmethod
     def active_config(cls, vllm_config: Any) -> ReplaySSMConfig:

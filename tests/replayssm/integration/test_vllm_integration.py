@@ -432,6 +432,8 @@ def gdn_checks(vllm_python, tmp_path_factory) -> dict:
 def test_gdn_disabled_is_vllm_exactly(gdn_checks, case):
     got = gdn_checks[case]
     assert got["model_class"] == "ReplayQwen3_5ForConditionalGeneration"  # registered by load_general_plugins
+    # vLLM's initialize_model passes vllm_config and prefix only to an __init__ naming both
+    assert {"vllm_config", "prefix"} <= set(got["init_parameters"])
     assert got["model_spec"] == got["stock_spec"] == got["layer_spec"]
     assert got["layer_class"] == "QwenGatedDeltaNetAttention" and got["layer_is_stock_class"]
     assert got["backend_is_stock"] and got["builder"] == "GDNAttentionMetadataBuilder"

@@ -9,6 +9,7 @@ for the duration of that call only; layers are still built for the CPU platform.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from pathlib import Path
 
@@ -148,6 +149,7 @@ def main(model_dir: Path, tiny: Path, result_file: Path) -> None:
         layer = make_gdn_layer(config, f"{name}.layers.0.linear_attn")
         out[name] = {
             "model_class": model_cls.__name__, "model_spec": describe(spec), "stock_spec": describe(stock),
+            "init_parameters": sorted(inspect.signature(model_cls.__init__).parameters),
             "layer_class": type(layer).__name__, "layer_is_stock_class": type(layer) is QwenGatedDeltaNetAttention,
             "layer_spec": describe(layer.get_kv_cache_spec(config)),
             "backend": layer.get_attn_backend().__name__,
