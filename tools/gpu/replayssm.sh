@@ -12,7 +12,7 @@
 #   engine:VARIANT   engine-side decode step of Nemotron-H-8B at batch 1..256 -> engine_step-h200.json
 #   gdn:VARIANT      the same for Qwen3.5-4B (GDN; .device/qwen35/config.json) -> engine_step-h200-qwen3.5-4b.json
 #   floor:VARIANT    the host floor: Nemotron-H-8B's layers at toy widths (replayssm_patch/gpu/host_floor.py) at batch
-#                    1, 8, 64, 256 -> engine_step-h200-floor.json
+#                    1, 8, 64, 256, 5 repeats -> engine_step-h200-floor.json
 #   profile:VARIANT  the step profile at batch 64 and 256 -> profile/
 #   spec:ARM         issue 17: speculative decoding on the engine (spec_step.py) of ARM (native_standard native_spec
 #                    replayssm_standard replayssm_spec) on /tmp/model-mtp at batch 64, 128, 256, k = SPEC_TOKENS [3];
@@ -31,7 +31,7 @@ export PYTHONPATH=/tmp/site:/tmp/rb-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_H
 CALL_S=${CALL_S:-585}
 TUNED=$RES/kernel_bench/launch_config.json
 ALL_BATCHES=1,8,32,64,128,256
-declare -A JOB_S=([setup]=90 [kernels]=110 [engine]=300 [gdn]=300 [floor]=170 [profile]=240 [spec]=280 [onegpu]=420)
+declare -A JOB_S=([setup]=90 [kernels]=110 [engine]=300 [gdn]=300 [floor]=200 [profile]=240 [spec]=280 [onegpu]=420)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
@@ -57,7 +57,7 @@ run_job() {
     floor)
       [ -d /tmp/model-floor ] || { python3 -m replayssm_patch.gpu.host_floor --model /tmp/model --out /tmp/floor-config \
         && $S model /tmp/model-floor /tmp/floor-config/config.json; }
-      engine_job floor "$variant" 1,8,64,256 ;;
+      REPEATS=5 engine_job floor "$variant" 1,8,64,256 ;;  # 5: its repeats spread by several ms
     profile)
       [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
       ENGINE_TIMEOUT_S=$(($(left) - 25)) $S profile "$variant" 0 64,256 ;;

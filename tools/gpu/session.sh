@@ -11,7 +11,7 @@
 #   wait TIMEOUT_S PORT...          poll /health of each port until ready (exit 1 on timeout or death)
 #   stop ARM      kill a server started by `serve` (its whole session)
 #   engine VARIANT GPU [BATCHES]    engine-side decode step (replayssm_patch/gpu/engine_step.py, LLM.generate, no
-#                                   HTTP; default batches 64,256) -> rows merged into engine_step-h200.json
+#                                   HTTP; default batches 64,256; REPEATS [3]) -> rows merged into engine_step-h200.json
 #   profile VARIANT GPU [BATCHES]   kernel time per layer kind of a decode step (step_profile.py) -> profile/
 #   spec ARM GPU [BATCHES]          engine-side speculative decoding (replayssm_patch/gpu/spec_step.py) of ARM
 #                                   (native_standard native_spec replayssm_standard replayssm_spec) on /tmp/model-mtp,
@@ -159,7 +159,7 @@ case $cmd in
   serve) serve "$@" ;;
   wait) wait_ready "$@" ;;
   stop) stop "$@" ;;
-  engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" --variant "$1" ;;
+  engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" --variant "$1" --repeats "${REPEATS:-3}" ;;
   profile) on_gpu step_profile "$1" "$2" "${3:-64,256}" "$RES/profile$SUFFIX" "B=[0-9]+: " --variant "$1" ;;
   spec) spec "$@" ;;
   pace) pace "$@" ;;

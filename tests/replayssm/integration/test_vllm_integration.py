@@ -499,6 +499,13 @@ def test_gdn_whole_qwen3_5_model_builds_replay_layers_everywhere(gdn_checks):
     assert gdn_checks["whole_model"] == {"classes": ["ReplayGatedDeltaNet"], "layers": 3}  # 3 GDN + 1 attention
 
 
+def test_gdn_model_class_builds_through_vllms_own_loader_when_disabled(gdn_checks):
+    """vLLM's initialize_model (what failed on the H200 with a **kwargs __init__) builds the registered class."""
+    assert gdn_checks["stock_path"] == {
+        "model_class": "ReplayQwen3_5ForConditionalGeneration", "classes": ["QwenGatedDeltaNetAttention"],
+    }  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def gdn_layer_smoke(vllm_python, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("vllm_gdn_layer")

@@ -137,6 +137,17 @@ def whole_model(tiny: Path) -> dict:
     return {"classes": sorted({type(mod).__name__ for mod in layers}), "layers": len(layers)}
 
 
+def stock_path(tiny: Path) -> dict:
+    """The plugin off, the model built the way vLLM's loader builds it (``initialize_model``): the registered
+    ReplaySSM class must take vLLM's keyword path and give every GDN layer vLLM's own class."""
+    from vllm.model_executor.model_loader.utils import initialize_model
+
+    config = vllm_config(None, tiny, max_model_len=512, dtype="float32")
+    model = initialize_model(vllm_config=config)
+    layers = [mod for mod in model.modules() if isinstance(mod, QwenGatedDeltaNetAttention)]
+    return {"model_class": type(model).__name__, "classes": sorted({type(mod).__name__ for mod in layers})}
+
+
 def main(model_dir: Path, tiny: Path, result_file: Path) -> None:
     load_general_plugins()
     init_single_rank(model_dir, "gloo")
@@ -164,6 +175,7 @@ def main(model_dir: Path, tiny: Path, result_file: Path) -> None:
         "fp32_supported": refusal(model_dir, {}),
     }
     out["builder"] = builder_steps(tiny)
+    out["stock_path"] = stock_path(tiny)
     out["whole_model"] = whole_model(tiny)
     result_file.write_text(json.dumps(out))
 
