@@ -9,10 +9,10 @@
 #   setup            recv part 3, install the bundle (first call only)
 #   kernels          kernel bench: 2,000-step equivalence at batch 256 vs vLLM's SSU, launch-shape sweep, timing at
 #                    64/128/256, registers; its fastest shapes go to the engine jobs after it
-#   engine:VARIANT   engine-side decode step of Nemotron-H-8B at batch 1..256 -> engine_step-h200.json
+#   engine:VARIANT   engine-side decode step of Nemotron-H-8B at batch 1..256, 5 repeats -> engine_step-h200.json
 #   gdn:VARIANT      the same for Qwen3.5-4B (GDN; .device/qwen35/config.json) -> engine_step-h200-qwen3.5-4b.json
 #   floor:VARIANT    the host floor: Nemotron-H-8B's layers at toy widths (replayssm_patch/gpu/host_floor.py) at batch
-#                    1, 8, 64, 256, 5 repeats -> engine_step-h200-floor.json
+#                    1, 8, 64, 256 -> engine_step-h200-floor.json
 #   profile:VARIANT  the step profile at batch 64 and 256 -> profile/
 #   spec:ARM         issue 17: speculative decoding on the engine (spec_step.py) of ARM (native_standard native_spec
 #                    replayssm_standard replayssm_spec) on /tmp/model-mtp at batch 64, 128, 256, k = SPEC_TOKENS [3];
@@ -31,15 +31,17 @@ export PYTHONPATH=/tmp/site:/tmp/rb-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_H
 CALL_S=${CALL_S:-585}
 TUNED=$RES/kernel_bench/launch_config.json
 ALL_BATCHES=1,8,32,64,128,256
-declare -A JOB_S=([setup]=90 [kernels]=110 [engine]=300 [gdn]=300 [floor]=200 [profile]=240 [spec]=280 [onegpu]=420)
+# measured 2026-12-01: install 40 s, kernel bench 53 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
+# batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
+declare -A JOB_S=([setup]=90 [kernels]=110 [engine]=450 [gdn]=450 [floor]=300 [profile]=240 [spec]=280 [onegpu]=420)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
 left() { echo $((CALL_S - SECONDS)); }
 
-engine_job() {  # MODEL VARIANT BATCHES (MODEL as session.sh names them)
+engine_job() {  # MODEL VARIANT BATCHES (MODEL as session.sh names them), REPEATS [5]
   [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
-  MODEL=$1 ENGINE_TIMEOUT_S=$(($(left) - 25)) $S engine "$2" 0 "$3"
+  REPEATS=${REPEATS:-5} MODEL=$1 ENGINE_TIMEOUT_S=$(($(left) - 25)) $S engine "$2" 0 "$3"
 }
 
 run_job() {
@@ -57,7 +59,7 @@ run_job() {
     floor)
       [ -d /tmp/model-floor ] || { python3 -m replayssm_patch.gpu.host_floor --model /tmp/model --out /tmp/floor-config \
         && $S model /tmp/model-floor /tmp/floor-config/config.json; }
-      REPEATS=5 engine_job floor "$variant" 1,8,64,256 ;;  # 5: its repeats spread by several ms
+      engine_job floor "$variant" 1,8,64,256 ;;
     profile)
       [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
       ENGINE_TIMEOUT_S=$(($(left) - 25)) $S profile "$variant" 0 64,256 ;;
