@@ -98,6 +98,7 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         self.cursors: CursorTable | None = None  # sized at the first build, once the KV cache is bound
         self.full_decode_graphs = vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs()
         self._capturing = False
+        self.prefill_fold_warmed = False
 
     def _cursor_table(self) -> CursorTable:
         if self.cursors is None:
@@ -115,9 +116,21 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
     def build_for_cudagraph_capture(self, common_attn_metadata: Any) -> ReplayMamba2AttentionMetadata:
         self._capturing = True
         try:
-            return super().build_for_cudagraph_capture(common_attn_metadata)
+            metadata = super().build_for_cudagraph_capture(common_attn_metadata)
         finally:
             self._capturing = False
+        self._warm_prefill_fold()
+        return metadata
+
+    def _warm_prefill_fold(self) -> None:
+        """Once per builder, from a capture build: those run at start-up, after the KV cache is bound and outside
+        any graph, so the group's first layer compiles its materialise fold then instead of while serving."""
+        from replayssm_patch.kernels.common import launchable_on
+
+        if self.prefill_fold_warmed or not launchable_on(self.plan_buffers.write_pos.device):
+            return
+        self.vllm_config.compilation_config.static_forward_context[self.layer_names[0]].warm_prefill_fold()
+        self.prefill_fold_warmed = True
 
     def build(
         self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False, **kwargs: Any

@@ -95,6 +95,13 @@ class ReplayMambaMixer2(MambaMixer2):
 
             copy_state_to_bf16(self.kv_cache[1], self.kv_cache[STATE_BF16], slots, pad_slot_id=None)  # eager: no pads
 
+    def warm_prefill_fold(self) -> None:
+        """Compile the materialise fold now, at start-up, not at the first continuing chunked prefill while
+        serving (vLLM's JIT monitor named ``_flush_kernel`` mid-run on the H200): one launch on vLLM's null
+        block, a row the kernel skips, so no state changes."""
+        null = torch.full((1,), NULL_BLOCK_ID, dtype=torch.int32, device=self.kv_cache[1].device)
+        self._materialise(null, torch.zeros_like(null))
+
     def _materialise(self, slots: torch.Tensor, pending: torch.Tensor | None) -> None:
         """Fold pending ring entries into the fp32 checkpoint so vLLM's prefill reads the current state."""
         from replayssm_patch.kernels import flush_ring

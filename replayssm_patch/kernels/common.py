@@ -45,10 +45,14 @@ def decay_sum_after_reference(dt: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([later, torch.zeros_like(dt.narrow(dim, 0, 1))], dim=dim)
 
 
+def launchable_on(device: torch.device) -> bool:
+    """Whether the Triton kernels can run on ``device``'s tensors: CUDA, or the CPU with TRITON_INTERPRET=1."""
+    return device.type != "cpu" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def check_launchable(*tensors: torch.Tensor) -> None:
     """Triton needs CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before triton was imported."""
-    on_cpu = any(t.device.type == "cpu" for t in tensors)
-    if on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
+    if not all(launchable_on(t.device) for t in tensors):
         raise RuntimeError(
             "ReplaySSM Triton kernels got CPU tensors; use CUDA tensors, or set TRITON_INTERPRET=1 "
             "before importing triton, or call the *_reference function instead"

@@ -348,6 +348,13 @@ def test_profile_run_passes_through_vllms_warm_up(layer_check, mode):
 
 
 @pytest.mark.parametrize("mode", ["fp32", "split"])
+def test_startup_capture_build_compiles_the_prefill_fold_without_touching_state(layer_check, mode):
+    """The materialise fold is launched once at start-up (a capture build), on the null block: no cursor table,
+    no cache byte changed; serving then never compiles it mid-run."""
+    assert layer_check[mode]["startup_warm"] == {"warmed": True, "cache_unchanged": True, "table_allocated": False}
+
+
+@pytest.mark.parametrize("mode", ["fp32", "split"])
 def test_fold_before_prefill_leaves_the_exact_state(layer_check, mode):
     got = layer_check[mode]
     assert got["pending"] == [1, 1, 1, 0]  # continuing rows: one entry since the last flush; a fresh prompt: none
