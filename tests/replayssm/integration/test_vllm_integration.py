@@ -87,7 +87,7 @@ def layer_check(vllm_python, tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def llm_args(vllm_python, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("vllm_llm")
-    return _run_check(vllm_python, root, "vllm_llm_args_check.py", ["nemotron_h_8b", "nemotron_h_8b_mtp"])
+    return _run_check(vllm_python, root, "vllm_llm_args_check.py", ["nemotron_h_8b", "nemotron_h_8b_mtp", "qwen3_5_4b"])
 
 
 @pytest.mark.parametrize("variant", ["baseline", "replayssm_fp32", "replayssm_split"])
@@ -137,6 +137,15 @@ def test_spec_step_arms_build_vllm_024_configs_with_mtp_and_synthetic_acceptance
     assert (spec["method"], spec["num_speculative_tokens"], spec["rejection_sample_method"]) == ("mtp", 3, "synthetic")
     assert spec["synthetic_acceptance_rates"] == pytest.approx(rates)
     assert spec["draft_architectures"] == ["NemotronHMTPModel"] and case["verify_len"] == 4
+
+
+@pytest.mark.parametrize("variant", ["baseline", "replayssm_fp32"])
+def test_engine_step_builds_a_qwen3_5_engine_config_text_only_with_triton_gdn_prefill(llm_args, variant):
+    """The gdn:V jobs' LLM(...) keywords for qwen3.5-4b through vLLM 0.24's constructor and engine config."""
+    got = llm_args[f"qwen/{variant}"]
+    assert (got["language_model_only"], got["gdn_prefill_backend"]) == (True, "triton")
+    assert got["layers"] == 32 and got["mamba_ssm_cache_dtype"] == "float32"
+    assert got["replayssm"]["enable"] == (variant != "baseline")
 
 
 def test_step_profile_arguments_and_generate_api_exist_in_vllm_024(llm_args):

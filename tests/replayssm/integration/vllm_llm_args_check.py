@@ -52,6 +52,8 @@ def constructed(kwargs: dict) -> dict:
         "profiler": args.profiler_config.profiler,
         "profiler_with_stack": args.profiler_config.torch_profiler_with_stack,
         "capture_sizes": args.compilation_config.cudagraph_capture_sizes,
+        "language_model_only": getattr(args, "language_model_only", None),
+        "gdn_prefill_backend": getattr(args, "gdn_prefill_backend", None),
     }
     config = dataclasses.replace(args, skip_tokenizer_init=True).create_engine_config()
     return given | {
@@ -63,8 +65,8 @@ def constructed(kwargs: dict) -> dict:
         "max_model_len": config.model_config.max_model_len,
         "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
         "replayssm": dataclasses.asdict(replayssm_config_of(config)),
-        "hidden_size": config.model_config.hf_config.hidden_size,
-        "layers": config.model_config.hf_config.num_hidden_layers,
+        "hidden_size": config.model_config.hf_text_config.hidden_size,
+        "layers": config.model_config.hf_text_config.num_hidden_layers,
         **speculation(config),
     }
 
@@ -81,7 +83,7 @@ def speculation(config) -> dict:
     return {"speculative": resolved, "verify_len": verify_len_of(config), "refused": refused}
 
 
-def main(model_dir: Path, mtp_dir: Path, result: Path) -> None:
+def main(model_dir: Path, mtp_dir: Path, qwen_dir: Path, result: Path) -> None:
     llm_module.LLMEngine.from_engine_args = stop_before_engine
     out: dict = {"cases": {}}
     for variant in VARIANTS:
@@ -100,6 +102,10 @@ def main(model_dir: Path, mtp_dir: Path, result: Path) -> None:
     floor_argv = ["--model", str(floor_dir), "--variant", "replayssm_fp32", "--mode", "default"]
     floor_args = engine_step.parser().parse_args([*floor_argv, "--out", str(result.parent / "unused.json")])
     out["floor"] = constructed(engine_step.llm_kwargs(floor_args))
+    for variant in ("baseline", "replayssm_fp32"):  # the gdn:V jobs' engine (Qwen3.5: text only, Triton GDN prefill)
+        qwen_argv = ["--model", str(qwen_dir), "--variant", variant, "--mode", "default"]
+        qwen_args = engine_step.parser().parse_args([*qwen_argv, "--out", str(result.parent / "unused.json")])
+        out[f"qwen/{variant}"] = constructed(engine_step.llm_kwargs(qwen_args))
     params = SamplingParams(**engine_step.sampling_kwargs(272))
     out["sampling"] = {k: getattr(params, k) for k in ("max_tokens", "min_tokens", "ignore_eos", "temperature",
                                                         "detokenize")}  # fmt: skip
@@ -111,4 +117,4 @@ def main(model_dir: Path, mtp_dir: Path, result: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(*map(Path, sys.argv[1:4]))
+    main(*map(Path, sys.argv[1:5]))
