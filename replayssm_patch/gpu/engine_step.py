@@ -218,6 +218,14 @@ def layers_problem(variant: str, layers: int | str) -> str | None:
     return None
 
 
+def launch_shapes_of(variant: str, gpu: str) -> dict[str, str] | None:
+    """The replay kernel's launch shapes an arm ran with and their source (None for the baseline): a row's step
+    is only comparable with rows of the same shapes."""
+    from replayssm_patch.kernels.launch_config import launch_shapes_in_use
+
+    return launch_shapes_in_use(gpu) if VARIANTS[variant] is not None else None
+
+
 def command_line(module: str, argv: list[str] | None) -> str:
     return f"python3 -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)
 
@@ -382,7 +390,8 @@ def start_engine(args: argparse.Namespace, name: str | None = None, **extra: Any
     llm = open_llm(args, **extra)
     facts = machine_facts()
     layers = replay_layers(llm)
-    facts |= {"startup_s": round(time.monotonic() - began, 1), "replayssm_layers": layers}
+    facts |= {"startup_s": round(time.monotonic() - began, 1), "replayssm_layers": layers,
+              "launch_shapes": launch_shapes_of(args.variant, facts["gpu"])}  # fmt: skip
     shown = name or f"{args.variant} {args.mode}"
     print(f"{shown}: engine up in {facts['startup_s']} s, ReplaySSM layers: {layers}", flush=True)
     wrong = layers_problem(args.variant, layers)
@@ -408,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     invalid = 0
     for batch in within_budget(args.batches, args.budget_s, began):
         row = measure_batch(llm, args, batch, vocab_size)
-        row |= {k: facts[k] for k in ("replayssm_layers", "startup_s", "gpu", "vllm", "date")}
+        row |= {k: facts[k] for k in ("replayssm_layers", "launch_shapes", "startup_s", "gpu", "vllm", "date")}
         record_row(args.out, row, WHAT, command_line("replayssm_patch.gpu.engine_step", argv), facts)
         print(row_line(row), flush=True)
         invalid += not row["valid"]

@@ -40,15 +40,24 @@ def launch_for(state_dtype: torch.dtype, device: torch.device) -> ReplayLaunch:
     return ReplayLaunch(**table[entry]) if entry in table else DEFAULT
 
 
+def launch_shapes_in_use(device_name: str) -> dict[str, str]:
+    """Which replay launch shapes a process on ``device_name`` uses and where they come from, for result rows:
+    a kernel figure is only comparable with the shapes it ran."""
+    table = _tuned_table(device_name)
+    shapes = {entry: ReplayLaunch(**table.get(entry, {})).as_key() for entry in ("fp32", "split")}
+    return {"source": _table_path(device_name) or "defaults", **shapes}
+
+
 def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
+def _table_path(device_name: str) -> str | None:
+    """REPLAYSSM_LAUNCH_CONFIG, else the committed file of this GPU model, else None (the defaults)."""
+    found = [str(file) for key, file in COMMITTED.items() if key in device_name and file.exists()]
+    return os.environ.get(ENV_VAR) or (found[0] if found else None)
+
+
 def _tuned_table(device_name: str) -> dict[str, dict[str, int]]:
-    path = os.environ.get(ENV_VAR)
-    if not path:
-        found = [file for key, file in COMMITTED.items() if key in device_name and file.exists()]
-        if not found:
-            return {}
-        path = str(found[0])
-    return json.loads(Path(path).read_text())["replay_step"]
+    path = _table_path(device_name)
+    return json.loads(Path(path).read_text())["replay_step"] if path else {}

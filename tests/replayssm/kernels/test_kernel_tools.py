@@ -147,3 +147,23 @@ def test_layer_check_without_gpu_refuses_in_one_line(tmp_path: Path) -> None:
     assert done.stdout.strip().splitlines() == [
         "error: no CUDA GPU; this check runs vLLM's own GPU kernels (tests/ hold the CPU version)"
     ]
+
+
+def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """engine_step rows record which replay shapes ran: a tuned file, the H200's committed one, or the defaults."""
+    from replayssm_patch.gpu.engine_step import launch_shapes_of
+    from replayssm_patch.kernels.launch_config import COMMITTED, ENV_VAR, launch_shapes_in_use
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    committed = json.loads(COMMITTED["H200"].read_text())["replay_step"]["fp32"]
+    on_h200 = launch_shapes_in_use("NVIDIA H200")
+    assert on_h200["source"] == str(COMMITTED["H200"])
+    assert on_h200["fp32"] == f"{committed['block_p']}x{committed['block_n']}x{committed['num_warps']}w"
+    assert launch_shapes_in_use("cpu") == {"source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w"}
+    tuned = tmp_path / "launch_config.json"
+    tuned.write_text(json.dumps({"replay_step": {"split": {"block_p": 32, "block_n": 128, "num_warps": 2}}}))
+    monkeypatch.setenv(ENV_VAR, str(tuned))
+    assert launch_shapes_of("replayssm_split", "NVIDIA H200") == {
+        "source": str(tuned), "fp32": "16x64x1w", "split": "32x128x2w",
+    }  # fmt: skip
+    assert launch_shapes_of("baseline", "NVIDIA H200") is None
