@@ -189,7 +189,7 @@ def plan_ring(
     A capture build (``dry_run``) plans zeros and moves no cursor.
     """
     rows = 0 if metadata.state_indices_tensor_d is None else metadata.state_indices_tensor_d.shape[0]
-    write_pos, lengths = buffers.write_pos[:rows], buffers.flush_len[:rows]
+    write_pos, lengths, flush_rows = buffers.write_pos[:rows], buffers.flush_len[:rows], buffers.flush_rows[:rows]
     if rows:
         slots = metadata.state_indices_tensor_d[:, 0]
         if dry_run or not metadata.num_decodes:
@@ -205,9 +205,7 @@ def plan_ring(
                 real_rows=metadata.num_decodes,
             )  # fmt: skip
         else:
-            cursor_table().decode_step(
-                slots, write_pos, lengths, metadata.num_decodes, buffers.flush_rows[:rows], buffers.flush_count
-            )
+            cursor_table().decode_step(slots, write_pos, lengths, metadata.num_decodes, flush_rows, buffers.flush_count)
     pending = None
     if metadata.num_prefills:
         accepted = None
@@ -218,7 +216,7 @@ def plan_ring(
         metadata,
         replay_write_pos=write_pos,
         replay_flush_len=None if verify else lengths,
-        replay_flush_rows=None if verify else buffers.flush_rows[:rows],
+        replay_flush_rows=None if verify else flush_rows,
         replay_flush_count=None if verify else buffers.flush_count,
         replay_fold_len=lengths if verify else None,
         replay_pending=pending,

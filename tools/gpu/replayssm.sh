@@ -40,12 +40,14 @@ trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 left() { echo $((CALL_S - SECONDS)); }
 
 engine_job() {  # MODEL VARIANT BATCHES (MODEL as session.sh names them), REPEATS [5]
-  [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
   REPEATS=${REPEATS:-5} MODEL=$1 ENGINE_TIMEOUT_S=$(($(left) - 25)) $S engine "$2" 0 "$3"
 }
 
 run_job() {
   local kind=${1%%:*} variant=${1#*:}
+  case $kind in  # the engine-side jobs run the kernel bench's fastest shapes once a `kernels` job has written them
+    engine | gdn | floor | profile | spec) [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED ;;
+  esac
   case $kind in
     setup)
       $S recv 3 > /dev/null
@@ -61,10 +63,8 @@ run_job() {
         && $S model /tmp/model-floor /tmp/floor-config/config.json; }
       engine_job floor "$variant" 1,8,64,256 ;;
     profile)
-      [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
       ENGINE_TIMEOUT_S=$(($(left) - 25)) $S profile "$variant" 0 64,256 ;;
     spec)
-      [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
       SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} ENGINE_TIMEOUT_S=$(($(left) - 25)) $S spec "$variant" 0 ;;
     onegpu) env -u MAX_LEN -u ENGINE_UTIL CALL_S=$(($(left) - 10)) bash tools/gpu/onegpu.sh "$variant" ;;  # its own sizes
     *) echo "unknown job $1"; return 2 ;;
