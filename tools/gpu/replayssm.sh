@@ -14,6 +14,9 @@
 #   floor:VARIANT    the host floor: Nemotron-H-8B's layers at toy widths (replayssm_patch/gpu/host_floor.py) at batch
 #                    1, 8, 64, 256 -> engine_step-h200-floor.json
 #   profile:VARIANT  the step profile at batch 64 and 256 -> profile/
+#   hostprof:VARIANT where vLLM's host time per decode step goes (host_profile.py: the engine in-process under
+#                    cProfile) on the host-floor model at batch 64 and 256, -O0 with full decode graphs (fast
+#                    start-up; a decode step replays a full graph in both modes) -> host_profile-h200-floor.json
 #   spec:ARM         issue 17: speculative decoding on the engine (spec_step.py) of ARM (native_standard native_spec
 #                    replayssm_standard replayssm_spec) on /tmp/model-mtp at batch 64, 128, 256, k = SPEC_TOKENS [3];
 #                    a spec arm at AL 3.0, or one engine per AL of SWEEP_AL, none started in the call's last 120 s
@@ -33,7 +36,7 @@ TUNED=$RES/kernel_bench/launch_config.json
 ALL_BATCHES=1,8,32,64,128,256
 # measured 2026-12-01: install 40 s, kernel bench 53 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
-declare -A JOB_S=([setup]=90 [kernels]=110 [engine]=450 [gdn]=450 [floor]=300 [profile]=240 [spec]=280 [onegpu]=420)
+declare -A JOB_S=([setup]=90 [kernels]=110 [engine]=450 [gdn]=450 [floor]=300 [hostprof]=150 [profile]=240 [spec]=280 [onegpu]=420)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
@@ -43,10 +46,15 @@ engine_job() {  # MODEL VARIANT BATCHES (MODEL as session.sh names them), REPEAT
   REPEATS=${REPEATS:-5} MODEL=$1 ENGINE_TIMEOUT_S=$(($(left) - 25)) $S engine "$2" 0 "$3"
 }
 
+floor_model() {  # /tmp/model-floor: Nemotron-H-8B's layers at toy widths (gpu/host_floor.py) and a tokenizer
+  [ -d /tmp/model-floor ] || { python3 -m replayssm_patch.gpu.host_floor --model /tmp/model --out /tmp/floor-config \
+    && $S model /tmp/model-floor /tmp/floor-config/config.json; }
+}
+
 run_job() {
   local kind=${1%%:*} variant=${1#*:}
   case $kind in  # the engine-side jobs run the kernel bench's fastest shapes once a `kernels` job has written them
-    engine | gdn | floor | profile | spec) [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED ;;
+    engine | gdn | floor | hostprof | profile | spec) [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED ;;
   esac
   case $kind in
     setup)
@@ -58,10 +66,8 @@ run_job() {
         2>&1 | tee "$RES/kernel_bench.log" | grep -v "^\[kernel_bench\]   step" ;;
     engine) engine_job nemotron "$variant" $ALL_BATCHES ;;
     gdn) engine_job qwen35 "$variant" $ALL_BATCHES ;;
-    floor)
-      [ -d /tmp/model-floor ] || { python3 -m replayssm_patch.gpu.host_floor --model /tmp/model --out /tmp/floor-config \
-        && $S model /tmp/model-floor /tmp/floor-config/config.json; }
-      engine_job floor "$variant" 1,8,64,256 ;;
+    floor) floor_model && engine_job floor "$variant" 1,8,64,256 ;;
+    hostprof) floor_model && MODE=O0 MODEL=floor ENGINE_TIMEOUT_S=$(($(left) - 25)) $S hostprof "$variant" 0 64,256 ;;
     profile)
       ENGINE_TIMEOUT_S=$(($(left) - 25)) $S profile "$variant" 0 64,256 ;;
     spec)
@@ -71,7 +77,7 @@ run_job() {
   esac
 }
 
-[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels engine:V gdn:V floor:V profile:V spec:ARM onegpu:STAGE)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels engine:V gdn:V floor:V hostprof:V profile:V spec:ARM onegpu:STAGE)"; exit 2; }
 pending=0
 for job in "$@"; do
   [ -f "$DONE/$job" ] && continue

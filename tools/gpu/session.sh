@@ -13,6 +13,8 @@
 #   engine VARIANT GPU [BATCHES]    engine-side decode step (replayssm_patch/gpu/engine_step.py, LLM.generate, no
 #                                   HTTP; default batches 64,256; REPEATS [3]) -> rows merged into engine_step-h200.json
 #   profile VARIANT GPU [BATCHES]   kernel time per layer kind of a decode step (step_profile.py) -> profile/
+#   hostprof VARIANT GPU [BATCHES]  host time per decode step by function (host_profile.py: the engine in-process
+#                                   under cProfile) -> rows merged into host_profile-h200.json (+ .md)
 #   spec ARM GPU [BATCHES]          engine-side speculative decoding (replayssm_patch/gpu/spec_step.py) of ARM
 #                                   (native_standard native_spec replayssm_standard replayssm_spec) on /tmp/model-mtp,
 #                                   MTP k = SPEC_TOKENS [3], synthetic AL 3.0 or the list SWEEP_AL (one engine each,
@@ -160,6 +162,7 @@ case $cmd in
   wait) wait_ready "$@" ;;
   stop) stop "$@" ;;
   engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" --variant "$1" --repeats "${REPEATS:-3}" ;;
+  hostprof) on_gpu host_profile "$1" "$2" "${3:-64,256}" "$RES/host_profile-h200$SUFFIX.json" "in-process| µs  " --variant "$1" ;;
   profile) on_gpu step_profile "$1" "$2" "${3:-64,256}" "$RES/profile$SUFFIX" "B=[0-9]+: " --variant "$1" ;;
   spec) spec "$@" ;;
   pace) pace "$@" ;;

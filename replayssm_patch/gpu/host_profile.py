@@ -1,0 +1,166 @@
+"""Where vLLM 0.24's host time per decode step goes: the engine run in this process under cProfile.
+
+    python3 -m replayssm_patch.gpu.host_profile --model /tmp/model-floor --variant baseline --mode O0 \
+        --batches 256 --out /tmp/gpu/out/host_profile-h200.json
+
+Why: at toy widths (gpu/host_floor.py) the engine-side step at batch 256 is 14-20 ms with next to no GPU work, so
+vLLM's host side, not the SSM kernels, bounds the step there. This says which functions that host time is in.
+With VLLM_ENABLE_V1_MULTIPROCESSING=0 the engine core, the scheduler, the worker and the output processing all
+run on this one thread (the uniproc executor's futures are not threads), so one cProfile sees every host
+microsecond. Method: per batch a warm-up, then a 16- and a 272-token generate timed without the profiler (the
+in-process step), then the same pair under cProfile; a function's cost per decode step is its 272-token time minus
+its 16-token time over the 256 extra steps, so prefill and start-up cancel as in engine_step.py. cProfile slows
+Python calls, so compare shares, not absolute figures, with the unprofiled step beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replayssm_patch.gpu.engine_step import (
+    LONG_TOKENS,
+    PROMPT_TOKENS,
+    SHORT_TOKENS,
+    command_line,
+    engine_options,
+    engine_problem,
+    out_problem,
+    prompt_token_ids,
+    start_engine,
+    step_ms,
+    timed_generate,
+)
+from replayssm_patch.gpu.row_file import record_row
+
+TOP = 30  # functions kept per list
+WHAT = (
+    "Host time per decode step of vLLM 0.24 by function: the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), "
+    f"cProfile of a {SHORT_TOKENS}- and a {LONG_TOKENS}-token generate of B prompts of {PROMPT_TOKENS} random ids; "
+    f"per function (t{LONG_TOKENS} - t{SHORT_TOKENS}) / {LONG_TOKENS - SHORT_TOKENS} in microseconds per step, self "
+    "(tottime) and inclusive (cumtime). step_ms: the in-process step without the profiler; profiled_step_ms: with "
+    "it. Written by replayssm_patch/gpu/host_profile.py."
+)
+FunctionKey = tuple[str, int, str]  # pstats' (file, line, function)
+
+
+@dataclass(frozen=True)
+class FunctionCost:
+    """One function's host time per decode step."""
+
+    function: str  # "module path:line(name)", the path from the package root on
+    self_us: float
+    total_us: float
+    calls: float  # per step
+
+
+PACKAGES = ("vllm", "torch", "triton", "replayssm_patch", "harness")  # whose paths are shown from the package on
+
+
+def short_path(path: str) -> str:
+    """A source path from its package's root on (/tmp/site/vllm/v1/core/... -> vllm/v1/core/...)."""
+    starts = [path.find(f"/{package}/") for package in PACKAGES if f"/{package}/" in path]
+    return path[min(starts) + 1 :] if starts else path
+
+
+def function_name(key: FunctionKey) -> str:
+    path, line, name = key
+    return f"{short_path(path)}:{line}({name})" if line else name  # line 0: a builtin such as {method 'tolist'}
+
+
+def per_step_costs(short: dict[FunctionKey, tuple], long: dict[FunctionKey, tuple], steps: int) -> list[FunctionCost]:
+    """Every function's extra cost in the long run per extra step; `short` and `long` are pstats' raw `stats`
+    dicts (key -> (primitive calls, calls, tottime, cumtime, callers))."""
+    costs = []
+    for key, (_, calls, self_s, total_s, _) in long.items():
+        _, calls_0, self_0, total_0, _ = short.get(key, (0, 0, 0.0, 0.0, None))
+        per_step = ((self_s - self_0) / steps * 1e6, (total_s - total_0) / steps * 1e6, (calls - calls_0) / steps)
+        costs.append(FunctionCost(function_name(key), *(round(v, 2) for v in per_step)))
+    return costs
+
+
+def top(costs: Iterable[FunctionCost], field: str, count: int = TOP) -> list[dict[str, Any]]:
+    return [asdict(c) for c in sorted(costs, key=lambda c: getattr(c, field), reverse=True)[:count]]
+
+
+def profiled_generate(llm: Any, prompts: list[list[int]], tokens: int) -> tuple[float, dict[FunctionKey, tuple]]:
+    """One generate under cProfile: its seconds and the raw per-function stats."""
+    profile = cProfile.Profile()
+    began = time.perf_counter()
+    profile.enable()
+    timed_generate(llm, prompts, tokens)
+    profile.disable()
+    elapsed = time.perf_counter() - began
+    return elapsed, pstats.Stats(profile).stats  # type: ignore[attr-defined]
+
+
+def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: int) -> dict[str, Any]:
+    rng = np.random.default_rng([args.seed, batch])
+
+    def prompts() -> list[list[int]]:  # fresh prompts for every generate: none reuses another's prefill
+        return prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size)
+
+    timed_generate(llm, prompts(), SHORT_TOKENS)  # warm-up
+    t_short, t_long = (timed_generate(llm, prompts(), tokens).seconds for tokens in (SHORT_TOKENS, LONG_TOKENS))
+    profiled_short, short = profiled_generate(llm, prompts(), SHORT_TOKENS)
+    profiled_long, long = profiled_generate(llm, prompts(), LONG_TOKENS)
+    costs = per_step_costs(short, long, LONG_TOKENS - SHORT_TOKENS)
+    return {"variant": args.variant, "mode": args.mode, "batch": batch, "step_ms": round(step_ms(t_short, t_long), 3),
+            "profiled_step_ms": round(step_ms(profiled_short, profiled_long), 3),
+            "by_self": top(costs, "self_us"), "by_total": top(costs, "total_us")}  # fmt: skip
+
+
+def summary_markdown(rows: list[dict[str, Any]], count: int = 15) -> str:
+    """The top functions of every row, inclusive and self, as Markdown."""
+    parts = ["# Host time per decode step (cProfile, engine in-process)", "", WHAT, ""]
+    for row in rows:
+        parts += [f"## {row['variant']} {row['mode']} batch {row['batch']}: step {row['step_ms']} ms in-process "
+                  f"({row['profiled_step_ms']} ms profiled)", ""]  # fmt: skip
+        for field, label in (("by_total", "inclusive"), ("by_self", "self")):
+            key = "total_us" if field == "by_total" else "self_us"
+            parts += [f"| function ({label}) | µs per step | calls per step |", "|---|---|---|"]
+            parts += [f"| `{f['function']}` | {f[key]} | {f['calls']} |" for f in row[field][:count]] + [""]
+    return "\n".join(parts)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = engine_options(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
+    p.add_argument("--out", type=Path, required=True, help="JSON file to merge the rows into (+ a .md beside it)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    problem = engine_problem(args) or out_problem(args.out, WHAT)
+    if problem:
+        print(f"error: {problem}")
+        return 2
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before vLLM is imported: one thread runs everything
+    started = start_engine(args)
+    if started is None:
+        return 1
+    llm, facts = started
+    vocab_size = llm.llm_engine.model_config.get_vocab_size()
+    for batch in args.batches:
+        row = measure_batch(llm, args, batch, vocab_size) | {k: facts[k] for k in ("gpu", "vllm", "date")}
+        payload = record_row(args.out, row, WHAT, command_line("replayssm_patch.gpu.host_profile", argv), facts)
+        args.out.with_suffix(".md").write_text(summary_markdown(payload["rows"]))
+        print(f"{args.variant} {args.mode} B={batch}: step {row['step_ms']} ms in-process, "
+              f"{row['profiled_step_ms']} ms profiled; top inclusive:", flush=True)  # fmt: skip
+        for f in row["by_total"][:12]:
+            print(f"  {f['total_us']:10.1f} µs  {f['function']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
