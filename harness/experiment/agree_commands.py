@@ -48,11 +48,13 @@ def summary_line(document: dict[str, Any]) -> str:
     divergent = ", ".join(map(str, positions[:SHOWN])) + (
         f" (+{len(positions) - SHOWN} more)" if len(positions) > SHOWN else ""
     )
+    distinct = " / ".join(str(document["arms"][arm]["median_distinct_tokens"]) for arm in ("baseline", "candidate"))
     return (
         f"agreement {'PASS' if document['passed'] else 'FAIL'}: {document['identical_requests']}/"
         f"{document['requests']} requests identical ({share:.1%}, needs {document['min_identical_fraction']:.1%}) "
         f"by {' + '.join(document['compared']) or 'nothing'}; first divergent tokens: {divergent or 'none'}; "
-        f"errors {document['errors']}; inexact lengths {document['inexact_lengths']}"
+        f"errors {document['errors']}; inexact lengths {document['inexact_lengths']}; median distinct tokens per "
+        f"answer (baseline / candidate) {distinct}"
     )
 
 

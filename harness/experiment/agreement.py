@@ -30,7 +30,8 @@ WHAT = (
     "[{first}, {vocab}) (seed {seed}), each answered greedily with exactly {tokens} tokens (ignore_eos, "
     "min_tokens = max_tokens) by both servers, all requests at once per arm, baseline first. identical: the "
     "answers' token ids (text when a server returns no ids) are equal; first_divergent_token: index of the first "
-    "differing token. Outputs are kept only for answers that differ."
+    "differing token; distinct_tokens: distinct token ids in an answer (median per arm), which shows a trivially "
+    "repetitive answer. Outputs are kept only for answers that differ."
 )
 
 
@@ -88,10 +89,28 @@ def _tokens(answer: Answer) -> int | None:
     return len(answer.token_ids) if answer.token_ids is not None else answer.completion_tokens
 
 
+def _distinct(answer: Answer | str) -> int | None:
+    """Distinct token ids in an answer: a greedy answer stuck on one token agrees trivially, and this shows it."""
+    return len(set(answer.token_ids)) if isinstance(answer, Answer) and answer.token_ids is not None else None
+
+
 def _outcome(answer: Answer | str, keep_output: bool) -> dict[str, Any]:
     if isinstance(answer, str):
-        return {"passed": None, "output": None, "tokens": None, "error": answer}
-    return {"passed": None, "output": answer.text if keep_output else None, "tokens": _tokens(answer), "error": None}
+        return {"passed": None, "output": None, "tokens": None, "distinct_tokens": None, "error": answer}
+    output = answer.text if keep_output else None
+    return {
+        "passed": None,
+        "output": output,
+        "tokens": _tokens(answer),
+        "distinct_tokens": _distinct(answer),
+        "error": None,
+    }
+
+
+def median_distinct_tokens(arm: ArmAnswers) -> float | None:
+    """The median of the arm's answers' distinct token ids (None without token ids)."""
+    counts = [n for n in map(_distinct, arm.answers) if n is not None]
+    return float(np.median(counts)) if counts else None
 
 
 def compare_request(index: int, baseline: ArmAnswers, candidate: ArmAnswers, tokens: int) -> dict[str, Any]:
@@ -120,7 +139,12 @@ def agreement_document(plan: AgreementPlan, baseline: ArmAnswers, candidate: Arm
     """The per-request records of both arms' answers and the facts of the run (the analysis adds the score)."""
     tasks = [compare_request(i, baseline, candidate, plan.output_tokens) for i in range(plan.requests)]
     arms = {
-        name: {"url": arm.url, "model": arm.model, "seconds": arm.seconds}
+        name: {
+            "url": arm.url,
+            "model": arm.model,
+            "seconds": arm.seconds,
+            "median_distinct_tokens": median_distinct_tokens(arm),
+        }
         for name, arm in (("baseline", baseline), ("candidate", candidate))
     }
     what = WHAT.format(

@@ -69,8 +69,8 @@ PACKAGES = ("vllm", "torch", "triton", "replayssm_patch", "harness")  # whose pa
 
 def short_path(path: str) -> str:
     """A source path from its package's root on (/tmp/site/vllm/v1/core/... -> vllm/v1/core/...)."""
-    starts = [path.find(f"/{package}/") for package in PACKAGES if f"/{package}/" in path]
-    return path[min(starts) + 1 :] if starts else path
+    starts = [path.rfind(f"/{package}/") for package in PACKAGES if f"/{package}/" in path]  # the innermost root
+    return path[max(starts) + 1 :] if starts else path
 
 
 def function_name(key: FunctionKey) -> str:

@@ -25,13 +25,31 @@ from typing import Any
 
 STEP_RANGE = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-# vLLM's Mamba-2 ops: SSU, causal conv, the SSD prefill chunks, the mixer's gated RMSNorm
+# vLLM's recurrent-mixer ops. Mamba-2: SSU, causal conv, the SSD prefill chunks, the mixer's gated RMSNorm; Gated
+# DeltaNet: the fused recurrent decode, the chunked prefill (w/u recompute, triangular solve, output), gates, l2norm
 MAMBA_KERNELS = (
     r"selective_(scan|state)|causal_conv1d|chunk_(scan|state|cumsum)|state_passing|bmm_chunk|mamba|ssd_|"
-    r"layer_norm_fwd_1pass"
+    r"layer_norm_fwd_1pass|gated_delta|gdn_gating|l2norm|recompute_w_u|solve_tril|chunk_fwd_kernel_o|chunk_local_cumsum"
 )
+
+
+def plugin_kernel_names() -> frozenset[str]:
+    """The name of every Triton kernel the plugin defines (replayssm_patch.kernels), read from the code: a new
+    kernel counts as ReplaySSM's in a profile without any naming rule (a profile once put three of ours in "other")."""
+    import importlib
+    import pkgutil
+
+    from triton.runtime.jit import JITFunction
+
+    import replayssm_patch.kernels as kernels
+
+    modules = [importlib.import_module(f"{kernels.__name__}.{m.name}") for m in pkgutil.iter_modules(kernels.__path__)]
+    return frozenset(name for module in modules for name, obj in vars(module).items() if isinstance(obj, JITFunction))
+
+
+PLUGIN_KERNELS = re.compile("^(" + "|".join(map(re.escape, sorted(plugin_kernel_names()))) + ")$")
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("replayssm", re.compile(r"replay|_flush_kernel", re.I)),  # new ReplaySSM kernels: keep "replay" in the name
+    ("replayssm", PLUGIN_KERNELS),
     ("mamba", re.compile(MAMBA_KERNELS, re.I)),
     ("attention", re.compile(r"flash|fmha|attention|attn|reshape_and_cache|paged", re.I)),
     ("gemm", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|wgmma|matmul|splitk", re.I)),
@@ -40,7 +58,7 @@ OTHER = "other"
 KIND_NAMES = (*(name for name, _ in KINDS), OTHER)
 KIND_LABELS = {
     "replayssm": "ReplaySSM kernels",
-    "mamba": "Mamba mixer kernels (SSU, conv, SSD, gated norm)",
+    "mamba": "vLLM's recurrent mixer kernels (Mamba-2: SSU, conv, SSD, gated norm; GDN: decode, chunked prefill)",
     "attention": "attention (FlashAttention, KV-cache writes)",
     "gemm": "GEMMs (MLP and every projection, LM head)",
     OTHER: "other (norms, activations, sampler, copies)",

@@ -48,6 +48,8 @@ def test_share_and_first_divergence_by_token_ids(tmp_path: Path) -> None:
     assert document["first_divergent_tokens"] == [DIVERGE_AT] * sum(changed)
     assert document["compared"] == [BY_TOKEN_IDS] and document["errors"] == document["inexact_lengths"] == 0
     assert all(t["exact_length"] and t["baseline"]["tokens"] == TOKENS for t in document["tasks"])
+    assert {t["baseline"]["distinct_tokens"] for t in document["tasks"]} == {TOKENS}  # t0 .. t39: all different
+    assert document["arms"]["candidate"]["median_distinct_tokens"] == TOKENS
     kept = [t for t in document["tasks"] if t["candidate"]["output"] is not None]
     assert len(kept) == sum(changed)  # outputs only where the answers differ
     assert kept[0]["candidate"]["output"].split()[DIVERGE_AT] == f"d{DIVERGE_AT}"

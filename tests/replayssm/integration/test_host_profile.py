@@ -35,6 +35,7 @@ def test_per_step_cost_is_the_difference_over_the_extra_steps():
 def test_names_start_at_the_package_root():
     assert short_path("/tmp/site/vllm/v1/core/sched/scheduler.py") == "vllm/v1/core/sched/scheduler.py"
     assert short_path("/x/site-packages/torch/nn/modules/module.py") == "torch/nn/modules/module.py"
+    assert short_path("/tmp/torch/.venv/site-packages/torch/autograd/grad_mode.py") == "torch/autograd/grad_mode.py"
     assert short_path("/repo/replayssm_patch/backend.py") == "replayssm_patch/backend.py"
     assert short_path("/usr/lib/python3.12/threading.py") == "/usr/lib/python3.12/threading.py"
     assert function_name(("/tmp/site/vllm/x.py", 12, "schedule")) == "vllm/x.py:12(schedule)"

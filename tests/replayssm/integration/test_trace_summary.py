@@ -45,8 +45,13 @@ def test_steps_keeps_the_last_decode_steps_and_batch_picks_the_rows():
 @pytest.mark.parametrize(
     ("name", "kind"),
     [
-        ("_replay_decode_kernel", "replayssm"),
+        ("_replay_step_kernel", "replayssm"),
         ("_flush_kernel", "replayssm"),
+        ("_decode_fold_kernel", "replayssm"),  # the plugin's kernels by their names in the code, "replay" or not
+        ("_cursor_plan_kernel", "replayssm"),
+        ("_gdn_decode_step_kernel", "replayssm"),
+        ("fused_recurrent_gated_delta_rule_fwd_kernel", "mamba"),  # vLLM's GDN decode
+        ("_replay_kernel_of_someone_else", "other"),
         ("_selective_scan_update_kernel", "mamba"),
         ("_causal_conv1d_update_kernel", "mamba"),
         ("_layer_norm_fwd_1pass_kernel", "mamba"),

@@ -3,7 +3,7 @@ by the summariser's tests and the engine-flow check that runs in the vLLM venv."
 
 STEP_US = 1000.0
 GRAPH_KERNELS = (  # (name, µs) of one decode step's CUDA graph, Nemotron-H-like names
-    ("_replay_decode_kernel", 30.0),
+    ("_replay_step_kernel", 30.0),
     ("_selective_scan_update_kernel", 20.0),
     ("void flash::FlashAttnFwdSm90<cutlass::bfloat16_t>", 10.0),
     ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNN", 100.0),
