@@ -53,8 +53,10 @@ floor_model() {  # /tmp/model-floor: Nemotron-H-8B's layers at toy widths (gpu/h
 
 run_job() {
   local kind=${1%%:*} variant=${1#*:}
-  case $kind in  # the engine-side jobs run the kernel bench's fastest shapes once a `kernels` job has written them
-    engine | gdn | floor | hostprof | profile | spec) [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED ;;
+  case $kind in  # the engine-side jobs run the kernel bench's fastest shapes once a `kernels` job has written them,
+    engine | gdn | floor | hostprof | profile | spec)  # and want the GPU to themselves: onegpu's servers stop first
+      [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
+      for arm in baseline candidate candidate-moe; do $S stop "$arm"; done ;;
   esac
   case $kind in
     setup)
