@@ -157,11 +157,11 @@ def gdn_decode_step(
     ring tensors as in ``gdn_layout``; state_indices, write_pos, flush_len int [batch]: write_pos = entries
     already in the ring, flush_len > 0 = fold the ring including this step (``decode_flush_len`` gives L when
     write_pos == L-1) after which the row restarts at write_pos 0. ``flush_rows`` (int32 [batch]) and
-    ``flush_count`` (int32 [1]) list the flush rows first (the cursor plan writes them; when not given they are
-    derived here with device ops). Padding rows (slot == pad_slot_id or < 0) and rows whose write_pos is off
-    the ring are skipped: nothing read or written, ``out`` left as it was. Three launches with grids fixed by
-    the shapes, so it can be captured in a CUDA graph. ``block_v`` and ``num_warps`` (the replay launch's
-    head_v_dim rows per program and warps) are GPU tuning knobs only.
+    ``flush_count`` (int32 [1]) list the real flush rows first, in any order (the cursor plan writes them; when
+    not given they are derived here with device ops). Padding rows (slot == pad_slot_id or < 0) and rows whose
+    write_pos is off the ring are skipped: nothing read or written, ``out`` left as it was. Three launches with
+    grids fixed by the shapes, so it can be captured in a CUDA graph. ``block_v`` and ``num_warps`` (the replay
+    launch's head_v_dim rows per program and warps) are GPU tuning knobs only.
     """
     check_launchable(q, ssm_state)
     require_fp32_checkpoint(ssm_state)
