@@ -3,8 +3,8 @@
 Why a cursor table per builder: vLLM's GDN builder has no ``update_block_table``, so every GDN KV-cache
 group runs its own ``build()`` each step with its own block ids. Each group sees the same requests at the
 same point, so their tables evolve alike; each keeps its own, indexed by its own blocks. The plan (write
-position and flush length per decode row) goes into persistent buffers, the addresses a captured CUDA graph
-reads; capture builds write zeros and never move a cursor.
+position and flush length per decode row, and the list of flush rows the fold walks) goes into persistent
+buffers, the addresses a captured CUDA graph reads; capture builds write zeros and never move a cursor.
 
 Two things differ from the Mamba-2 builder. vLLM counts a new one-token prompt as a GDN decode row (it does
 not look at ``is_prefilling``), and its own layer then reads the slot's previous owner's state; here such a

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size
-from replayssm_patch.kernels.decode_fold import FOLD_PRECISION, fold_programs
+from replayssm_patch.kernels.decode_fold import FOLD_PRECISION, fold_programs, fold_work_item
 from replayssm_patch.kernels.gdn_coefficients import GdnCoefficients
 
 # ptxas (compile_check), head dims 128, L = 16, tf32x3: 4 warps over [16 head_v_dim rows, 128 head_k_dim columns]
@@ -46,9 +46,7 @@ def _gdn_fold_kernel(
     mask_k = offs_k < head_k_dim
     item = tl.program_id(0)
     while item < items:  # a while loop: the item count lives on the device (grid-stride over the work list)
-        vblock = item % V_BLOCKS
-        head = (item // V_BLOCKS) % num_v_heads
-        row = tl.load(rows_ptr + item // (V_BLOCKS * num_v_heads))
+        row, head, vblock = fold_work_item(item, rows_ptr, num_v_heads, V_BLOCKS)
         khead = head // v_per_k
         slot = tl.load(slot_ptr + row).to(tl.int64)
         pos = tl.load(pos_ptr + row)
