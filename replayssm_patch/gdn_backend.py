@@ -3,8 +3,8 @@
 Why a cursor table per builder: vLLM's GDN builder has no ``update_block_table``, so every GDN KV-cache
 group runs its own ``build()`` each step with its own block ids. Each group sees the same requests at the
 same point, so their tables evolve alike; each keeps its own, indexed by its own blocks. The plan (write
-position and flush length per decode row) goes into persistent buffers, the addresses a captured CUDA graph
-reads; capture builds write zeros and never move a cursor.
+position and flush length per decode row, and the list of flush rows the fold walks) goes into persistent
+buffers, the addresses a captured CUDA graph reads; capture builds write zeros and never move a cursor.
 
 Two things differ from the Mamba-2 builder. vLLM counts a new one-token prompt as a GDN decode row (it does
 not look at ``is_prefilling``), and its own layer then reads the slot's previous owner's state; here such a
@@ -26,6 +26,7 @@ from vllm.v1.attention.backends.gdn_attn import (
 )
 from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
 
+from replayssm_patch.backend import RingPlanBuffers
 from replayssm_patch.config import replayssm_config_of
 from replayssm_patch.cursors import NULL_BLOCK_ID, CursorTable
 
@@ -35,6 +36,9 @@ class ReplayGDNAttentionMetadata(GDNAttentionMetadata):
     # Decode rows: one per replayed row (all rows of a decode-only step, CUDA-graph padding included).
     replay_write_pos: torch.Tensor | None = None
     replay_flush_len: torch.Tensor | None = None
+    # The rows with replay_flush_len > 0, listed first, and how many there are (int32 [1]): the fold's work list.
+    replay_flush_rows: torch.Tensor | None = None
+    replay_flush_count: torch.Tensor | None = None
     # Steps with a prefill: ring entries per prefill row to fold into the checkpoint first.
     replay_pending: torch.Tensor | None = None
     # Mixed steps: the prefill rows alone, for vLLM's own path (None: no decode rows to peel off).
@@ -47,9 +51,7 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
         self.layer_names = layer_names
         knobs = replayssm_config_of(vllm_config)
         self.buffer_len, self.stagger_windows = knobs.buffer_len, knobs.stagger_windows
-        max_rows = vllm_config.scheduler_config.max_num_seqs
-        self.write_pos = torch.zeros(max_rows, dtype=torch.int32, device=device)
-        self.flush_len = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self.plan_buffers = RingPlanBuffers.allocate(vllm_config.scheduler_config.max_num_seqs, device)
         self.cursors: CursorTable | None = None  # sized at the first real build, once the KV cache is bound
         self._capturing = False
 
@@ -60,7 +62,9 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
     def _cursor_table(self) -> CursorTable:
         if self.cursors is None:
             num_blocks = self._layers()[0].kv_cache[1].shape[0]
-            self.cursors = CursorTable(num_blocks, self.buffer_len, self.write_pos.device, stagger=self.stagger_windows)
+            self.cursors = CursorTable(
+                num_blocks, self.buffer_len, self.plan_buffers.write_pos.device, stagger=self.stagger_windows
+            )
         return self.cursors
 
     def build_for_cudagraph_capture(self, common_attn_metadata: Any) -> ReplayGDNAttentionMetadata:
@@ -88,7 +92,7 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
             if fresh.numel():
                 indices = metadata.non_spec_state_indices_tensor
                 self._start_fresh(indices.index_select(0, fresh.to(indices.device)))
-        metadata = plan_gdn_ring(metadata, self._cursor_table, self.write_pos, self.flush_len, dry_run=self._capturing)
+        metadata = plan_gdn_ring(metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing)
         if metadata.num_decodes and metadata.num_prefills:
             metadata.prefill_view = prefill_only_view(stock, m.query_start_loc_cpu)
         return metadata
@@ -113,8 +117,7 @@ def first_token_rows(seq_lens_cpu: torch.Tensor | None, num_decodes: int) -> tor
 def plan_gdn_ring(
     metadata: ReplayGDNAttentionMetadata,
     cursor_table: Any,
-    write_pos_buffer: torch.Tensor,
-    flush_len_buffer: torch.Tensor,
+    buffers: RingPlanBuffers,
     *,
     dry_run: bool,
 ) -> ReplayGDNAttentionMetadata:
@@ -123,22 +126,33 @@ def plan_gdn_ring(
     Decode rows come first in vLLM's batch and append to their ring whether or not the step holds prefills;
     a decode-only step plans every row of its (possibly graph-padded) state indices, whose padding rows carry
     the null block and stay put. Prefill rows get the entries their ring still holds, then restart at 0.
+    The plan also lists the flush rows for the decode step's fold; a capture build (``dry_run``) plans zeros,
+    an empty list, and moves no cursor.
     """
     indices = metadata.non_spec_state_indices_tensor
     rows = 0 if indices is None or not metadata.num_decodes else metadata.num_decodes
     if rows and not metadata.num_prefills:
         rows = indices.shape[0]
-    write_pos, flush_len = write_pos_buffer[:rows], flush_len_buffer[:rows]
+    write_pos, flush_len, flush_rows = buffers.write_pos[:rows], buffers.flush_len[:rows], buffers.flush_rows[:rows]
     if rows:
-        write_pos.zero_()
-        flush_len.zero_()
-        if not dry_run:
+        if dry_run:
+            write_pos.zero_()
+            flush_len.zero_()
+            buffers.flush_count.zero_()
+        else:
             real = metadata.num_decodes
-            cursor_table().decode_step(indices[:real], write_pos[:real], flush_len[:real])
+            cursor_table().decode_step(indices[:real], write_pos, flush_len, real, flush_rows, buffers.flush_count)
     pending = None
     if metadata.num_prefills:
         pending = cursor_table().take_pending(metadata.prefill_state_indices, metadata.prefill_has_initial_state)
-    return replace(metadata, replay_write_pos=write_pos, replay_flush_len=flush_len, replay_pending=pending)
+    return replace(
+        metadata,
+        replay_write_pos=write_pos,
+        replay_flush_len=flush_len,
+        replay_flush_rows=flush_rows,
+        replay_flush_count=buffers.flush_count,
+        replay_pending=pending,
+    )
 
 
 def prefill_only_view(stock: GDNAttentionMetadata, query_start_loc_cpu: torch.Tensor) -> GDNAttentionMetadata:

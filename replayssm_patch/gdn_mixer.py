@@ -115,6 +115,7 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
         from replayssm_patch.kernels import gdn_decode_step
 
         assert metadata.replay_write_pos is not None and metadata.replay_flush_len is not None
+        assert metadata.replay_flush_rows is not None and metadata.replay_flush_count is not None
         assert metadata.non_spec_state_indices_tensor is not None
         n = metadata.replay_write_pos.shape[0]
         slots = metadata.non_spec_state_indices_tensor[:n]
@@ -134,6 +135,7 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
             v.view(n, v_heads, self.head_v_dim), a[:n], b[:n], self.A_log, self.dt_bias,
             cache[1], cache[RING_K], cache[RING_U], cache[RING_G], slots,
             metadata.replay_write_pos, metadata.replay_flush_len,
+            flush_rows=metadata.replay_flush_rows, flush_count=metadata.replay_flush_count,
             scale=self.head_k_dim**-0.5, pad_slot_id=NULL_BLOCK_ID, out=core_attn_out[:n],
         )  # fmt: skip
 

@@ -56,7 +56,8 @@ PyTorch with the same signature):
 Gated DeltaNet (Qwen3-Next, Qwen3.5) has its own kernels, ``gdn_*.py``: the ring holds the normalised key,
 the corrected value u = β (v − e^g S k̂) and the log-decay g, all fp32 beside an fp32 checkpoint (a low-
 precision copy is refused: u depends on the state, so the copy's rounding would enter the master).
-``gdn_decode_step`` answers o from checkpoint + ring and folds the ring on flush rows in the same program;
+``gdn_decode_step`` answers o from checkpoint + ring and folds the ring on flush rows (three launches:
+coefficients per key head, the replay, the fold over the flush-row list, as ``replay_decode_step``);
 ``gdn_flush_ring`` folds before a prefill. The math is in ``gdn_decode``'s docstring, the layout in
 ``gdn_layout``'s; the same per-row metadata (state_indices, write_pos, flush_len) drives them.
 

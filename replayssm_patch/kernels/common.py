@@ -65,3 +65,8 @@ def block_size(n: int, cap: int | None = None, floor: int = 1) -> int:
     if cap is not None:
         size = min(size, triton.next_power_of_2(cap))
     return max(size, floor)
+
+
+def head_chunk(heads_per_group: int) -> int:
+    """Heads a coefficient launch handles as one tile: the largest power of two dividing the group, at most 16."""
+    return min(16, heads_per_group & -heads_per_group)

@@ -57,19 +57,37 @@ _FLUSH_POINTERS = {
     "slot_ptr": "*i32", "len_ptr": "*i32",
 }  # fmt: skip
 
-_GDN_STEP_POINTERS = {
-    "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "A_log_ptr": "*fp32",
-    "dt_bias_ptr": "*fp32", "state_ptr": "*fp32", "ring_k_ptr": "*fp32", "ring_u_ptr": "*fp32",
-    "ring_g_ptr": "*fp32", "slot_ptr": "*i32", "pos_ptr": "*i32", "flush_ptr": "*i32", "out_ptr": "*bf16",
-    "scale": "fp32",
+_GDN_SCRATCH_POINTERS = {
+    name: "*fp32" for name in ("qhat_ptr", "khat_ptr", "kk_ptr", "kq_ptr", "weight_ptr", "decay_ptr", "beta_ptr")
+}
+_GDN_COEF_POINTERS = {
+    "q_ptr": "*bf16", "k_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "A_log_ptr": "*fp32",
+    "dt_bias_ptr": "*fp32", "ring_k_ptr": "*fp32", "ring_g_ptr": "*fp32", "slot_ptr": "*i32", "pos_ptr": "*i32",
+    "scale": "fp32", **_GDN_SCRATCH_POINTERS,
 }  # fmt: skip
+_GDN_REPLAY_POINTERS = {
+    "v_ptr": "*bf16", "state_ptr": "*fp32", "ring_u_ptr": "*fp32", "slot_ptr": "*i32", "pos_ptr": "*i32",
+    "flush_ptr": "*i32", "out_ptr": "*bf16", **_GDN_SCRATCH_POINTERS,
+}  # fmt: skip
+_GDN_FOLD_POINTERS = {
+    **_GDN_REPLAY_POINTERS, "ring_k_ptr": "*fp32", "rows_ptr": "*i32", "count_ptr": "*i32",
+}  # fmt: skip
+# innermost strides of the GDN tensors (the ring_g and gate tensors are [..., num_v_heads])
+_GDN_UNIT_STRIDES = {"sq_k", "sk_k", "sa_h", "sb_h", "sv_v", "ss_k", "srk_k", "sru_v", "srg_h", "so_v"}
+
+
+def _unit_strides(kernel: triton.JITFunction, names: set[str]) -> dict[str, int]:
+    """The unit strides among ``names`` that ``kernel`` takes (constexprs must name its own arguments)."""
+    return {name: 1 for name in kernel.arg_names if name in names}
+
+
 _GDN_FLUSH_POINTERS = {
     "state_ptr": "*fp32", "ring_k_ptr": "*fp32", "ring_u_ptr": "*fp32", "ring_g_ptr": "*fp32", "slot_ptr": "*i32",
     "len_ptr": "*i32",
 }  # fmt: skip
-# Qwen3.5 / Qwen3-Next head dims (128), L = 16, the default block_v: ptxas fits it in 209 registers without
-# spills at 4 warps (block_v 32 spills at 4 warps and fits at 8; 64 spills at 8).
-_GDN_BLOCKS = {"BLOCK_L": 16, "BLOCK_V": 16, "BLOCK_K": 128}
+# Qwen3.5 / Qwen3-Next (TP 1): head dims 128, 2 value heads per key head, L = 16; the materialise fold keeps
+# its own default block_v of 16.
+_GDN_BLOCKS = {"BLOCK_L": 16, "BLOCK_K": 128}
 
 
 @dataclass(frozen=True)
@@ -84,7 +102,9 @@ class Compiled:
 # Integer arguments that are multiples of 16 in every real launch (strides, head_dim, d_state, head and ring
 # counts): Triton specialises those at launch (divisibility 16), which lets it vectorise; without the hint the
 # compiler reports the registers of scalar address arithmetic, far above what the GPU runs.
-_ALIGNED_SCALAR = re.compile(r"^(s[a-zA-Z]*_[a-z]+|head_dim|d_state|nheads|heads_per_group|ring_len|buffer_len)$")
+_ALIGNED_SCALAR = re.compile(
+    r"^(s[a-zA-Z]*_[a-z]+|head_dim|head_[kv]_dim|d_state|nheads|num_v_heads|heads_per_group|ring_len|buffer_len)$"
+)
 
 
 def compile_for_hopper(
@@ -131,8 +151,13 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     from replayssm_patch.kernels.cursor_plan import PLAN_BLOCK, _cursor_plan_kernel, _verify_plan_kernel
     from replayssm_patch.kernels.decode_fold import FOLD_BLOCK_N, FOLD_BLOCK_P, FOLD_NUM_WARPS, _decode_fold_kernel
     from replayssm_patch.kernels.flush import _flush_kernel
-    from replayssm_patch.kernels.gdn_decode import _gdn_decode_step_kernel
+    from replayssm_patch.kernels.gdn_coefficients import COEF_NUM_WARPS as GDN_COEF_NUM_WARPS
+    from replayssm_patch.kernels.gdn_coefficients import _gdn_coefficients_kernel
+    from replayssm_patch.kernels.gdn_decode import REPLAY_BLOCK_V, REPLAY_NUM_WARPS, _gdn_replay_kernel
     from replayssm_patch.kernels.gdn_flush import _gdn_flush_kernel
+    from replayssm_patch.kernels.gdn_fold import FOLD_BLOCK_V as GDN_FOLD_BLOCK_V
+    from replayssm_patch.kernels.gdn_fold import FOLD_NUM_WARPS as GDN_FOLD_NUM_WARPS
+    from replayssm_patch.kernels.gdn_fold import _gdn_fold_kernel
     from replayssm_patch.kernels.launch_config import DEFAULT
     from replayssm_patch.kernels.replay_decode import (
         COEF_NUM_WARPS,
@@ -177,8 +202,16 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
                   "N_TILES": 128 // DEFAULT.block_n, **_VERIFY_UNIT_STRIDES}  # fmt: skip
         found.append((f"verify step T=4, {label}", _verify_step_kernel, {**_VERIFY_STEP_POINTERS, "read_ptr": read},
                       consts, DEFAULT.num_warps))  # fmt: skip
-    found.append(("gdn decode step", _gdn_decode_step_kernel, _GDN_STEP_POINTERS, _GDN_BLOCKS, 4))
-    found.append(("gdn flush", _gdn_flush_kernel, _GDN_FLUSH_POINTERS, _GDN_BLOCKS, 4))
+    for label, kernel, pointers, blocks, num_warps in (
+        ("gdn coefficients", _gdn_coefficients_kernel, _GDN_COEF_POINTERS, {"V_PER_K": 2, "HEAD_CHUNK": 2},
+         GDN_COEF_NUM_WARPS),
+        ("gdn replay", _gdn_replay_kernel, _GDN_REPLAY_POINTERS, {"BLOCK_V": REPLAY_BLOCK_V}, REPLAY_NUM_WARPS),
+        ("gdn fold", _gdn_fold_kernel, _GDN_FOLD_POINTERS,
+         {"BLOCK_V": GDN_FOLD_BLOCK_V, "V_BLOCKS": 128 // GDN_FOLD_BLOCK_V}, GDN_FOLD_NUM_WARPS),
+        ("gdn flush", _gdn_flush_kernel, _GDN_FLUSH_POINTERS, {"BLOCK_V": 16}, 4),
+    ):  # fmt: skip
+        consts = {**_GDN_BLOCKS, **blocks, **_unit_strides(kernel, _GDN_UNIT_STRIDES)}
+        found.append((label, kernel, pointers, consts, num_warps))
     return found
 
 

@@ -34,6 +34,12 @@ PROGRAMS_PER_SM = 3  # as many as 168-register 4-warp programs an SM holds
 FOLD_PRECISION: tl.constexpr = tl.constexpr("tf32x3")
 
 
+@triton.jit
+def fold_work_item(item, rows_ptr, heads, BLOCKS: tl.constexpr):
+    """(row, head, block) of a fold's work item: blocks fastest, then heads, then the listed flush rows."""
+    return tl.load(rows_ptr + item // (BLOCKS * heads)), (item // BLOCKS) % heads, item % BLOCKS
+
+
 @triton.jit(do_not_specialize_on_alignment=["x_ptr", "C_ptr", "out_ptr"])
 def _decode_fold_kernel(
     x_ptr, C_ptr, D_ptr, master_ptr, copy_ptr, ring_x_ptr, ring_B_ptr,
@@ -48,9 +54,7 @@ def _decode_fold_kernel(
     offs_l = tl.arange(0, BLOCK_L)
     item = tl.program_id(0)
     while item < items:  # a while loop: the item count lives on the device (grid-stride over the work list)
-        pblock = item % P_BLOCKS
-        head = (item // P_BLOCKS) % nheads
-        row = tl.load(rows_ptr + item // (P_BLOCKS * nheads))
+        row, head, pblock = fold_work_item(item, rows_ptr, nheads, P_BLOCKS)
         group = head // heads_per_group
         slot = tl.load(slot_ptr + row).to(tl.int64)
         pos = tl.load(pos_ptr + row)

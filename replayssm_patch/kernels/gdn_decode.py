@@ -7,16 +7,16 @@ G_s = g summed over the entries after s up to and including this step (G_c: over
     o    = e^G_c (S_c q̂) + Σ_s e^G_s (k̂_s·q̂) u_s + (k̂·q̂) u
 and (k̂, u, g) is appended at m. That is exactly vLLM's step S' = e^g S, u = β (v − S' k̂), S = S' + u k̂ᵀ,
 o = S q̂ unrolled over the ring. A non-flush row reads the checkpoint once for both products and writes only
-its ring entry. A flush row (flush_len > 0; the builder sets it when the append fills the ring) also folds
-the whole ring, this step included, in the same program: S_new = e^G_c S_c + Σ_{s<=m} e^G_s u_s k̂_sᵀ, a
-rank-(m+1) product against the checkpoint tile already in registers, stored as the new checkpoint; o is
-then S_new q̂. The decay e^G_c is applied to the checkpoint tile before the products, as vLLM decays its
-state before reading it, so with L = 1 (every step a flush, empty ring) the step is vLLM's own recurrence.
+its ring entry. A flush row (flush_len > 0; the builder sets it when the append fills the ring) instead folds
+the whole ring, this step included, into a new checkpoint S_new and answers o = S_new q̂.
 
-One program per (row, value head, head_v_dim block); each holds the [BV, head_k_dim] checkpoint tile. Only
-the first V block of a head stores g, and only the first value head of each key head stores k̂; programs
-read ring entries before write_pos only, so those stores at write_pos cannot race, and a reused slot's stale
-(even non-finite) entries are never read.
+Three launches with grids fixed by the shapes (CUDA graphs), as the Mamba-2 step (``decode_step``):
+1. ``gdn_coefficients``, per (row, key head): q̂, k̂, the ring-key products and decay weights, computed once
+   instead of in every value-head program; appends k̂ and g.
+2. ``_gdn_replay_kernel``, per (head_v_dim block, value head, row), block fastest so the programs sharing a
+   key head's scratch run together: the checkpoint tile [BLOCK_V, head_k_dim] is the one big read, u and o
+   the products above; it appends u and skips flush rows. No fold code, so no program pays its registers.
+3. ``gdn_fold``: a fixed grid over the compacted list of flush rows (1 row in L per step).
 """
 
 from __future__ import annotations
@@ -25,104 +25,103 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_patch.kernels.common import (
-    block_size,
-    check_launchable,
-    decay_sum_after,
-    decay_sum_after_reference,
-)
+from replayssm_patch.kernels.common import block_size, check_launchable, decay_sum_after_reference
+from replayssm_patch.kernels.decode_fold import flush_work_list
+from replayssm_patch.kernels.gdn_coefficients import GdnCoefficients, launch_gdn_coefficients
 from replayssm_patch.kernels.gdn_common import (
     default_scale,
-    fold_into,
     fold_reference,
-    gdn_gates,
     gdn_gates_reference,
-    l2_normalise,
     l2_normalise_reference,
 )
+from replayssm_patch.kernels.gdn_fold import launch_gdn_fold
 from replayssm_patch.kernels.gdn_layout import require_fp32_checkpoint
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, valid_rows
 
+# ptxas (compile_check), head dims 128, L = 16: a [32 head_v_dim rows, 128 head_k_dim columns] fp32 checkpoint tile
+# over 4 warps (32 registers of tile per thread) takes 72 registers, no spills; [16, 128] over 2 warps 79, over 4
+# warps 48; [64, 128] over 8 warps 78; 128 registers (or more, then spills) wherever the tile is 64 per thread.
+REPLAY_BLOCK_V = 32
+REPLAY_NUM_WARPS = 4
+
 
 @triton.jit
-def _gdn_decode_step_kernel(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
-    state_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, slot_ptr, pos_ptr, flush_ptr, out_ptr,
-    scale, head_k_dim, head_v_dim, ring_len, v_per_k, pad_slot_id,
-    sq_b, sq_h, sq_k, sk_b, sk_h, sk_k, sv_b, sv_h, sv_v, sa_b, sa_h, sb_b, sb_h,
-    ss_slot, ss_h, ss_v, ss_k,
-    srk_slot, srk_l, srk_h, srk_k, sru_slot, sru_l, sru_h, sru_v, srg_slot, srg_l, srg_h,
-    so_b, so_h, so_v,
+def _gdn_replay_kernel(
+    v_ptr, state_ptr, ring_u_ptr, slot_ptr, pos_ptr, flush_ptr,
+    qhat_ptr, khat_ptr, kk_ptr, kq_ptr, weight_ptr, decay_ptr, beta_ptr, out_ptr,
+    head_k_dim, head_v_dim, ring_len, num_v_heads, v_per_k, pad_slot_id,
+    sv_b, sv_h, sv_v, ss_slot, ss_h, ss_v, ss_k, sru_slot, sru_l, sru_h, sru_v, so_b, so_h, so_v,
     BLOCK_L: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0)
+    vblock = tl.program_id(0)
     head = tl.program_id(1)
-    vblock = tl.program_id(2)
+    row = tl.program_id(2)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     pos = tl.load(pos_ptr + row).to(tl.int64)
-    if (slot == pad_slot_id) | (slot < 0) | (pos < 0) | (pos >= ring_len):  # padding, or a cursor off the ring
+    skip = (slot == pad_slot_id) | (slot < 0) | (pos < 0) | (pos >= ring_len)  # padding, or a cursor off the ring
+    if skip | (tl.load(flush_ptr + row) > 0):  # the fold answers flush rows
         return
-    khead = head // v_per_k
     offs_v = vblock * BLOCK_V + tl.arange(0, BLOCK_V)
     offs_k = tl.arange(0, BLOCK_K)
     offs_l = tl.arange(0, BLOCK_L)
     mask_v = offs_v < head_v_dim
     mask_k = offs_k < head_k_dim
-    mask_vk = mask_v[:, None] & mask_k[None, :]
-    # The checkpoint tile is the one big read: issue it first so its latency hides behind the ring math.
-    state_at = state_ptr + slot * ss_slot + head * ss_h + offs_v[:, None] * ss_v + offs_k[None, :] * ss_k
-    state = tl.load(state_at, mask=mask_vk, other=0.0)
-
-    q = tl.load(q_ptr + row * sq_b + khead * sq_h + offs_k * sq_k, mask=mask_k, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + row * sk_b + khead * sk_h + offs_k * sk_k, mask=mask_k, other=0.0).to(tl.float32)
+    # The checkpoint tile is the one big read, never written here: issue it first, keep it out of L2's way.
+    state = tl.load(
+        state_ptr + slot * ss_slot + head * ss_h + offs_v[:, None] * ss_v + offs_k[None, :] * ss_k,
+        mask=mask_v[:, None] & mask_k[None, :], other=0.0, eviction_policy="evict_first",
+    )  # fmt: skip
+    key = row * (num_v_heads // v_per_k) + head // v_per_k
+    k = tl.load(khat_ptr + key * BLOCK_K + offs_k, mask=mask_k, other=0.0)
+    q = tl.load(qhat_ptr + key * BLOCK_K + offs_k, mask=mask_k, other=0.0)
     v = tl.load(v_ptr + row * sv_b + head * sv_h + offs_v * sv_v, mask=mask_v, other=0.0).to(tl.float32)
-    q = l2_normalise(q) * scale
-    k = l2_normalise(k)
-    g, beta = gdn_gates(
-        tl.load(a_ptr + row * sa_b + head * sa_h), tl.load(b_ptr + row * sb_b + head * sb_h),
-        tl.load(A_log_ptr + head).to(tl.float32), tl.load(dt_bias_ptr + head).to(tl.float32),
-    )  # fmt: skip
-
-    # Earlier ring entries (positions < write_pos); masked loads never touch stale or non-finite entries.
-    earlier = offs_l < pos
-    rg_at = ring_g_ptr + slot * srg_slot + head * srg_h
-    rk_at = ring_k_ptr + slot * srk_slot + khead * srk_h
+    per_head = row * num_v_heads + head
+    weight = tl.load(weight_ptr + per_head * BLOCK_L + offs_l)
     ru_at = ring_u_ptr + slot * sru_slot + head * sru_h
-    all_g = tl.where(offs_l == pos, g, tl.load(rg_at + offs_l * srg_l, mask=earlier, other=0.0))
-    weight = tl.where(offs_l <= pos, tl.exp(decay_sum_after(all_g, offs_l)), 0.0)
-    ring_k = tl.load(
-        rk_at + offs_l[:, None] * srk_l + offs_k[None, :] * srk_k, mask=earlier[:, None] & mask_k[None, :], other=0.0
-    )  # fmt: skip
     ring_u = tl.load(
-        ru_at + offs_l[:, None] * sru_l + offs_v[None, :] * sru_v, mask=earlier[:, None] & mask_v[None, :], other=0.0
+        ru_at + offs_l[:, None] * sru_l + offs_v[None, :] * sru_v,
+        mask=(offs_l < pos)[:, None] & mask_v[None, :], other=0.0,
     )  # fmt: skip
-    state = tl.exp(tl.sum(all_g, axis=0)) * state  # e^G_c S_c: decayed to this step
-    kk = tl.sum(ring_k * k[None, :], axis=1)
-    base = tl.sum(state * k[None, :], axis=1) + tl.sum((weight * kk)[:, None] * ring_u, axis=0)
-    u = beta * (v - base)
-
+    decay = tl.load(decay_ptr + per_head)
+    kk = tl.load(kk_ptr + key * BLOCK_L + offs_l)  # 0 from pos on
+    base = decay * tl.sum(state * k[None, :], axis=1) + tl.sum((weight * kk)[:, None] * ring_u, axis=0)
+    u = tl.load(beta_ptr + per_head) * (v - base)
     tl.store(ru_at + pos * sru_l + offs_v * sru_v, u, mask=mask_v)
-    first_block = vblock == 0
-    tl.store(rg_at + pos * srg_l, g, mask=first_block)
-    key_leader = first_block & (head % v_per_k == 0)
-    tl.store(rk_at + pos * srk_l + offs_k * srk_k, k, mask=mask_k & key_leader)
-
-    if tl.load(flush_ptr + row) > 0:
-        now = offs_l == pos
-        state = fold_into(
-            state, tl.where(now[:, None], u[None, :], ring_u), weight, tl.where(now[:, None], k[None, :], ring_k)
-        )  # fmt: skip
-        tl.store(state_at, state, mask=mask_vk)
-        o = tl.sum(state * q[None, :], axis=1)
-    else:
-        kq = tl.sum(ring_k * q[None, :], axis=1)
-        o = tl.sum(state * q[None, :], axis=1) + tl.sum((weight * kq)[:, None] * ring_u, axis=0)
-        o += tl.sum(k * q, axis=0) * u
+    kq = tl.load(kq_ptr + key * BLOCK_L + offs_l)  # k̂·q̂ at pos, 0 after
+    o = decay * tl.sum(state * q[None, :], axis=1) + tl.sum((weight * kq)[:, None] * ring_u, axis=0)
+    o += tl.sum(tl.where(offs_l == pos, kq, 0.0), axis=0) * u
     tl.store(out_ptr + row * so_b + head * so_h + offs_v * so_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
 
 
 def _out_buffer(v: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return torch.empty_like(v) if out is None else out
+
+
+def launch_gdn_replay(
+    v: torch.Tensor,
+    ssm_state: torch.Tensor,
+    ring_u: torch.Tensor,
+    state_indices: torch.Tensor,
+    write_pos: torch.Tensor,
+    flush_len: torch.Tensor,
+    coefficients: GdnCoefficients,
+    pad_slot_id: int,
+    out: torch.Tensor,
+    block_v: int,
+    num_warps: int,
+) -> None:
+    """The non-flush rows' u and o (after the coefficient launch)."""
+    batch, num_v_heads, head_v_dim = v.shape
+    head_k_dim = ssm_state.shape[3]
+    BLOCK_V = block_size(head_v_dim, cap=block_v)
+    c = coefficients
+    _gdn_replay_kernel[(triton.cdiv(head_v_dim, BLOCK_V), num_v_heads, batch)](
+        v, ssm_state, ring_u, state_indices, write_pos, flush_len,
+        c.q_hat, c.k_hat, c.kk, c.kq, c.weight, c.decay, c.beta, out,
+        head_k_dim, head_v_dim, ring_u.shape[1], num_v_heads, num_v_heads // c.num_k_heads, pad_slot_id,
+        *v.stride(), *ssm_state.stride(), *ring_u.stride(), *out.stride(),
+        BLOCK_L=c.block_l, BLOCK_V=BLOCK_V, BLOCK_K=c.block_k, num_warps=num_warps,
+    )  # fmt: skip
 
 
 def gdn_decode_step(
@@ -141,11 +140,13 @@ def gdn_decode_step(
     write_pos: torch.Tensor,
     flush_len: torch.Tensor,
     *,
+    flush_rows: torch.Tensor | None = None,
+    flush_count: torch.Tensor | None = None,
     scale: float | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
     out: torch.Tensor | None = None,
-    block_v: int = 16,
-    num_warps: int = 4,
+    block_v: int = REPLAY_BLOCK_V,
+    num_warps: int = REPLAY_NUM_WARPS,
 ) -> torch.Tensor:
     """The whole GDN decode step (Triton): append (k̂, u, g) at write_pos, return o [batch, num_v_heads,
     head_v_dim] (the z gate and out_proj stay vLLM's), and fold the ring into ssm_state on flush rows.
@@ -155,30 +156,29 @@ def gdn_decode_step(
     dt_bias [num_v_heads]; ssm_state [slots, num_v_heads, head_v_dim, head_k_dim] fp32 (else ValueError);
     ring tensors as in ``gdn_layout``; state_indices, write_pos, flush_len int [batch]: write_pos = entries
     already in the ring, flush_len > 0 = fold the ring including this step (``decode_flush_len`` gives L when
-    write_pos == L-1) after which the row restarts at write_pos 0. Padding rows (slot == pad_slot_id or < 0)
-    and rows whose write_pos is off the ring are skipped: nothing read or written, ``out`` left as it was.
-    One launch with a grid fixed by the shapes, so it can be captured in a CUDA graph. ``block_v`` (at least
-    16, for the fold's tl.dot) and ``num_warps`` are GPU tuning knobs only; the fp32 fold is register hungry
-    (see ``compile_check``), and no H200 sweep has chosen them yet.
+    write_pos == L-1) after which the row restarts at write_pos 0. ``flush_rows`` (int32 [batch]) and
+    ``flush_count`` (int32 [1]) list the real flush rows first, in any order (the cursor plan writes them; when
+    not given they are derived here with device ops). Padding rows (slot == pad_slot_id or < 0) and rows whose
+    write_pos is off the ring are skipped: nothing read or written, ``out`` left as it was. Three launches with
+    grids fixed by the shapes, so it can be captured in a CUDA graph. ``block_v`` and ``num_warps`` (the replay
+    launch's head_v_dim rows per program and warps) are GPU tuning knobs only.
     """
     check_launchable(q, ssm_state)
     require_fp32_checkpoint(ssm_state)
-    batch, num_v_heads, head_v_dim = v.shape
-    num_k_heads, head_k_dim = q.shape[1:]
+    batch, num_v_heads, _ = v.shape
     out = _out_buffer(v, out)
     if batch == 0:
         return out
-    BLOCK_V = block_size(head_v_dim, cap=block_v, floor=16)  # tl.dot (the fold) needs 16 in every dimension
-    grid = (batch, num_v_heads, triton.cdiv(head_v_dim, BLOCK_V))
-    _gdn_decode_step_kernel[grid](
-        q, k, v, a, b, A_log, dt_bias, ssm_state, ring_k, ring_u, ring_g, state_indices, write_pos, flush_len, out,
-        default_scale(head_k_dim) if scale is None else scale, head_k_dim, head_v_dim, ring_g.shape[1],
-        num_v_heads // num_k_heads, pad_slot_id,
-        *q.stride(), *k.stride(), *v.stride(), *a.stride(), *b.stride(), *ssm_state.stride(),
-        *ring_k.stride(), *ring_u.stride(), *ring_g.stride(), *out.stride(),
-        BLOCK_L=block_size(ring_g.shape[1], floor=16), BLOCK_V=BLOCK_V, BLOCK_K=block_size(head_k_dim, floor=16),
-        num_warps=num_warps,
-    )  # fmt: skip
+    if flush_rows is None or flush_count is None:
+        flush_rows, flush_count = flush_work_list(flush_len, state_indices, write_pos, ring_g.shape[1], pad_slot_id)
+    scale = default_scale(q.shape[2]) if scale is None else scale
+    coefficients = launch_gdn_coefficients(
+        q, k, a, b, A_log, dt_bias, ring_k, ring_g, state_indices, write_pos, scale, pad_slot_id, num_v_heads
+    )
+    launch_gdn_replay(
+        v, ssm_state, ring_u, state_indices, write_pos, flush_len, coefficients, pad_slot_id, out, block_v, num_warps
+    )
+    launch_gdn_fold(v, ssm_state, ring_k, ring_u, state_indices, write_pos, flush_rows, flush_count, coefficients, out)
     return out
 
 
@@ -198,14 +198,17 @@ def gdn_decode_step_reference(
     write_pos: torch.Tensor,
     flush_len: torch.Tensor,
     *,
+    flush_rows: torch.Tensor | None = None,
+    flush_count: torch.Tensor | None = None,
     scale: float | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
     out: torch.Tensor | None = None,
-    block_v: int = 16,
-    num_warps: int = 4,
+    block_v: int = REPLAY_BLOCK_V,
+    num_warps: int = REPLAY_NUM_WARPS,
 ) -> torch.Tensor:
-    """Plain-PyTorch twin of ``gdn_decode_step`` (same arguments; block_v / num_warps are ignored), in fp32."""
-    del block_v, num_warps
+    """Plain-PyTorch twin of ``gdn_decode_step`` (same arguments; the fold list and tuning knobs are ignored),
+    in fp32: the replay of every row, then the fold of the flush rows, which answer from the folded state."""
+    del flush_rows, flush_count, block_v, num_warps
     require_fp32_checkpoint(ssm_state)
     num_v_heads, num_k_heads, head_k_dim = v.shape[1], q.shape[1], q.shape[2]
     out = _out_buffer(v, out)

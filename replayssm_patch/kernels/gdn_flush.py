@@ -1,6 +1,6 @@
 """Fold the first flush_len ring entries of a GDN row into its checkpoint, outside a decode step.
 
-The decode step folds its own ring on flush rows (``gdn_decode``); this is for materialise-before-prefill:
+The decode step folds its own ring on flush rows (``gdn_fold``); this is for materialise-before-prefill:
 a prefill row that reads stored state (chunked prefill, a resumed sequence) first needs a current
 checkpoint. With n = flush_len entries and G_s = g summed over the entries after s:
     S_new = e^(g_0 + ... + g_{n-1}) S_c + Σ_{s<n} e^G_s u_s k̂_sᵀ

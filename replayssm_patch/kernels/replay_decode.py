@@ -26,6 +26,7 @@ from replayssm_patch.kernels.common import (
     check_launchable,
     decay_sum_after_reference,
     decay_sums_after,
+    head_chunk,
     softplus_f32,
     softplus_reference,
 )
@@ -164,11 +165,6 @@ def _step_inputs(
     nheads = x.shape[1]
     out = torch.empty_like(x) if out is None else out
     return per_head_dt(dt), per_head(A, nheads), per_head(D, nheads), per_head(dt_bias, nheads), out
-
-
-def head_chunk(heads_per_group: int) -> int:
-    """Heads the coefficient launch handles as one tile: the largest power of two dividing the group, at most 16."""
-    return min(16, heads_per_group & -heads_per_group)
 
 
 def launch_replay(

@@ -307,9 +307,11 @@ def test_enabled_model_builds_replay_layers_everywhere(checks):
 
 def test_real_builder_plans_capture_decode_and_prefill(checks):
     steps = checks["tiny_model"]["steps"]
-    assert steps[0] == {"capture_write_pos": [0, 0], "table_allocated": False}  # capture touched no cursor
+    # capture touched no cursor and lists no row to fold
+    assert steps[0] == {"capture_write_pos": [0, 0], "table_allocated": False, "capture_flush_list": []}
     assert [s["write_pos"] for s in steps[1:6]] == [[0, 0], [1, 1], [2, 2], [3, 3], [0, 0]]  # L=4
     assert [s["flush_len"] for s in steps[1:6]] == [[0, 0], [0, 0], [0, 0], [4, 4], [0, 0]]
+    assert [s["flush_list"] for s in steps[1:6]] == [[], [], [], [0, 1], []]  # the fold's work list
     # beside a prefill the decode row (block 3, cursor 1) still appends (a fold each mixed step would cost more
     # than vLLM's decode); the fresh prompt in reused block 6 reads none of its 2 stale entries and restarts, and
     # the CPU knows it is fresh (seq len = query len), so no layer launches a fold for that step
@@ -490,9 +492,11 @@ def test_gdn_fp32_state_on_cuda_is_accepted(gdn_checks):
 
 def test_gdn_builder_plans_capture_and_decode_with_its_own_cursor_table(gdn_checks):
     steps = gdn_checks["builder"]["steps"]
-    assert steps[0] == {"capture_write_pos": [0, 0], "table_allocated": False}  # capture touched no cursor
+    # capture touched no cursor and lists no row to fold
+    assert steps[0] == {"capture_write_pos": [0, 0], "table_allocated": False, "capture_flush_list": []}
     assert [s["write_pos"] for s in steps[1:6]] == [[0, 0], [1, 1], [2, 2], [3, 3], [0, 0]]  # L=4
     assert [s["flush_len"] for s in steps[1:6]] == [[0, 0], [0, 0], [0, 0], [4, 4], [0, 0]]
+    assert [s["flush_list"] for s in steps[1:6]] == [[], [], [], [0, 1], []]  # the fold's work list
 
 
 def test_gdn_mixed_step_replays_decode_rows_and_hands_vllm_a_prefill_only_view(gdn_checks):

@@ -81,6 +81,11 @@ def refusal(model_dir: Path, knobs: dict, cuda: bool = True, **engine) -> str | 
     return None
 
 
+def flush_list(m) -> list[int]:
+    """The fold's work list of a built step: the rows the decode step folds."""
+    return m.replay_flush_rows[: int(m.replay_flush_count.item())].tolist()
+
+
 def builder_steps(tiny: Path) -> dict:
     """The real builder (through vLLM's own build()) over capture, decode, a mixed step and a fresh 1-token row."""
     config = vllm_config(ALIGNED_L4, tiny, max_model_len=512, dtype="float32")
@@ -90,12 +95,14 @@ def builder_steps(tiny: Path) -> dict:
     builder = layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device("cpu"))
     steps: list[dict] = []
     capture = builder.build_for_cudagraph_capture(common_metadata([1, 1], [1, 1], [0, 0], [False, False]))
-    steps.append(
-        {"capture_write_pos": capture.replay_write_pos.tolist(), "table_allocated": builder.cursors is not None}
-    )
+    steps.append({
+        "capture_write_pos": capture.replay_write_pos.tolist(), "table_allocated": builder.cursors is not None,
+        "capture_flush_list": flush_list(capture),
+    })  # fmt: skip
     for step in range(5):  # two decoding sequences in blocks 3 and 5
         m = builder.build(0, common_metadata([1, 1], [10 + step, 20 + step], [3, 5], [False, False]))
-        steps.append({"write_pos": m.replay_write_pos.tolist(), "flush_len": m.replay_flush_len.tolist()})
+        steps.append({"write_pos": m.replay_write_pos.tolist(), "flush_len": m.replay_flush_len.tolist(),
+                      "flush_list": flush_list(m)})  # fmt: skip
     # block 3 decodes beside a continuing 5-token chunk in block 5 and a fresh 7-token prompt in block 6 (stale 2)
     for _ in range(2):
         builder.cursors.decode_step(

@@ -241,6 +241,81 @@ def test_decode_steps_track_fp64_recurrence_across_flushes(shape: Shape) -> None
         assert rel_err(ring_fp64_state(run, real, write_pos[:-1].long()), h) <= STATE_TOL
 
 
+# head_v_dim 40: two replay blocks (32 wide) and three fold blocks (16 wide), the last of each partial
+SPLIT_CASE = Shape(2, 4, 16, 40, ring_len=4, batch=6, dtype=torch.bfloat16)
+SPLIT_PADDING = [1, 4]  # padding rows between real rows, as vLLM's graph padding never is, but a list must not care
+
+
+def listed_flush_rows(
+    flush_len: torch.Tensor, indices: torch.Tensor, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fold's work list as a caller may hand it: the real flush rows in a random order, then a non-flush real
+    row repeated past the count (a fold that read past it would fold that row and miss the fp64 state)."""
+    flushing = ((flush_len > 0) & (indices >= 0)).nonzero().squeeze(1)
+    flushing = flushing[torch.randperm(flushing.numel(), generator=gen)]
+    filler = [row for row in range(flush_len.shape[0]) if flush_len[row] == 0 and row not in SPLIT_PADDING]
+    rows = torch.full((flush_len.shape[0],), filler[0] if filler else 0, dtype=torch.int32)
+    rows[: flushing.numel()] = flushing.to(torch.int32)
+    return rows, torch.tensor([flushing.numel()], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("fold_list", ["derived", "shuffled"])
+@pytest.mark.parametrize("windows", ["aligned", "staggered"])
+def test_split_launches_track_fp64_with_no_all_and_some_rows_flushing(windows: str, fold_list: str) -> None:
+    """3 L + 1 steps across 3 flushes per row, padding rows inside the batch (saying flush at times). Aligned
+    windows give steps where no row flushes and steps where every real row does; staggered ones, steps where
+    some do. The fold's list is derived from flush_len, or handed in shuffled with stale entries past its count."""
+    shape = SPLIT_CASE
+    gen = seeded("gdn-split", windows, fold_list)
+    layer = make_layer(shape, gen)
+    slots = shape.batch + 2
+    real = torch.tensor([r for r in range(shape.batch) if r not in SPLIT_PADDING])
+    indices = torch.full((shape.batch,), -1, dtype=torch.int32)
+    indices[real] = (torch.randperm(slots, generator=gen)[: real.numel()]).to(torch.int32)
+    real_slots = indices[real].long()
+    cache = make_cache(shape, slots, gen)
+    write_pos = torch.zeros(shape.batch, dtype=torch.int32)
+    if windows == "staggered":
+        write_pos = torch.randint(0, shape.ring_len, (shape.batch,), generator=gen, dtype=torch.int32)
+        write_pos[real[0]] = shape.ring_len - 1
+    fill_ring(shape, cache, real_slots, write_pos[real], gen)
+    h = ring_fp64_state(cache, real_slots, write_pos[real].long())
+    runs = [cache.clone() for _ in STEP_TWINS]
+    flushing_counts = set()
+    for t in range(3 * shape.ring_len + 1):
+        step = make_step(shape, layer, gen)
+        flush_len = decode_flush_len(write_pos, shape.ring_len)
+        flush_len[SPLIT_PADDING[t % 2]] = shape.ring_len  # a padding row that says flush
+        listed = {}
+        if fold_list == "shuffled":
+            listed = dict(zip(("flush_rows", "flush_count"), listed_flush_rows(flush_len, indices, gen), strict=True))
+        sentinel = torch.full((shape.batch, shape.num_v_heads, shape.head_v_dim), 7.0)
+        outs = [
+            fn(*step_args(step, layer, run), indices, write_pos, flush_len, out=sentinel.clone(), **listed)
+            for fn, run in zip(STEP_TWINS, runs, strict=True)
+        ]
+        o_true = gdn_recurrence_step(h, *(getattr(step.rows(real), n) for n in "qkvab"), layer.A_log, layer.dt_bias)
+        folded = flush_len[real] > 0
+        flushing_counts.add(int(folded.sum()))
+        for fn, out, run in zip(STEP_TWINS, outs, runs, strict=True):
+            assert rel_err(out[real], o_true) <= OUT_TOL, f"{fn.__name__} output, step {t}"
+            assert (out[SPLIT_PADDING] == 7.0).all(), f"{fn.__name__} wrote a padding row's output, step {t}"
+            if folded.any():
+                assert rel_err(run.ssm_state[real_slots[folded]], h[folded]) <= STATE_TOL, f"{fn.__name__} fold {t}"
+        write_pos = torch.where(indices >= 0, (write_pos + 1) % shape.ring_len, write_pos)
+
+    if windows == "aligned":
+        assert flushing_counts == {0, real.numel()}, "steps where no row and where every row folds"
+    else:
+        assert flushing_counts - {0, real.numel()}, "steps where some rows fold"
+    for run in runs:
+        assert rel_err(ring_fp64_state(run, real_slots, write_pos[real].long()), h) <= STATE_TOL
+        unused = torch.ones(slots, dtype=torch.bool)
+        unused[real_slots] = False
+        for name in ("ssm_state", "ring_k", "ring_u", "ring_g"):
+            assert_same(getattr(run, name)[unused], getattr(cache, name)[unused], f"{name} of a slot no row uses")
+
+
 def test_ring_of_one_is_the_baseline_recurrence() -> None:
     """L = 1: every step folds an empty ring, so each step must be the fp32 baseline step (state and output)."""
     shape = STEP_CASES[0]

@@ -71,16 +71,29 @@ def test_kernel_bench_without_gpu_or_smoke_refuses(tmp_path: Path) -> None:
     assert done.stdout.strip().splitlines()[-1].startswith("error: no CUDA GPU")
 
 
-def test_kernels_compile_for_hopper() -> None:
-    """The real Triton compiler (not the interpreter) accepts every default kernel variant for sm_90."""
+@functools.cache
+def compile_check_lines() -> tuple[str, ...]:
+    """The compile check's "ok" lines (one run shared by the tests below); fails the test if any variant failed."""
     done = run_module("replayssm_patch.kernels.compile_check", interpret=False)
     assert done.returncode == 0, done.stdout
-    lines = [line for line in done.stdout.splitlines() if ": ok" in line]
-    assert len(lines) == 14, done.stdout  # 8 decode-path variants, 4 of the verify, 2 of GDN
+    return tuple(line for line in done.stdout.splitlines() if ": ok" in line)
+
+
+def test_kernels_compile_for_hopper() -> None:
+    """The real Triton compiler (not the interpreter) accepts every default kernel variant for sm_90."""
+    lines = compile_check_lines()
+    assert len(lines) == 16, lines  # 8 decode-path variants, 4 of the verify, 4 of GDN
     registers = [int(line.split(" registers")[0].rsplit(" ", 1)[1]) for line in lines]
-    assert all(0 < count <= 255 for count in registers), done.stdout  # ptxas -v was read for every kernel
+    assert all(0 < count <= 255 for count in registers), lines  # ptxas -v was read for every kernel
     every_step = [line for line in lines if line.startswith(("replay step", "decode fold", "ring coefficients"))]
-    assert len(every_step) == 5 and all(" 0 B spilled" in line for line in every_step), done.stdout
+    assert len(every_step) == 5 and all(" 0 B spilled" in line for line in every_step), lines
+
+
+def test_gdn_decode_step_kernels_do_not_spill() -> None:
+    """The three launches of every GDN decode step (coefficients, replay, fold) fit their registers on sm_90."""
+    every_step = [line for line in compile_check_lines() if line.startswith(("gdn coefficients", "gdn replay",
+                                                                             "gdn fold"))]  # fmt: skip
+    assert len(every_step) == 3 and all(" 0 B spilled" in line for line in every_step), every_step
 
 
 def selective_state_update_stand_in(

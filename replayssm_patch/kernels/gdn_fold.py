@@ -1,0 +1,112 @@
+"""The GDN decode step's fold: the rows whose window ends this step, and only those, fold their ring into the state.
+
+Why a launch of its own over a compacted row list (as ``decode_fold`` for Mamba-2): a flush is 1 row in L per
+step. Compiled into every replay program, the rank-L product cost all of them its registers, flush or not.
+Here a fixed grid of programs (the same every step, for CUDA graphs) walks the (flush row, value head,
+head_v_dim block) items of the listed rows (``flush_rows``, the first ``flush_count`` entries); each item is
+the replay's u, then one rank-(pos+1) product on tensor cores in tf32x3 (fp32-level error, tested against
+fp64), with m = write_pos and the coefficients of ``gdn_decode``'s first launch:
+    u     = β (v − e^G_c (S_c k̂) − Σ_{s<m} w_s kk_s u_s)
+    S_new = e^G_c S_c + Σ_{s<=m} w_s u_s k̂_sᵀ          (stored as the new checkpoint; u_m = u, w_m = 1)
+    o     = S_new q̂
+The checkpoint tile is decayed before it is read, as vLLM's step decays its state, so with L = 1 (every step
+a flush of an empty ring) the fold is vLLM's own recurrence.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_patch.kernels.common import block_size
+from replayssm_patch.kernels.decode_fold import FOLD_PRECISION, fold_programs, fold_work_item
+from replayssm_patch.kernels.gdn_coefficients import GdnCoefficients
+
+# ptxas (compile_check), head dims 128, L = 16, tf32x3: 4 warps over [16 head_v_dim rows, 128 head_k_dim columns]
+# take 139 registers without spills, so an SM holds the 3 programs per SM of the fixed grid (``fold_programs``);
+# [32, 128] tiles take 182 (2 per SM), and 8 warps over them 128 (2 per SM).
+FOLD_NUM_WARPS = 4
+FOLD_BLOCK_V = 16
+
+
+@triton.jit
+def _gdn_fold_kernel(
+    v_ptr, state_ptr, ring_k_ptr, ring_u_ptr, slot_ptr, pos_ptr, rows_ptr, count_ptr,
+    qhat_ptr, khat_ptr, kk_ptr, weight_ptr, decay_ptr, beta_ptr, out_ptr,
+    head_k_dim, head_v_dim, num_v_heads, v_per_k,
+    sv_b, sv_h, sv_v, ss_slot, ss_h, ss_v, ss_k,
+    srk_slot, srk_l, srk_h, srk_k, sru_slot, sru_l, sru_h, sru_v, so_b, so_h, so_v,
+    BLOCK_L: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, V_BLOCKS: tl.constexpr,
+):  # fmt: skip
+    items = tl.load(count_ptr) * num_v_heads * V_BLOCKS
+    num_k_heads = num_v_heads // v_per_k
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_k = offs_k < head_k_dim
+    item = tl.program_id(0)
+    while item < items:  # a while loop: the item count lives on the device (grid-stride over the work list)
+        row, head, vblock = fold_work_item(item, rows_ptr, num_v_heads, V_BLOCKS)
+        khead = head // v_per_k
+        slot = tl.load(slot_ptr + row).to(tl.int64)
+        pos = tl.load(pos_ptr + row)
+        offs_v = vblock * BLOCK_V + tl.arange(0, BLOCK_V)
+        mask_v = offs_v < head_v_dim
+        mask_vk = mask_v[:, None] & mask_k[None, :]
+        state_at = state_ptr + slot * ss_slot + head * ss_h + offs_v[:, None] * ss_v + offs_k[None, :] * ss_k
+        state = tl.load(state_at, mask=mask_vk, other=0.0)
+        key = (row * num_k_heads + khead) * BLOCK_K + offs_k
+        k = tl.load(khat_ptr + key, mask=mask_k, other=0.0)
+        q = tl.load(qhat_ptr + key, mask=mask_k, other=0.0)
+        v = tl.load(v_ptr + row * sv_b + head * sv_h + offs_v * sv_v, mask=mask_v, other=0.0).to(tl.float32)
+        per_head = row * num_v_heads + head
+        weight = tl.load(weight_ptr + per_head * BLOCK_L + offs_l)  # 0 past pos, 1 at pos
+        kk = tl.load(kk_ptr + (row * num_k_heads + khead) * BLOCK_L + offs_l)  # 0 from pos on
+        ru_at = ring_u_ptr + slot * sru_slot + head * sru_h
+        ring_u = tl.load(
+            ru_at + offs_l[:, None] * sru_l + offs_v[None, :] * sru_v,
+            mask=(offs_l < pos)[:, None] & mask_v[None, :], other=0.0,
+        )  # fmt: skip
+        state = tl.load(decay_ptr + per_head) * state  # e^G_c S_c: decayed to this step
+        base = tl.sum(state * k[None, :], axis=1) + tl.sum((weight * kk)[:, None] * ring_u, axis=0)
+        u = tl.load(beta_ptr + per_head) * (v - base)
+        tl.store(ru_at + pos * sru_l + offs_v * sru_v, u, mask=mask_v)
+
+        # the ring with this step appended (the coefficient launch wrote k̂ at pos); entries past pos are 0
+        values = tl.where((offs_l == pos)[:, None], u[None, :], ring_u)
+        keys = tl.load(
+            ring_k_ptr + slot * srk_slot + khead * srk_h + offs_l[:, None] * srk_l + offs_k[None, :] * srk_k,
+            mask=(offs_l <= pos)[:, None] & mask_k[None, :], other=0.0,
+        )  # fmt: skip
+        state += tl.dot(tl.trans(values * weight[:, None]), keys, input_precision=FOLD_PRECISION)
+        tl.store(state_at, state, mask=mask_vk)
+        o = tl.sum(state * q[None, :], axis=1)
+        tl.store(out_ptr + row * so_b + head * so_h + offs_v * so_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+        item += tl.num_programs(0)
+
+
+def launch_gdn_fold(
+    v: torch.Tensor,
+    ssm_state: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_u: torch.Tensor,
+    state_indices: torch.Tensor,
+    write_pos: torch.Tensor,
+    flush_rows: torch.Tensor,
+    flush_count: torch.Tensor,
+    coefficients: GdnCoefficients,
+    out: torch.Tensor,
+) -> None:
+    """Fold the listed rows (after the coefficient launch, which wrote the scratch and appended k̂ and g)."""
+    batch, num_v_heads, head_v_dim = v.shape
+    head_k_dim = ssm_state.shape[3]
+    BLOCK_V = block_size(head_v_dim, cap=FOLD_BLOCK_V, floor=16)  # tl.dot needs 16 in every dimension
+    V_BLOCKS = triton.cdiv(head_v_dim, BLOCK_V)
+    c = coefficients
+    _gdn_fold_kernel[(min(batch * num_v_heads * V_BLOCKS, fold_programs(v.device)),)](
+        v, ssm_state, ring_k, ring_u, state_indices, write_pos, flush_rows, flush_count,
+        c.q_hat, c.k_hat, c.kk, c.weight, c.decay, c.beta, out,
+        head_k_dim, head_v_dim, num_v_heads, num_v_heads // c.num_k_heads,
+        *v.stride(), *ssm_state.stride(), *ring_k.stride(), *ring_u.stride(), *out.stride(),
+        BLOCK_L=c.block_l, BLOCK_V=BLOCK_V, BLOCK_K=c.block_k, V_BLOCKS=V_BLOCKS, num_warps=FOLD_NUM_WARPS,
+    )  # fmt: skip
