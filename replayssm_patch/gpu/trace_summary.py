@@ -12,6 +12,7 @@ No torch or vLLM needed: it reads the JSON (plain or .gz) that `torch.profiler.t
 
 from __future__ import annotations
 
+import ast
 import bisect
 import gzip
 import itertools
@@ -33,18 +34,23 @@ MAMBA_KERNELS = (
 )
 
 
+def _is_triton_jit(decorator: ast.expr) -> bool:
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator  # @triton.jit or @triton.jit(...)
+    return isinstance(target, ast.Attribute) and target.attr == "jit" and getattr(target.value, "id", None) == "triton"
+
+
 def plugin_kernel_names() -> frozenset[str]:
-    """The name of every Triton kernel the plugin defines (replayssm_patch.kernels), read from the code: a new
-    kernel counts as ReplaySSM's in a profile without any naming rule (a profile once put three of ours in "other")."""
-    import importlib
-    import pkgutil
-
-    from triton.runtime.jit import JITFunction
-
-    import replayssm_patch.kernels as kernels
-
-    modules = [importlib.import_module(f"{kernels.__name__}.{m.name}") for m in pkgutil.iter_modules(kernels.__path__)]
-    return frozenset(name for module in modules for name, obj in vars(module).items() if isinstance(obj, JITFunction))
+    """The name of every Triton kernel the plugin defines (replayssm_patch/kernels), read from the source: a new
+    kernel counts as ReplaySSM's in a profile without any naming rule (a profile once put three of ours in "other").
+    Parsed, not imported, so that nothing imports Triton before the kernel tests choose its interpreter."""
+    sources = (Path(__file__).parents[1] / "kernels").glob("*.py")
+    trees = [ast.parse(source.read_text()) for source in sources]
+    return frozenset(
+        node.name
+        for tree in trees
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and any(map(_is_triton_jit, node.decorator_list))
+    )
 
 
 PLUGIN_KERNELS = re.compile("^(" + "|".join(map(re.escape, sorted(plugin_kernel_names()))) + ")$")

@@ -49,7 +49,8 @@ def test_steps_keeps_the_last_decode_steps_and_batch_picks_the_rows():
         ("_flush_kernel", "replayssm"),
         ("_decode_fold_kernel", "replayssm"),  # the plugin's kernels by their names in the code, "replay" or not
         ("_cursor_plan_kernel", "replayssm"),
-        ("_gdn_decode_step_kernel", "replayssm"),
+        ("_gdn_replay_kernel", "replayssm"),
+        ("_gdn_fold_kernel", "replayssm"),
         ("fused_recurrent_gated_delta_rule_fwd_kernel", "mamba"),  # vLLM's GDN decode
         ("_replay_kernel_of_someone_else", "other"),
         ("_selective_scan_update_kernel", "mamba"),
