@@ -34,6 +34,11 @@ from replayssm_patch.gpu.layer_check import common_metadata, make_layer, vllm_co
 ENABLED = {"replayssm": {"enable": True, "buffer_len": 16, "split_precision": True}}
 
 
+def flush_list(m) -> list[int]:
+    """The fold's work list of a built step: the rows the decode step folds."""
+    return m.replay_flush_rows[: int(m.replay_flush_count.item())].tolist()
+
+
 def model_spec(config) -> MambaSpec:
     model_cls, _ = ModelRegistry.resolve_model_cls(config.model_config.architecture, model_config=config.model_config)
     spec = MambaSpec(
@@ -68,10 +73,12 @@ def tiny_model_checks(tiny_dir: Path) -> dict:
     steps = []
     capture = builder.build_for_cudagraph_capture(common_metadata([1, 1], [1, 1], [0, 0], [False, False]))
     allocated = builder.cursors is not None
-    steps.append({"capture_write_pos": capture.replay_write_pos.tolist(), "table_allocated": allocated})
+    steps.append({"capture_write_pos": capture.replay_write_pos.tolist(), "table_allocated": allocated,
+                  "capture_flush_list": flush_list(capture)})  # fmt: skip
     for step in range(5):  # two decoding sequences in blocks 3 and 5
         m = builder.build(0, common_metadata([1, 1], [10 + step, 20 + step], [3, 5], [False, False]))
-        steps.append({"write_pos": m.replay_write_pos.tolist(), "flush_len": m.replay_flush_len.tolist()})
+        steps.append({"write_pos": m.replay_write_pos.tolist(), "flush_len": m.replay_flush_len.tolist(),
+                      "flush_list": flush_list(m)})  # fmt: skip
         if step == 3:  # the flush step, as another KV-cache group (blocks 2 and 4) gets it from vLLM
             other = layer.get_attn_backend().get_builder_cls()(spec, [mixers[1].prefix], config, torch.device("cpu"))
             theirs = common_metadata([1, 1], [13, 23], [2, 4], [False, False])

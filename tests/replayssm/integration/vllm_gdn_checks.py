@@ -26,7 +26,7 @@ from vllm.model_executor.models import ModelRegistry  # noqa: E402
 from vllm.platforms.cpu import CpuPlatform  # noqa: E402
 from vllm.plugins import load_general_plugins  # noqa: E402
 from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend  # noqa: E402
-from vllm_checks import describe  # noqa: E402
+from vllm_checks import describe, flush_list  # noqa: E402
 
 from replayssm_patch.config import replayssm_config_of  # noqa: E402
 from replayssm_patch.gdn_mixer import install_replay_gdn  # noqa: E402
@@ -79,11 +79,6 @@ def refusal(model_dir: Path, knobs: dict, cuda: bool = True, **engine) -> str | 
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
-
-
-def flush_list(m) -> list[int]:
-    """The fold's work list of a built step: the rows the decode step folds."""
-    return m.replay_flush_rows[: int(m.replay_flush_count.item())].tolist()
 
 
 def builder_steps(tiny: Path) -> dict:
