@@ -104,13 +104,21 @@ def sampling_kwargs(tokens: int) -> dict[str, Any]:
     return {"max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True, "temperature": 0.0, "detokenize": False}
 
 
+def capture_sizes(args: argparse.Namespace) -> list[int]:
+    """The token counts of the measured steps: B per decode step, and also B·(1 + k) per verify step when the run
+    speculates (spec_step's arms set args.speculative and args.spec_tokens)."""
+    per_row = (1, 1 + args.spec_tokens) if getattr(args, "speculative", False) else (1,)
+    return sorted({batch * tokens for batch in args.batches for tokens in per_row})
+
+
 def compilation_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The mode's compilation settings, with CUDA graphs captured only at the batches measured (unless
+    """The mode's compilation settings, with CUDA graphs captured only at the steps measured (unless
     --all-capture-sizes): vLLM's default list has ~67 sizes per graph kind, whose capture costs each engine about
-    a minute of start-up on the H200, and a decode step at a captured size runs the same graph either way."""
+    a minute of start-up on the H200, and a step at a captured size runs the same graph either way. The default
+    list also stops at 512 tokens, so a verify step of 256 rows of 1 + 3 tokens would run without a graph."""
     config = dict(MODES[args.mode].get("compilation_config", {}))
     if not args.all_capture_sizes:
-        config["cudagraph_capture_sizes"] = sorted(set(args.batches))
+        config["cudagraph_capture_sizes"] = capture_sizes(args)
     return config
 
 

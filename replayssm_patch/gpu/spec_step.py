@@ -220,9 +220,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=None, help="start no new engine or batch after this many s")
     p.add_argument("--out", type=Path, required=True, help="JSON file to merge the rows into")
     p.add_argument("--summarise", type=Path, metavar="FILE", help="print FILE's markdown summary; starts nothing")
-    # vLLM's own capture list in every arm: a verify step of B rows is B * (1 + k) tokens, so graphs captured only at
-    # the measured batches (engine_step's default) would leave the spec arms' steps uncaptured
-    p.set_defaults(all_capture_sizes=True)
     return p
 
 

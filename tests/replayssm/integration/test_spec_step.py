@@ -78,7 +78,9 @@ def test_llm_keywords_are_the_variants_plus_mtp_with_synthetic_acceptance_for_sp
         "method": "mtp", "num_speculative_tokens": 5, "rejection_sample_method": "synthetic",
         "synthetic_acceptance_length": 2.8}} if speculative else {})  # fmt: skip
     assert not set(arm_kwargs(args)) & set(base)  # the arm only adds; the engine settings stay engine_step's
-    assert "compilation_config" not in base, "vLLM's own capture list: verify steps are B * (1 + k) tokens"
+    # graphs at the measured steps only: B tokens a decode step, B * (1 + k) a verify step (past vLLM's 512 cap)
+    verify = [b * 6 for b in args.batches] if speculative else []
+    assert base["compilation_config"]["cudagraph_capture_sizes"] == sorted({*args.batches, *verify})
 
 
 def test_rates_and_step_times_from_the_two_generates():

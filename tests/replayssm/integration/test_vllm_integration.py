@@ -130,6 +130,8 @@ def test_spec_step_arms_build_vllm_024_configs_with_mtp_and_synthetic_acceptance
     assert (case["optimization_level"], case["mamba_ssm_cache_dtype"], case["config_prefix_caching"]) == (
         2, "float32", False)  # fmt: skip
     assert case["refused"] == []
+    # graphs at batches 64 and 256 and, speculating, at their verify steps of 4 tokens a row (vLLM's list stops at 512)
+    assert case["capture_sizes"] == ([64, 256] if rates is None else [64, 256, 1024])
     if rates is None:
         assert case["speculative"] is None and case["verify_len"] == 0
         return
