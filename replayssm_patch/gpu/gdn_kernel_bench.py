@@ -339,13 +339,17 @@ def run_sweep(plan: Plan, device: str) -> dict[str, Any]:
 
 def replay_spills(plan: Plan, block_v: int, num_warps: int) -> int | None:
     """Spill bytes ptxas reports for the replay launch at this shape (compile_check, sm_90); None where it cannot
-    tell: under the interpreter, or for block sizes other than compile_check's Qwen3.5 ones."""
+    tell: under the interpreter, for block sizes other than compile_check's Qwen3.5 ones, or if compiling failed."""
     if os.environ.get("TRITON_INTERPRET") == "1" or not plan.qwen35_blocks:
         return None
     from replayssm_patch.kernels.compile_check import compile_for_hopper, gdn_replay_variant
 
     _, kernel, pointers, consts, warps = gdn_replay_variant(block_v, num_warps)
-    return compile_for_hopper(kernel, pointers, consts, warps).spill_bytes
+    try:
+        return compile_for_hopper(kernel, pointers, consts, warps).spill_bytes
+    except Exception as exc:  # no ptxas here, say: time the shape anyway rather than lose the sweep
+        print(f"[gdn_kernel_bench]   spill check {block_v}x{num_warps} failed: {exc!r}", flush=True)
+        return None
 
 
 def run_timing(plan: Plan, device: str, baseline: Baseline, shape: tuple[int, ...] | None) -> dict[str, Any]:
