@@ -20,15 +20,25 @@ import argparse
 import inspect
 import json
 import math
-import os
 import sys
-import time
-import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
+
+from replayssm_patch.gpu.bench_common import (
+    TARGET_REL_ERR,
+    Report,
+    bench_meta,
+    compiled_registers,
+    pick_device,
+    registers_table,
+    seconds_per_call,
+    timing_method,
+    timing_row,
+    timing_table,
+)
 
 if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET must be decided first
     import torch
@@ -36,9 +46,7 @@ if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET
     from replayssm_patch.kernels import ReplayCache
     from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
 
-HBM_BYTES_PER_S = 4.3e12
 CONV_WIDTH = 4  # Nemotron-H's conv kernel: vLLM keeps its last 3 inputs per channel
-TARGET_REL_ERR = 1e-4
 PAD = -1
 
 
@@ -80,12 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     plan = SMOKE_PLAN if args.smoke else Plan()
     if args.steps:
         plan = replace(plan, eq_steps=args.steps)
-    device = _pick_device(args.smoke)
+    device = pick_device(args.smoke)
     if device is None:
         print("error: no CUDA GPU visible; run the full benchmark on the GPU host, or use --smoke on CPU")
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    report = Report(args.out, {"meta": _meta(plan, device)})
+    report = Report(args.out, "kernel_bench", {"meta": bench_meta(plan, device)}, render_markdown)
     baseline = Baseline.load().checked(plan, device)
     report.data["meta"]["baseline"] = baseline.note
     print(f"[kernel_bench] device={device} baseline: {baseline.note}", flush=True)
@@ -97,46 +105,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[kernel_bench] fastest launch shapes in {tuned} (REPLAYSSM_LAUNCH_CONFIG={tuned} uses them)")
     print(f"[kernel_bench] wrote {report.json_path} and {report.md_path}", flush=True)
     return 0
-
-
-def _pick_device(smoke: bool) -> str | None:
-    import torch
-
-    if torch.cuda.is_available():
-        return "cuda"
-    if not smoke:
-        return None
-    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernel modules are imported, which happens after this
-    return "cpu"
-
-
-def _meta(plan: Plan, device: str) -> dict[str, Any]:
-    import torch
-    import triton
-
-    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)"
-    return {"plan": asdict(plan), "device": gpu, "torch": torch.__version__, "triton": triton.__version__}
-
-
-class Report:
-    """Collects section results; rewrites JSON + Markdown after each so partial runs still leave a record."""
-
-    def __init__(self, out_dir: Path, data: dict[str, Any]) -> None:
-        self.json_path, self.md_path, self.data = out_dir / "kernel_bench.json", out_dir / "kernel_bench.md", data
-
-    def section(self, name: str, run: Callable[[], dict[str, Any]]) -> None:
-        print(f"[kernel_bench] {name} ...", flush=True)
-        started = time.perf_counter()
-        try:
-            result = {"status": "ok", **run()}
-        except Exception as exc:  # one broken section must not lose the others
-            result = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-            print(f"[kernel_bench] {name} FAILED: {result['error']}", flush=True)
-        result["seconds"] = round(time.perf_counter() - started, 1)
-        self.data[name] = result
-        self.json_path.write_text(json.dumps(self.data, indent=2, default=str))
-        self.md_path.write_text(render_markdown(self.data))
-        print(f"[kernel_bench] {name} {result['status']} in {result['seconds']} s", flush=True)
 
 
 @dataclass(frozen=True)
@@ -313,7 +281,7 @@ def _fp64_step(
 
 
 def run_timing(plan: Plan, device: str, baseline: Baseline, sweep: bool) -> dict[str, Any]:
-    result: dict[str, Any] = {"method": _timing_method(device), "rows": []}
+    result: dict[str, Any] = {"method": timing_method(device), "rows": []}
     configs: dict[str, tuple[int, int, int] | None] = {"fp32": None, "split": None}
     if sweep:
         bench = KernelSetup(plan, device, max(plan.batches))
@@ -324,7 +292,7 @@ def run_timing(plan: Plan, device: str, baseline: Baseline, sweep: bool) -> dict
         print(f"[kernel_bench]   timing batch {batch}", flush=True)
         bench = KernelSetup(plan, device, batch)
         result["rows"].extend(bench.table(baseline, configs))
-    result["registers"] = compiled_registers()
+    result["registers"] = compiled_registers(_replay_kernels())
     return result
 
 
@@ -334,29 +302,13 @@ def tuned_launch_file(timing: dict[str, Any]) -> dict[str, Any]:
     return {"replay_step": {mode: dict(zip(keys, cfg, strict=True)) for mode, cfg in timing["configs"].items() if cfg}}
 
 
-def compiled_registers() -> list[dict[str, Any]]:
-    """Registers and spills of every replay kernel specialisation this run compiled (what ptxas gave the GPU)."""
+def _replay_kernels() -> tuple[Any, ...]:
+    """The Mamba-2 kernels whose registers the timing section reports."""
     from replayssm_patch.kernels.cursor_plan import _cursor_plan_kernel
     from replayssm_patch.kernels.flush import _flush_kernel
     from replayssm_patch.kernels.replay_decode import _replay_step_kernel, _ring_coefficients_kernel
 
-    found = []
-    for kernel in (_replay_step_kernel, _ring_coefficients_kernel, _flush_kernel, _cursor_plan_kernel):
-        for cache in getattr(kernel, "device_caches", {}).values():
-            for compiled in cache[0].values():
-                constants = {k: v for k, v in compiled.src.constants.items() if isinstance(v, (bool, int, str))}
-                found.append({
-                    "kernel": kernel.__name__, "num_warps": compiled.metadata.num_warps,
-                    "registers": getattr(compiled, "n_regs", None), "spills": getattr(compiled, "n_spills", None),
-                    "constexprs": {str(k): v for k, v in constants.items()},
-                })  # fmt: skip
-    return found
-
-
-def _timing_method(device: str) -> str:
-    if device == "cuda":
-        return "CUDA graph of back-to-back calls, timed with CUDA events over several replays"
-    return "wall clock on CPU under the Triton interpreter (meaningless as speed; checks the code path only)"
+    return _replay_step_kernel, _ring_coefficients_kernel, _flush_kernel, _cursor_plan_kernel
 
 
 class KernelSetup:
@@ -474,18 +426,7 @@ class KernelSetup:
             measure(f"decode step {mode} (all rows flushing)", aligned, model.aligned(copy))
             measure(f"materialise flush {mode} (all rows)", self.materialise(mode), model.flush(1.0, copy))
         base = measured.get("baseline fp32 state", (math.nan, 0))[0]
-        return [self._row(name, secs, nbytes, base) for name, (secs, nbytes) in measured.items()]
-
-    def _row(self, name: str, secs: float, nbytes: float, base_secs: float) -> dict[str, Any]:
-        return {
-            "batch": self.batch,
-            "kernel": name,
-            "us": secs * 1e6,
-            "bytes": nbytes,
-            "GB_per_s": nbytes / secs / 1e9,
-            "hbm_share": nbytes / secs / HBM_BYTES_PER_S,
-            "speedup_vs_baseline_fp32": base_secs / secs,
-        }
+        return [timing_row(self.batch, name, secs, nbytes, base) for name, (secs, nbytes) in measured.items()]
 
 
 def paged_cache(plan: Plan, slots: int, split: bool, device: str) -> ReplayCache:
@@ -567,36 +508,6 @@ class TrafficModel:
         )
 
 
-def seconds_per_call(call: Callable[[], Any], plan: Plan, device: str) -> float:
-    """Mean seconds per call: on CUDA a graph of `graph_calls` back-to-back calls, replayed and event-timed."""
-    import torch
-
-    for _ in range(plan.warmup):  # compiles the Triton kernel outside any capture
-        call()
-    if device != "cuda":
-        started = time.perf_counter()
-        for _ in range(plan.repeats):
-            call()
-        return (time.perf_counter() - started) / plan.repeats
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(plan.graph_calls):
-            call()
-    graph.replay()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(plan.repeats):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) / 1e3 / (plan.repeats * plan.graph_calls)
-
-
 # -------------------------------------------------------------------------------------------------- markdown
 
 
@@ -638,29 +549,14 @@ def render_markdown(data: dict[str, Any]) -> str:
             lines += [
                 f"Method: {timing['method']}. Launch shapes (block_p, block_n, num_warps): {timing['configs']}.",
                 "",
-                "| batch | kernel | us | MB moved | GB/s | share of 4.3 TB/s | speedup vs baseline fp32 |",
-                "| --- | --- | --- | --- | --- | --- | --- |",
+                *timing_table(timing["rows"]),
+                "",
             ]
-            for r in timing["rows"]:
-                lines.append(
-                    f"| {r['batch']} | {r['kernel']} | {r['us']:.1f} | {r['bytes'] / 1e6:.1f} | "
-                    f"{r['GB_per_s']:.0f} | {r['hbm_share']:.0%} | {_speedup(r['speedup_vs_baseline_fp32'])} |"
-                )
-            lines.append("")
             for mode, found in timing.get("sweep", {}).items():
                 shapes = ", ".join(f"{cfg} {us:.1f}" for cfg, us in sorted(found["us"].items(), key=lambda kv: kv[1]))
                 lines += [f"Sweep, decode step {mode} (block_p x block_n x warps: us): {shapes}.", ""]
-            if timing.get("registers"):
-                lines += ["| kernel | warps | registers | spills | constexprs |", "| --- | --- | --- | --- | --- |"]
-                for r in timing["registers"]:
-                    shown = {k: v for k, v in r["constexprs"].items() if k.isupper() or k.startswith("BLOCK")}
-                    lines.append(f"| {r['kernel']} | {r['num_warps']} | {r['registers']} | {r['spills']} | {shown} |")
-                lines.append("")
+            lines += registers_table(timing.get("registers", []))
     return "\n".join(lines)
-
-
-def _speedup(ratio: float) -> str:
-    return "n/a" if math.isnan(ratio) else f"{ratio:.2f}x"
 
 
 if __name__ == "__main__":

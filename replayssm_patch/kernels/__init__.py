@@ -62,7 +62,8 @@ coefficients per key head, the replay, the fold over the flush-row list, as ``re
 ``gdn_layout``'s; the same per-row metadata (state_indices, write_pos, flush_len) drives them.
 
 Checks: ``python -m replayssm_patch.kernels.compile_check`` compiles every default variant for sm_90 on
-any machine; ``python -m replayssm_patch.gpu.kernel_bench --out DIR`` measures them against vLLM on a GPU.
+any machine; ``python -m replayssm_patch.gpu.kernel_bench --out DIR`` measures them against vLLM on a GPU
+(``gdn_kernel_bench`` the GDN step).
 """
 
 from replayssm_patch.kernels.cursor_plan import (

@@ -153,7 +153,7 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     from replayssm_patch.kernels.flush import _flush_kernel
     from replayssm_patch.kernels.gdn_coefficients import COEF_NUM_WARPS as GDN_COEF_NUM_WARPS
     from replayssm_patch.kernels.gdn_coefficients import _gdn_coefficients_kernel
-    from replayssm_patch.kernels.gdn_decode import REPLAY_BLOCK_V, REPLAY_NUM_WARPS, _gdn_replay_kernel
+    from replayssm_patch.kernels.gdn_decode import REPLAY_BLOCK_V, REPLAY_NUM_WARPS
     from replayssm_patch.kernels.gdn_flush import _gdn_flush_kernel
     from replayssm_patch.kernels.gdn_fold import FOLD_BLOCK_V as GDN_FOLD_BLOCK_V
     from replayssm_patch.kernels.gdn_fold import FOLD_NUM_WARPS as GDN_FOLD_NUM_WARPS
@@ -205,14 +205,25 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     for label, kernel, pointers, blocks, num_warps in (
         ("gdn coefficients", _gdn_coefficients_kernel, _GDN_COEF_POINTERS, {"V_PER_K": 2, "HEAD_CHUNK": 2},
          GDN_COEF_NUM_WARPS),
-        ("gdn replay", _gdn_replay_kernel, _GDN_REPLAY_POINTERS, {"BLOCK_V": REPLAY_BLOCK_V}, REPLAY_NUM_WARPS),
         ("gdn fold", _gdn_fold_kernel, _GDN_FOLD_POINTERS,
          {"BLOCK_V": GDN_FOLD_BLOCK_V, "V_BLOCKS": 128 // GDN_FOLD_BLOCK_V}, GDN_FOLD_NUM_WARPS),
         ("gdn flush", _gdn_flush_kernel, _GDN_FLUSH_POINTERS, {"BLOCK_V": 16}, 4),
     ):  # fmt: skip
         consts = {**_GDN_BLOCKS, **blocks, **_unit_strides(kernel, _GDN_UNIT_STRIDES)}
         found.append((label, kernel, pointers, consts, num_warps))
+    found.insert(-2, gdn_replay_variant(REPLAY_BLOCK_V, REPLAY_NUM_WARPS))  # between coefficients and fold
     return found
+
+
+def gdn_replay_variant(
+    block_v: int, num_warps: int
+) -> tuple[str, triton.JITFunction, dict[str, str], dict[str, object], int]:
+    """The GDN replay launch at one launch shape (Qwen3.5 block sizes), as ``variants`` lists it; the GDN kernel
+    bench compiles its sweep's shapes with this to keep only those that do not spill."""
+    from replayssm_patch.kernels.gdn_decode import _gdn_replay_kernel
+
+    consts = {**_GDN_BLOCKS, "BLOCK_V": block_v, **_unit_strides(_gdn_replay_kernel, _GDN_UNIT_STRIDES)}
+    return "gdn replay", _gdn_replay_kernel, _GDN_REPLAY_POINTERS, consts, num_warps
 
 
 def main() -> int:

@@ -71,6 +71,59 @@ def test_kernel_bench_without_gpu_or_smoke_refuses(tmp_path: Path) -> None:
     assert done.stdout.strip().splitlines()[-1].startswith("error: no CUDA GPU")
 
 
+def test_gdn_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
+    done = run_module("replayssm_patch.gpu.gdn_kernel_bench", "--smoke", "--out", str(tmp_path), interpret=False)
+    assert done.returncode == 0, done.stdout
+    data = json.loads((tmp_path / "gdn_kernel_bench.json").read_text())
+    assert "fp64 reference" in data["meta"]["baseline"], "without vLLM the fp64 fallback must be named"
+    eq = data["equivalence"]
+    assert eq["status"] == "ok", eq.get("traceback")
+    assert eq["finite"] and eq["steps"] == 10 and eq["within_target"]
+    assert eq["max_rel_err"] <= 1e-5 and eq["final_state_rel_err"] <= 1e-5  # the issue's CPU bar vs fp64
+    sweep = data["sweep"]
+    assert sweep["status"] == "ok", sweep.get("traceback")
+    assert set(sweep["us"]) == {"16x2", "32x4"} and sweep["spill_bytes"] == {"16x2": None, "32x4": None}
+    tuned = json.loads((tmp_path / "gdn_launch_config.json").read_text())["gdn_replay"]
+    assert [tuned["block_v"], tuned["num_warps"]] == sweep["best"] == data["timing"]["replay_shape"]
+    timing = data["timing"]
+    assert timing["status"] == "ok", timing.get("traceback")
+    rows = {row["kernel"]: row for row in timing["rows"]}
+    assert set(rows) == {
+        "decode step (1/L rows flushing)", "replay (no row flushing)", "decode step (all rows flushing)",
+    }  # fmt: skip
+    assert all(row["batch"] == 2 and row["us"] > 0 and row["bytes"] > 0 for row in rows.values())
+    replay = rows["replay (no row flushing)"]["bytes"]
+    assert replay < rows["decode step (1/L rows flushing)"]["bytes"] < rows["decode step (all rows flushing)"]["bytes"]
+    markdown = (tmp_path / "gdn_kernel_bench.md").read_text()
+    assert "| 2 | replay (no row flushing) |" in markdown and "Within target: **True**" in markdown
+
+
+def test_gdn_kernel_bench_traffic_model_counts_what_each_call_must_move() -> None:
+    """vLLM's decode reads and writes every state; the replay reads it once; all rows flushing adds the write."""
+    from replayssm_patch.gpu.gdn_kernel_bench import Plan, TrafficModel
+
+    model = TrafficModel(Plan(), 256)
+    state = 256 * 32 * 128 * 128 * 4
+    assert model.baseline() - 2 * state == model.replay() - state - 256 * 8.5 * (16 * 128 + 32 * 129) * 4
+    assert model.aligned() - model.replay() > state
+    assert model.replay() < 0.6 * model.baseline()
+
+
+def test_gdn_replay_sweep_keeps_only_shapes_that_do_not_spill() -> None:
+    """The sweep asks the real compiler (sm_90 ptxas) for the replay's spills; today's default shape has none."""
+    code = "from replayssm_patch.gpu.gdn_kernel_bench import Plan, replay_spills; print(replay_spills(Plan(), 32, 4))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={k: v for k, v in os.environ.items()
+                          if k != "TRITON_INTERPRET"}, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"
+
+
+def test_gdn_kernel_bench_without_gpu_or_smoke_refuses(tmp_path: Path) -> None:
+    done = run_module("replayssm_patch.gpu.gdn_kernel_bench", "--out", str(tmp_path), interpret=False, timeout=60)
+    assert done.returncode == 2
+    assert done.stdout.strip().splitlines()[-1].startswith("error: no CUDA GPU")
+
+
 @functools.cache
 def compile_check_lines() -> tuple[str, ...]:
     """The compile check's "ok" lines (one run shared by the tests below); fails the test if any variant failed."""

@@ -1,0 +1,170 @@
+"""What the GPU kernel benchmarks (``kernel_bench`` for Mamba-2, ``gdn_kernel_bench`` for Gated DeltaNet) share.
+
+Device choice (CPU only under ``--smoke``, through Triton's interpreter), the timing method (CUDA graphs of
+back-to-back calls, CUDA events), one timing-table row with its bytes and share of HBM bandwidth, the registers
+ptxas gave the compiled kernels, and the report writer that rewrites JSON + Markdown after every section.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+
+HBM_BYTES_PER_S = 4.3e12  # H200
+TARGET_REL_ERR = 1e-4  # fp32 checkpoint vs the baseline, relative to the largest |value|
+
+
+class Effort(Protocol):
+    """How hard ``seconds_per_call`` works (a benchmark's Plan has these fields)."""
+
+    warmup: int
+    graph_calls: int  # calls captured per CUDA graph
+    repeats: int  # graph replays timed
+
+
+def pick_device(smoke: bool) -> str | None:
+    """The device to run on: cuda if a GPU is visible, else cpu under --smoke (Triton interpreter), else None."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if not smoke:
+        return None
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernel modules are imported, which happens after this
+    return "cpu"
+
+
+def bench_meta(plan: Any, device: str) -> dict[str, Any]:
+    """The plan (a dataclass) and the software and device it ran on."""
+    import torch
+    import triton
+
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)"
+    return {"plan": asdict(plan), "device": gpu, "torch": torch.__version__, "triton": triton.__version__}
+
+
+class Report:
+    """Collects section results; rewrites DIR/STEM.json + .md after each so partial runs still leave a record."""
+
+    def __init__(self, out_dir: Path, stem: str, data: dict[str, Any], render: Callable[[dict[str, Any]], str]) -> None:
+        self.json_path, self.md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+        self.stem, self.data, self.render = stem, data, render
+
+    def log(self, message: str) -> None:
+        print(f"[{self.stem}] {message}", flush=True)
+
+    def section(self, name: str, run: Callable[[], dict[str, Any]]) -> None:
+        self.log(f"{name} ...")
+        started = time.perf_counter()
+        try:
+            result = {"status": "ok", **run()}
+        except Exception as exc:  # one broken section must not lose the others
+            result = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            self.log(f"{name} FAILED: {result['error']}")
+        result["seconds"] = round(time.perf_counter() - started, 1)
+        self.data[name] = result
+        self.json_path.write_text(json.dumps(self.data, indent=2, default=str))
+        self.md_path.write_text(self.render(self.data))
+        self.log(f"{name} {result['status']} in {result['seconds']} s")
+
+
+def seconds_per_call(call: Callable[[], Any], effort: Effort, device: str) -> float:
+    """Mean seconds per call: on CUDA a graph of `graph_calls` back-to-back calls, replayed and event-timed."""
+    import torch
+
+    for _ in range(effort.warmup):  # compiles the Triton kernel outside any capture
+        call()
+    if device != "cuda":
+        started = time.perf_counter()
+        for _ in range(effort.repeats):
+            call()
+        return (time.perf_counter() - started) / effort.repeats
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(effort.graph_calls):
+            call()
+    graph.replay()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(effort.repeats):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3 / (effort.repeats * effort.graph_calls)
+
+
+def timing_method(device: str) -> str:
+    if device == "cuda":
+        return "CUDA graph of back-to-back calls, timed with CUDA events over several replays"
+    return "wall clock on CPU under the Triton interpreter (meaningless as speed; checks the code path only)"
+
+
+def timing_row(batch: int, kernel: str, secs: float, nbytes: float, base_secs: float) -> dict[str, Any]:
+    """One timed kernel at one batch: time, bytes it must move, their rate and share of HBM, the speed-up over
+    the baseline with an fp32 state (NaN without one)."""
+    return {
+        "batch": batch,
+        "kernel": kernel,
+        "us": secs * 1e6,
+        "bytes": nbytes,
+        "GB_per_s": nbytes / secs / 1e9,
+        "hbm_share": nbytes / secs / HBM_BYTES_PER_S,
+        "speedup_vs_baseline_fp32": base_secs / secs,
+    }
+
+
+def timing_table(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """Markdown lines of ``timing_row`` rows."""
+    lines = [
+        "| batch | kernel | us | MB moved | GB/s | share of 4.3 TB/s | speedup vs baseline fp32 |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['batch']} | {r['kernel']} | {r['us']:.1f} | {r['bytes'] / 1e6:.1f} | "
+            f"{r['GB_per_s']:.0f} | {r['hbm_share']:.0%} | {speedup(r['speedup_vs_baseline_fp32'])} |"
+        )
+    return lines
+
+
+def speedup(ratio: float) -> str:
+    return "n/a" if math.isnan(ratio) else f"{ratio:.2f}x"
+
+
+def compiled_registers(kernels: Iterable[Any]) -> list[dict[str, Any]]:
+    """Registers and spills of every specialisation of ``kernels`` this run compiled (what ptxas gave the GPU;
+    nothing under the interpreter)."""
+    found = []
+    for kernel in kernels:
+        for cache in getattr(kernel, "device_caches", {}).values():
+            for compiled in cache[0].values():
+                constants = {k: v for k, v in compiled.src.constants.items() if isinstance(v, (bool, int, str))}
+                found.append({
+                    "kernel": kernel.__name__, "num_warps": compiled.metadata.num_warps,
+                    "registers": getattr(compiled, "n_regs", None), "spills": getattr(compiled, "n_spills", None),
+                    "constexprs": {str(k): v for k, v in constants.items()},
+                })  # fmt: skip
+    return found
+
+
+def registers_table(registers: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines of ``compiled_registers`` (none when the list is empty)."""
+    if not registers:
+        return []
+    lines = ["| kernel | warps | registers | spills | constexprs |", "| --- | --- | --- | --- | --- |"]
+    for r in registers:
+        shown = {k: v for k, v in r["constexprs"].items() if k.isupper() or k.startswith("BLOCK")}
+        lines.append(f"| {r['kernel']} | {r['num_warps']} | {r['registers']} | {r['spills']} | {shown} |")
+    return [*lines, ""]

@@ -1,0 +1,574 @@
+"""GPU benchmark of ReplaySSM's Gated DeltaNet decode step against vLLM's own GDN decode (Qwen3.5-4B shapes).
+
+    python -m replayssm_patch.gpu.gdn_kernel_bench --out DIR            # H200: about a minute
+    python -m replayssm_patch.gpu.gdn_kernel_bench --out DIR --smoke    # tiny shapes; CPU (Triton interpreter)
+
+(a) equivalence: 2,000 consecutive decode steps at batch 256 (32 value heads, 16 key heads, head dims 128,
+    ring 16, realistic gates from ``gdn_synthetic``, rows joining at staggered steps so cursors differ),
+    ``gdn_decode_step`` (fp32 checkpoint) vs vLLM's ``fused_recurrent_gated_delta_rule_packed_decode`` (fp32
+    state), the kernel vLLM's layer runs on a pure-decode step; worst per-step output error and the checkpoint
+    error after folding what is left in the rings (target <= 1e-4 relative: the fold runs tf32x3 on the GPU).
+    Without vLLM the fp64 recurrence (``gdn_ground_truth``) is the baseline, and the output says so.
+(b) launch-shape sweep of the replay launch (block_v x num_warps, only shapes that ptxas compiles without
+    spills, ``compile_check``) at the largest batch; the fastest goes to DIR/gdn_launch_config.json (not read
+    by the plugin yet).
+(c) timing (CUDA graphs of back-to-back calls, CUDA events) at batch 64/128/256 on paged states, slots
+    scattered over a pool 4x the batch: vLLM's decode, ReplaySSM's step with 1/L of the rows flushing
+    (staggered), the replay alone (no row flushing) and all rows flushing (aligned), with bytes moved, share
+    of 4.3 TB/s and the speed-up.
+Writes DIR/gdn_kernel_bench.json and .md, rewritten after each section so a crash keeps the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from replayssm_patch.gpu.bench_common import (
+    TARGET_REL_ERR,
+    Report,
+    bench_meta,
+    compiled_registers,
+    pick_device,
+    registers_table,
+    seconds_per_call,
+    timing_method,
+    timing_row,
+    timing_table,
+)
+
+if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET must be decided first
+    import torch
+
+    from replayssm_patch.kernels.gdn_synthetic import GdnLayerParams
+
+CONV_WIDTH = 4  # Qwen3.5's conv kernel: vLLM keeps its last 3 inputs per channel
+NULL_SLOT = 0  # vLLM 0.24's packed decode skips rows whose state index is <= 0 (its null block)
+PAD = -1  # ReplaySSM's padding rows
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Shapes and effort of one benchmark run."""
+
+    num_k_heads: int = 16
+    num_v_heads: int = 32
+    head_k_dim: int = 128
+    head_v_dim: int = 128
+    buffer_len: int = 16
+    eq_batch: int = 256
+    eq_steps: int = 2000
+    batches: tuple[int, ...] = (64, 128, 256)
+    warmup: int = 3
+    graph_calls: int = 20
+    repeats: int = 5
+    replay_shapes: tuple[tuple[int, int], ...] = tuple((v, w) for v in (16, 32, 64) for w in (2, 4, 8))
+
+    @property
+    def qwen35_blocks(self) -> bool:
+        """Whether compile_check's GDN block sizes (head dims 128, L 16) are this plan's, so its spill check holds."""
+        return (self.head_k_dim, self.head_v_dim, self.buffer_len) == (128, 128, 16)
+
+
+SMOKE_PLAN = Plan(
+    num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=32, buffer_len=4, eq_batch=3, eq_steps=10,
+    batches=(2,), warmup=1, graph_calls=1, repeats=1, replay_shapes=((16, 2), (32, 4)),
+)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory for gdn_kernel_bench.json / .md")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, any device (CPU: Triton interpreter)")
+    parser.add_argument("--steps", type=int, help="equivalence steps (default 2000)")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the launch-shape sweep (kernel defaults)")
+    args = parser.parse_args(argv)
+    plan = SMOKE_PLAN if args.smoke else Plan()
+    if args.steps:
+        plan = replace(plan, eq_steps=args.steps)
+    device = pick_device(args.smoke)
+    if device is None:
+        print("error: no CUDA GPU visible; run the full benchmark on the GPU host, or use --smoke on CPU")
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = Report(args.out, "gdn_kernel_bench", {"meta": bench_meta(plan, device)}, render_markdown)
+    baseline = Baseline.load().checked(plan, device)
+    report.data["meta"]["baseline"] = baseline.note
+    report.log(f"device={device} baseline: {baseline.note}")
+    report.section("equivalence", lambda: run_equivalence(plan, device, baseline))
+    if not args.no_sweep:
+        report.section("sweep", lambda: run_sweep(plan, device))
+    sweep = report.data.get("sweep", {})
+    shape = tuple(sweep["best"]) if sweep.get("status") == "ok" else None
+    report.section("timing", lambda: run_timing(plan, device, baseline, shape))
+    if shape is not None:
+        tuned = args.out / "gdn_launch_config.json"
+        keys = ("block_v", "num_warps")
+        tuned.write_text(json.dumps({"gdn_replay": dict(zip(keys, shape, strict=True))}, indent=2) + "\n")
+        report.log(f"fastest replay launch shape in {tuned} (not read by the plugin yet)")
+    report.log(f"wrote {report.json_path} and {report.md_path}")
+    return 0
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """vLLM's packed GDN decode if importable, else None (the fp64 recurrence stands in for equivalence)."""
+
+    fn: Callable[..., Any] | None
+    note: str
+
+    @classmethod
+    def load(cls) -> Baseline:
+        try:
+            from vllm.model_executor.layers.fla.ops.fused_recurrent import (
+                fused_recurrent_gated_delta_rule_packed_decode,
+            )
+        except Exception as exc:
+            return cls(None, f"fp64 reference recurrence (vLLM's packed GDN decode not importable: {exc!r})")
+        import vllm
+
+        return cls(fused_recurrent_gated_delta_rule_packed_decode, f"vllm {vllm.__version__} packed GDN decode")
+
+    def step(
+        self, state: torch.Tensor, batch: PackedInputs, layer: GdnLayerParams, indices: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """One decode step as vLLM's layer runs it: packed q|k|v, a and b in the model dtype, in-kernel l2 norm,
+        the state advanced in place; rows whose index is <= 0 are skipped (their out set to 0)."""
+        assert self.fn is not None
+        scale = batch.q.shape[2] ** -0.5
+        self.fn(
+            batch.mixed, batch.a, batch.b, layer.A_log, layer.dt_bias, scale, state, out.unsqueeze(1), indices,
+            use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+
+    def checked(self, plan: Plan, device: str) -> Baseline:
+        """This baseline if one call on a 2-row batch agrees with the fp64 recurrence, else the fp64 fallback."""
+        if self.fn is None:
+            return self
+        import torch
+
+        from replayssm_patch.kernels.gdn_ground_truth import gdn_recurrence_step
+        from replayssm_patch.kernels.gdn_synthetic import GdnLayerParams
+
+        gen = torch.Generator(device).manual_seed(0)
+        layer = GdnLayerParams.random(plan.num_v_heads, gen, device)
+        batch = PackedInputs.random(plan, 2, layer, gen)
+        state = torch.randn(3, *state_shape(plan), generator=gen, device=device)
+        expected_state = state[1:].double()
+        out = torch.full(batch.v.shape, math.nan, device=device)
+        try:
+            self.step(state, batch, layer, torch.arange(1, 3, dtype=torch.int32, device=device), out)
+        except Exception as exc:
+            return Baseline(None, f"fp64 reference recurrence ({self.note} failed on a probe call: {exc!r})")
+        expected = gdn_recurrence_step(expected_state, *batch.fields(), layer.A_log, layer.dt_bias)
+        error = relative_error(out, expected)
+        if not error <= 1e-2:  # also catches rows it skipped
+            return Baseline(None, f"fp64 reference recurrence ({self.note} disagreed on a probe call: error {error})")
+        return self
+
+
+@dataclass(frozen=True)
+class PackedInputs:
+    """One step's inputs as vLLM's layer holds them: q, k, v are views into one packed [batch, q|k|v] tensor."""
+
+    mixed: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+
+    @classmethod
+    def random(cls, plan: Plan, batch: int, layer: GdnLayerParams, gen: torch.Generator) -> PackedInputs:
+        """``GdnStepInputs.random`` (realistic gates) in bf16, packed; a and b in bf16 too on the GPU, as vLLM
+        hands them. On the CPU they stay fp32: Triton's interpreter truncates σ(b) to bf16 where the GPU and
+        torch round it to nearest, an interpreter-only difference of one bf16 ulp in β (see the GDN tests)."""
+        import torch
+
+        from replayssm_patch.kernels.gdn_synthetic import GdnStepInputs
+
+        gates = torch.bfloat16 if layer.A_log.is_cuda else torch.float32
+        step = GdnStepInputs.random(
+            batch, plan.num_k_heads, plan.head_k_dim, plan.head_v_dim, layer, gen, torch.bfloat16, gate_dtype=gates
+        )
+        mixed = torch.cat([step.q.flatten(1), step.k.flatten(1), step.v.flatten(1)], dim=1)
+        qk = plan.num_k_heads * plan.head_k_dim
+        q, k, v = mixed.split([qk, qk, plan.num_v_heads * plan.head_v_dim], dim=1)
+        return cls(
+            mixed, q.unflatten(1, step.q.shape[1:]), k.unflatten(1, step.k.shape[1:]),
+            v.unflatten(1, step.v.shape[1:]), step.a, step.b,
+        )  # fmt: skip
+
+    def fields(self) -> tuple[torch.Tensor, ...]:
+        """q, k, v, a, b: the per-step arguments of ``gdn_decode_step`` and ``gdn_recurrence_step``."""
+        return self.q, self.k, self.v, self.a, self.b
+
+    def rows(self, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(t[index] for t in self.fields())
+
+
+def state_shape(plan: Plan) -> tuple[int, int, int]:
+    return plan.num_v_heads, plan.head_v_dim, plan.head_k_dim
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max |want|."""
+    return ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
+
+
+# ----------------------------------------------------------------------------------------------- equivalence
+
+
+def run_equivalence(plan: Plan, device: str, baseline: Baseline) -> dict[str, Any]:
+    import torch
+
+    from replayssm_patch.kernels import GdnReplayCache, decode_flush_len, gdn_decode_step, gdn_flush_ring
+    from replayssm_patch.kernels import gdn_ring_shapes as ring_shapes
+    from replayssm_patch.kernels.gdn_ground_truth import gdn_recurrence_step
+    from replayssm_patch.kernels.gdn_synthetic import GdnLayerParams
+
+    L, batch = plan.buffer_len, plan.eq_batch
+    gen = torch.Generator(device).manual_seed(1234)
+    layer = GdnLayerParams.random(plan.num_v_heads, gen, device)
+    slots = batch + 8
+    slot_of_row = (torch.randperm(slots - 1, generator=gen, device=device)[:batch] + 1).to(torch.int32)  # not 0
+    start = torch.arange(batch, device=device) % L  # row r joins at step r % L: every cursor position occurs
+    spec = ring_shapes(plan.num_k_heads, plan.num_v_heads, plan.head_k_dim, plan.head_v_dim, L)
+    cache = GdnReplayCache.allocate(slots, spec, device=device, ring_fill=math.nan)  # stale entries: never read
+    h0 = torch.randn(batch, *state_shape(plan), generator=gen, device=device)
+    cache.ssm_state[slot_of_row.long()] = h0
+    use_vllm = baseline.fn is not None
+    if use_vllm:
+        base_state = torch.zeros_like(cache.ssm_state)
+        base_state[slot_of_row.long()] = h0
+    else:
+        base_state = h0.double()  # dense rows
+    base_out = torch.zeros(batch, plan.num_v_heads, plan.head_v_dim, device=device)
+    ours = torch.zeros_like(base_out)
+    errors = []
+    for t in range(plan.eq_steps):
+        inputs = PackedInputs.random(plan, batch, layer, gen)
+        active = start <= t
+        write_pos = ((t - start).clamp_min(0) % L).to(torch.int32)
+        flush_len = torch.where(active, decode_flush_len(write_pos, L), 0).to(torch.int32)
+        if use_vllm:
+            baseline.step(base_state, inputs, layer, torch.where(active, slot_of_row, NULL_SLOT), base_out)
+            y_base = base_out.double()
+        else:
+            y_base = _fp64_step(gdn_recurrence_step, base_state, inputs, layer, active)
+        y_base = torch.where(active[:, None, None], y_base, 0.0)
+        gdn_decode_step(
+            *inputs.fields(), layer.A_log, layer.dt_bias, cache.ssm_state, cache.ring_k, cache.ring_u, cache.ring_g,
+            torch.where(active, slot_of_row, PAD).to(torch.int32), write_pos, flush_len, pad_slot_id=PAD, out=ours,
+        )  # fmt: skip
+        diff = torch.where(active[:, None, None], ours.double() - y_base, 0.0)
+        errors.append(torch.stack([diff.abs().max() / y_base.abs().max(), diff.norm() / y_base.norm()]))
+        if t % 500 == 0 or t == plan.eq_steps - 1:
+            print(f"[gdn_kernel_bench]   step {t + 1}/{plan.eq_steps}", flush=True)
+
+    in_ring = ((plan.eq_steps - start) % L).to(torch.int32)  # entries each row still holds in its ring
+    master = cache.ssm_state.clone()
+    gdn_flush_ring(master, cache.ring_k, cache.ring_u, cache.ring_g, slot_of_row, in_ring, pad_slot_id=PAD)
+    final_base = base_state[slot_of_row.long()] if use_vllm else base_state
+    per_step = torch.stack(errors).cpu()
+    result = {
+        "baseline": baseline.note,
+        "batch": batch,
+        "steps": plan.eq_steps,
+        "target": TARGET_REL_ERR,
+        "max_rel_err": per_step[:, 0].max().item(),
+        "worst_step": int(per_step[:, 0].argmax()),
+        "max_rel_err_norm": per_step[:, 1].max().item(),
+        "last_step_rel_err": per_step[-1, 0].item(),
+        "final_state_rel_err": relative_error(master[slot_of_row.long()], final_base),
+        "finite": bool(torch.isfinite(per_step).all()),
+    }
+    result["within_target"] = max(result["max_rel_err"], result["final_state_rel_err"]) <= TARGET_REL_ERR
+    return result
+
+
+def _fp64_step(
+    step_fn: Callable[..., torch.Tensor],
+    state: torch.Tensor,
+    inputs: PackedInputs,
+    layer: GdnLayerParams,
+    active: torch.Tensor,
+) -> torch.Tensor:
+    """Advance only the active rows of the dense fp64 baseline state; o for every row (0 where inactive)."""
+    import torch
+
+    idx = active.nonzero().squeeze(1)
+    h = state[idx]
+    o_active = step_fn(h, *inputs.rows(idx), layer.A_log, layer.dt_bias)
+    state[idx] = h
+    o = torch.zeros(state.shape[:3], dtype=torch.float64, device=state.device)
+    o[idx] = o_active
+    return o
+
+
+# -------------------------------------------------------------------------------------------- sweep, timing
+
+
+def run_sweep(plan: Plan, device: str) -> dict[str, Any]:
+    """Time the decode step (1/L rows flushing) at the largest batch for each spill-free replay launch shape."""
+    setup = KernelSetup(plan, device, max(plan.batches))
+    spills = {f"{v}x{w}": replay_spills(plan, v, w) for v, w in plan.replay_shapes}
+    timings = {}
+    for (block_v, num_warps), name in zip(plan.replay_shapes, spills, strict=True):
+        if spills[name]:
+            print(f"[gdn_kernel_bench]   sweep {name}: skipped, {spills[name]} B spilled", flush=True)
+            continue
+        call = setup.step(setup.write_pos, setup.flush_staggered, (block_v, num_warps))
+        try:
+            timings[name] = seconds_per_call(call, plan, device) * 1e6
+        except Exception as exc:  # a shape the compiler rejects must not end the sweep
+            print(f"[gdn_kernel_bench]   sweep {name} failed: {exc!r}", flush=True)
+    best = min(timings, key=timings.__getitem__)
+    print(f"[gdn_kernel_bench]   sweep: best {best} ({timings[best]:.1f} us)", flush=True)
+    return {"batch": setup.batch, "spill_bytes": spills, "us": timings, "best": [int(v) for v in best.split("x")]}
+
+
+def replay_spills(plan: Plan, block_v: int, num_warps: int) -> int | None:
+    """Spill bytes ptxas reports for the replay launch at this shape (compile_check, sm_90); None where it cannot
+    tell: under the interpreter, for block sizes other than compile_check's Qwen3.5 ones, or if compiling failed."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or not plan.qwen35_blocks:
+        return None
+    from replayssm_patch.kernels.compile_check import compile_for_hopper, gdn_replay_variant
+
+    _, kernel, pointers, consts, warps = gdn_replay_variant(block_v, num_warps)
+    try:
+        return compile_for_hopper(kernel, pointers, consts, warps).spill_bytes
+    except Exception as exc:  # no ptxas here, say: time the shape anyway rather than lose the sweep
+        print(f"[gdn_kernel_bench]   spill check {block_v}x{num_warps} failed: {exc!r}", flush=True)
+        return None
+
+
+def run_timing(plan: Plan, device: str, baseline: Baseline, shape: tuple[int, ...] | None) -> dict[str, Any]:
+    from replayssm_patch.kernels.gdn_decode import REPLAY_BLOCK_V, REPLAY_NUM_WARPS
+
+    shape = shape or (REPLAY_BLOCK_V, REPLAY_NUM_WARPS)
+    result: dict[str, Any] = {"method": timing_method(device), "replay_shape": list(shape), "rows": []}
+    for batch in plan.batches:
+        print(f"[gdn_kernel_bench]   timing batch {batch}", flush=True)
+        result["rows"].extend(KernelSetup(plan, device, batch).table(baseline, shape))
+    result["registers"] = compiled_registers(_gdn_kernels())
+    return result
+
+
+def _gdn_kernels() -> tuple[Any, ...]:
+    from replayssm_patch.kernels.gdn_coefficients import _gdn_coefficients_kernel
+    from replayssm_patch.kernels.gdn_decode import _gdn_replay_kernel
+    from replayssm_patch.kernels.gdn_fold import _gdn_fold_kernel
+
+    return _gdn_coefficients_kernel, _gdn_replay_kernel, _gdn_fold_kernel
+
+
+class KernelSetup:
+    """Paged states and inputs for one batch size, with every timed call as a closure.
+
+    The states are views into one page per slot, laid out by the plugin's MambaSpec functions (conv state,
+    checkpoint, ring) as vLLM packs them, and the batch rows use slots scattered over a pool 4x the batch."""
+
+    def __init__(self, plan: Plan, device: str, batch: int) -> None:
+        import torch
+
+        from replayssm_patch.gdn_state_layout import RING_G, RING_K, RING_U
+        from replayssm_patch.kernels.gdn_synthetic import GdnLayerParams
+
+        self.plan, self.device, self.batch = plan, device, batch
+        L = plan.buffer_len
+        gen = torch.Generator(device).manual_seed(batch)
+        self.layer = GdnLayerParams.random(plan.num_v_heads, gen, device)
+        self.inputs = PackedInputs.random(plan, batch, self.layer, gen)
+        pool = 4 * batch + 1
+        self.indices = (torch.randperm(pool - 1, generator=gen, device=device)[:batch] + 1).to(torch.int32)
+        stock = paged_gdn_tensors(plan, pool, replay=False, device=device)
+        stock[1].normal_(generator=gen)
+        self.base_state = stock[1]
+        tensors = paged_gdn_tensors(plan, pool, replay=True, device=device)
+        tensors[1].normal_(generator=gen)
+        tensors[RING_K].normal_(generator=gen)
+        tensors[RING_U].normal_(generator=gen)
+        tensors[RING_G].uniform_(-0.1, -1e-3, generator=gen)
+        self.state, self.ring_k, self.ring_u, self.ring_g = (tensors[i] for i in (1, RING_K, RING_U, RING_G))
+        rows = torch.arange(batch, device=device)
+        self.write_pos = (rows % L).to(torch.int32)  # staggered cursors: on average (L-1)/2 earlier entries
+        self.aligned_pos = torch.full((batch,), L - 1, dtype=torch.int32, device=device)
+        self.flush_none = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.flush_staggered = torch.where(self.write_pos == L - 1, L, 0).to(torch.int32)  # 1/L of the rows
+        self.flush_all = torch.full((batch,), L, dtype=torch.int32, device=device)
+        self.out = torch.empty(batch, plan.num_v_heads, plan.head_v_dim, dtype=torch.bfloat16, device=device)
+
+    def step(self, write_pos: torch.Tensor, flush_len: torch.Tensor, shape: tuple[int, ...]) -> Callable[[], Any]:
+        """ReplaySSM's decode step in one graph (coefficients, replay, fold), its flush-row list made once
+        beforehand as the builder's cursor plan makes it (not timed: one plan serves every layer)."""
+        from replayssm_patch.kernels import gdn_decode_step
+        from replayssm_patch.kernels.decode_fold import flush_work_list
+
+        rows, count = flush_work_list(flush_len, self.indices, write_pos, self.plan.buffer_len, PAD)
+        block_v, num_warps = shape
+        return lambda: gdn_decode_step(
+            *self.inputs.fields(), self.layer.A_log, self.layer.dt_bias, self.state, self.ring_k, self.ring_u,
+            self.ring_g, self.indices, write_pos, flush_len, flush_rows=rows, flush_count=count, pad_slot_id=PAD,
+            out=self.out, block_v=block_v, num_warps=num_warps,
+        )  # fmt: skip
+
+    def table(self, baseline: Baseline, shape: tuple[int, ...]) -> list[dict[str, Any]]:
+        model = TrafficModel(self.plan, self.batch)
+        measured: dict[str, tuple[float, float]] = {}  # name -> (seconds, bytes)
+
+        def measure(name: str, call: Callable[[], Any], nbytes: float) -> None:
+            try:
+                measured[name] = (seconds_per_call(call, self.plan, self.device), nbytes)
+            except Exception as exc:  # keep the other rows
+                print(f"[gdn_kernel_bench]   {name} failed: {exc!r}", flush=True)
+
+        if baseline.fn is not None:
+            call = lambda: baseline.step(self.base_state, self.inputs, self.layer, self.indices, self.out)  # noqa: E731
+            measure(BASELINE_ROW, call, model.baseline())
+        staggered = self.step(self.write_pos, self.flush_staggered, shape)
+        measure("decode step (1/L rows flushing)", staggered, model.replay() + model.fold(1 / self.plan.buffer_len))
+        measure("replay (no row flushing)", self.step(self.write_pos, self.flush_none, shape), model.replay())
+        measure("decode step (all rows flushing)", self.step(self.aligned_pos, self.flush_all, shape), model.aligned())
+        base = measured.get(BASELINE_ROW, (math.nan, 0))[0]
+        return [timing_row(self.batch, name, secs, nbytes, base) for name, (secs, nbytes) in measured.items()]
+
+
+BASELINE_ROW = "vllm gdn decode (fp32 state)"
+
+
+def paged_gdn_tensors(plan: Plan, slots: int, replay: bool, device: str) -> list[torch.Tensor]:
+    """A GDN layer's state tensors (conv, ssm, then with ``replay`` ring_k, ring_u, ring_g) as views into one
+    page per slot, shapes and dtypes from the plugin's own MambaSpec functions."""
+    import torch
+
+    from replayssm_patch.config import ReplaySSMConfig
+    from replayssm_patch.gdn_state_layout import gdn_replay_state_dtypes, gdn_replay_state_shapes
+    from replayssm_patch.gpu.layer_check import paged_state_tensors
+
+    conv_dim = 2 * plan.num_k_heads * plan.head_k_dim + plan.num_v_heads * plan.head_v_dim
+    shapes: tuple[tuple[int, ...], ...] = ((conv_dim, CONV_WIDTH - 1), state_shape(plan))
+    dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
+    if replay:
+        shapes = gdn_replay_state_shapes(shapes, ReplaySSMConfig(enable=True, buffer_len=plan.buffer_len), True)
+        dtypes = gdn_replay_state_dtypes(dtypes)
+    page = sum(
+        math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in zip(shapes, dtypes, strict=True)
+    )
+    return paged_state_tensors(SimpleNamespace(shapes=shapes, dtypes=dtypes, page_size_bytes=page), slots, device)
+
+
+@dataclass(frozen=True)
+class TrafficModel:
+    """Bytes each call must move from/to HBM: bf16 activations and gates, fp32 state and ring (the coefficient
+    launch's scratch, ~1% of a row's state, is left out)."""
+
+    plan: Plan
+    batch: int
+
+    @property
+    def _state_bytes(self) -> int:  # fp32 [HV, V, K] per row
+        return self.batch * math.prod(state_shape(self.plan)) * 4
+
+    @property
+    def _key_entry_bytes(self) -> int:  # one ring entry's k̂ of one row
+        return self.plan.num_k_heads * self.plan.head_k_dim * 4
+
+    @property
+    def _entry_bytes(self) -> int:  # one ring entry of one row: k̂, u, g
+        p = self.plan
+        return self._key_entry_bytes + p.num_v_heads * (p.head_v_dim + 1) * 4
+
+    @property
+    def _io_bytes(self) -> int:  # q, k, v, a, b in, o out
+        p = self.plan
+        per_row = 2 * p.num_k_heads * p.head_k_dim + 2 * p.num_v_heads * p.head_v_dim + 2 * p.num_v_heads
+        return self.batch * 2 * per_row
+
+    def baseline(self) -> float:
+        return self._io_bytes + 2 * self._state_bytes
+
+    def replay(self) -> float:
+        earlier = (self.plan.buffer_len - 1) / 2  # mean ring entries read with staggered cursors
+        return self._io_bytes + self._state_bytes + self.batch * (earlier + 1) * self._entry_bytes
+
+    def fold(self, share: float) -> float:
+        """What flushing rows add to a replay: the new checkpoint written and their ring of keys read again."""
+        return share * (self._state_bytes + self.batch * self.plan.buffer_len * self._key_entry_bytes)
+
+    def aligned(self) -> float:
+        """Every row at write_pos L-1, all flushing: full rings read, the state read and written, keys read twice."""
+        L = self.plan.buffer_len
+        return self._io_bytes + 2 * self._state_bytes + self.batch * L * (self._entry_bytes + self._key_entry_bytes)
+
+
+# -------------------------------------------------------------------------------------------------- markdown
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    meta = data.get("meta", {})
+    lines = [
+        "# ReplaySSM Gated DeltaNet kernel benchmark",
+        "",
+        f"Device: {meta.get('device')}; torch {meta.get('torch')}, triton {meta.get('triton')}.",
+        f"Baseline: {meta.get('baseline', 'n/a')}.",
+        "",
+    ]
+    eq = data.get("equivalence")
+    if eq:
+        lines += ["## Equivalence", ""]
+        if eq["status"] != "ok":
+            lines += [f"FAILED: {eq['error']}", ""]
+        else:
+            lines += [
+                f"{eq['steps']} consecutive decode steps, batch {eq['batch']}, fp32 checkpoint, vs {eq['baseline']}. "
+                f"Relative error = max |o - o_base| / max |o_base| per step (target <= {eq['target']:g}).",
+                "",
+                "| worst step rel. err | at step | worst normwise | last step | checkpoint after final fold | finite |",
+                "| --- | --- | --- | --- | --- | --- |",
+                f"| {eq['max_rel_err']:.2e} | {eq['worst_step']} | {eq['max_rel_err_norm']:.2e} | "
+                f"{eq['last_step_rel_err']:.2e} | {eq['final_state_rel_err']:.2e} | {eq['finite']} |",
+                "",
+                f"Within target: **{eq['within_target']}** ({eq['seconds']} s)",
+                "",
+            ]
+    sweep = data.get("sweep")
+    if sweep:
+        lines += ["## Replay launch-shape sweep", ""]
+        if sweep["status"] != "ok":
+            lines += [f"FAILED: {sweep['error']}", ""]
+        else:
+            shapes = ", ".join(f"{name} {us:.1f}" for name, us in sorted(sweep["us"].items(), key=lambda kv: kv[1]))
+            skipped = [name for name, spilled in sweep["spill_bytes"].items() if spilled]
+            lines += [
+                f"Decode step (1/L rows flushing) at batch {sweep['batch']}, block_v x num_warps: us: {shapes}.",
+                f"Skipped (ptxas spills): {', '.join(skipped) or 'none'}. Fastest: {sweep['best']}.",
+                "",
+            ]
+    timing = data.get("timing")
+    if timing:
+        lines += ["## Timing", ""]
+        if timing["status"] != "ok":
+            lines += [f"FAILED: {timing['error']}", ""]
+        else:
+            lines += [
+                f"Method: {timing['method']}. Replay launch shape (block_v, num_warps): {timing['replay_shape']}.",
+                "",
+                *timing_table(timing["rows"]),
+                "",
+                *registers_table(timing.get("registers", [])),
+            ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
