@@ -7,15 +7,16 @@ ptxas gave the compiled kernels, and the report writer that rewrites JSON + Mark
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 HBM_BYTES_PER_S = 4.3e12  # H200
 TARGET_REL_ERR = 1e-4  # fp32 checkpoint vs the baseline, relative to the largest |value|
@@ -73,6 +74,77 @@ class Report:
         self.json_path.write_text(json.dumps(self.data, indent=2, default=str))
         self.md_path.write_text(self.render(self.data))
         self.log(f"{name} {result['status']} in {result['seconds']} s")
+
+
+def probe_problem(note: str, call: Callable[[], Any], error_of: Callable[[], float]) -> str | None:
+    """Why vLLM's kernel cannot be a benchmark's baseline (a 2-row probe call failed, or disagreed with the fp64
+    recurrence by more than 1e-2, which also catches rows it skipped), as the fallback's note; None when it can."""
+    try:
+        call()
+    except Exception as exc:
+        return f"fp64 reference recurrence ({note} failed on a probe call: {exc!r})"
+    error = error_of()
+    if not error <= 1e-2:
+        return f"fp64 reference recurrence ({note} disagreed on a probe call: error {error})"
+    return None
+
+
+class BenchRun(NamedTuple):
+    """What a benchmark's main works with once its options are read."""
+
+    args: argparse.Namespace
+    plan: Any
+    device: str
+    report: Report
+
+
+def open_bench(
+    argv: list[str] | None,
+    description: str,
+    stem: str,
+    plans: tuple[Any, Any],
+    render: Callable[[dict[str, Any]], str],
+    sweep_help: str,
+) -> BenchRun | None:
+    """Both benchmarks' options (--out, --smoke, --steps, --no-sweep), the plan (``plans`` = full, smoke; --steps
+    sets its equivalence steps), the device and the report holding the meta; None after one error line when no GPU
+    is visible without --smoke."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, required=True, help=f"directory for {stem}.json / .md")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, any device (CPU: Triton interpreter)")
+    parser.add_argument("--steps", type=int, help="equivalence steps (default 2000)")
+    parser.add_argument("--no-sweep", action="store_true", help=sweep_help)
+    args = parser.parse_args(argv)
+    plan = plans[1] if args.smoke else plans[0]
+    if args.steps:
+        plan = replace(plan, eq_steps=args.steps)
+    device = pick_device(args.smoke)
+    if device is None:
+        print("error: no CUDA GPU visible; run the full benchmark on the GPU host, or use --smoke on CPU")
+        return None
+    args.out.mkdir(parents=True, exist_ok=True)
+    return BenchRun(args, plan, device, Report(args.out, stem, {"meta": bench_meta(plan, device)}, render))
+
+
+def report_head(title: str, meta: dict[str, Any]) -> list[str]:
+    """The first lines of a benchmark's Markdown: what ran it, and against which baseline."""
+    return [
+        f"# {title}",
+        "",
+        f"Device: {meta.get('device')}; torch {meta.get('torch')}, triton {meta.get('triton')}.",
+        f"Baseline: {meta.get('baseline', 'n/a')}.",
+        "",
+    ]
+
+
+def section_markdown(
+    data: dict[str, Any], name: str, title: str, body: Callable[[dict[str, Any]], list[str]]
+) -> list[str]:
+    """One report section's Markdown: nothing when it did not run, its error when it failed, else ``body``'s lines."""
+    section = data.get(name)
+    if not section:
+        return []
+    return [f"## {title}", "", *([f"FAILED: {section['error']}", ""] if section["status"] != "ok" else body(section))]
 
 
 def seconds_per_call(call: Callable[[], Any], effort: Effort, device: str) -> float:

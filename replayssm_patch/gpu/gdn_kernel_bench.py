@@ -21,25 +21,24 @@ Writes DIR/gdn_kernel_bench.json and .md, rewritten after each section so a cras
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from replayssm_patch.gpu.bench_common import (
     TARGET_REL_ERR,
-    Report,
-    bench_meta,
     compiled_registers,
-    pick_device,
+    open_bench,
+    probe_problem,
     registers_table,
+    report_head,
     seconds_per_call,
+    section_markdown,
     timing_method,
     timing_row,
     timing_table,
@@ -85,21 +84,11 @@ SMOKE_PLAN = Plan(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="directory for gdn_kernel_bench.json / .md")
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes, any device (CPU: Triton interpreter)")
-    parser.add_argument("--steps", type=int, help="equivalence steps (default 2000)")
-    parser.add_argument("--no-sweep", action="store_true", help="skip the launch-shape sweep (kernel defaults)")
-    args = parser.parse_args(argv)
-    plan = SMOKE_PLAN if args.smoke else Plan()
-    if args.steps:
-        plan = replace(plan, eq_steps=args.steps)
-    device = pick_device(args.smoke)
-    if device is None:
-        print("error: no CUDA GPU visible; run the full benchmark on the GPU host, or use --smoke on CPU")
+    run = open_bench(argv, __doc__.split("\n\n")[0], "gdn_kernel_bench", (Plan(), SMOKE_PLAN), render_markdown,
+                     "skip the launch-shape sweep (kernel defaults)")  # fmt: skip
+    if run is None:
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    report = Report(args.out, "gdn_kernel_bench", {"meta": bench_meta(plan, device)}, render_markdown)
+    args, plan, device, report = run
     baseline = Baseline.load().checked(plan, device)
     report.data["meta"]["baseline"] = baseline.note
     report.log(f"device={device} baseline: {baseline.note}")
@@ -165,15 +154,13 @@ class Baseline:
         state = torch.randn(3, *state_shape(plan), generator=gen, device=device)
         expected_state = state[1:].double()
         out = torch.full(batch.v.shape, math.nan, device=device)
-        try:
-            self.step(state, batch, layer, torch.arange(1, 3, dtype=torch.int32, device=device), out)
-        except Exception as exc:
-            return Baseline(None, f"fp64 reference recurrence ({self.note} failed on a probe call: {exc!r})")
-        expected = gdn_recurrence_step(expected_state, *batch.fields(), layer.A_log, layer.dt_bias)
-        error = relative_error(out, expected)
-        if not error <= 1e-2:  # also catches rows it skipped
-            return Baseline(None, f"fp64 reference recurrence ({self.note} disagreed on a probe call: error {error})")
-        return self
+        rows = torch.arange(1, 3, dtype=torch.int32, device=device)
+
+        def error() -> float:
+            return relative_error(out, gdn_recurrence_step(expected_state, *batch.fields(), layer.A_log, layer.dt_bias))
+
+        problem = probe_problem(self.note, lambda: self.step(state, batch, layer, rows, out), error)
+        return self if problem is None else Baseline(None, problem)
 
 
 @dataclass(frozen=True)
@@ -514,60 +501,48 @@ class TrafficModel:
 # -------------------------------------------------------------------------------------------------- markdown
 
 
-def render_markdown(data: dict[str, Any]) -> str:
-    meta = data.get("meta", {})
-    lines = [
-        "# ReplaySSM Gated DeltaNet kernel benchmark",
+def _equivalence_markdown(eq: dict[str, Any]) -> list[str]:
+    return [
+        f"{eq['steps']} consecutive decode steps, batch {eq['batch']}, fp32 checkpoint, vs {eq['baseline']}. "
+        f"Relative error = max |o - o_base| / max |o_base| per step (target <= {eq['target']:g}).",
         "",
-        f"Device: {meta.get('device')}; torch {meta.get('torch')}, triton {meta.get('triton')}.",
-        f"Baseline: {meta.get('baseline', 'n/a')}.",
+        "| worst step rel. err | at step | worst normwise | last step | checkpoint after final fold | finite |",
+        "| --- | --- | --- | --- | --- | --- |",
+        f"| {eq['max_rel_err']:.2e} | {eq['worst_step']} | {eq['max_rel_err_norm']:.2e} | "
+        f"{eq['last_step_rel_err']:.2e} | {eq['final_state_rel_err']:.2e} | {eq['finite']} |",
+        "",
+        f"Within target: **{eq['within_target']}** ({eq['seconds']} s)",
         "",
     ]
-    eq = data.get("equivalence")
-    if eq:
-        lines += ["## Equivalence", ""]
-        if eq["status"] != "ok":
-            lines += [f"FAILED: {eq['error']}", ""]
-        else:
-            lines += [
-                f"{eq['steps']} consecutive decode steps, batch {eq['batch']}, fp32 checkpoint, vs {eq['baseline']}. "
-                f"Relative error = max |o - o_base| / max |o_base| per step (target <= {eq['target']:g}).",
-                "",
-                "| worst step rel. err | at step | worst normwise | last step | checkpoint after final fold | finite |",
-                "| --- | --- | --- | --- | --- | --- |",
-                f"| {eq['max_rel_err']:.2e} | {eq['worst_step']} | {eq['max_rel_err_norm']:.2e} | "
-                f"{eq['last_step_rel_err']:.2e} | {eq['final_state_rel_err']:.2e} | {eq['finite']} |",
-                "",
-                f"Within target: **{eq['within_target']}** ({eq['seconds']} s)",
-                "",
-            ]
-    sweep = data.get("sweep")
-    if sweep:
-        lines += ["## Replay launch-shape sweep", ""]
-        if sweep["status"] != "ok":
-            lines += [f"FAILED: {sweep['error']}", ""]
-        else:
-            shapes = ", ".join(f"{name} {us:.1f}" for name, us in sorted(sweep["us"].items(), key=lambda kv: kv[1]))
-            skipped = [name for name, spilled in sweep["spill_bytes"].items() if spilled]
-            lines += [
-                f"Decode step (1/L rows flushing) at batch {sweep['batch']}, block_v x num_warps: us: {shapes}.",
-                f"Skipped (ptxas spills): {', '.join(skipped) or 'none'}. Fastest: {sweep['best']}.",
-                "",
-            ]
-    timing = data.get("timing")
-    if timing:
-        lines += ["## Timing", ""]
-        if timing["status"] != "ok":
-            lines += [f"FAILED: {timing['error']}", ""]
-        else:
-            lines += [
-                f"Method: {timing['method']}. Replay launch shape (block_v, num_warps): {timing['replay_shape']}.",
-                "",
-                *timing_table(timing["rows"]),
-                "",
-                *registers_table(timing.get("registers", [])),
-            ]
-    return "\n".join(lines)
+
+
+def _sweep_markdown(sweep: dict[str, Any]) -> list[str]:
+    shapes = ", ".join(f"{name} {us:.1f}" for name, us in sorted(sweep["us"].items(), key=lambda kv: kv[1]))
+    skipped = [name for name, spilled in sweep["spill_bytes"].items() if spilled]
+    return [
+        f"Decode step (1/L rows flushing) at batch {sweep['batch']}, block_v x num_warps: us: {shapes}.",
+        f"Skipped (ptxas spills): {', '.join(skipped) or 'none'}. Fastest: {sweep['best']}.",
+        "",
+    ]
+
+
+def _timing_markdown(timing: dict[str, Any]) -> list[str]:
+    return [
+        f"Method: {timing['method']}. Replay launch shape (block_v, num_warps): {timing['replay_shape']}.",
+        "",
+        *timing_table(timing["rows"]),
+        "",
+        *registers_table(timing.get("registers", [])),
+    ]
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    return "\n".join([
+        *report_head("ReplaySSM Gated DeltaNet kernel benchmark", data.get("meta", {})),
+        *section_markdown(data, "equivalence", "Equivalence", _equivalence_markdown),
+        *section_markdown(data, "sweep", "Replay launch-shape sweep", _sweep_markdown),
+        *section_markdown(data, "timing", "Timing", _timing_markdown),
+    ])  # fmt: skip
 
 
 if __name__ == "__main__":

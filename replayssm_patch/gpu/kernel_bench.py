@@ -16,25 +16,24 @@ Writes DIR/kernel_bench.json and DIR/kernel_bench.md, rewritten after each secti
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from replayssm_patch.gpu.bench_common import (
     TARGET_REL_ERR,
-    Report,
-    bench_meta,
     compiled_registers,
-    pick_device,
+    open_bench,
+    probe_problem,
     registers_table,
+    report_head,
     seconds_per_call,
+    section_markdown,
     timing_method,
     timing_row,
     timing_table,
@@ -79,21 +78,11 @@ SMOKE_PLAN = Plan(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="directory for kernel_bench.json / .md")
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes, any device (CPU: Triton interpreter)")
-    parser.add_argument("--steps", type=int, help="equivalence steps (default 2000)")
-    parser.add_argument("--no-sweep", action="store_true", help="skip the block-size sweep (use kernel defaults)")
-    args = parser.parse_args(argv)
-    plan = SMOKE_PLAN if args.smoke else Plan()
-    if args.steps:
-        plan = replace(plan, eq_steps=args.steps)
-    device = pick_device(args.smoke)
-    if device is None:
-        print("error: no CUDA GPU visible; run the full benchmark on the GPU host, or use --smoke on CPU")
+    run = open_bench(argv, __doc__.split("\n\n")[0], "kernel_bench", (Plan(), SMOKE_PLAN), render_markdown,
+                     "skip the block-size sweep (use kernel defaults)")  # fmt: skip
+    if run is None:
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    report = Report(args.out, "kernel_bench", {"meta": bench_meta(plan, device)}, render_markdown)
+    args, plan, device, report = run
     baseline = Baseline.load().checked(plan, device)
     report.data["meta"]["baseline"] = baseline.note
     print(f"[kernel_bench] device={device} baseline: {baseline.note}", flush=True)
@@ -163,18 +152,17 @@ class Baseline:
         )
         state = torch.zeros(2, plan.nheads, plan.head_dim, plan.d_state, device=device)
         out = torch.full_like(inputs.x, float("nan"))
-        try:
-            self.step(state, inputs, layer, torch.arange(2, dtype=torch.int32, device=device), out)
-        except Exception as exc:
-            return Baseline(None, f"fp64 reference recurrence ({self.note} failed on a probe call: {exc!r})")
-        expected = recurrence_step_fp64(
-            torch.zeros_like(state, dtype=torch.float64), inputs.x, inputs.dt, layer.A, inputs.B, inputs.C,
-            D=layer.D, dt_bias=layer.dt_bias,
-        )  # fmt: skip
-        error = ((out.double() - expected).abs().max() / expected.abs().max()).item()
-        if not error <= 1e-2:  # also catches rows it skipped (left NaN)
-            return Baseline(None, f"fp64 reference recurrence ({self.note} disagreed on a probe call: error {error})")
-        return self
+
+        def error() -> float:  # rows it skipped stay NaN, which fails the check too
+            expected = recurrence_step_fp64(
+                torch.zeros_like(state, dtype=torch.float64), inputs.x, inputs.dt, layer.A, inputs.B, inputs.C,
+                D=layer.D, dt_bias=layer.dt_bias,
+            )  # fmt: skip
+            return ((out.double() - expected).abs().max() / expected.abs().max()).item()
+
+        rows = torch.arange(2, dtype=torch.int32, device=device)
+        problem = probe_problem(self.note, lambda: self.step(state, inputs, layer, rows, out), error)
+        return self if problem is None else Baseline(None, problem)
 
 
 # ----------------------------------------------------------------------------------------------- equivalence
@@ -511,52 +499,42 @@ class TrafficModel:
 # -------------------------------------------------------------------------------------------------- markdown
 
 
-def render_markdown(data: dict[str, Any]) -> str:
-    meta = data.get("meta", {})
+def _equivalence_markdown(eq: dict[str, Any]) -> list[str]:
     lines = [
-        "# ReplaySSM kernel benchmark",
+        f"{eq['steps']} consecutive decode steps, batch {eq['batch']}, vs {eq['baseline']}. "
+        f"Relative error = max |y - y_base| / max |y_base| per step (target <= {eq['target']:g} for fp32).",
         "",
-        f"Device: {meta.get('device')}; torch {meta.get('torch')}, triton {meta.get('triton')}.",
-        f"Baseline: {meta.get('baseline', 'n/a')}.",
+        "| checkpoint | worst step rel. err | at step | worst normwise | last step | final state | finite |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for mode in ("fp32", "split"):
+        m = eq[mode]
+        lines.append(
+            f"| {mode} | {m['max_rel_err']:.2e} | {m['worst_step']} | {m['max_rel_err_norm']:.2e} | "
+            f"{m['last_step_rel_err']:.2e} | {m['final_state_rel_err']:.2e} | {m['finite']} |"
+        )
+    return [*lines, "", f"fp32 within target: **{eq['fp32_within_target']}** ({eq['seconds']} s)", ""]
+
+
+def _timing_markdown(timing: dict[str, Any]) -> list[str]:
+    lines = [
+        f"Method: {timing['method']}. Launch shapes (block_p, block_n, num_warps): {timing['configs']}.",
+        "",
+        *timing_table(timing["rows"]),
         "",
     ]
-    eq = data.get("equivalence")
-    if eq:
-        lines += ["## Layer-level equivalence", ""]
-        if eq["status"] != "ok":
-            lines += [f"FAILED: {eq['error']}", ""]
-        else:
-            lines += [
-                f"{eq['steps']} consecutive decode steps, batch {eq['batch']}, vs {eq['baseline']}. "
-                f"Relative error = max |y - y_base| / max |y_base| per step (target <= {eq['target']:g} for fp32).",
-                "",
-                "| checkpoint | worst step rel. err | at step | worst normwise | last step | final state | finite |",
-                "| --- | --- | --- | --- | --- | --- | --- |",
-            ]
-            for mode in ("fp32", "split"):
-                m = eq[mode]
-                lines.append(
-                    f"| {mode} | {m['max_rel_err']:.2e} | {m['worst_step']} | {m['max_rel_err_norm']:.2e} | "
-                    f"{m['last_step_rel_err']:.2e} | {m['final_state_rel_err']:.2e} | {m['finite']} |"
-                )
-            lines += ["", f"fp32 within target: **{eq['fp32_within_target']}** ({eq['seconds']} s)", ""]
-    timing = data.get("timing")
-    if timing:
-        lines += ["## Kernel timing", ""]
-        if timing["status"] != "ok":
-            lines += [f"FAILED: {timing['error']}", ""]
-        else:
-            lines += [
-                f"Method: {timing['method']}. Launch shapes (block_p, block_n, num_warps): {timing['configs']}.",
-                "",
-                *timing_table(timing["rows"]),
-                "",
-            ]
-            for mode, found in timing.get("sweep", {}).items():
-                shapes = ", ".join(f"{cfg} {us:.1f}" for cfg, us in sorted(found["us"].items(), key=lambda kv: kv[1]))
-                lines += [f"Sweep, decode step {mode} (block_p x block_n x warps: us): {shapes}.", ""]
-            lines += registers_table(timing.get("registers", []))
-    return "\n".join(lines)
+    for mode, found in timing.get("sweep", {}).items():
+        shapes = ", ".join(f"{cfg} {us:.1f}" for cfg, us in sorted(found["us"].items(), key=lambda kv: kv[1]))
+        lines += [f"Sweep, decode step {mode} (block_p x block_n x warps: us): {shapes}.", ""]
+    return lines + registers_table(timing.get("registers", []))
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    return "\n".join([
+        *report_head("ReplaySSM kernel benchmark", data.get("meta", {})),
+        *section_markdown(data, "equivalence", "Layer-level equivalence", _equivalence_markdown),
+        *section_markdown(data, "timing", "Kernel timing", _timing_markdown),
+    ])  # fmt: skip
 
 
 if __name__ == "__main__":
