@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple, Protocol
 
 HBM_BYTES_PER_S = 4.3e12  # H200
@@ -194,6 +195,50 @@ def timing_row(batch: int, kernel: str, secs: float, nbytes: float, base_secs: f
         "GB_per_s": nbytes / secs / 1e9,
         "hbm_share": nbytes / secs / HBM_BYTES_PER_S,
         "speedup_vs_baseline_fp32": base_secs / secs,
+    }
+
+
+def paged_tensors(shapes: Any, dtypes: Any, slots: int, device: str) -> list[Any]:
+    """A layer's state tensors as views into one page per slot (vLLM's MambaSpec packing), the page the sum of
+    their sizes, so a benchmark reads and writes the cache as the plugin does."""
+    import torch
+
+    from replayssm_patch.gpu.layer_check import paged_state_tensors
+
+    pairs = zip(shapes, dtypes, strict=True)
+    page = sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in pairs)
+    return paged_state_tensors(SimpleNamespace(shapes=shapes, dtypes=dtypes, page_size_bytes=page), slots, device)
+
+
+class TimedCalls:
+    """One batch's timed calls by name, in order; a call that fails is logged and left out, keeping the others."""
+
+    def __init__(self, stem: str, effort: Effort, device: str, batch: int) -> None:
+        self.stem, self.effort, self.device, self.batch = stem, effort, device, batch
+        self.measured: dict[str, tuple[float, float]] = {}  # name -> (seconds, bytes it must move)
+
+    def measure(self, name: str, call: Callable[[], Any], nbytes: float) -> None:
+        try:
+            self.measured[name] = (seconds_per_call(call, self.effort, self.device), nbytes)
+        except Exception as exc:  # keep the other rows
+            print(f"[{self.stem}]   {name} failed: {exc!r}", flush=True)
+
+    def rows(self, baseline: str) -> list[dict[str, Any]]:
+        """The timing rows, each with its speed-up over the call named ``baseline`` (NaN when it did not run)."""
+        base = self.measured.get(baseline, (math.nan, 0))[0]
+        return [timing_row(self.batch, name, secs, nbytes, base) for name, (secs, nbytes) in self.measured.items()]
+
+
+def error_summary(per_step: Any) -> dict[str, Any]:
+    """The equivalence figures of a [steps, 2] tensor of per-step (max-relative, normwise) output errors."""
+    import torch
+
+    return {
+        "max_rel_err": per_step[:, 0].max().item(),
+        "worst_step": int(per_step[:, 0].argmax()),
+        "max_rel_err_norm": per_step[:, 1].max().item(),
+        "last_step_rel_err": per_step[-1, 0].item(),
+        "finite": bool(torch.isfinite(per_step).all()),
     }
 
 

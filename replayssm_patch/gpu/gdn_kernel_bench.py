@@ -27,20 +27,21 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from replayssm_patch.gpu.bench_common import (
     TARGET_REL_ERR,
+    TimedCalls,
     compiled_registers,
+    error_summary,
     open_bench,
+    paged_tensors,
     probe_problem,
     registers_table,
     report_head,
     seconds_per_call,
     section_markdown,
     timing_method,
-    timing_row,
     timing_table,
 )
 
@@ -272,12 +273,8 @@ def run_equivalence(plan: Plan, device: str, baseline: Baseline) -> dict[str, An
         "batch": batch,
         "steps": plan.eq_steps,
         "target": TARGET_REL_ERR,
-        "max_rel_err": per_step[:, 0].max().item(),
-        "worst_step": int(per_step[:, 0].argmax()),
-        "max_rel_err_norm": per_step[:, 1].max().item(),
-        "last_step_rel_err": per_step[-1, 0].item(),
+        **error_summary(per_step),
         "final_state_rel_err": relative_error(master[slot_of_row.long()], final_base),
-        "finite": bool(torch.isfinite(per_step).all()),
     }
     result["within_target"] = max(result["max_rel_err"], result["final_state_rel_err"]) <= TARGET_REL_ERR
     return result
@@ -411,14 +408,8 @@ class KernelSetup:
 
     def table(self, baseline: Baseline, shape: tuple[int, ...]) -> list[dict[str, Any]]:
         model = TrafficModel(self.plan, self.batch)
-        measured: dict[str, tuple[float, float]] = {}  # name -> (seconds, bytes)
-
-        def measure(name: str, call: Callable[[], Any], nbytes: float) -> None:
-            try:
-                measured[name] = (seconds_per_call(call, self.plan, self.device), nbytes)
-            except Exception as exc:  # keep the other rows
-                print(f"[gdn_kernel_bench]   {name} failed: {exc!r}", flush=True)
-
+        timed = TimedCalls("gdn_kernel_bench", self.plan, self.device, self.batch)
+        measure = timed.measure
         if baseline.fn is not None:
             call = lambda: baseline.step(self.base_state, self.inputs, self.layer, self.indices, self.out)  # noqa: E731
             measure(BASELINE_ROW, call, model.baseline())
@@ -426,8 +417,7 @@ class KernelSetup:
         measure("decode step (1/L rows flushing)", staggered, model.replay() + model.fold(1 / self.plan.buffer_len))
         measure("replay (no row flushing)", self.step(self.write_pos, self.flush_none, shape), model.replay())
         measure("decode step (all rows flushing)", self.step(self.aligned_pos, self.flush_all, shape), model.aligned())
-        base = measured.get(BASELINE_ROW, (math.nan, 0))[0]
-        return [timing_row(self.batch, name, secs, nbytes, base) for name, (secs, nbytes) in measured.items()]
+        return timed.rows(BASELINE_ROW)
 
 
 BASELINE_ROW = "vllm gdn decode (fp32 state)"
@@ -440,7 +430,6 @@ def paged_gdn_tensors(plan: Plan, slots: int, replay: bool, device: str) -> list
 
     from replayssm_patch.config import ReplaySSMConfig
     from replayssm_patch.gdn_state_layout import gdn_replay_state_dtypes, gdn_replay_state_shapes
-    from replayssm_patch.gpu.layer_check import paged_state_tensors
 
     conv_dim = 2 * plan.num_k_heads * plan.head_k_dim + plan.num_v_heads * plan.head_v_dim
     shapes: tuple[tuple[int, ...], ...] = ((conv_dim, CONV_WIDTH - 1), state_shape(plan))
@@ -448,10 +437,7 @@ def paged_gdn_tensors(plan: Plan, slots: int, replay: bool, device: str) -> list
     if replay:
         shapes = gdn_replay_state_shapes(shapes, ReplaySSMConfig(enable=True, buffer_len=plan.buffer_len), True)
         dtypes = gdn_replay_state_dtypes(dtypes)
-    page = sum(
-        math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in zip(shapes, dtypes, strict=True)
-    )
-    return paged_state_tensors(SimpleNamespace(shapes=shapes, dtypes=dtypes, page_size_bytes=page), slots, device)
+    return paged_tensors(shapes, dtypes, slots, device)
 
 
 @dataclass(frozen=True)

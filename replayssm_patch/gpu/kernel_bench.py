@@ -22,20 +22,21 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from replayssm_patch.gpu.bench_common import (
     TARGET_REL_ERR,
+    TimedCalls,
     compiled_registers,
+    error_summary,
     open_bench,
+    paged_tensors,
     probe_problem,
     registers_table,
     report_head,
     seconds_per_call,
     section_markdown,
     timing_method,
-    timing_row,
     timing_table,
 )
 
@@ -230,12 +231,8 @@ def run_equivalence(plan: Plan, device: str, baseline: Baseline) -> dict[str, An
         flush_ring(master, cache.ring_x, cache.ring_B, cache.ring_dt, layer.A, slot_of_row, in_ring)
         final = master[slot_of_row.long()].double()
         result[mode] = {
-            "max_rel_err": per_step[:, 0].max().item(),
-            "worst_step": int(per_step[:, 0].argmax()),
-            "max_rel_err_norm": per_step[:, 1].max().item(),
-            "last_step_rel_err": per_step[-1, 0].item(),
+            **error_summary(per_step),
             "final_state_rel_err": ((final - base_state.double()).abs().max() / base_state.abs().max()).item(),
-            "finite": bool(torch.isfinite(per_step).all()),
         }
     result["fp32_within_target"] = result["fp32"]["max_rel_err"] <= TARGET_REL_ERR
     return result
@@ -391,14 +388,8 @@ class KernelSetup:
 
     def table(self, baseline: Baseline, configs: dict[str, tuple[int, int, int] | None]) -> list[dict[str, Any]]:
         L, model = self.plan.buffer_len, TrafficModel(self.plan, self.batch)
-        measured: dict[str, tuple[float, float]] = {}  # name -> (seconds, bytes)
-
-        def measure(name: str, call: Callable[[], Any], nbytes: float) -> None:
-            try:
-                measured[name] = (seconds_per_call(call, self.plan, self.device), nbytes)
-            except Exception as exc:  # keep the other rows
-                print(f"[kernel_bench]   {name} failed: {exc!r}", flush=True)
-
+        timed = TimedCalls("kernel_bench", self.plan, self.device, self.batch)
+        measure = timed.measure
         if baseline.fn is not None:
             measure("baseline fp32 state", self.baseline(baseline, "fp32"), model.baseline(4))
             measure("baseline bf16 state", self.baseline(baseline, "bf16"), model.baseline(2))
@@ -413,8 +404,7 @@ class KernelSetup:
             aligned = self.step(mode, cfg, self.aligned_pos, self.flush_all)
             measure(f"decode step {mode} (all rows flushing)", aligned, model.aligned(copy))
             measure(f"materialise flush {mode} (all rows)", self.materialise(mode), model.flush(1.0, copy))
-        base = measured.get("baseline fp32 state", (math.nan, 0))[0]
-        return [timing_row(self.batch, name, secs, nbytes, base) for name, (secs, nbytes) in measured.items()]
+        return timed.rows("baseline fp32 state")
 
 
 def paged_cache(plan: Plan, slots: int, split: bool, device: str) -> ReplayCache:
@@ -423,7 +413,6 @@ def paged_cache(plan: Plan, slots: int, split: bool, device: str) -> ReplayCache
     import torch
 
     from replayssm_patch.config import ReplaySSMConfig
-    from replayssm_patch.gpu.layer_check import paged_state_tensors
     from replayssm_patch.kernels import ReplayCache
     from replayssm_patch.state_layout import (
         RING_B,
@@ -439,10 +428,7 @@ def paged_cache(plan: Plan, slots: int, split: bool, device: str) -> ReplayCache
     stock = ((conv_dim, CONV_WIDTH - 1), (plan.nheads, plan.head_dim, plan.d_state))
     shapes = replay_state_shapes(stock, knobs, dim_first=True)
     dtypes = replay_state_dtypes((torch.bfloat16, torch.float32), torch.bfloat16, knobs)
-    page = sum(
-        math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in zip(shapes, dtypes, strict=True)
-    )
-    tensors = paged_state_tensors(SimpleNamespace(shapes=shapes, dtypes=dtypes, page_size_bytes=page), slots, device)
+    tensors = paged_tensors(shapes, dtypes, slots, device)
     copy = tensors[STATE_BF16] if split else None
     return ReplayCache(tensors[1], tensors[RING_X], tensors[RING_B], tensors[RING_DT], copy)
 
