@@ -12,6 +12,8 @@
 #   gdnkernels       GDN kernel bench (gdn_kernel_bench.py): gdn_decode_step vs vLLM's packed GDN decode, 2,000-step
 #                    equivalence at batch 256, spill-free replay launch-shape sweep (-> gdn_launch_config.json, not
 #                    read by the plugin), timing at 64/128/256 on the qwen3.5-4b shape
+#   gdncheck         GDN layer equivalence in vLLM (gdn_layer_check.py): ReplayGatedDeltaNet vs vLLM's GDN layer, 2,000
+#                    decode steps at batch 256 on the qwen3.5-4b shape -> gdn_layer_check/
 #   engine:VARIANT   engine-side decode step of Nemotron-H-8B at batch 1..256, 5 repeats -> engine_step-h200.json
 #   gdn:VARIANT      the same for Qwen3.5-4B (GDN; .device/qwen35/config.json) -> engine_step-h200-qwen3.5-4b.json
 #   floor:VARIANT    the host floor: Nemotron-H-8B's layers at toy widths (replayssm_patch/gpu/host_floor.py) at batch
@@ -39,7 +41,7 @@ TUNED=$RES/kernel_bench/launch_config.json
 ALL_BATCHES=1,8,32,64,128,256
 # measured 2026-12-01: install 40 s, kernel bench 53 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
-declare -A JOB_S=([setup]=90 [kernels]=110 [gdnkernels]=90 [engine]=450 [gdn]=450 [floor]=300 [hostprof]=150 [profile]=240 [spec]=280 [onegpu]=420)
+declare -A JOB_S=([setup]=90 [kernels]=110 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [floor]=300 [hostprof]=150 [profile]=240 [spec]=280 [onegpu]=420)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
@@ -72,6 +74,9 @@ run_job() {
     gdnkernels)
       timeout $(($(left) - 20)) python3 -m replayssm_patch.gpu.gdn_kernel_bench --out "$RES/gdn_kernel_bench" \
         2>&1 | tee "$RES/gdn_kernel_bench.log" | grep -v "^\[gdn_kernel_bench\]   step" ;;
+    gdncheck)
+      timeout $(($(left) - 20)) python3 -m replayssm_patch.gpu.gdn_layer_check --model /tmp/model-qwen35 \
+        --out "$RES/gdn_layer_check" 2>&1 | tee "$RES/gdn_layer_check.log" | tail -5 ;;
     engine) engine_job nemotron "$variant" $ALL_BATCHES ;;
     gdn) engine_job qwen35 "$variant" $ALL_BATCHES ;;
     floor) floor_model && engine_job floor "$variant" 1,8,64,256 ;;
@@ -85,7 +90,7 @@ run_job() {
   esac
 }
 
-[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels engine:V gdn:V floor:V hostprof:V profile:V spec:ARM onegpu:STAGE)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V floor:V hostprof:V profile:V spec:ARM onegpu:STAGE)"; exit 2; }
 pending=0
 for job in "$@"; do
   [ -f "$DONE/$job" ] && continue
