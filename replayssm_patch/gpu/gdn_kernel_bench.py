@@ -9,9 +9,10 @@
     state), the kernel vLLM's layer runs on a pure-decode step; worst per-step output error and the checkpoint
     error after folding what is left in the rings (target <= 1e-4 relative: the fold runs tf32x3 on the GPU).
     Without vLLM the fp64 recurrence (``gdn_ground_truth``) is the baseline, and the output says so.
-(b) launch-shape sweep of the replay launch (block_v x num_warps, only shapes that ptxas compiles without
-    spills, ``compile_check``) at the largest batch; the fastest goes to DIR/gdn_launch_config.json (not read
-    by the plugin yet).
+(b) launch-shape sweep at the largest batch, of the replay launch (block_v x num_warps, only shapes that ptxas
+    compiles without spills, ``compile_check``), then of the fold launch with the fastest replay; the fastest
+    pair goes to DIR/gdn_launch_config.json as the ``"gdn"`` entry of a launch table (``launch_config``:
+    REPLAYSSM_LAUNCH_CONFIG=<file> makes the plugin use it; the H200's committed table holds the measured best).
 (c) timing (CUDA graphs of back-to-back calls, CUDA events) at batch 64/128/256 on paged states, slots
     scattered over a pool 4x the batch: vLLM's decode, ReplaySSM's step with 1/L of the rows flushing
     (staggered), the replay alone (no row flushing) and all rows flushing (aligned), with bytes moved, share
@@ -71,6 +72,7 @@ class Plan:
     graph_calls: int = 20
     repeats: int = 5
     replay_shapes: tuple[tuple[int, int], ...] = tuple((v, w) for v in (16, 32, 64) for w in (2, 4, 8))
+    fold_shapes: tuple[tuple[int, int], ...] = ((16, 4), (16, 8), (32, 4), (32, 8))
 
     @property
     def qwen35_blocks(self) -> bool:
@@ -80,7 +82,7 @@ class Plan:
 
 SMOKE_PLAN = Plan(
     num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=32, buffer_len=4, eq_batch=3, eq_steps=10,
-    batches=(2,), warmup=1, graph_calls=1, repeats=1, replay_shapes=((16, 2), (32, 4)),
+    batches=(2,), warmup=1, graph_calls=1, repeats=1, replay_shapes=((16, 2), (32, 4)), fold_shapes=((16, 4),),
 )  # fmt: skip
 
 
@@ -97,13 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_sweep:
         report.section("sweep", lambda: run_sweep(plan, device))
     sweep = report.data.get("sweep", {})
-    shape = tuple(sweep["best"]) if sweep.get("status") == "ok" else None
-    report.section("timing", lambda: run_timing(plan, device, baseline, shape))
-    if shape is not None:
+    launch = launch_of(sweep["best"]) if sweep.get("status") == "ok" else None
+    report.section("timing", lambda: run_timing(plan, device, baseline, launch))
+    if launch is not None:
         tuned = args.out / "gdn_launch_config.json"
-        keys = ("block_v", "num_warps")
-        tuned.write_text(json.dumps({"gdn_replay": dict(zip(keys, shape, strict=True))}, indent=2) + "\n")
-        report.log(f"fastest replay launch shape in {tuned} (not read by the plugin yet)")
+        tuned.write_text(json.dumps({"gdn": sweep["best"]}, indent=2) + "\n")
+        report.log(f"fastest launch shapes in {tuned} (REPLAYSSM_LAUNCH_CONFIG={tuned} makes the plugin use them)")
     report.log(f"wrote {report.json_path} and {report.md_path}")
     return 0
 
@@ -303,22 +304,28 @@ def _fp64_step(
 
 
 def run_sweep(plan: Plan, device: str) -> dict[str, Any]:
-    """Time the decode step (1/L rows flushing) at the largest batch for each spill-free replay launch shape."""
+    """Time the decode step (1/L rows flushing) at the largest batch for each spill-free replay launch shape
+    (default fold), then for each fold launch shape with the fastest replay shape."""
     setup = KernelSetup(plan, device, max(plan.batches))
     spills = {f"{v}x{w}": replay_spills(plan, v, w) for v, w in plan.replay_shapes}
-    timings = {}
-    for (block_v, num_warps), name in zip(plan.replay_shapes, spills, strict=True):
-        if spills[name]:
-            print(f"[gdn_kernel_bench]   sweep {name}: skipped, {spills[name]} B spilled", flush=True)
-            continue
-        call = setup.step(setup.write_pos, setup.flush_staggered, (block_v, num_warps))
-        try:
-            timings[name] = seconds_per_call(call, plan, device) * 1e6
-        except Exception as exc:  # a shape the compiler rejects must not end the sweep
-            print(f"[gdn_kernel_bench]   sweep {name} failed: {exc!r}", flush=True)
-    best = min(timings, key=timings.__getitem__)
-    print(f"[gdn_kernel_bench]   sweep: best {best} ({timings[best]:.1f} us)", flush=True)
-    return {"batch": setup.batch, "spill_bytes": spills, "us": timings, "best": [int(v) for v in best.split("x")]}
+    replay = {f"{v}x{w}": {"replay_block_v": v, "replay_num_warps": w} for v, w in plan.replay_shapes}
+    timings = setup.sweep({name: shape for name, shape in replay.items() if not spills[name]}, "replay")
+    for name in (name for name, spilled in spills.items() if spilled):
+        print(f"[gdn_kernel_bench]   sweep {name}: skipped, {spills[name]} B spilled", flush=True)
+    best_replay = replay[min(timings, key=timings.__getitem__)]
+    folds = {f"{v}x{w}": best_replay | {"fold_block_v": v, "fold_num_warps": w} for v, w in plan.fold_shapes}
+    fold_timings = setup.sweep(folds, "fold")
+    best = folds[min(fold_timings, key=fold_timings.__getitem__)]
+    print(f"[gdn_kernel_bench]   sweep: best {launch_of(best).as_key()} ({min(fold_timings.values()):.1f} us)",
+          flush=True)  # fmt: skip
+    return {"batch": setup.batch, "spill_bytes": spills, "us": timings, "fold_us": fold_timings, "best": best}
+
+
+def launch_of(knobs: dict[str, int]) -> Any:
+    """The plugin's launch-shape record (``launch_config.GdnLaunch``) from a sweep's knobs."""
+    from replayssm_patch.kernels.launch_config import GdnLaunch
+
+    return GdnLaunch(**knobs)
 
 
 def replay_spills(plan: Plan, block_v: int, num_warps: int) -> int | None:
@@ -336,14 +343,15 @@ def replay_spills(plan: Plan, block_v: int, num_warps: int) -> int | None:
         return None
 
 
-def run_timing(plan: Plan, device: str, baseline: Baseline, shape: tuple[int, ...] | None) -> dict[str, Any]:
-    from replayssm_patch.kernels.gdn_decode import REPLAY_BLOCK_V, REPLAY_NUM_WARPS
+def run_timing(plan: Plan, device: str, baseline: Baseline, launch: Any) -> dict[str, Any]:
+    """The timing rows at every batch with ``launch`` (a ``GdnLaunch``; None: the kernel defaults)."""
+    from replayssm_patch.kernels.launch_config import GDN_DEFAULT
 
-    shape = shape or (REPLAY_BLOCK_V, REPLAY_NUM_WARPS)
-    result: dict[str, Any] = {"method": timing_method(device), "replay_shape": list(shape), "rows": []}
+    launch = launch or GDN_DEFAULT
+    result: dict[str, Any] = {"method": timing_method(device), "launch": launch.as_key(), "rows": []}
     for batch in plan.batches:
         print(f"[gdn_kernel_bench]   timing batch {batch}", flush=True)
-        result["rows"].extend(KernelSetup(plan, device, batch).table(baseline, shape))
+        result["rows"].extend(KernelSetup(plan, device, batch).table(baseline, launch))
     result["registers"] = compiled_registers(_gdn_kernels())
     return result
 
@@ -392,31 +400,42 @@ class KernelSetup:
         self.flush_all = torch.full((batch,), L, dtype=torch.int32, device=device)
         self.out = torch.empty(batch, plan.num_v_heads, plan.head_v_dim, dtype=torch.bfloat16, device=device)
 
-    def step(self, write_pos: torch.Tensor, flush_len: torch.Tensor, shape: tuple[int, ...]) -> Callable[[], Any]:
-        """ReplaySSM's decode step in one graph (coefficients, replay, fold), its flush-row list made once
-        beforehand as the builder's cursor plan makes it (not timed: one plan serves every layer)."""
+    def step(self, write_pos: torch.Tensor, flush_len: torch.Tensor, launch: Any) -> Callable[[], Any]:
+        """ReplaySSM's decode step in one graph (coefficients, replay, fold) with ``launch`` (a ``GdnLaunch``),
+        its flush-row list made once beforehand as the builder's cursor plan makes it (not timed: one plan
+        serves every layer)."""
         from replayssm_patch.kernels import gdn_decode_step
         from replayssm_patch.kernels.decode_fold import flush_work_list
 
         rows, count = flush_work_list(flush_len, self.indices, write_pos, self.plan.buffer_len, PAD)
-        block_v, num_warps = shape
         return lambda: gdn_decode_step(
             *self.inputs.fields(), self.layer.A_log, self.layer.dt_bias, self.state, self.ring_k, self.ring_u,
             self.ring_g, self.indices, write_pos, flush_len, flush_rows=rows, flush_count=count, pad_slot_id=PAD,
-            out=self.out, block_v=block_v, num_warps=num_warps,
+            out=self.out, launch=launch,
         )  # fmt: skip
 
-    def table(self, baseline: Baseline, shape: tuple[int, ...]) -> list[dict[str, Any]]:
+    def sweep(self, shapes: dict[str, dict[str, int]], label: str) -> dict[str, float]:
+        """µs of the decode step (1/L rows flushing) per named launch shape; a shape that fails is left out."""
+        timings = {}
+        for name, knobs in shapes.items():
+            call = self.step(self.write_pos, self.flush_staggered, launch_of(knobs))
+            try:
+                timings[name] = seconds_per_call(call, self.plan, self.device) * 1e6
+            except Exception as exc:  # a shape the compiler rejects must not end the sweep
+                print(f"[gdn_kernel_bench]   sweep {label} {name} failed: {exc!r}", flush=True)
+        return timings
+
+    def table(self, baseline: Baseline, launch: Any) -> list[dict[str, Any]]:
         model = TrafficModel(self.plan, self.batch)
         timed = TimedCalls("gdn_kernel_bench", self.plan, self.device, self.batch)
         measure = timed.measure
         if baseline.fn is not None:
             call = lambda: baseline.step(self.base_state, self.inputs, self.layer, self.indices, self.out)  # noqa: E731
             measure(BASELINE_ROW, call, model.baseline())
-        staggered = self.step(self.write_pos, self.flush_staggered, shape)
+        staggered = self.step(self.write_pos, self.flush_staggered, launch)
         measure("decode step (1/L rows flushing)", staggered, model.replay() + model.fold(1 / self.plan.buffer_len))
-        measure("replay (no row flushing)", self.step(self.write_pos, self.flush_none, shape), model.replay())
-        measure("decode step (all rows flushing)", self.step(self.aligned_pos, self.flush_all, shape), model.aligned())
+        measure("replay (no row flushing)", self.step(self.write_pos, self.flush_none, launch), model.replay())
+        measure("decode step (all rows flushing)", self.step(self.aligned_pos, self.flush_all, launch), model.aligned())
         return timed.rows(BASELINE_ROW)
 
 
@@ -503,18 +522,21 @@ def _equivalence_markdown(eq: dict[str, Any]) -> list[str]:
 
 
 def _sweep_markdown(sweep: dict[str, Any]) -> list[str]:
-    shapes = ", ".join(f"{name} {us:.1f}" for name, us in sorted(sweep["us"].items(), key=lambda kv: kv[1]))
+    def ranked(timings: dict[str, float]) -> str:
+        return ", ".join(f"{name} {us:.1f}" for name, us in sorted(timings.items(), key=lambda kv: kv[1]))
+
     skipped = [name for name, spilled in sweep["spill_bytes"].items() if spilled]
     return [
-        f"Decode step (1/L rows flushing) at batch {sweep['batch']}, block_v x num_warps: us: {shapes}.",
-        f"Skipped (ptxas spills): {', '.join(skipped) or 'none'}. Fastest: {sweep['best']}.",
+        f"Decode step (1/L rows flushing) at batch {sweep['batch']}, block_v x num_warps, us. "
+        f"Replay (default fold): {ranked(sweep['us'])}. Fold (fastest replay): {ranked(sweep.get('fold_us', {}))}.",
+        f"Skipped (ptxas spills): {', '.join(skipped) or 'none'}. Fastest: {launch_of(sweep['best']).as_key()}.",
         "",
     ]
 
 
 def _timing_markdown(timing: dict[str, Any]) -> list[str]:
     return [
-        f"Method: {timing['method']}. Replay launch shape (block_v, num_warps): {timing['replay_shape']}.",
+        f"Method: {timing['method']}. Launch shapes (block_v x num_warps): {timing['launch']}.",
         "",
         *timing_table(timing["rows"]),
         "",
@@ -526,7 +548,7 @@ def render_markdown(data: dict[str, Any]) -> str:
     return "\n".join([
         *report_head("ReplaySSM Gated DeltaNet kernel benchmark", data.get("meta", {})),
         *section_markdown(data, "equivalence", "Equivalence", _equivalence_markdown),
-        *section_markdown(data, "sweep", "Replay launch-shape sweep", _sweep_markdown),
+        *section_markdown(data, "sweep", "Launch-shape sweep", _sweep_markdown),
         *section_markdown(data, "timing", "Timing", _timing_markdown),
     ])  # fmt: skip
 

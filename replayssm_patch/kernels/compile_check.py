@@ -153,12 +153,9 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     from replayssm_patch.kernels.flush import _flush_kernel
     from replayssm_patch.kernels.gdn_coefficients import COEF_NUM_WARPS as GDN_COEF_NUM_WARPS
     from replayssm_patch.kernels.gdn_coefficients import _gdn_coefficients_kernel
-    from replayssm_patch.kernels.gdn_decode import REPLAY_BLOCK_V, REPLAY_NUM_WARPS
     from replayssm_patch.kernels.gdn_flush import _gdn_flush_kernel
-    from replayssm_patch.kernels.gdn_fold import FOLD_BLOCK_V as GDN_FOLD_BLOCK_V
-    from replayssm_patch.kernels.gdn_fold import FOLD_NUM_WARPS as GDN_FOLD_NUM_WARPS
     from replayssm_patch.kernels.gdn_fold import _gdn_fold_kernel
-    from replayssm_patch.kernels.launch_config import DEFAULT
+    from replayssm_patch.kernels.launch_config import DEFAULT, GDN_DEFAULT
     from replayssm_patch.kernels.replay_decode import (
         COEF_NUM_WARPS,
         _replay_step_kernel,
@@ -206,12 +203,14 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
         ("gdn coefficients", _gdn_coefficients_kernel, _GDN_COEF_POINTERS, {"V_PER_K": 2, "HEAD_CHUNK": 2},
          GDN_COEF_NUM_WARPS),
         ("gdn fold", _gdn_fold_kernel, _GDN_FOLD_POINTERS,
-         {"BLOCK_V": GDN_FOLD_BLOCK_V, "V_BLOCKS": 128 // GDN_FOLD_BLOCK_V}, GDN_FOLD_NUM_WARPS),
+         {"BLOCK_V": GDN_DEFAULT.fold_block_v, "V_BLOCKS": 128 // GDN_DEFAULT.fold_block_v},
+         GDN_DEFAULT.fold_num_warps),
         ("gdn flush", _gdn_flush_kernel, _GDN_FLUSH_POINTERS, {"BLOCK_V": 16}, 4),
     ):  # fmt: skip
         consts = {**_GDN_BLOCKS, **blocks, **_unit_strides(kernel, _GDN_UNIT_STRIDES)}
         found.append((label, kernel, pointers, consts, num_warps))
-    found.insert(-2, gdn_replay_variant(REPLAY_BLOCK_V, REPLAY_NUM_WARPS))  # between coefficients and fold
+    replay = gdn_replay_variant(GDN_DEFAULT.replay_block_v, GDN_DEFAULT.replay_num_warps)
+    found.insert(-2, replay)  # between coefficients and fold
     return found
 
 

@@ -36,13 +36,8 @@ from replayssm_patch.kernels.gdn_common import (
 )
 from replayssm_patch.kernels.gdn_fold import launch_gdn_fold
 from replayssm_patch.kernels.gdn_layout import require_fp32_checkpoint
+from replayssm_patch.kernels.launch_config import GdnLaunch, gdn_launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, valid_rows
-
-# ptxas (compile_check), head dims 128, L = 16: a [32 head_v_dim rows, 128 head_k_dim columns] fp32 checkpoint tile
-# over 4 warps (32 registers of tile per thread) takes 72 registers, no spills; [16, 128] over 2 warps 79, over 4
-# warps 48; [64, 128] over 8 warps 78; 128 registers (or more, then spills) wherever the tile is 64 per thread.
-REPLAY_BLOCK_V = 32
-REPLAY_NUM_WARPS = 4
 
 
 @triton.jit
@@ -107,20 +102,19 @@ def launch_gdn_replay(
     coefficients: GdnCoefficients,
     pad_slot_id: int,
     out: torch.Tensor,
-    block_v: int,
-    num_warps: int,
+    launch: GdnLaunch,
 ) -> None:
     """The non-flush rows' u and o (after the coefficient launch)."""
     batch, num_v_heads, head_v_dim = v.shape
     head_k_dim = ssm_state.shape[3]
-    BLOCK_V = block_size(head_v_dim, cap=block_v)
+    BLOCK_V = block_size(head_v_dim, cap=launch.replay_block_v)
     c = coefficients
     _gdn_replay_kernel[(triton.cdiv(head_v_dim, BLOCK_V), num_v_heads, batch)](
         v, ssm_state, ring_u, state_indices, write_pos, flush_len,
         c.q_hat, c.k_hat, c.kk, c.kq, c.weight, c.decay, c.beta, out,
         head_k_dim, head_v_dim, ring_u.shape[1], num_v_heads, num_v_heads // c.num_k_heads, pad_slot_id,
         *v.stride(), *ssm_state.stride(), *ring_u.stride(), *out.stride(),
-        BLOCK_L=c.block_l, BLOCK_V=BLOCK_V, BLOCK_K=c.block_k, num_warps=num_warps,
+        BLOCK_L=c.block_l, BLOCK_V=BLOCK_V, BLOCK_K=c.block_k, num_warps=launch.replay_num_warps,
     )  # fmt: skip
 
 
@@ -145,8 +139,7 @@ def gdn_decode_step(
     scale: float | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
     out: torch.Tensor | None = None,
-    block_v: int = REPLAY_BLOCK_V,
-    num_warps: int = REPLAY_NUM_WARPS,
+    launch: GdnLaunch | None = None,
 ) -> torch.Tensor:
     """The whole GDN decode step (Triton): append (k̂, u, g) at write_pos, return o [batch, num_v_heads,
     head_v_dim] (the z gate and out_proj stay vLLM's), and fold the ring into ssm_state on flush rows.
@@ -160,8 +153,9 @@ def gdn_decode_step(
     ``flush_count`` (int32 [1]) list the real flush rows first, in any order (the cursor plan writes them; when
     not given they are derived here with device ops). Padding rows (slot == pad_slot_id or < 0) and rows whose
     write_pos is off the ring are skipped: nothing read or written, ``out`` left as it was. Three launches with
-    grids fixed by the shapes, so it can be captured in a CUDA graph. ``block_v`` and ``num_warps`` (the replay
-    launch's head_v_dim rows per program and warps) are GPU tuning knobs only.
+    grids fixed by the shapes, so it can be captured in a CUDA graph. ``launch`` (the replay and fold launches'
+    head_v_dim rows per program and warps; default: this GPU's tuned table, ``launch_config``) is a GPU tuning
+    knob only.
     """
     check_launchable(q, ssm_state)
     require_fp32_checkpoint(ssm_state)
@@ -175,10 +169,11 @@ def gdn_decode_step(
     coefficients = launch_gdn_coefficients(
         q, k, a, b, A_log, dt_bias, ring_k, ring_g, state_indices, write_pos, scale, pad_slot_id, num_v_heads
     )
-    launch_gdn_replay(
-        v, ssm_state, ring_u, state_indices, write_pos, flush_len, coefficients, pad_slot_id, out, block_v, num_warps
+    launch = launch or gdn_launch_for(q.device)
+    launch_gdn_replay(v, ssm_state, ring_u, state_indices, write_pos, flush_len, coefficients, pad_slot_id, out, launch)
+    launch_gdn_fold(
+        v, ssm_state, ring_k, ring_u, state_indices, write_pos, flush_rows, flush_count, coefficients, out, launch
     )
-    launch_gdn_fold(v, ssm_state, ring_k, ring_u, state_indices, write_pos, flush_rows, flush_count, coefficients, out)
     return out
 
 
@@ -203,12 +198,11 @@ def gdn_decode_step_reference(
     scale: float | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
     out: torch.Tensor | None = None,
-    block_v: int = REPLAY_BLOCK_V,
-    num_warps: int = REPLAY_NUM_WARPS,
+    launch: GdnLaunch | None = None,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``gdn_decode_step`` (same arguments; the fold list and tuning knobs are ignored),
     in fp32: the replay of every row, then the fold of the flush rows, which answer from the folded state."""
-    del flush_rows, flush_count, block_v, num_warps
+    del flush_rows, flush_count, launch
     require_fp32_checkpoint(ssm_state)
     num_v_heads, num_k_heads, head_k_dim = v.shape[1], q.shape[1], q.shape[2]
     out = _out_buffer(v, out)

@@ -22,6 +22,7 @@ import triton.language as tl
 from replayssm_patch.kernels.common import block_size
 from replayssm_patch.kernels.decode_fold import FOLD_PRECISION, fold_programs, fold_work_item
 from replayssm_patch.kernels.gdn_coefficients import GdnCoefficients
+from replayssm_patch.kernels.launch_config import GdnLaunch
 
 # ptxas (compile_check), head dims 128, L = 16, tf32x3: 4 warps over [16 head_v_dim rows, 128 head_k_dim columns]
 # take 139 registers without spills, so an SM holds the 3 programs per SM of the fixed grid (``fold_programs``);
@@ -96,11 +97,12 @@ def launch_gdn_fold(
     flush_count: torch.Tensor,
     coefficients: GdnCoefficients,
     out: torch.Tensor,
+    launch: GdnLaunch,
 ) -> None:
     """Fold the listed rows (after the coefficient launch, which wrote the scratch and appended k̂ and g)."""
     batch, num_v_heads, head_v_dim = v.shape
     head_k_dim = ssm_state.shape[3]
-    BLOCK_V = block_size(head_v_dim, cap=FOLD_BLOCK_V, floor=16)  # tl.dot needs 16 in every dimension
+    BLOCK_V = block_size(head_v_dim, cap=launch.fold_block_v, floor=16)  # tl.dot needs 16 in every dimension
     V_BLOCKS = triton.cdiv(head_v_dim, BLOCK_V)
     c = coefficients
     _gdn_fold_kernel[(min(batch * num_v_heads * V_BLOCKS, fold_programs(v.device)),)](
@@ -108,5 +110,5 @@ def launch_gdn_fold(
         c.q_hat, c.k_hat, c.kk, c.weight, c.decay, c.beta, out,
         head_k_dim, head_v_dim, num_v_heads, num_v_heads // c.num_k_heads,
         *v.stride(), *ssm_state.stride(), *ring_k.stride(), *ring_u.stride(), *out.stride(),
-        BLOCK_L=c.block_l, BLOCK_V=BLOCK_V, BLOCK_K=c.block_k, V_BLOCKS=V_BLOCKS, num_warps=FOLD_NUM_WARPS,
+        BLOCK_L=c.block_l, BLOCK_V=BLOCK_V, BLOCK_K=c.block_k, V_BLOCKS=V_BLOCKS, num_warps=launch.fold_num_warps,
     )  # fmt: skip

@@ -1,8 +1,10 @@
-"""Launch shape of the replay-step kernel per checkpoint dtype: the defaults, or a GPU's measured best.
+"""Launch shapes of the decode kernels: the defaults, or a GPU's measured best.
 
-The kernel bench sweeps (block_p, block_n, num_warps) on the GPU and writes the fastest per dtype to a JSON
-file; ``REPLAYSSM_LAUNCH_CONFIG=<file>`` makes the plugin use it (as vLLM reads its tuned kernel configs),
-and the H200's committed file (``launch_h200.json`` beside this module) is used on an H200 without it.
+The Mamba-2 kernel bench sweeps the replay step's (block_p, block_n, num_warps) on the GPU and writes the fastest
+per checkpoint dtype to a JSON file (``"replay_step"``); the GDN bench does the same for the GDN replay and fold
+launches (``"gdn"``). ``REPLAYSSM_LAUNCH_CONFIG=<file>`` makes the plugin use such a file (as vLLM reads its tuned
+kernel configs), and the H200's committed file (``launch_h200.json`` beside this module) is used on an H200
+without it. An entry the file lacks keeps its defaults.
 """
 
 from __future__ import annotations
@@ -32,20 +34,51 @@ class ReplayLaunch:
 DEFAULT = ReplayLaunch()
 
 
+@dataclass(frozen=True)
+class GdnLaunch:
+    """Head_v_dim rows per program and warps of the GDN decode step's replay and fold launches.
+
+    Defaults from ptxas (compile_check, head dims 128, L = 16): a [32, 128] fp32 checkpoint tile over 4 warps
+    takes 72 registers in the replay, no spills ([16, 128] over 2 warps 79, over 4 warps 48; [64, 128] over 8
+    warps 78; 128 or more, then spills, wherever the tile is 64 per thread). The tf32x3 fold over [16, 128] tiles
+    on 4 warps takes 139 registers without spills, 3 programs per SM; [32, 128] takes 182 (2 per SM), and 8 warps
+    over them 128.
+    """
+
+    replay_block_v: int = 32
+    replay_num_warps: int = 4
+    fold_block_v: int = 16
+    fold_num_warps: int = 4
+
+    def as_key(self) -> str:
+        return f"replay {self.replay_block_v}x{self.replay_num_warps}w, fold {self.fold_block_v}x{self.fold_num_warps}w"
+
+
+GDN_DEFAULT = GdnLaunch()
+
+
 @functools.cache  # every layer launch asks: read the table once per (dtype, device), not per launch
 def launch_for(state_dtype: torch.dtype, device: torch.device) -> ReplayLaunch:
     """The tuned shape for a checkpoint of ``state_dtype`` ("fp32" or "split" entry), else the default."""
     entry = "split" if state_dtype.itemsize <= 2 else "fp32"
-    table = _tuned_table(_device_name(device))
+    table = _tuned_table(_device_name(device)).get("replay_step", {})
     return ReplayLaunch(**table[entry]) if entry in table else DEFAULT
+
+
+@functools.cache
+def gdn_launch_for(device: torch.device) -> GdnLaunch:
+    """The GDN decode step's tuned shapes on this device (the table's ``"gdn"`` entry), else the defaults."""
+    return GdnLaunch(**_tuned_table(_device_name(device)).get("gdn", {}))
 
 
 def launch_shapes_in_use(device_name: str) -> dict[str, str]:
     """Which replay launch shapes a process on ``device_name`` uses and where they come from, for result rows:
     a kernel figure is only comparable with the shapes it ran."""
     table = _tuned_table(device_name)
-    shapes = {entry: ReplayLaunch(**table.get(entry, {})).as_key() for entry in ("fp32", "split")}
-    return {"source": _table_path(device_name) or "defaults", **shapes}
+    steps = table.get("replay_step", {})
+    shapes = {entry: ReplayLaunch(**steps.get(entry, {})).as_key() for entry in ("fp32", "split")}
+    gdn = GdnLaunch(**table.get("gdn", {})).as_key()
+    return {"source": _table_path(device_name) or "defaults", **shapes, "gdn": gdn}
 
 
 def _device_name(device: torch.device) -> str:
@@ -58,6 +91,6 @@ def _table_path(device_name: str) -> str | None:
     return os.environ.get(ENV_VAR) or (found[0] if found else None)
 
 
-def _tuned_table(device_name: str) -> dict[str, dict[str, int]]:
+def _tuned_table(device_name: str) -> dict[str, dict]:
     path = _table_path(device_name)
-    return json.loads(Path(path).read_text())["replay_step"] if path else {}
+    return json.loads(Path(path).read_text()) if path else {}

@@ -8,10 +8,10 @@
 # Jobs (estimated seconds in JOB_S):
 #   setup            recv part 3, install the bundle (first call only)
 #   kernels          kernel bench: 2,000-step equivalence at batch 256 vs vLLM's SSU, launch-shape sweep, timing at
-#                    64/128/256, registers; its fastest shapes go to the engine jobs after it
+#                    64/128/256, registers; its fastest shapes go to the engine jobs after it (as does gdnkernels')
 #   gdnkernels       GDN kernel bench (gdn_kernel_bench.py): gdn_decode_step vs vLLM's packed GDN decode, 2,000-step
-#                    equivalence at batch 256, spill-free replay launch-shape sweep (-> gdn_launch_config.json, not
-#                    read by the plugin), timing at 64/128/256 on the qwen3.5-4b shape
+#                    equivalence at batch 256, replay and fold launch-shape sweep (-> gdn_launch_config.json),
+#                    timing at 64/128/256 on the qwen3.5-4b shape
 #   gdncheck         GDN layer equivalence in vLLM (gdn_layer_check.py): ReplayGatedDeltaNet vs vLLM's GDN layer, 2,000
 #                    decode steps at batch 256 on the qwen3.5-4b shape -> gdn_layer_check/
 #   engine:VARIANT   engine-side decode step of Nemotron-H-8B at batch 1..256, 5 repeats -> engine_step-h200.json
@@ -37,7 +37,7 @@ RES=/tmp/gpu/out
 DONE=/tmp/gpu/done
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 CALL_S=${CALL_S:-585}
-TUNED=$RES/kernel_bench/launch_config.json
+TUNED=$RES/launch_config.json  # the launch table the engine jobs run: the kernel benches' fastest shapes
 ALL_BATCHES=1,8,32,64,128,256
 # measured 2026-12-01: install 40 s, kernel bench 53 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
@@ -56,11 +56,21 @@ floor_model() {  # /tmp/model-floor: Nemotron-H-8B's layers at toy widths (gpu/h
     && $S model /tmp/model-floor /tmp/floor-config/config.json; }
 }
 
+tuned_table() {  # $TUNED: the committed H200 table with the entries this host's kernel benches measured; 1 if none
+  local found=()
+  for f in "$RES/kernel_bench/launch_config.json" "$RES/gdn_kernel_bench/gdn_launch_config.json"; do
+    [ -f "$f" ] && found+=("$f")
+  done
+  [ ${#found[@]} -gt 0 ] || return 1
+  python3 -c 'import json, sys; t = {}; [t.update(json.load(open(f))) for f in sys.argv[2:]]; \
+json.dump(t, open(sys.argv[1], "w"), indent=2)' "$TUNED" replayssm_patch/kernels/launch_h200.json "${found[@]}"
+}
+
 run_job() {
   local kind=${1%%:*} variant=${1#*:}
-  case $kind in  # the engine-side jobs run the kernel bench's fastest shapes once a `kernels` job has written them,
-    engine | gdn | floor | hostprof | profile | spec)  # and want the GPU to themselves: onegpu's servers stop first
-      [ -f "$TUNED" ] && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
+  case $kind in  # the engine-side jobs run the kernel benches' fastest shapes once `kernels` / `gdnkernels` wrote
+    engine | gdn | floor | hostprof | profile | spec)  # them, and want the GPU to themselves: onegpu's servers stop
+      tuned_table && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
       for arm in baseline candidate candidate-moe; do $S stop "$arm"; done ;;
   esac
   case $kind in

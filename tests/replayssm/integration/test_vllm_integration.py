@@ -252,7 +252,10 @@ def test_engine_step_rows_merge_from_two_runs_into_one_valid_file(engine_flow):
     ]  # fmt: skip
     assert [len(r["repeats"]) for r in rows] == [1, 3, 3]
     assert [r["replayssm_layers"] for r in rows] == [0, 24, 24]
-    defaults = {"source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w"}  # no GPU here: no tuned file
+    from replayssm_patch.kernels.launch_config import GDN_DEFAULT
+
+    # no GPU here: no tuned file
+    defaults = {"source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w", "gdn": GDN_DEFAULT.as_key()}
     assert [r["launch_shapes"] for r in rows] == [None, defaults, defaults]
     assert all(r["valid"] and r["problems"] == [] and r["exact"] and r["preemptions"] == 0 for r in rows)
     assert all(r["engine_tpot_ms"] > 0 and r["engine_tpot_tokens"] == 272 for r in rows)

@@ -72,6 +72,8 @@ def test_kernel_bench_without_gpu_or_smoke_refuses(tmp_path: Path) -> None:
 
 
 def test_gdn_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
+    from replayssm_patch.kernels.launch_config import GdnLaunch
+
     done = run_module("replayssm_patch.gpu.gdn_kernel_bench", "--smoke", "--out", str(tmp_path), interpret=False)
     assert done.returncode == 0, done.stdout
     data = json.loads((tmp_path / "gdn_kernel_bench.json").read_text())
@@ -83,8 +85,11 @@ def test_gdn_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     sweep = data["sweep"]
     assert sweep["status"] == "ok", sweep.get("traceback")
     assert set(sweep["us"]) == {"16x2", "32x4"} and sweep["spill_bytes"] == {"16x2": None, "32x4": None}
-    tuned = json.loads((tmp_path / "gdn_launch_config.json").read_text())["gdn_replay"]
-    assert [tuned["block_v"], tuned["num_warps"]] == sweep["best"] == data["timing"]["replay_shape"]
+    assert set(sweep["fold_us"]) == {"16x4"}, "the fold sweep runs with the fastest replay shape"
+    tuned = json.loads((tmp_path / "gdn_launch_config.json").read_text())["gdn"]
+    assert tuned == sweep["best"] and tuned["fold_block_v"] == 16 and tuned["fold_num_warps"] == 4
+    assert [tuned["replay_block_v"], tuned["replay_num_warps"]] in ([16, 2], [32, 4])
+    assert data["timing"]["launch"] == GdnLaunch(**tuned).as_key(), "the timing runs the sweep's fastest shapes"
     timing = data["timing"]
     assert timing["status"] == "ok", timing.get("traceback")
     rows = {row["kernel"]: row for row in timing["rows"]}
@@ -218,18 +223,25 @@ def test_layer_check_without_gpu_refuses_in_one_line(tmp_path: Path) -> None:
 def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """engine_step rows record which replay shapes ran: a tuned file, the H200's committed one, or the defaults."""
     from replayssm_patch.gpu.engine_step import launch_shapes_of
-    from replayssm_patch.kernels.launch_config import COMMITTED, ENV_VAR, launch_shapes_in_use
+    from replayssm_patch.kernels.launch_config import COMMITTED, ENV_VAR, GDN_DEFAULT, GdnLaunch, launch_shapes_in_use
 
     monkeypatch.delenv(ENV_VAR, raising=False)
     committed = json.loads(COMMITTED["H200"].read_text())["replay_step"]["fp32"]
     on_h200 = launch_shapes_in_use("NVIDIA H200")
     assert on_h200["source"] == str(COMMITTED["H200"])
     assert on_h200["fp32"] == f"{committed['block_p']}x{committed['block_n']}x{committed['num_warps']}w"
-    assert launch_shapes_in_use("cpu") == {"source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w"}
+    gdn_committed = GdnLaunch(**json.loads(COMMITTED["H200"].read_text())["gdn"])
+    assert on_h200["gdn"] == gdn_committed.as_key() != GDN_DEFAULT.as_key(), "the H200 table holds its GDN sweep"
+    assert launch_shapes_in_use("cpu") == {
+        "source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w", "gdn": GDN_DEFAULT.as_key(),
+    }  # fmt: skip
     tuned = tmp_path / "launch_config.json"
     tuned.write_text(json.dumps({"replay_step": {"split": {"block_p": 32, "block_n": 128, "num_warps": 2}}}))
     monkeypatch.setenv(ENV_VAR, str(tuned))
     assert launch_shapes_of("replayssm_split", "NVIDIA H200") == {
-        "source": str(tuned), "fp32": "16x64x1w", "split": "32x128x2w",
+        "source": str(tuned), "fp32": "16x64x1w", "split": "32x128x2w", "gdn": GDN_DEFAULT.as_key(),
     }  # fmt: skip
+    tuned.write_text(json.dumps({"gdn": {"fold_block_v": 32, "fold_num_warps": 8}}))  # a GDN bench's file
+    assert launch_shapes_in_use("NVIDIA H200")["gdn"] == "replay 32x4w, fold 32x8w"
+    assert launch_shapes_in_use("NVIDIA H200")["fp32"] == "16x64x1w", "an entry the file lacks keeps its defaults"
     assert launch_shapes_of("baseline", "NVIDIA H200") is None
