@@ -7,7 +7,7 @@
 Method (the one of ../shared/gpu/calibration/h200-2026-12-01-engine-vs-http.json): B prompts of 1024 random
 token ids generated with exactly 16 and exactly 272 output tokens (ignore_eos, min_tokens = max_tokens, greedy,
 no detokenisation); step = (t272 - t16) / 256, so prefill and start-up cancel and flush steps are included.
-Each batch gets a warm-up generate of each length, then 3 repeats whose order alternates (16, 272 / 272, 16 / ...).
+Each batch gets one warm-up generate, then 3 repeats whose order alternates (16, 272 / 272, 16 / ...).
 The row holds the median step and the spread (max - min) of the repeats, and whether it is valid (the median,
 because one repeat can hold a one-time stall such as a kernel compiled mid-run: seen on the H200 as a short
 generate 1.3 s slower than its twins, which makes that repeat's step look far too fast):
@@ -362,13 +362,10 @@ def timed_generate(llm: Any, prompts: list[list[int]], tokens: int) -> Generated
 def repeated_generates(
     llm: Any, args: argparse.Namespace, batch: int, vocab_size: int, generate: Callable[[Any, list[list[int]], int], G]
 ) -> Iterator[dict[int, G]]:
-    """The method's generates at one batch: a warm-up of each length, then per repeat the short and the long (in
+    """The method's generates at one batch: a warm-up, then per repeat the short and the long generate (in
     repeat_order, each of fresh prompts) as {tokens: what `generate` returned}, yielded as each repeat ends."""
     rng = np.random.default_rng([args.seed, batch])
-    # both lengths: after a 16-token warm-up alone, a ReplaySSM engine's first repeat at a new batch ran up to 2 s
-    # slow on the H200 (spec arm at 64 and 128, fp32 engine rows at 32-256), a cost the baseline did not show
-    for tokens in (SHORT_TOKENS, LONG_TOKENS):
-        timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), tokens)
+    timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), SHORT_TOKENS)  # warm-up
     for r in range(args.repeats):
         yield {t: generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), t) for t in repeat_order(r)}
 
