@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -12,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from replayssm_patch.gpu.kernel_bench import SMOKE_PLAN, Baseline, render_markdown, run_equivalence, run_timing
+from replayssm_patch.gpu.kernel_bench import (
+    SMOKE_PLAN,
+    Baseline,
+    render_markdown,
+    run_equivalence,
+    run_timing,
+    run_verify,
+)
 from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
 
 REPO = Path(__file__).resolve().parents[3]
@@ -63,6 +72,34 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert set(tuned) == {"fp32", "split"} and set(tuned["fp32"]) == {"block_p", "block_n", "num_warps"}
     markdown = (tmp_path / "kernel_bench.md").read_text()
     assert "| fp32 |" in markdown and "| batch | kernel | us |" in markdown and "Sweep, decode step fp32" in markdown
+    verify = data["verify"]
+    assert verify["status"] == "ok", verify.get("traceback")
+    assert verify["tokens_per_row"] == 4 and verify["ring_len"] == SMOKE_PLAN.buffer_len + 4
+    assert verify["baseline"].startswith("none, ReplaySSM timed alone: fp64 reference")
+    # the builder's plan at acceptance length 3, L = 4: row 0 appends after 3 committed entries, row 1's 6 fold
+    assert verify["cursors"] == {"2": {"rows_folding": 1, "mean_fold_len": 6.0, "mean_history": 1.5}}
+    rows = {(row["batch"], row["kernel"]): row for row in verify["rows"]}
+    parts = ("verify step {} (fold + verify)", "verify {} (no row folding)", "fold launch {}")
+    assert set(rows) == {(batch, part.format(mode)) for batch in SMOKE_PLAN.batches for part in parts
+                         for mode in ("fp32", "split")}  # fmt: skip
+    assert all(math.isfinite(row["us"]) and row["us"] > 0 and row["bytes"] > 0 for row in rows.values())
+    for mode in ("fp32", "split"):
+        whole, alone, fold = (rows[2, part.format(mode)]["bytes"] for part in parts)
+        assert whole == pytest.approx(alone + fold)
+    assert "## Speculative verify timing" in markdown and "| 2 | verify step fp32 (fold + verify) |" in markdown
+
+
+def test_kernel_bench_traffic_model_counts_the_verify_states() -> None:
+    """vLLM's speculative update writes a state per query token; the verify reads one checkpoint and the ring."""
+    from replayssm_patch.gpu.kernel_bench import Plan, TrafficModel
+
+    model = TrafficModel(Plan(), 256)
+    state = 256 * 128 * 64 * 128 * 4
+    entry = 128 * 64 * 2 + 8 * 128 * 2 + 128 * 4
+    assert model.baseline(4, 4) - model.baseline(4, 1) == 3 * (model.baseline(4, 1) - 2 * state) + 3 * state
+    assert model.baseline(4, 4) - model.verify(4, 4, 7.5) == 4 * state - 256 * 11.5 * entry
+    assert model.verify(4, 1, 7.5) == model.replay(4)  # a decode step is a one-token verify
+    assert model.flush(1 / 6, 0, 18) == pytest.approx((256 * 18 * entry + 2 * state) / 6)  # fp32 read + write
 
 
 def test_kernel_bench_without_gpu_or_smoke_refuses(tmp_path: Path) -> None:
@@ -178,6 +215,58 @@ def selective_state_update_stand_in(
     )  # fmt: skip
     state[slots] = h.to(state.dtype)
     out[rows] = y.to(out.dtype)
+
+
+def speculative_stand_in(
+    state, x, dt, A, B, C, D, dt_bias, z=None, dt_softplus=False, state_batch_indices=None,
+    dst_state_batch_indices=None, null_block_id=0, out=None, num_accepted_tokens=None, cu_seqlens=None,
+):  # fmt: skip
+    """``selective_state_update_stand_in`` plus vLLM 0.24's speculative contract: with num_accepted_tokens and
+    cu_seqlens, request n's tokens cu_seqlens[n]..cu_seqlens[n+1]-1 start from the state in block
+    state_batch_indices[n, num_accepted_tokens[n] - 1], and the state after its token t goes to block
+    dst_state_batch_indices[n, t] (skipped where that is null_block_id)."""
+    if num_accepted_tokens is None:
+        return selective_state_update_stand_in(
+            state, x, dt, A, B, C, D, dt_bias, z, dt_softplus, state_batch_indices, dst_state_batch_indices,
+            null_block_id, out,
+        )  # fmt: skip
+    bounds = cu_seqlens.tolist()
+    for n, (first, end) in enumerate(itertools.pairwise(bounds)):
+        h = state[state_batch_indices[n, num_accepted_tokens[n] - 1].long()].double()[None]
+        for t, i in enumerate(range(first, end)):
+            y = recurrence_step_fp64(
+                h, x[i : i + 1], dt[i : i + 1, :, 0], A[:, 0, 0], B[i : i + 1], C[i : i + 1], D=D[:, 0],
+                dt_bias=dt_bias[:, 0], dt_softplus=dt_softplus,
+            )  # fmt: skip
+            if dst_state_batch_indices[n, t] != null_block_id:
+                state[dst_state_batch_indices[n, t].long()] = h[0].to(state.dtype)
+            out[i] = y[0].to(out.dtype)
+    return None
+
+
+def test_kernel_bench_verify_against_a_speculative_stand_in() -> None:
+    """The verify section's vLLM path: the probe accepts the speculative call, and its row is the baseline."""
+    baseline = Baseline(speculative_stand_in, "stand-in")
+    assert baseline.verify_problem(SMOKE_PLAN, "cpu") is None
+    verify = run_verify(SMOKE_PLAN, "cpu", baseline)
+    assert (
+        verify["baseline"].startswith("stand-in: selective_state_update(")
+        and "num_accepted_tokens" in verify["baseline"]
+    )
+    rows = {row["kernel"]: row for row in verify["rows"]}
+    base = rows["vllm spec verify (fp32 state, 1+k blocks)"]
+    assert base["batch"] == 2 and base["speedup_vs_baseline_fp32"] == pytest.approx(1.0)
+    assert all(math.isfinite(row["speedup_vs_baseline_fp32"]) for row in rows.values())
+    assert (
+        rows["verify split (no row folding)"]["bytes"] < rows["verify fp32 (no row folding)"]["bytes"] < base["bytes"]
+    )
+
+
+def test_a_decode_only_baseline_is_not_the_verify_baseline() -> None:
+    """A selective_state_update without 0.24's speculative arguments fails the verify probe: ReplaySSM is timed
+    alone, and the note says why."""
+    problem = Baseline(selective_state_update_stand_in, "decode only").verify_problem(SMOKE_PLAN, "cpu")
+    assert problem is not None and "decode only (speculative call)" in problem
 
 
 def test_a_baseline_that_skips_rows_falls_back_to_the_fp64_reference() -> None:
