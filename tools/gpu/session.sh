@@ -46,10 +46,9 @@ esac
 mkdir -p "$STATE" "$RES" /tmp/pkg
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$ROOT VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# Triton keeps autotune results on disk: every default-mode engine start of session 6 spent 75-83 s in vLLM's
-# "Initial profiling/warmup run", where vLLM's autotuned SSD / FLA prefill kernels benchmark their configs anew in
-# each process; later engines on the same host reuse the first one's choices
-export TRITON_CACHE_AUTOTUNING=1
+# Every default-mode engine start spends 76-91 s in vLLM's silent "Initial profiling/warmup run", the second engine
+# on a host as long as the first (session 7). Not Triton autotuning anew: vLLM 0.24 already sets
+# TRITON_CACHE_AUTOTUNING=1 (env_override.py), which session 6 had exported here to no effect.
 mapfile -t MODE_FLAGS < <(python3 -m replayssm_patch.gpu.variants --mode "$MODE")
 VLLM_FLAGS=(--model "$MODEL_DIR" --served-model-name m --load-format dummy --max-num-seqs 256 --max-model-len "${MAX_LEN:-8192}"
   --gpu-memory-utilization "${SERVE_UTIL:-0.85}" --mamba-ssm-cache-dtype float32 "${MODE_FLAGS[@]}")
