@@ -66,10 +66,9 @@ from replayssm_patch.gpu.engine_step import (
 )
 from replayssm_patch.gpu.row_file import read_row_file, record_row
 from replayssm_patch.gpu.spec_summary import summary_markdown
-from replayssm_patch.gpu.variants import SPEC_ARMS
+from replayssm_patch.gpu.variants import ACCEPTANCE_LENGTH, SPEC_ARMS, SPEC_TOKENS, speculative_config
 
 MODULE = "replayssm_patch.gpu.spec_step"
-SPEC_TOKENS, ACCEPTANCE_LENGTH = 3, 3.0
 SPEC_KEY = ("arm", "mode", "spec_tokens", "acceptance_length_configured", "batch")
 MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # Nemotron-H / Qwen3-Next; Qwen3.5
 ROW_FACTS = ("max_concurrency", "kv_cache_tokens", "num_gpu_blocks", "max_model_len", "replayssm_layers",
@@ -112,12 +111,6 @@ def parse_lengths(text: str) -> tuple[float, ...]:
     if not lengths:
         raise argparse.ArgumentTypeError(f"{text!r}: give acceptance lengths joined by commas, e.g. 1.0,2.8,3.0")
     return lengths
-
-
-def speculative_config(tokens: int, length: float) -> dict[str, Any]:
-    """vLLM 0.24 SpeculativeConfig fields: MTP drafts, accepted by synthetic rejection sampling at mean length AL."""
-    return {"method": "mtp", "num_speculative_tokens": tokens, "rejection_sample_method": "synthetic",
-            "synthetic_acceptance_length": length}  # fmt: skip
 
 
 def arm_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -7,6 +7,7 @@ the plugin with the same knobs and start a model the same way:
     python3 -m replayssm_patch.gpu.variants replayssm_fp32     # prints the --additional-config JSON ({} for baseline)
     python3 -m replayssm_patch.gpu.variants --mode O0          # the server flags of a compile mode, one a line
     python3 -m replayssm_patch.gpu.variants --family MODEL_DIR # the server flags the model's family needs, one a line
+    python3 -m replayssm_patch.gpu.variants --speculative      # the --speculative-config JSON of the spec arms
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ SPEC_ARMS: dict[str, tuple[str, bool]] = {
     "replayssm_standard": ("replayssm_fp32", False),
     "replayssm_spec": ("replayssm_fp32", True),
 }
+
+# Speculation in every spec arm and server (spec_step, MODEL=mtp onegpu.sh): MTP drafts k = 3, accepted by vLLM
+# 0.24's synthetic rejection sampling at mean length AL = 3.0 (random weights accept nothing otherwise).
+SPEC_TOKENS, ACCEPTANCE_LENGTH = 3, 3.0
+
+
+def speculative_config(tokens: int = SPEC_TOKENS, length: float = ACCEPTANCE_LENGTH) -> dict[str, Any]:
+    """vLLM 0.24 SpeculativeConfig fields: MTP drafts, accepted by synthetic rejection sampling at mean length AL."""
+    return {"method": "mtp", "num_speculative_tokens": tokens, "rejection_sample_method": "synthetic",
+            "synthetic_acceptance_length": length}  # fmt: skip
+
 
 # O0: no torch.compile, full CUDA graphs for decode only (the calibration's setting, fastest start-up).
 # default: vLLM's own defaults (torch.compile, FULL_AND_PIECEWISE graphs), what production runs.
@@ -71,13 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("variant", nargs="?", choices=list(VARIANTS))
     parser.add_argument("--mode", choices=list(MODES))
     parser.add_argument("--family", type=Path, metavar="MODEL_DIR", help="a dir holding the model's config.json")
+    parser.add_argument("--speculative", action="store_true", help="the spec arms' --speculative-config JSON")
     args = parser.parse_args(argv)
-    if [args.variant, args.mode, args.family].count(None) != 2:
-        parser.error("give one of: a variant, --mode MODE, --family MODEL_DIR")
+    if [args.variant, args.mode, args.family, args.speculative or None].count(None) != 3:
+        parser.error("give one of: a variant, --mode MODE, --family MODEL_DIR, --speculative")
     if args.family is not None and not (args.family / "config.json").exists():
         parser.error(f"{args.family / 'config.json'} missing; give --family a model dir (session.sh setup makes them)")
-    if args.variant is not None:
-        print(json.dumps(VARIANTS[args.variant] or {}, separators=(",", ":")))
+    if args.variant is not None or args.speculative:
+        value = speculative_config() if args.speculative else VARIANTS[args.variant] or {}
+        print(json.dumps(value, separators=(",", ":")))
         return 0
     flags = server_flags(args.mode) if args.mode is not None else family_flags(args.family)
     for flag in flags:  # one a line, for bash's `mapfile -t FLAGS < <(...)`

@@ -20,7 +20,9 @@
 #                      replayed with exact output lengths -> served-qwen3.5-35b-a3b.json (zero errors, exact lengths,
 #                      the plugin active); a server still starting when the call ends is waited for by the next `moe`
 # MODEL=nemotron (default, Nemotron-H-8B) or MODEL=qwen35 (qwen3.5-4b, configs/h200-1gpu-qwen3.5-4b.toml) picks the
-# model of pace, ab, resume and agree; CAP_MIN/CAP_MAX override the capacity search's time-scale bounds.
+# model of pace, ab, resume and agree; MODEL=mtp (issue 17: Nemotron-H-8B with its MTP layer, both servers speculating
+# with MTP k = 3 at synthetic AL 3.0, configs/h200-1gpu-nemotron-h-8b-mtp.toml) the spec-decode A/B and agreement of
+# native vs ReplaySSM speculation; CAP_MIN/CAP_MAX override the capacity search's time-scale bounds.
 # Every stage tees its log into /tmp/gpu/out, which `pack` sends back as $OUT/<stage>.tgz.part*; servers run detached.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,7 +35,10 @@ export PYTHONPATH=/tmp/site:/tmp/rb-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_H
 case $MODEL in
   nemotron) SHAPE=nemotron-h-8b SCALES=(0.22 0.45) ;;
   qwen35) SHAPE=qwen3.5-4b SCALES=(0.10 0.32) ;;
-  *) [ "${1:-}" = moe ] || { echo "MODEL=$MODEL: onegpu.sh takes MODEL=nemotron or MODEL=qwen35"; exit 2; } ;;
+  # speculation emits ~AL tokens per step (more capacity), but native keeps 1 + k state copies per request, so at
+  # 0.45 its KV cache holds ~1/4 of the sequences (less): a search wide both ways around the standard 0.31
+  mtp) SHAPE=nemotron-h-8b-mtp SCALES=(0.15 0.90) ;;
+  *) [ "${1:-}" = moe ] || { echo "MODEL=$MODEL: onegpu.sh takes MODEL=nemotron, MODEL=qwen35 or MODEL=mtp"; exit 2; } ;;
 esac
 NAME=h200-1gpu-${SHAPE:-}${AA:+-aa}
 CONFIG=configs/$NAME.toml
@@ -156,5 +161,5 @@ case ${1:-} in
     python3 -m replayssm_patch.gpu.served_replay "$RES/moe-replay.parquet" --model-dir /tmp/model-qwen35moe \
       --variant replayssm_fp32 --mode "$MODE" --server-log /tmp/gpu/candidate-moe.log --out "$RES/served-qwen3.5-35b-a3b.json"
     ;;
-  *) echo "usage: [MODEL=nemotron|qwen35] onegpu.sh pace|ab|aa|resume|agree, or onegpu.sh moe"; exit 2 ;;
+  *) echo "usage: [MODEL=nemotron|qwen35|mtp] onegpu.sh pace|ab|aa|resume|agree, or onegpu.sh moe"; exit 2 ;;
 esac

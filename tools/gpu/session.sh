@@ -41,7 +41,9 @@ case ${MODEL:-nemotron} in
   qwen35) MODEL_DIR=/tmp/model-qwen35 SUFFIX=-qwen3.5-4b ;;
   qwen35moe) MODEL_DIR=/tmp/model-qwen35moe SUFFIX=-qwen3.5-35b-a3b ;;
   floor) MODEL_DIR=/tmp/model-floor SUFFIX=-floor ;;  # Nemotron-H-8B's host floor (replayssm.sh floor:VARIANT)
-  *) echo "MODEL=$MODEL: use MODEL=nemotron (the default), MODEL=qwen35, MODEL=qwen35moe or MODEL=floor"; exit 2 ;;
+  mtp) MODEL_DIR=/tmp/model-mtp SUFFIX=-nemotron-h-8b-mtp ;;  # served with MTP speculation (serve adds it)
+  *) echo "MODEL=$MODEL: use MODEL=nemotron (the default), MODEL=qwen35, MODEL=qwen35moe, MODEL=floor or MODEL=mtp"
+     exit 2 ;;
 esac
 mkdir -p "$STATE" "$RES" /tmp/pkg
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$ROOT VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -93,6 +95,8 @@ serve() {
   local arm=$1 gpu=$2 port=$3 family; shift 3
   [ -f "$MODEL_DIR/config.json" ] || { echo "$MODEL_DIR/config.json missing: carry its .device config and run setup"; return 1; }
   mapfile -t family < <(python3 -m replayssm_patch.gpu.variants --family "$MODEL_DIR")
+  # MODEL=mtp: every server speculates alike (MTP k = 3, synthetic acceptance 3.0), so only the plugin knob differs
+  [ "${MODEL:-nemotron}" = mtp ] && family+=(--speculative-config "$(python3 -m replayssm_patch.gpu.variants --speculative)")
   CUDA_VISIBLE_DEVICES=$gpu setsid python3 -m vllm.entrypoints.openai.api_server "${VLLM_FLAGS[@]}" "${family[@]}" \
     --port "$port" "$@" \
     > "$STATE/$arm.log" 2>&1 < /dev/null &

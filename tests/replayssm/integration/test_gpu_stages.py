@@ -1,16 +1,19 @@
 """The GPU host's shell stages (tools/gpu) as far as a CPU machine can check them: syntax, the MODEL switch's refusal
-before anything is touched, and the qwen3.5-4b A/B config against the server flags session.sh starts it with."""
+before anything is touched, and the qwen3.5-4b and MTP A/B configs against the server flags session.sh starts them
+with."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from replayssm_patch.gpu.variants import family_flags
+from replayssm_patch.gpu.variants import family_flags, speculative_config
 
 REPO = Path(__file__).resolve().parents[3]
 STAGES = sorted((REPO / "tools" / "gpu").glob("*.sh"))
@@ -43,3 +46,34 @@ def test_qwen_ab_config_serves_as_session_sh_does(tmp_path: Path) -> None:
         assert without_family == [("/tmp/model-qwen35" if a == "/tmp/model" else a) for a in reference]
         assert qwen["arms"][arm]["supports"] == ["Qwen3_5ForConditionalGeneration"]
     assert qwen["trace"] == nemotron["trace"] and qwen["slo"] == nemotron["slo"]
+
+
+def test_mtp_ab_config_speculates_alike_in_both_arms_as_session_sh_serves() -> None:
+    """MODEL=mtp: the Nemotron A/B's server flags on /tmp/model-mtp with the spec arms' --speculative-config before
+    --port (where session.sh serve puts it), so only the plugin knob differs; the harness reads AL 3.0 in both."""
+    from harness.analysis.spec_config import configured_speculation
+    from harness.experiment.config import load_config
+
+    path = REPO / "configs/h200-1gpu-nemotron-h-8b-mtp.toml"
+    mtp = tomllib.loads(path.read_text())
+    nemotron = tomllib.loads((REPO / "configs/h200-1gpu-nemotron-h-8b.toml").read_text())
+    flag = ["--speculative-config", json.dumps(speculative_config(), separators=(",", ":"))]
+    for arm in ("baseline", "candidate"):
+        command, reference = mtp["arms"][arm]["command"], nemotron["arms"][arm]["command"]
+        port = reference.index("--port")
+        expected = [("/tmp/model-mtp" if a == "/tmp/model" else a) for a in reference]
+        assert command == expected[:port] + flag + expected[port:]
+        speculation = configured_speculation(command)
+        assert speculation is not None and speculation.tokens == 3 and speculation.acceptance_length == 3.0
+    assert mtp["trace"] == nemotron["trace"] and mtp["slo"] == nemotron["slo"]
+    assert load_config(path).name == "h200-1gpu-nemotron-h-8b-mtp"
+
+
+def test_variants_prints_the_spec_arms_speculation_for_session_sh() -> None:
+    """session.sh's serve adds `variants --speculative` under MODEL=mtp: the config's flag, above."""
+    done = subprocess.run([sys.executable, "-m", "replayssm_patch.gpu.variants", "--speculative"], capture_output=True,
+                          text=True, cwd=REPO, check=True)  # fmt: skip
+    assert json.loads(done.stdout) == speculative_config() == {
+        "method": "mtp", "num_speculative_tokens": 3, "rejection_sample_method": "synthetic",
+        "synthetic_acceptance_length": 3.0,
+    }  # fmt: skip

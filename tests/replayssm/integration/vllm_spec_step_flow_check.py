@@ -31,6 +31,7 @@ from vllm.v1.metrics.stats import IterationStats, SchedulerStats  # noqa: E402
 from vllm.v1.spec_decode.metrics import SpecDecodingStats  # noqa: E402
 
 from replayssm_patch.gpu import spec_step  # noqa: E402
+from replayssm_patch.gpu.variants import speculative_config  # noqa: E402
 from tests.replayssm.integration.vllm_engine_flow_check import StandInLLM  # noqa: E402
 
 CONCURRENCY = 96.0  # requests of max_model_len the stand-in's KV cache holds with one state block per request
@@ -77,7 +78,7 @@ class CountingStandIn(StandInLLM):
 
 def main(model: Path, result_file: Path) -> None:
     args = EngineArgs(model=str(model), load_format="dummy", skip_tokenizer_init=True, max_model_len=2048,
-                      speculative_config=spec_step.speculative_config(3, 3.0))  # fmt: skip
+                      speculative_config=speculative_config(3, 3.0))  # fmt: skip
     CountingStandIn.config = args.create_engine_config()
     vllm.LLM = CountingStandIn
     out = result_file.parent / "spec_step.json"
