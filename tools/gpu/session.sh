@@ -26,7 +26,8 @@
 #   pack NAME     copy server logs into the results and tar them to $OUT/NAME.tgz (one file comes back)
 # MODE=O0 (default: -O0 + FULL_DECODE_ONLY graphs) or MODE=default (vLLM's torch.compile mode) applies to serve,
 # engine, profile, spec and pace alike (replayssm_patch/gpu/variants.py holds the flags and each variant's knob).
-# MODEL=nemotron (default) | qwen35 | qwen35moe picks the model dir of serve, engine and profile; serve adds the
+# MODEL=nemotron (default) | qwen35 | qwen35moe | mtp picks the model dir of serve, engine and profile (mtp: servers
+# speculate with MTP, `variants --speculative`); serve adds the
 # family's flags (Qwen3.5: text only, Triton GDN prefill; `variants --family`). Engine-step, pace and profile
 # results of a Qwen model go to files of their own (engine_step-h200-qwen3.5-4b.json, ...), Nemotron's keep their names.
 # Logs and pids live in /tmp/gpu (survives between calls while the host is kept); `pack` sends the results back.
