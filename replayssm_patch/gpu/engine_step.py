@@ -53,7 +53,7 @@ FIRST_TOKEN_ID = 10  # ids below are the tokenizer's specials (../shared/gpu/mak
 G = TypeVar("G")  # what one timed generate gives (engine_step: Generated; spec_step: it with the counters)
 T = TypeVar("T")
 WHAT = (
-    f"Engine-side decode step (vLLM LLM.generate, no HTTP): B prompts of {PROMPT_TOKENS} random token ids with "
+    "Engine-side decode step (vLLM LLM.generate, no HTTP): B prompts of prompt_tokens random token ids with "
     f"exactly {SHORT_TOKENS} and exactly {LONG_TOKENS} output tokens (ignore_eos, min_tokens = max_tokens, greedy); "
     f"per repeat step = (t{LONG_TOKENS} - t{SHORT_TOKENS}) / {LONG_TOKENS - SHORT_TOKENS}, so prefill cancels and "
     "flush steps are included; step_ms = median of the repeats, spread_ms = their max - min. engine_tpot_ms = mean "
@@ -150,6 +150,7 @@ def make_row(args: argparse.Namespace, batch: int, repeats: Sequence[Repeat], **
         "variant": args.variant,
         "mode": args.mode,
         "batch": batch,
+        "prompt_tokens": args.prompt_tokens,
         "step_ms": round(statistics.median(steps), 3),
         "spread_ms": round(max(steps) - min(steps), 3),
         f"t{SHORT_TOKENS}_s": round(statistics.fmean(r.t_short_s for r in repeats), 3),
@@ -182,6 +183,9 @@ def engine_options(p: argparse.ArgumentParser, variant: bool = True) -> argparse
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--mamba-ssm-cache-dtype", default="float32")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of vLLM")
+    p.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS,
+                   help=f"prompt length [{PROMPT_TOKENS}]; shorter prompts shrink the prefill, whose run-to-run "
+                   "jitter lands in (t272 - t16) at large batches")  # fmt: skip
     p.add_argument("--all-capture-sizes", action="store_true", help="capture vLLM's default CUDA-graph sizes, not "
                    "only the batches measured (slower start-up, same decode graphs)")  # fmt: skip
     return p
@@ -201,16 +205,26 @@ def engine_problem(args: argparse.Namespace) -> str | None:
         return f"{args.model / 'config.json'} missing; give --model a dir holding the model's config.json"
     if max(args.batches) > args.max_num_seqs:
         return f"batch {max(args.batches)} exceeds --max-num-seqs {args.max_num_seqs}; raise it or drop the batch"
-    if args.max_model_len < PROMPT_TOKENS + LONG_TOKENS:
-        return f"--max-model-len {args.max_model_len} is below the {PROMPT_TOKENS + LONG_TOKENS} tokens a request needs"
+    if args.prompt_tokens < 1:
+        return f"--prompt-tokens must be at least 1 (got {args.prompt_tokens})"
+    if args.max_model_len < args.prompt_tokens + LONG_TOKENS:
+        need = args.prompt_tokens + LONG_TOKENS
+        return f"--max-model-len {args.max_model_len} is below the {need} tokens a request needs"
     return None
 
 
-def out_problem(path: Path, what: str) -> str | None:
+def out_problem(path: Path, what: str, prompt_tokens: int) -> str | None:
+    """Why rows cannot be merged into ``path``, or None. One file holds one prompt length (the row key leaves it
+    out, so a row of another length would replace a row it is not comparable with); a row without the field was
+    measured with the only length before it, PROMPT_TOKENS."""
     try:
-        read_row_file(path, what)
+        rows = read_row_file(path, what)["rows"]
     except RowFileError as exc:
         return str(exc)
+    other = sorted({row.get("prompt_tokens", PROMPT_TOKENS) for row in rows} - {prompt_tokens})
+    if other:
+        return (f"{path} holds rows measured with prompts of {', '.join(map(str, other))} tokens; give --out another "
+                f"file for --prompt-tokens {prompt_tokens}")  # fmt: skip
     return None
 
 
@@ -365,9 +379,11 @@ def repeated_generates(
     """The method's generates at one batch: a warm-up, then per repeat the short and the long generate (in
     repeat_order, each of fresh prompts) as {tokens: what `generate` returned}, yielded as each repeat ends."""
     rng = np.random.default_rng([args.seed, batch])
-    timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), SHORT_TOKENS)  # warm-up
+    timed_generate(llm, prompt_token_ids(rng, batch, args.prompt_tokens, vocab_size), SHORT_TOKENS)  # warm-up
     for r in range(args.repeats):
-        yield {t: generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), t) for t in repeat_order(r)}
+        yield {
+            t: generate(llm, prompt_token_ids(rng, batch, args.prompt_tokens, vocab_size), t) for t in repeat_order(r)
+        }
 
 
 def within_budget(items: Sequence[T], budget_s: float | None, began: float, label: str = "B={}") -> Iterator[T]:
@@ -412,7 +428,7 @@ def start_engine(args: argparse.Namespace, name: str | None = None, **extra: Any
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     few = f"--repeats must be at least 1 (got {args.repeats})" if args.repeats < 1 else None
-    problem = engine_problem(args) or few or out_problem(args.out, WHAT)
+    problem = engine_problem(args) or few or out_problem(args.out, WHAT, args.prompt_tokens)
     if problem:
         print(f"error: {problem}")
         return 2

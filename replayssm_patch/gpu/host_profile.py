@@ -30,7 +30,6 @@ import numpy as np
 
 from replayssm_patch.gpu.engine_step import (
     LONG_TOKENS,
-    PROMPT_TOKENS,
     SHORT_TOKENS,
     command_line,
     engine_options,
@@ -46,7 +45,7 @@ from replayssm_patch.gpu.row_file import record_row
 TOP = 30  # functions kept per list
 WHAT = (
     "Host time per decode step of vLLM 0.24 by function: the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), "
-    f"cProfile of a {SHORT_TOKENS}- and a {LONG_TOKENS}-token generate of B prompts of {PROMPT_TOKENS} random ids; "
+    f"cProfile of a {SHORT_TOKENS}- and a {LONG_TOKENS}-token generate of B prompts of prompt_tokens random ids; "
     f"per function (t{LONG_TOKENS} - t{SHORT_TOKENS}) / {LONG_TOKENS - SHORT_TOKENS} in microseconds per step, self "
     "(tottime) and inclusive (cumtime). step_ms: the in-process step without the profiler; profiled_step_ms: with "
     "it. Written by replayssm_patch/gpu/host_profile.py."
@@ -108,14 +107,15 @@ def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: in
     rng = np.random.default_rng([args.seed, batch])
 
     def prompts() -> list[list[int]]:  # fresh prompts for every generate: none reuses another's prefill
-        return prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size)
+        return prompt_token_ids(rng, batch, args.prompt_tokens, vocab_size)
 
     timed_generate(llm, prompts(), SHORT_TOKENS)  # warm-up
     t_short, t_long = (timed_generate(llm, prompts(), tokens).seconds for tokens in (SHORT_TOKENS, LONG_TOKENS))
     profiled_short, short = profiled_generate(llm, prompts(), SHORT_TOKENS)
     profiled_long, long = profiled_generate(llm, prompts(), LONG_TOKENS)
     costs = per_step_costs(short, long, LONG_TOKENS - SHORT_TOKENS)
-    return {"variant": args.variant, "mode": args.mode, "batch": batch, "step_ms": round(step_ms(t_short, t_long), 3),
+    return {"variant": args.variant, "mode": args.mode, "batch": batch, "prompt_tokens": args.prompt_tokens,
+            "step_ms": round(step_ms(t_short, t_long), 3),
             "profiled_step_ms": round(step_ms(profiled_short, profiled_long), 3),
             "by_self": top(costs, "self_us"), "by_total": top(costs, "total_us")}  # fmt: skip
 
@@ -141,7 +141,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    problem = engine_problem(args) or out_problem(args.out, WHAT)
+    problem = engine_problem(args) or out_problem(args.out, WHAT, args.prompt_tokens)
     if problem:
         print(f"error: {problem}")
         return 2

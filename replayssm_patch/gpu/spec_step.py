@@ -171,6 +171,7 @@ def make_row(
         "arm": args.arm,
         "mode": args.mode,
         "batch": batch,
+        "prompt_tokens": args.prompt_tokens,
         "spec_tokens": args.spec_tokens if args.speculative else 0,
         "acceptance_length_configured": configured,
         "acceptance_length_measured": None if measured is None else round(measured, 4),
@@ -298,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return summarise(wanted.summarise) if not rest else _refused(f"--summarise takes no other option ({rest[0]})")
     args = parse_args(argv)
     few = f"--repeats must be at least 1 (got {args.repeats})" if args.repeats < 1 else None
-    problem = engine_problem(args) or spec_problem(args) or few or out_problem(args.out, WHAT)
+    problem = engine_problem(args) or spec_problem(args) or few or out_problem(args.out, WHAT, args.prompt_tokens)
     if problem:
         return _refused(problem)
     return sweep(argv, args) if args.sweep_al else run_engine(args, argv)

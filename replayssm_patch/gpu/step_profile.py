@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from replayssm_patch.gpu.engine_step import (
-    PROMPT_TOKENS,
     SHORT_TOKENS,
     command_line,
     engine_options,
@@ -58,9 +57,9 @@ def profiler_config(trace_dir: Path) -> dict[str, Any]:
     }
 
 
-def profiled_tokens(batch: int, max_num_batched_tokens: int, steps: int) -> int:
+def profiled_tokens(batch: int, max_num_batched_tokens: int, steps: int, prompt_tokens: int) -> int:
     """Output tokens per request so that at least `steps` full-batch decode steps follow the chunked prefill."""
-    prefill_steps = math.ceil(batch * PROMPT_TOKENS / max_num_batched_tokens)
+    prefill_steps = math.ceil(batch * prompt_tokens / max_num_batched_tokens)
     return prefill_steps + steps + SLACK_STEPS
 
 
@@ -81,14 +80,15 @@ def parser() -> argparse.ArgumentParser:
 
 def profile_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: int, trace_dir: Path) -> dict:
     rng = np.random.default_rng([args.seed, batch, 1])
-    timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), SHORT_TOKENS)  # warm-up
+    timed_generate(llm, prompt_token_ids(rng, batch, args.prompt_tokens, vocab_size), SHORT_TOKENS)  # warm-up
     budget = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
-    tokens = profiled_tokens(batch, budget, args.steps)
+    tokens = profiled_tokens(batch, budget, args.steps, args.prompt_tokens)
     before = set(trace_dir.glob(TRACE_GLOB))
     llm.start_profile()
-    run = timed_generate(llm, prompt_token_ids(rng, batch, PROMPT_TOKENS, vocab_size), tokens)
+    run = timed_generate(llm, prompt_token_ids(rng, batch, args.prompt_tokens, vocab_size), tokens)
     llm.stop_profile()
-    row: dict[str, Any] = {"variant": args.variant, "mode": args.mode, "batch": batch, "output_tokens": tokens,
+    row: dict[str, Any] = {"variant": args.variant, "mode": args.mode, "batch": batch,
+                           "prompt_tokens": args.prompt_tokens, "output_tokens": tokens,
                            "generate_s": round(run.seconds, 2), "exact": run.exact,
                            "ran_together": run.together}  # fmt: skip
     trace = newest_trace(trace_dir, before)
@@ -112,7 +112,7 @@ def write_markdown(out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     few = f"--steps must be at least 1 (got {args.steps})" if args.steps < 1 else None
-    problem = engine_problem(args) or few or out_problem(args.out / "step_profile.json", WHAT)
+    problem = engine_problem(args) or few or out_problem(args.out / "step_profile.json", WHAT, args.prompt_tokens)
     if problem:
         print(f"error: {problem}")
         return 2

@@ -46,6 +46,8 @@ case ${MODEL:-nemotron} in
   *) echo "MODEL=$MODEL: use MODEL=nemotron (the default), MODEL=qwen35, MODEL=qwen35moe, MODEL=floor or MODEL=mtp"
      exit 2 ;;
 esac
+# PROMPT_TOKENS=N: the engine-side scripts' prompt length (default 1024), into files of their own (-pN)
+SUFFIX=$SUFFIX${PROMPT_TOKENS:+-p$PROMPT_TOKENS}
 mkdir -p "$STATE" "$RES" /tmp/pkg
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$ROOT VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -57,8 +59,8 @@ VLLM_FLAGS=(--model "$MODEL_DIR" --served-model-name m --load-format dummy --max
   --gpu-memory-utilization "${SERVE_UTIL:-0.85}" --mamba-ssm-cache-dtype float32 "${MODE_FLAGS[@]}")
 STEPS=$RES/engine_step-h200$SUFFIX.json  # starts from the committed file, so the packed one is the merged whole
 [ -f "$STEPS" ] || cp "$ROOT/replayssm_patch/gpu/results/engine_step-h200$SUFFIX.json" "$STEPS" 2>/dev/null
-SPECS=$RES/spec_step-h200.json  # the same for the spec-decode rows
-[ -f "$SPECS" ] || cp "$ROOT/replayssm_patch/gpu/results/spec_step-h200.json" "$SPECS" 2>/dev/null
+SPECS=$RES/spec_step-h200${PROMPT_TOKENS:+-p$PROMPT_TOKENS}.json  # the same for the spec-decode rows
+[ -f "$SPECS" ] || cp "$ROOT/replayssm_patch/gpu/results/${SPECS##*/}" "$SPECS" 2>/dev/null
 MODEL_MTP=/tmp/model-mtp
 
 recv() {
@@ -129,7 +131,8 @@ on_gpu() {  # MODULE NAME GPU BATCHES OUT SHOWN [ARGS...]: one engine-side scrip
   local module=$1 name=$2 gpu=$3 batches=$4 out=$5 shown=$6 log=$STATE/$1-$2-$MODE$SUFFIX.log; shift 6
   CUDA_VISIBLE_DEVICES=$gpu timeout "${ENGINE_TIMEOUT_S:-540}" python3 -m "replayssm_patch.gpu.$module" \
     --model "${ENGINE_MODEL:-$MODEL_DIR}" --mode "$MODE" --batches "$batches" \
-    --gpu-memory-utilization "${ENGINE_UTIL:-0.45}" --max-model-len "${MAX_LEN:-8192}" --out "$out" "$@" > "$log" 2>&1
+    --gpu-memory-utilization "${ENGINE_UTIL:-0.45}" --max-model-len "${MAX_LEN:-8192}" --out "$out" \
+    ${PROMPT_TOKENS:+--prompt-tokens "$PROMPT_TOKENS"} "$@" > "$log" 2>&1
   echo "$module $name $MODE exit $?"; grep -E "$shown|^error" "$log"
 }
 

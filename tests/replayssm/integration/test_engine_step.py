@@ -193,9 +193,27 @@ def test_a_foreign_results_file_is_refused_before_any_engine_starts(tmp_path, ca
     assert out.count("\n") == 0 and str(args.out) in out and "--out" in out
 
 
+def test_a_file_of_another_prompt_length_is_refused_before_any_engine_starts(tmp_path, capsys):
+    """The row key leaves the prompt length out: a 256-token row must not replace a 1024-token one. A row without
+    the field was measured with 1024-token prompts, the only length before the option."""
+    args = _args(tmp_path)
+    record_row(args.out, _row("baseline", "default", 256, 16.5), WHAT, "cmd A", {"gpu": "H200"})
+    assert main(["--model", str(args.model), "--out", str(args.out), "--prompt-tokens", "256"]) == 2
+    out = capsys.readouterr().out.strip()
+    assert out.count("\n") == 0 and "prompts of 1024 tokens" in out and "--prompt-tokens 256" in out
+    row = make_row(_args(tmp_path, "--prompt-tokens", "256"), 64, [Repeat(1.0, 2.0, 3.9)])
+    assert row["prompt_tokens"] == 256 and _args(tmp_path).prompt_tokens == 1024
+
+
 @pytest.mark.parametrize(
     ("extra", "needle"),
-    [(["--batches", "512"], "--max-num-seqs"), (["--max-model-len", "1024"], "1296"), (["--repeats", "0"], "repeats")],
+    [
+        (["--batches", "512"], "--max-num-seqs"),
+        (["--max-model-len", "1024"], "1296"),
+        (["--repeats", "0"], "repeats"),
+        (["--prompt-tokens", "0"], "--prompt-tokens"),
+        (["--prompt-tokens", "2000", "--max-model-len", "2048"], "2272"),
+    ],
 )
 def test_bad_settings_are_one_line_and_exit_2(tmp_path, capsys, extra, needle):
     args = _args(tmp_path)

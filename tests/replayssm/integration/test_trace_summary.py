@@ -95,5 +95,6 @@ def test_real_torch_profiler_trace_names_host_ranges_as_the_summariser_reads_the
 
 
 def test_profiled_generate_leaves_the_asked_decode_steps_after_the_chunked_prefill():
-    assert profiled_tokens(batch=256, max_num_batched_tokens=16384, steps=16) == 16 + 16 + 8
-    assert profiled_tokens(batch=64, max_num_batched_tokens=8192, steps=16) == 8 + 16 + 8
+    assert profiled_tokens(batch=256, max_num_batched_tokens=16384, steps=16, prompt_tokens=1024) == 16 + 16 + 8
+    assert profiled_tokens(batch=64, max_num_batched_tokens=8192, steps=16, prompt_tokens=1024) == 8 + 16 + 8
+    assert profiled_tokens(batch=256, max_num_batched_tokens=16384, steps=16, prompt_tokens=256) == 4 + 16 + 8
