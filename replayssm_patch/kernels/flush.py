@@ -3,8 +3,9 @@
 h' = exp(A * sum dt) * h + X^T diag(w) B, with w_s = exp(A * dt summed after s) * dt_s. Reads and writes
 the master checkpoint (fp32 in split precision) and refreshes the bf16 copy in the same pass. One program
 per (batch row, head), looping over head_dim blocks; rows with flush_len == 0 or a padding slot return at
-once. Decode steps fold inside the replay kernel (``replay_decode``); this launch serves what is not a decode
-step: materialising the ring before a prefill reads the checkpoint, and draining rings in tests and benches.
+once. Decode steps fold in a launch of their own (``decode_fold``); this one serves the rest: materialising the
+ring before a prefill reads the checkpoint, the fold before a speculative verify (``verify``), and draining rings
+in tests and benches.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import triton
 import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size, check_launchable, decay_sum_after, decay_sum_after_reference
+from replayssm_patch.kernels.decode_fold import FOLD_PRECISION
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head, ring_entries, ring_len_of, valid_rows
 
 
@@ -54,7 +56,7 @@ def _flush_kernel(
             ring_x_ptr + slot * srx_slot + offs_l[:, None] * srx_l + head * srx_h + offs_p[None, :] * srx_p,
             mask=live[:, None] & mask_p[None, :], other=0.0,
         ).to(tl.float32)  # fmt: skip
-        update = tl.dot(tl.trans(ring_x * weight[:, None]), ring_B, input_precision="ieee")  # [P, N]
+        update = tl.dot(tl.trans(ring_x * weight[:, None]), ring_B, input_precision=FOLD_PRECISION)  # [P, N]
         mask_pn = mask_p[:, None] & mask_n[None, :]
         state_at = state_ptr + slot * ss_slot + head * ss_h + offs_p[:, None] * ss_p + offs_n[None, :] * ss_n
         h = decay * tl.load(state_at, mask=mask_pn, other=0.0).to(tl.float32) + update
@@ -83,9 +85,10 @@ def flush_ring(
     ssm_state [slots, nheads, head_dim, d_state] is the master (any float dtype; fp32 for split precision);
     flush_len int [batch]: 0 = leave the row alone (values above L count as L). Padding rows are skipped.
     The ring itself is not cleared: the caller restarts the row's write_pos at 0. ``block_p`` (head_dim
-    rows per program, default 16, at least 16 for tl.dot) and ``num_warps`` are GPU tuning knobs only;
-    the fp32 FMA dot is register hungry (ptxas: 16 x 8 warps fits in ~150 registers without spills,
-    64 x 4 warps spills).
+    rows per program, default 16, at least 16 for tl.dot) and ``num_warps`` are GPU tuning knobs only.
+    The dot runs on tensor cores in tf32x3 (fp32-level error, as the decode fold's): ptxas (compile_check, 16 x 4
+    warps, L = 16) gives 160 registers without spills, 176 with the bf16 copy, where the fp32 FMA dot ("ieee")
+    took 242 and 255, two programs per SM instead of three.
     """
     check_launchable(ssm_state, ring_x)
     nheads, head_dim, d_state = ssm_state.shape[1:]
