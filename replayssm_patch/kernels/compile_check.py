@@ -161,7 +161,12 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
         _replay_step_kernel,
         _ring_coefficients_kernel,
     )
-    from replayssm_patch.kernels.verify import VERIFY_COEF_NUM_WARPS, _verify_coefficients_kernel, _verify_step_kernel
+    from replayssm_patch.kernels.verify import (
+        VERIFY_COEF_NUM_WARPS,
+        VERIFY_HEAD_CHUNK,
+        _verify_coefficients_kernel,
+        _verify_step_kernel,
+    )
 
     coef = {"HEADS_PER_GROUP": 16, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True, "BLOCK_L": 16, "BLOCK_N": 128}
     found = [("ring coefficients", _ring_coefficients_kernel, _COEF_POINTERS, {**coef, "HEAD_CHUNK": 16},
@@ -191,7 +196,7 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
                             "fold_ptr": "*i32"}  # fmt: skip
     found.append(("verify plan", _verify_plan_kernel, verify_plan_pointers, {"BLOCK": PLAN_BLOCK}, 4))
     # MTP k = 3 (T = 4) on the L = 16 ring plus T: BLOCK_L 32
-    verify_coef = {**coef, "BLOCK_T": 4, "BLOCK_L": 32}
+    verify_coef = {**coef, "BLOCK_T": 4, "BLOCK_L": 32, "HEAD_CHUNK": VERIFY_HEAD_CHUNK}
     found.append(("verify coefficients, T=4", _verify_coefficients_kernel, _VERIFY_COEF_POINTERS, verify_coef,
                   VERIFY_COEF_NUM_WARPS))  # fmt: skip
     for label, read in (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")):

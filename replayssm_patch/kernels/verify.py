@@ -9,8 +9,9 @@ and rejected entries are overwritten then, so a rollback is a cursor move. A row
 ring folds it first (``replay_verify_step``: ``flush_ring`` of fold_len = m entries, then the verify at write_pos 0).
 
 Two launches, as the decode step: ``_verify_coefficients_kernel`` per (row, B/C group) computes bc[j, s] = B_s·C_j
-and, per head, the weights w[j, s] = exp(A·(dt summed over (s, m+j]))·dt_s and the checkpoint decays; it appends
-B and dt. ``_verify_step_kernel`` per (head_dim block, row, head) appends x and forms every y_j. The ring must
+and, for the group's heads in [VERIFY_HEAD_CHUNK, L] tiles (not a serial loop over heads, as the decode step's
+coefficient launch), the weights w[j, s] = exp(A·(dt summed over (s, m+j]))·dt_s and the checkpoint decays; it
+appends B and dt. ``_verify_step_kernel`` per (head_dim block, row, head) appends x and forms every y_j. The ring must
 hold m + T_r entries (the layout gives verify rows L + T); a row that does not fit is skipped, like padding.
 """
 
@@ -25,8 +26,9 @@ import triton.language as tl
 from replayssm_patch.kernels.common import (
     block_size,
     check_launchable,
-    decay_sum_after,
     decay_sum_after_reference,
+    decay_sums_after,
+    head_chunk,
     softplus_f32,
     softplus_reference,
 )
@@ -38,6 +40,9 @@ from replayssm_patch.kernels.replay_decode import _step_inputs
 # T coefficient rows per (row, group) hold ~T times the decode step's registers: 4 warps keep them from spilling
 # (ptxas at T = 4, L + T = 20, d_state 128: 254 registers per thread at 2 warps).
 VERIFY_COEF_NUM_WARPS = 4
+# Heads per [heads, L] tile of the coefficient launch: the masked decay sums hold HEAD_CHUNK x L x L values
+# (L + T = 20 -> 32); 4 heads keep them at 32 per thread over 4 warps (ptxas: see compile_check).
+VERIFY_HEAD_CHUNK = 4
 
 
 @triton.jit(do_not_specialize_on_alignment=["dt_ptr", "B_ptr", "C_ptr"])
@@ -47,7 +52,7 @@ def _verify_coefficients_kernel(
     d_state, ring_len, max_tokens, pad_slot_id,
     sdt_t, sdt_h, sB_t, sB_g, sB_n, sC_t, sC_g, sC_n,
     srB_slot, srB_g, srB_l, srB_n, srdt_slot, srdt_h, srdt_l,
-    HEADS_PER_GROUP: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    HEADS_PER_GROUP: tl.constexpr, HEAD_CHUNK: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
@@ -78,24 +83,26 @@ def _verify_coefficients_kernel(
         tl.store(bc_ptr + ((row * groups + group) * BLOCK_T + j) * BLOCK_L + offs_l, bc_j)
 
     heads = HEADS_PER_GROUP * groups
-    for i in range(HEADS_PER_GROUP):
-        head = group * HEADS_PER_GROUP + i
-        dt = tl.load(dt_ptr + token * sdt_t + head * sdt_h, mask=new, other=0.0).to(tl.float32)
+    for chunk in range(HEADS_PER_GROUP // HEAD_CHUNK):  # the group's heads as [HEAD_CHUNK, L] tiles
+        head = group * HEADS_PER_GROUP + chunk * HEAD_CHUNK + tl.arange(0, HEAD_CHUNK)
+        new_h = new[None, :]  # masks broadcast over the tile [HEAD_CHUNK, L]
+        dt = tl.load(dt_ptr + token[None, :] * sdt_t + head[:, None] * sdt_h, mask=new_h, other=0.0).to(tl.float32)
         if HAS_DT_BIAS:
-            dt += tl.load(dt_bias_ptr + head).to(tl.float32)
+            dt += tl.load(dt_bias_ptr + head).to(tl.float32)[:, None]
         if DT_SOFTPLUS:
             dt = softplus_f32(dt)
-        rdt = ring_dt_ptr + slot * srdt_slot + head * srdt_h
-        tl.store(rdt + offs_l * srdt_l, dt.to(ring_dt_ptr.dtype.element_ty), mask=new)
-        ring_dt = tl.load(rdt + offs_l * srdt_l, mask=history, other=0.0).to(tl.float32)
-        all_dt = tl.where(new, dt, ring_dt)  # 0 past the appended entries
+        rdt = ring_dt_ptr + slot * srdt_slot + head[:, None] * srdt_h + offs_l[None, :] * srdt_l
+        tl.store(rdt, dt.to(ring_dt_ptr.dtype.element_ty), mask=new_h)
+        ring_dt = tl.load(rdt, mask=history[None, :], other=0.0).to(tl.float32)
+        all_dt = tl.where(new_h, dt, ring_dt)  # 0 past the appended entries
         A = tl.load(A_ptr + head).to(tl.float32)
+        at = (row * heads + head) * BLOCK_T
         for j in tl.static_range(BLOCK_T):
-            upto = (offs_l <= pos + j) & (j < count)
+            upto = ((offs_l <= pos + j) & (j < count))[None, :]
             dt_j = tl.where(upto, all_dt, 0.0)
-            weight = tl.where(upto, tl.exp(A * decay_sum_after(dt_j, offs_l)) * dt_j, 0.0)
-            tl.store(w_ptr + ((row * heads + head) * BLOCK_T + j) * BLOCK_L + offs_l, weight)
-            tl.store(decay_ptr + (row * heads + head) * BLOCK_T + j, tl.exp(A * tl.sum(dt_j, axis=0)))
+            weight = tl.where(upto, tl.exp(A[:, None] * decay_sums_after(dt_j, offs_l)) * dt_j, 0.0)
+            tl.store(w_ptr + (at + j)[:, None] * BLOCK_L + offs_l[None, :], weight)
+            tl.store(decay_ptr + at + j, tl.exp(A * tl.sum(dt_j, axis=1)))
 
 
 @triton.jit(do_not_specialize_on_alignment=["x_ptr", "C_ptr", "out_ptr"])
@@ -216,7 +223,8 @@ def replay_verify(
         query_start_loc, bc, weight, decay,
         d_state, ring_len, max_query_len, pad_slot_id,
         *dt.stride(), *B.stride(), *C.stride(), *ring_B.stride(), *ring_dt.stride(),
-        HEADS_PER_GROUP=nheads // ngroups, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus,
+        HEADS_PER_GROUP=nheads // ngroups, HEAD_CHUNK=min(VERIFY_HEAD_CHUNK, head_chunk(nheads // ngroups)),
+        HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus,
         BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_N=block_size(d_state, floor=16), num_warps=VERIFY_COEF_NUM_WARPS,
     )  # fmt: skip
     _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](

@@ -42,6 +42,8 @@ VERIFY_SHAPES = [
     (Shape(nheads=2, head_dim=4, d_state=8, ngroups=1, ring_len=4 + 3, batch=3, dtype=torch.float32), 3),
     (Shape(nheads=4, head_dim=16, d_state=16, ngroups=2, ring_len=6 + 4, batch=3, dtype=torch.bfloat16), 4),
     (Shape(nheads=6, head_dim=5, d_state=12, ngroups=3, ring_len=5 + 2, batch=4, dtype=torch.float32), 2),
+    # 8 heads in one group: the coefficient launch's head tiles (VERIFY_HEAD_CHUNK = 4) take two passes
+    (Shape(nheads=8, head_dim=4, d_state=8, ngroups=1, ring_len=4 + 4, batch=2, dtype=torch.float32), 4),
 ]
 
 
