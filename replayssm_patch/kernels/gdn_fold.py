@@ -24,12 +24,6 @@ from replayssm_patch.kernels.decode_fold import FOLD_PRECISION, fold_programs, f
 from replayssm_patch.kernels.gdn_coefficients import GdnCoefficients
 from replayssm_patch.kernels.launch_config import GdnLaunch
 
-# ptxas (compile_check), head dims 128, L = 16, tf32x3: 4 warps over [16 head_v_dim rows, 128 head_k_dim columns]
-# take 139 registers without spills, so an SM holds the 3 programs per SM of the fixed grid (``fold_programs``);
-# [32, 128] tiles take 182 (2 per SM), and 8 warps over them 128 (2 per SM).
-FOLD_NUM_WARPS = 4
-FOLD_BLOCK_V = 16
-
 
 @triton.jit
 def _gdn_fold_kernel(
