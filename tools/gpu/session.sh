@@ -51,9 +51,12 @@ SUFFIX=$SUFFIX${PROMPT_TOKENS:+-p$PROMPT_TOKENS}
 mkdir -p "$STATE" "$RES" /tmp/pkg
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$ROOT VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# Every default-mode engine start spends 76-91 s in vLLM's silent "Initial profiling/warmup run", the second engine
-# on a host as long as the first (session 7). Not Triton autotuning anew: vLLM 0.24 already sets
-# TRITON_CACHE_AUTOTUNING=1 (env_override.py), which session 6 had exported here to no effect.
+# Every default-mode engine start spent 76-91 s in vLLM's silent "Initial profiling/warmup run", the second engine
+# on a host as long as the first (session 7): vLLM points TRITON_CACHE_DIR at a folder per config hash, so each arm
+# compiled and autotuned the SSD / FLA prefill kernels anew. One Triton cache for every engine and server here
+# (replayssm_patch/gpu/shared_triton_cache.py); vLLM already sets TRITON_CACHE_AUTOTUNING=1 itself.
+export TRITON_CACHE_MANAGER=replayssm_patch.gpu.shared_triton_cache:SharedTritonCache
+export REPLAYBENCH_TRITON_CACHE=$STATE/triton-cache
 mapfile -t MODE_FLAGS < <(python3 -m replayssm_patch.gpu.variants --mode "$MODE")
 VLLM_FLAGS=(--model "$MODEL_DIR" --served-model-name m --load-format dummy --max-num-seqs 256 --max-model-len "${MAX_LEN:-8192}"
   --gpu-memory-utilization "${SERVE_UTIL:-0.85}" --mamba-ssm-cache-dtype float32 "${MODE_FLAGS[@]}")

@@ -334,3 +334,30 @@ def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatc
     assert launch_shapes_in_use("NVIDIA H200")["gdn"] == "replay 32x4w, fold 32x8w"
     assert launch_shapes_in_use("NVIDIA H200")["fp32"] == "16x64x1w", "an entry the file lacks keeps its defaults"
     assert launch_shapes_of("baseline", "NVIDIA H200") is None
+
+
+_COMPILE_CURSOR_PLAN = """
+from replayssm_patch.kernels import compile_check as cc
+from replayssm_patch.kernels.cursor_plan import PLAN_BLOCK, _cursor_plan_kernel
+pointers = {name: "*i32" for name in ("slot_ptr", "positions_ptr", "window_end_ptr", "write_pos_ptr", "flush_ptr",
+                                      "flush_rows_ptr", "flush_count_ptr")}
+cc.compile_for_hopper(_cursor_plan_kernel, pointers, {"HAS_LIST": True, "BLOCK": PLAN_BLOCK}, 4)
+"""
+
+
+def test_engines_of_different_config_hashes_share_one_triton_cache(tmp_path: Path) -> None:
+    """vLLM points TRITON_CACHE_DIR into a folder per config hash; with the GPU tooling's cache manager a second
+    engine (another hash) finds the kernels the first compiled: a real sm_90 compile, no GPU needed."""
+    shared = tmp_path / "shared"
+    env = {**os.environ, "TRITON_CACHE_MANAGER": "replayssm_patch.gpu.shared_triton_cache:SharedTritonCache",
+           "REPLAYBENCH_TRITON_CACHE": str(shared)}  # fmt: skip
+    env.pop("TRITON_INTERPRET", None)
+    written = []
+    for arm in ("baseline", "candidate"):
+        run_env = env | {"TRITON_CACHE_DIR": str(tmp_path / arm / "triton_cache")}
+        done = subprocess.run([sys.executable, "-c", _COMPILE_CURSOR_PLAN], env=run_env, capture_output=True,
+                              text=True, timeout=300, cwd=REPO)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        written.append(sorted(p.relative_to(shared) for p in shared.rglob("*.cubin")))
+        assert not list((tmp_path / arm).rglob("*.cubin")), "nothing is compiled into vLLM's per-hash folder"
+    assert written[0] and written[1] == written[0], "the second engine compiled nothing new: a cache hit"
