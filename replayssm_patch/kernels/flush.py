@@ -19,7 +19,10 @@ from replayssm_patch.kernels.decode_fold import FOLD_PRECISION
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head, ring_entries, ring_len_of, valid_rows
 
 
-@triton.jit
+# Before a prefill, the prefill rows' indices are a slice at the decode rows' offset: never specialise on its
+# alignment, or a new batch composition compiles a new kernel while serving (vLLM's JIT monitor named this
+# kernel mid-run on the H200).
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr", "len_ptr"])
 def _flush_kernel(
     A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr,
     head_dim, d_state, ring_len, heads_per_group, pad_slot_id,

@@ -20,7 +20,10 @@ from replayssm_patch.kernels.gdn_layout import require_fp32_checkpoint
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, valid_rows
 
 
-@triton.jit
+# Before a prefill, the prefill rows' indices are a slice at the decode rows' offset: never specialise on its
+# alignment, or a new batch composition compiles a new kernel while serving (vLLM's JIT monitor named this
+# kernel mid-run on the H200).
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr", "len_ptr"])
 def _gdn_flush_kernel(
     state_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, slot_ptr, len_ptr,
     head_k_dim, head_v_dim, ring_len, v_per_k, pad_slot_id,
