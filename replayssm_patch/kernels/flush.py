@@ -20,8 +20,7 @@ from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head,
 
 
 # Before a prefill, the prefill rows' indices are a slice at the decode rows' offset: never specialise on its
-# alignment, or a new batch composition compiles a new kernel while serving (vLLM's JIT monitor named this
-# kernel mid-run on the H200).
+# alignment, or a new batch composition can compile a new kernel while serving (as the decode kernels did).
 @triton.jit(do_not_specialize_on_alignment=["slot_ptr", "len_ptr"])
 def _flush_kernel(
     A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr,

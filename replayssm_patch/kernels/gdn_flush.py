@@ -21,8 +21,7 @@ from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, valid_row
 
 
 # Before a prefill, the prefill rows' indices are a slice at the decode rows' offset: never specialise on its
-# alignment, or a new batch composition compiles a new kernel while serving (vLLM's JIT monitor named this
-# kernel mid-run on the H200).
+# alignment, or a new batch composition can compile a new kernel while serving (as the decode kernels did).
 @triton.jit(do_not_specialize_on_alignment=["slot_ptr", "len_ptr"])
 def _gdn_flush_kernel(
     state_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, slot_ptr, len_ptr,
