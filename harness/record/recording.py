@@ -128,17 +128,24 @@ class Recording:
         try:
             written = await asyncio.get_running_loop().run_in_executor(converter, _convert, writer.path)
         except Exception as exc:  # whatever went wrong, the rows are still in the segment
-            self._stats.segments_kept.append(writer.path)
-            self._error_once(
-                f"error: could not turn {writer.path} into Parquet ({exc}); the segment is kept - "
-                f"run `replaybench record --recover {writer.path.parent}` once the problem is fixed"
-            )
+            self._keep(writer.path, str(exc))
+            return
+        if written is None and writer.path.exists():  # its lock was still held: never leave it without a word
+            self._keep(writer.path, "its lock was still held")
             return
         if written is not None:
             self._stats.bad_lines += written.bad_lines
             if written.part is not None:
                 self._stats.parts.append(written.part)
                 self._stats.rows_in_parts += written.rows
+
+    def _keep(self, segment: Path, why: str) -> None:
+        """The segment stays for `--recover`: counted (the recorder exits 1) and said once."""
+        self._stats.segments_kept.append(segment)
+        self._error_once(
+            f"error: could not turn {segment} into Parquet ({why}); the segment is kept - "
+            f"run `replaybench record --recover {segment.parent}` once the problem is fixed"
+        )
 
 
 def _convert(segment: Path) -> PartWritten | None:

@@ -215,3 +215,28 @@ def test_tokenizer_falls_back_when_the_upstream_cannot_tokenize() -> None:
     tokenizer = asyncio.run(probe())
     assert tokenizer.name == FALLBACK_TOKENIZER and not tokenizer.upstream
     assert asyncio.run(tokenizer.tokens({"prompt": "a b c"})) == fallback_tokens({"prompt": "a b c"})
+
+
+def test_a_part_whose_segment_stays_locked_at_shutdown_is_kept_and_said(tmp_path: Path) -> None:
+    """Seen under CPU load: the last part's segment was left unconverted and the recorder said nothing. Another
+    descriptor still holding the segment's lock stands in for whatever held it then."""
+    import asyncio
+    import os
+
+    from harness.record.recording import Recording
+    from harness.record.stats import RecorderStats
+
+    said: list[str] = []
+    stats = RecorderStats()
+    recording = Recording(PartNaming.from_output(tmp_path / "prod.parquet"), {}, stats, said.append)
+    recording.open()
+    segment = recording.segment
+    assert segment is not None
+    holder = os.dup(recording._writer._fd)  # shares the open file description, so the flock outlives close()
+    try:
+        asyncio.run(recording.close())
+    finally:
+        os.close(holder)
+    assert segment.exists() and stats.segments_kept == [segment]
+    assert len(said) == 1 and "its lock was still held" in said[0] and f"--recover {tmp_path}" in said[0]
+    assert any("kept segment" in line for line in stats.summary_lines())
