@@ -42,6 +42,7 @@ class Recording:
         self._writer: SegmentWriter | None = None
         self._last_open_attempt = float("-inf")
         self._converter: ProcessPoolExecutor | None = None  # started at the first rotation
+        self._finishing: set[asyncio.Future[None]] = set()  # rotated parts being converted
 
     @property
     def segment(self) -> Path | None:
@@ -107,9 +108,15 @@ class Recording:
             self.open()
             if self._converter is None:
                 self._converter = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-            await self._finish(old, self._converter)
+            finish = asyncio.ensure_future(self._finish(old, self._converter))
+            self._finishing.add(finish)
+            finish.add_done_callback(self._finishing.discard)
+            # shutdown cancels the rotation loop, never a part's conversion: `close` waits for it (under load a
+            # cancelled conversion left the whole part behind as a segment, without a word)
+            await asyncio.shield(finish)
 
     async def close(self) -> None:
+        await asyncio.gather(*self._finishing, return_exceptions=True)
         old, self._writer = self._writer, None
         if old is not None:
             await self._finish(old, None)

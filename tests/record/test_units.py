@@ -240,3 +240,32 @@ def test_a_part_whose_segment_stays_locked_at_shutdown_is_kept_and_said(tmp_path
     assert segment.exists() and stats.segments_kept == [segment]
     assert len(said) == 1 and "its lock was still held" in said[0] and f"--recover {tmp_path}" in said[0]
     assert any("kept segment" in line for line in stats.summary_lines())
+
+
+def test_shutdown_during_a_rotation_still_converts_the_rotated_part(tmp_path: Path) -> None:
+    """Seen under CPU load: shutdown cancelled the rotation loop while it was finishing the part it had just
+    closed, so that part stayed a segment and the recorder said 'incidents: none'."""
+    import asyncio
+    import datetime as dt
+
+    from harness.record.recording import Recording
+    from harness.record.stats import RecorderStats
+    from harness.records.trace_schema import META_CLOCK
+
+    async def record_rotate_and_stop(recording: Recording) -> None:
+        recording.open()
+        for i in range(3):
+            recording.append(_row(i))
+        rotation = asyncio.create_task(recording.rotate())
+        await asyncio.sleep(0)  # the rotation has opened the next part and is finishing the first
+        recording.append(_row(3))
+        rotation.cancel()  # what shutdown does to the rotation loop
+        await asyncio.gather(rotation, return_exceptions=True)
+        await recording.close()
+
+    stats, said = RecorderStats(), []
+    started = {META_CLOCK: dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")}
+    naming = PartNaming.from_output(tmp_path / "prod.parquet")
+    asyncio.run(record_rotate_and_stop(Recording(naming, started, stats, said.append)))
+    assert not list(tmp_path.glob("*.segment.jsonl")) and said == [] and not stats.segments_kept
+    assert [p.name for p in stats.parts] == ["prod-0001.parquet", "prod-0002.parquet"] and stats.rows_in_parts == 4
