@@ -25,6 +25,11 @@ _SESSION_ENTRY = f"{SESSION_MARKER}={os.environ[SESSION_MARKER]}".encode()
 _CHILD_ENTRY = f"{CHILD_MARKER}=1".encode()
 
 
+def ignore_sigint() -> None:
+    """A `preexec_fn` that starts a child the way a script's `cmd &` (and CI's runner) does: SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def stray_servers() -> dict[int, str]:
     """Live (non-zombie) processes of this test session that carry the launcher's marker: pid -> cmdline."""
     found = {}

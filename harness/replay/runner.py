@@ -92,8 +92,12 @@ def _run_meta(
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a supervisor stopping us) ends the run like Ctrl-C: finished rows are kept."""
+def _stop_signals_interrupt() -> Iterator[None]:
+    """SIGTERM (a supervisor stopping us) and SIGINT end the run like Ctrl-C: finished rows are kept.
+
+    SIGINT is set too: a process started with it ignored (a script's `cmd &`, some CI runners) would
+    otherwise run the whole trace to its end after `kill -INT`.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -101,11 +105,15 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {
+        signal.SIGTERM: signal.signal(signal.SIGTERM, interrupt),
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _stop_workers(processes: list[mp.Process]) -> None:
@@ -173,7 +181,7 @@ def _run_workers(
             ctx.Process(target=worker_main, args=(job, counters, signals), daemon=True, name=f"replaybench-worker-{k}")
         )
     interrupted = False
-    with _sigterm_as_interrupt():
+    with _stop_signals_interrupt():
         try:
             for process in processes:
                 process.start()

@@ -2,7 +2,7 @@
 
 Three layers, because each covers a way replaybench can die that the others cannot:
 - normal return, exception, Ctrl-C, SIGTERM/SIGHUP: `finally` blocks and `atexit` call `stop_all()`
-  (`termination_signals_raise()` turns SIGTERM/SIGHUP into an exception so `finally` runs);
+  (`termination_signals_raise()` turns SIGINT/SIGTERM/SIGHUP into an exception so `finally` runs);
 - SIGKILL or a hard crash of replaybench: the `Watchdog` process notices and kills the groups;
 - the server's first process also gets PR_SET_PDEATHSIG (set in `process.py`) as a last resort.
 """
@@ -65,11 +65,17 @@ def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
 
 @contextlib.contextmanager
 def termination_signals_raise() -> Iterator[None]:
-    """While active, SIGTERM/SIGHUP raise `Terminated` (Ctrl-C already raises KeyboardInterrupt)."""
+    """While active, SIGTERM/SIGHUP raise `Terminated` and SIGINT raises KeyboardInterrupt.
+
+    SIGINT is set explicitly because a process started with it ignored (a script's `cmd &`, some CI runners)
+    inherits that, and Python then installs no KeyboardInterrupt: `kill -INT` would leave the servers running.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    handlers = {signal.SIGTERM: _raise_terminated, signal.SIGHUP: _raise_terminated}
+    handlers[signal.SIGINT] = signal.default_int_handler
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
     try:
         yield
     finally:

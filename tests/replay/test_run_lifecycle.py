@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from harness.records.result_io import read_results
 from harness.records.result_schema import META_COMPLETE
 from harness.records.worker_load import loads_from_meta
+from tests.conftest import ignore_sigint
 from tests.replay.support import CLI, cli, make_trace, replay
 from tests.support.openai_server import REPO_ROOT, stop_process_group, upstream
 
@@ -49,13 +51,16 @@ def test_inflight_cap_sends_late_instead_of_concurrently(tmp_path: Path) -> None
     assert rows[2]["lag_s"] > outcome.fidelity.lag_budget_s and not outcome.fidelity.valid
 
 
-def start_cli_replay(trace_path: Path, url: str, out: Path) -> subprocess.Popen[bytes]:
+def start_cli_replay(
+    trace_path: Path, url: str, out: Path, preexec_fn: Callable[[], None] | None = None
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [*CLI, "replay", str(trace_path), "--url", url, "-o", str(out)],
         cwd=REPO_ROOT,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=preexec_fn,
     )
 
 
@@ -69,11 +74,15 @@ def wait_for_rows(segment_dir: Path, rows: int, proc: subprocess.Popen[bytes], t
     raise AssertionError(f"the replay never wrote {rows} rows (exit code {proc.poll()})")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupted_replay_keeps_finished_rows(ok_url: str, tmp_path: Path, sig: signal.Signals) -> None:
+@pytest.mark.parametrize(
+    ("sig", "started_ignoring_sigint"), [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False)]
+)
+def test_interrupted_replay_keeps_finished_rows(
+    ok_url: str, tmp_path: Path, sig: signal.Signals, started_ignoring_sigint: bool
+) -> None:
     trace_path = make_trace(n=200, gap_s=0.05).write(tmp_path / "t.parquet")
     out = tmp_path / "r.parquet"
-    proc = start_cli_replay(trace_path, ok_url, out)
+    proc = start_cli_replay(trace_path, ok_url, out, ignore_sigint if started_ignoring_sigint else None)
     try:
         wait_for_rows(tmp_path / "r.parquet.partial", 3, proc)
         os.killpg(proc.pid, sig)

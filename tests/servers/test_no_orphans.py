@@ -10,27 +10,29 @@ from pathlib import Path
 import pytest
 
 from harness.servers import free_port
-from tests.conftest import stray_servers, wait_for_no_strays
+from tests.conftest import ignore_sigint, stray_servers, wait_for_no_strays
 
 DRIVER = str(Path(__file__).with_name("launch_and_wait.py"))
 
 
 @pytest.mark.parametrize(
-    ("sig", "mode"),
+    ("sig", "mode", "started_ignoring_sigint"),
     [
-        (signal.SIGINT, "with"),
-        (signal.SIGTERM, "with"),
-        (signal.SIGTERM, "atexit"),
-        (signal.SIGHUP, "atexit"),
-        (signal.SIGKILL, "atexit"),
+        (signal.SIGINT, "with", False),
+        (signal.SIGINT, "with", True),
+        (signal.SIGTERM, "with", False),
+        (signal.SIGTERM, "atexit", False),
+        (signal.SIGHUP, "atexit", False),
+        (signal.SIGKILL, "atexit", False),
     ],
 )
-def test_launcher_death_leaves_no_orphans(tmp_path: Path, sig: int, mode: str) -> None:
+def test_launcher_death_leaves_no_orphans(tmp_path: Path, sig: int, mode: str, started_ignoring_sigint: bool) -> None:
     driver = subprocess.Popen(
         [sys.executable, DRIVER, str(free_port()), str(tmp_path / "log"), mode],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ignore_sigint if started_ignoring_sigint else None,
     )
     try:
         assert driver.stdout is not None and driver.stdout.readline().strip() == "READY"
