@@ -16,16 +16,16 @@
     the verify alone and the fold launch alone, against vLLM's speculative selective_state_update (fp32 state,
     1+k state blocks per request, the call ``VERIFY_BASELINE_CALL``) at the same batches.
 Writes DIR/kernel_bench.json and DIR/kernel_bench.md, rewritten after each section so a crash keeps the rest.
+Section (c) is ``verify_bench``; what the sections share (shapes, the vLLM baseline, caches, bytes moved) is
+``mamba_bench_setup``.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from replayssm_patch.gpu.bench_common import (
@@ -34,8 +34,6 @@ from replayssm_patch.gpu.bench_common import (
     compiled_registers,
     error_summary,
     open_bench,
-    paged_tensors,
-    probe_problem,
     registers_table,
     report_head,
     seconds_per_call,
@@ -43,46 +41,22 @@ from replayssm_patch.gpu.bench_common import (
     timing_method,
     timing_table,
 )
+from replayssm_patch.gpu.mamba_bench_setup import (
+    PAD,
+    SMOKE_PLAN,
+    Baseline,
+    Plan,
+    TrafficModel,
+    filled_caches,
+    flush_call,
+    scattered_slots,
+)
+from replayssm_patch.gpu.verify_bench import run_verify, verify_markdown
 
 if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET must be decided first
     import torch
 
-    from replayssm_patch.kernels import ReplayCache
     from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
-
-CONV_WIDTH = 4  # Nemotron-H's conv kernel: vLLM keeps its last 3 inputs per channel
-PAD = -1
-SPEC_TOKENS = 3  # k, the drafts an MTP step verifies (issue 17's Nemotron-H-8B runs)
-VERIFY_TOKENS = 1 + SPEC_TOKENS  # T, the query tokens of a verify row
-ACCEPTANCE_LENGTH = 3  # tokens a verify commits (vLLM's synthetic acceptance length 3.0)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Shapes and effort of one benchmark run."""
-
-    nheads: int = 128
-    head_dim: int = 64
-    d_state: int = 128
-    ngroups: int = 8
-    buffer_len: int = 16
-    eq_batch: int = 256
-    eq_steps: int = 2000
-    batches: tuple[int, ...] = (64, 128, 256)
-    warmup: int = 3
-    graph_calls: int = 20  # calls captured per CUDA graph
-    repeats: int = 5  # graph replays timed
-    # (block_p, block_n, num_warps) of the replay step: 1-2-warp programs as vLLM's SSU uses, a few wider ones
-    step_configs: tuple[tuple[int, int, int], ...] = (
-        (4, 128, 1), (8, 64, 1), (8, 128, 1), (16, 32, 1), (16, 64, 1), (16, 128, 1), (16, 64, 2), (32, 64, 2),
-        (32, 128, 2), (64, 64, 4),
-    )  # fmt: skip
-
-
-SMOKE_PLAN = Plan(
-    nheads=4, head_dim=8, d_state=16, ngroups=2, buffer_len=4, eq_batch=3, eq_steps=6, batches=(2,),
-    warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
-)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,136 +77,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[kernel_bench] fastest launch shapes in {tuned} (REPLAYSSM_LAUNCH_CONFIG={tuned} uses them)")
     print(f"[kernel_bench] wrote {report.json_path} and {report.md_path}", flush=True)
     return 0
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """vLLM's selective_state_update if importable, else None (the fp64 reference stands in for equivalence)."""
-
-    fn: Callable[..., Any] | None
-    note: str
-
-    @classmethod
-    def load(cls) -> Baseline:
-        try:
-            from vllm.model_executor.layers.mamba.ops.mamba_ssm import selective_state_update
-        except Exception as exc:
-            return cls(None, f"fp64 reference recurrence (vLLM selective_state_update not importable: {exc!r})")
-        import vllm
-
-        return cls(selective_state_update, f"vllm {vllm.__version__} selective_state_update")
-
-    def step(
-        self, state: torch.Tensor, inputs: StepInputs, layer: LayerParams, indices: torch.Tensor, out: torch.Tensor
-    ) -> None:
-        """One baseline decode step, called the way vLLM's MambaMixer2 calls it (head_dim-expanded A/dt/D)."""
-        self._call(state, inputs, layer, out, state_batch_indices=indices)
-
-    def verify(
-        self, state: torch.Tensor, inputs: StepInputs, layer: LayerParams, blocks: torch.Tensor,
-        num_accepted: torch.Tensor, query_start_loc: torch.Tensor, out: torch.Tensor,
-    ) -> None:  # fmt: skip
-        """One speculative verify as vLLM 0.24's MambaMixer2 runs it: ``blocks`` [batch, 1+k] are each request's
-        state blocks (source and destination alike, as without prefix caching), the initial state is read from
-        block num_accepted-1 and the state after query token t is written to block t; ``inputs`` hold the
-        batch x (1+k) tokens, row r's at query_start_loc[r]..query_start_loc[r+1]-1."""
-        self._call(
-            state, inputs, layer, out, state_batch_indices=blocks, dst_state_batch_indices=blocks,
-            num_accepted_tokens=num_accepted, cu_seqlens=query_start_loc,
-        )  # fmt: skip
-
-    def _call(
-        self, state: torch.Tensor, inputs: StepInputs, layer: LayerParams, out: torch.Tensor, **indexing: Any
-    ) -> None:
-        assert self.fn is not None
-        P, N = inputs.x.shape[2], inputs.B.shape[2]
-        kwargs = {
-            "D": layer.D[:, None].expand(-1, P),
-            "z": None,
-            "dt_bias": layer.dt_bias[:, None].expand(-1, P),
-            "dt_softplus": True,
-            "pad_slot_id": PAD,  # older vLLM
-            "null_block_id": PAD,  # vLLM 0.24: rows whose index equals it are skipped (its default, 0, is a real row)
-            "out": out,
-            **indexing,
-        }
-        params = inspect.signature(self.fn).parameters
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            kwargs = {k: v for k, v in kwargs.items() if k in params}  # tolerate renamed / dropped options
-        dt = inputs.dt[:, :, None].expand(-1, -1, P)
-        A = layer.A[:, None, None].expand(-1, P, N)
-        self.fn(state, inputs.x, dt, A, inputs.B, inputs.C, **kwargs)
-
-    def checked(self, plan: Plan, device: str) -> Baseline:
-        """This baseline if one call on a 2-row batch works, else the fp64 fallback saying why."""
-        if self.fn is None:
-            return self
-        import torch
-
-        from replayssm_patch.gpu.layer_check import relative_error
-        from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
-
-        layer, inputs = _probe_inputs(plan, device, 2)
-        state = torch.zeros(2, plan.nheads, plan.head_dim, plan.d_state, device=device)
-        out = torch.full_like(inputs.x, float("nan"))
-
-        def error() -> float:  # rows it skipped stay NaN, which fails the check too
-            expected = recurrence_step_fp64(
-                torch.zeros_like(state, dtype=torch.float64), inputs.x, inputs.dt, layer.A, inputs.B, inputs.C,
-                D=layer.D, dt_bias=layer.dt_bias,
-            )  # fmt: skip
-            return relative_error(out, expected)
-
-        rows = torch.arange(2, dtype=torch.int32, device=device)
-        problem = probe_problem(self.note, lambda: self.step(state, inputs, layer, rows, out), error)
-        return self if problem is None else Baseline(None, problem)
-
-    def verify_problem(self, plan: Plan, device: str) -> str | None:
-        """Why the speculative call cannot be the verify timing's baseline, None when it can: a 2-row probe (one
-        row accepted 1 token last step, one all T) against the fp64 recurrence over its T tokens, outputs and the
-        state written after the last token."""
-        if self.fn is None:
-            return self.note
-        import torch
-
-        from replayssm_patch.gpu.layer_check import relative_error
-        from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
-
-        T = VERIFY_TOKENS
-        layer, inputs = _probe_inputs(plan, device, 2 * T)
-        state = torch.randn(1 + 2 * T, plan.nheads, plan.head_dim, plan.d_state, device=device)
-        blocks = torch.arange(1, 1 + 2 * T, dtype=torch.int32, device=device).view(2, T)
-        accepted = torch.tensor([1, T], dtype=torch.int32, device=device)
-        query_start_loc = torch.arange(0, 2 * T + 1, T, dtype=torch.int32, device=device)
-        h = state[blocks[[0, 1], [0, T - 1]].long()].double()  # the blocks num_accepted - 1 it must start from
-        out = torch.full(inputs.x.shape, math.nan, device=device)  # fp32: the check is not blurred by bf16 rounding
-
-        def error() -> float:
-            outputs, final = [], h.clone()
-            for t in range(T):  # token t of both rows
-                token = inputs.rows(query_start_loc[:-1].long() + t)
-                outputs.append(recurrence_step_fp64(
-                    final, token.x, token.dt, layer.A, token.B, token.C, D=layer.D, dt_bias=layer.dt_bias
-                ))  # fmt: skip
-            expected = torch.stack(outputs, dim=1).flatten(0, 1)  # [2T, H, P] in token order
-            return max(relative_error(out, expected), relative_error(state[blocks[:, -1].long()], final))
-
-        call = lambda: self.verify(state, inputs, layer, blocks, accepted, query_start_loc, out)  # noqa: E731
-        return probe_problem(f"{self.note} (speculative call)", call, error)
-
-
-def _probe_inputs(plan: Plan, device: str, tokens: int) -> tuple[LayerParams, StepInputs]:
-    """A random layer and ``tokens`` rows of inputs for a baseline probe, seeded alike for every probe."""
-    import torch
-
-    from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
-
-    gen = torch.Generator(device).manual_seed(0)
-    layer = LayerParams.random(plan.nheads, gen, device)
-    inputs = StepInputs.random(
-        tokens, plan.nheads, plan.head_dim, plan.ngroups, plan.d_state, layer, gen, torch.bfloat16
-    )
-    return layer, inputs
 
 
 # ----------------------------------------------------------------------------------------------- equivalence
@@ -460,264 +304,6 @@ class KernelSetup:
         return timed.rows("baseline fp32 state")
 
 
-# ---------------------------------------------------------------------------------------------------- verify
-
-
-def run_verify(plan: Plan, device: str, baseline: Baseline) -> dict[str, Any]:
-    """Time the speculative verify step, its two parts, and vLLM's speculative update at every batch."""
-    problem = baseline.verify_problem(plan, device)
-    result: dict[str, Any] = {
-        "method": timing_method(device),
-        "tokens_per_row": VERIFY_TOKENS,
-        "acceptance_length": ACCEPTANCE_LENGTH,
-        "ring_len": plan.buffer_len + VERIFY_TOKENS,
-        "baseline": f"none, ReplaySSM timed alone: {problem}"
-        if problem
-        else f"{baseline.note}: {VERIFY_BASELINE_CALL}",
-        "cursors": {},
-        "rows": [],
-    }
-    for batch in plan.batches:
-        print(f"[kernel_bench]   verify batch {batch}", flush=True)
-        setup = VerifySetup(plan, device, batch)
-        result["cursors"][str(batch)] = setup.cursors()
-        result["rows"].extend(setup.table(baseline if problem is None else None))
-    result["registers"] = compiled_registers(_verify_kernels())
-    return result
-
-
-VERIFY_BASELINE_ROW = "vllm spec verify (fp32 state, 1+k blocks)"
-VERIFY_BASELINE_CALL = (
-    "selective_state_update(state, x, dt, A, B, C, D, dt_bias, dt_softplus=True, state_batch_indices=blocks, "
-    "dst_state_batch_indices=blocks, null_block_id=-1, out=out, num_accepted_tokens=num_accepted, "
-    "cu_seqlens=query_start_loc) with blocks int32 [batch, 1+k], x / dt / B / C / out [batch * (1+k), ...]"
-)
-
-
-def _verify_kernels() -> tuple[Any, ...]:
-    """The kernels of the verify step whose registers the verify section reports (the fold is the flush kernel)."""
-    from replayssm_patch.kernels.flush import _flush_kernel
-    from replayssm_patch.kernels.verify import _verify_coefficients_kernel, _verify_step_kernel
-
-    return _verify_coefficients_kernel, _verify_step_kernel, _flush_kernel
-
-
-class VerifySetup:
-    """One batch's speculative verify: T = 1 + k query tokens per row on paged caches with rings of L + T entries
-    (the plugin's verify layout), slots scattered as in ``KernelSetup``, and vLLM's 1+k state blocks per request.
-
-    Cursors sit at the steady state of acceptance length AL: row r verified its last T tokens at position
-    AL * (r mod ceil(L / AL)) and AL of them were accepted, so the builder's own plan (``plan_verify_rows``)
-    commits them and folds the rows whose history would overflow the ring, about 1 in ceil(L / AL)."""
-
-    def __init__(self, plan: Plan, device: str, batch: int) -> None:
-        import torch
-
-        from replayssm_patch.kernels import plan_verify_rows_reference
-        from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
-
-        self.plan, self.device, self.batch = plan, device, batch
-        T, L, AL = VERIFY_TOKENS, plan.buffer_len, ACCEPTANCE_LENGTH
-        gen = torch.Generator(device).manual_seed(batch)
-        self.layer = LayerParams.random(plan.nheads, gen, device)
-        self.inputs = StepInputs.random(
-            batch * T, plan.nheads, plan.head_dim, plan.ngroups, plan.d_state, self.layer, gen, torch.bfloat16
-        )
-        pool = 4 * batch + 1
-        self.indices = scattered_slots(pool, batch, gen)
-        self.caches = filled_caches(plan, pool, self.indices, gen, SPEC_TOKENS)
-        int32 = {"dtype": torch.int32, "device": device}
-        self.query_start_loc = torch.arange(0, batch * T + 1, T, **int32)
-        self.num_accepted = torch.full((batch,), AL, **int32)
-        last_write = torch.zeros(pool, **int32)
-        last_write[self.indices.long()] = AL * (torch.arange(batch, **int32) % math.ceil(L / AL))
-        self.write_pos, self.fold_len = torch.zeros(batch, **int32), torch.zeros(batch, **int32)
-        plan_verify_rows_reference(
-            self.indices, self.query_start_loc, self.num_accepted, last_write, torch.full((pool,), T, **int32),
-            torch.full((pool,), L - 1, **int32), self.write_pos, self.fold_len, batch, L, T, PAD,
-        )  # fmt: skip
-        self.out = torch.empty(batch * T, plan.nheads, plan.head_dim, dtype=torch.bfloat16, device=device)
-        blocks = 4 * batch * T + 1
-        self.base_state = paged_tensors(
-            stock_shapes(plan, SPEC_TOKENS), (torch.bfloat16, torch.float32), blocks, device
-        )[1]
-        self.base_state.normal_(generator=gen)
-        self.blocks = scattered_slots(blocks, batch * T, gen).view(batch, T)
-
-    def cursors(self) -> dict[str, Any]:
-        folding = int((self.fold_len > 0).sum())
-        return {
-            "rows_folding": folding,
-            "mean_fold_len": float(self.fold_len.sum()) / max(folding, 1),
-            "mean_history": float(self.write_pos.float().mean()),
-        }
-
-    def step(self, mode: str, fold_len: torch.Tensor | None = None) -> Callable[[], Any]:
-        """``replay_verify_step`` (fold launch, coefficients, outputs); with ``fold_len`` None only the verify
-        (``replay_verify``, no fold launch)."""
-        from replayssm_patch.kernels import replay_verify, replay_verify_step
-
-        cache, s, layer = self.caches[mode], self.inputs, self.layer
-        common = (self.query_start_loc, VERIFY_TOKENS)
-        kwargs = {"D": layer.D, "dt_bias": layer.dt_bias, "out": self.out}
-        ring = (cache.ring_x, cache.ring_B, cache.ring_dt, self.indices, self.write_pos)
-        if fold_len is None:
-            read = cache.state_bf16 if cache.state_bf16 is not None else cache.ssm_state
-            return lambda: replay_verify(s.x, s.dt, layer.A, s.B, s.C, read, *ring, *common, **kwargs)
-        return lambda: replay_verify_step(
-            s.x, s.dt, layer.A, s.B, s.C, cache.ssm_state, *ring, fold_len, *common, state_bf16=cache.state_bf16,
-            **kwargs,
-        )  # fmt: skip
-
-    def table(self, baseline: Baseline | None) -> list[dict[str, Any]]:
-        model, T = TrafficModel(self.plan, self.batch), VERIFY_TOKENS
-        timed = TimedCalls("kernel_bench", self.plan, self.device, self.batch)
-        if baseline is not None:
-            call = lambda: baseline.verify(  # noqa: E731
-                self.base_state, self.inputs, self.layer, self.blocks, self.num_accepted, self.query_start_loc, self.out
-            )
-            timed.measure(VERIFY_BASELINE_ROW, call, model.baseline(4, T))
-        cursors = self.cursors()
-        share = cursors["rows_folding"] / self.batch
-        for mode, state_bytes in (("fp32", 4), ("split", 2)):
-            verify = model.verify(state_bytes, T, cursors["mean_history"])
-            fold = model.flush(share, 2 if mode == "split" else 0, cursors["mean_fold_len"])
-            timed.measure(f"verify step {mode} (fold + verify)", self.step(mode, self.fold_len), verify + fold)
-            timed.measure(f"verify {mode} (no row folding)", self.step(mode), verify)
-            timed.measure(f"fold launch {mode}", flush_call(self.caches[mode], self.layer.A, self.indices,
-                                                            self.fold_len), fold)  # fmt: skip
-        return timed.rows(VERIFY_BASELINE_ROW)
-
-
-def scattered_slots(pool: int, count: int, gen: torch.Generator) -> torch.Tensor:
-    """``count`` distinct int32 slots drawn from 1..pool-1 (a server's live slots are never 0..B-1)."""
-    import torch
-
-    return (torch.randperm(pool - 1, generator=gen, device=gen.device)[:count] + 1).to(torch.int32)
-
-
-def filled_caches(
-    plan: Plan, pool: int, indices: torch.Tensor, gen: torch.Generator, spec_tokens: int = 0
-) -> dict[str, ReplayCache]:
-    """Paged fp32 and split-precision caches of ``pool`` slots, random checkpoints in ``indices`` and random
-    rings (dt as softplus(U[-5, 0]), as the synthetic layers draw it)."""
-    import torch
-
-    from replayssm_patch.kernels.common import softplus_reference
-
-    caches = {}
-    for mode, split in (("fp32", False), ("split", True)):
-        cache = paged_cache(plan, pool, split, str(gen.device), spec_tokens)
-        shape = (indices.shape[0], plan.nheads, plan.head_dim, plan.d_state)
-        cache.set_checkpoint(indices, torch.randn(shape, generator=gen, device=gen.device))
-        cache.ring_x.normal_(generator=gen)
-        cache.ring_B.normal_(generator=gen)
-        cache.ring_dt.copy_(
-            softplus_reference(torch.rand(cache.ring_dt.shape, generator=gen, device=gen.device) * 5 - 5)
-        )
-        caches[mode] = cache
-    return caches
-
-
-def flush_call(cache: ReplayCache, A: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor) -> Callable[[], Any]:
-    """The standalone flush launch over every row, folding the first ``lengths`` ring entries of each."""
-    from replayssm_patch.kernels import flush_ring
-
-    return lambda: flush_ring(
-        cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt, A, indices, lengths, state_bf16=cache.state_bf16
-    )
-
-
-def stock_shapes(plan: Plan, spec_tokens: int = 0) -> tuple[tuple[int, ...], ...]:
-    """vLLM's own (conv, ssm) state shapes of a Mamba-2 layer, the conv window widened by k under speculation."""
-    conv_dim = plan.nheads * plan.head_dim + 2 * plan.ngroups * plan.d_state
-    return (conv_dim, CONV_WIDTH - 1 + spec_tokens), (plan.nheads, plan.head_dim, plan.d_state)
-
-
-def paged_cache(plan: Plan, slots: int, split: bool, device: str, spec_tokens: int = 0) -> ReplayCache:
-    """A ReplayCache whose tensors are views into one page per slot, laid out by the plugin's own MambaSpec
-    functions (conv state, checkpoint, ring, bf16 copy), as vLLM packs them; with ``spec_tokens`` = k the
-    speculative layout (rings of buffer_len + 1 + k entries, conv widened)."""
-    import torch
-
-    from replayssm_patch.config import ReplaySSMConfig
-    from replayssm_patch.kernels import ReplayCache
-    from replayssm_patch.state_layout import (
-        RING_B,
-        RING_DT,
-        RING_X,
-        STATE_BF16,
-        replay_state_dtypes,
-        replay_state_shapes,
-    )
-
-    knobs = ReplaySSMConfig(enable=True, buffer_len=plan.buffer_len, split_precision=split)
-    verify_len = 1 + spec_tokens if spec_tokens else 0
-    shapes = replay_state_shapes(stock_shapes(plan, spec_tokens), knobs, dim_first=True, verify_len=verify_len)
-    dtypes = replay_state_dtypes((torch.bfloat16, torch.float32), torch.bfloat16, knobs)
-    tensors = paged_tensors(shapes, dtypes, slots, device)
-    copy = tensors[STATE_BF16] if split else None
-    return ReplayCache(tensors[1], tensors[RING_X], tensors[RING_B], tensors[RING_DT], copy)
-
-
-@dataclass(frozen=True)
-class TrafficModel:
-    """Bytes each kernel must move from/to HBM (bf16 activations and ring, fp32 ring dt; the verify's coefficient
-    scratch, ~3% of a row's fp32 state, is left out)."""
-
-    plan: Plan
-    batch: int
-
-    @property
-    def _state_elems(self) -> int:
-        return self.batch * self.plan.nheads * self.plan.head_dim * self.plan.d_state
-
-    @property
-    def _entry_bytes(self) -> int:  # one ring entry of one sequence: x, B (per group) and dt
-        p = self.plan
-        return p.nheads * p.head_dim * 2 + p.ngroups * p.d_state * 2 + p.nheads * 4
-
-    @property
-    def _io_bytes(self) -> int:  # x in, y out, B and C in, dt in
-        p = self.plan
-        return self.batch * (2 * p.nheads * p.head_dim * 2 + 2 * p.ngroups * p.d_state * 2 + p.nheads * 4)
-
-    def baseline(self, state_bytes: int, tokens: int = 1) -> float:
-        """vLLM's update of ``tokens`` tokens per row: the state read once and written after every token (the
-        speculative path keeps one state block per query token)."""
-        return tokens * self._io_bytes + (1 + tokens) * self._state_elems * state_bytes
-
-    def replay(self, state_bytes: int) -> float:
-        return self.verify(state_bytes, 1, (self.plan.buffer_len - 1) / 2)  # staggered cursors: (L-1)/2 earlier
-
-    def verify(self, state_bytes: int, tokens: int, history: float) -> float:
-        """``tokens`` outputs per row from one checkpoint read: ``history`` ring entries read (a mean over rows),
-        the tokens' entries appended."""
-        ring = self.batch * (history + tokens) * self._entry_bytes
-        return tokens * self._io_bytes + self._state_elems * state_bytes + ring
-
-    def flush(self, share: float, copy_bytes: int, entries: float | None = None) -> float:
-        """``share`` of the rows folding ``entries`` ring entries each (default the whole decode ring)."""
-        ring = self.batch * (self.plan.buffer_len if entries is None else entries) * self._entry_bytes
-        return share * (ring + self._state_elems * (4 + 4 + copy_bytes))
-
-    def fold(self, share: float, read_bytes: int, copy_bytes: int) -> float:
-        """What flushing rows add to a replay: master read (if the replay read the bf16 copy) and write, the copy,
-        their B entries (the x entries are read by the replay anyway)."""
-        p = self.plan
-        extra_read = 4 - read_bytes
-        ring_B = self.batch * p.buffer_len * p.ngroups * p.d_state * 2
-        return share * (self._state_elems * (extra_read + 4 + copy_bytes) + ring_B)
-
-    def aligned(self, copy_bytes: int) -> float:
-        """Every row at write_pos L-1, all flushing: full rings read, master read and written (+ the copy)."""
-        return (
-            self._io_bytes
-            + self.batch * self.plan.buffer_len * self._entry_bytes
-            + self._state_elems * (4 + 4 + copy_bytes)
-        )
-
-
 # -------------------------------------------------------------------------------------------------- markdown
 
 
@@ -751,30 +337,12 @@ def _timing_markdown(timing: dict[str, Any]) -> list[str]:
     return lines + registers_table(timing.get("registers", []))
 
 
-def _verify_markdown(verify: dict[str, Any]) -> list[str]:
-    cursors = "; ".join(
-        f"batch {batch}: {c['rows_folding']} of {batch} rows fold {c['mean_fold_len']:.0f} entries, mean history "
-        f"{c['mean_history']:.1f}"
-        for batch, c in verify["cursors"].items()
-    )
-    return [
-        f"Method: {verify['method']}. T = 1 + k = {verify['tokens_per_row']} query tokens per row, rings of "
-        f"L + T = {verify['ring_len']} entries, cursors at the steady state of acceptance length "
-        f"{verify['acceptance_length']} ({cursors}).",
-        f"Baseline: {verify['baseline']}.",
-        "",
-        *timing_table(verify["rows"]),
-        "",
-        *registers_table(verify.get("registers", [])),
-    ]
-
-
 def render_markdown(data: dict[str, Any]) -> str:
     return "\n".join([
         *report_head("ReplaySSM kernel benchmark", data.get("meta", {})),
         *section_markdown(data, "equivalence", "Layer-level equivalence", _equivalence_markdown),
         *section_markdown(data, "timing", "Kernel timing", _timing_markdown),
-        *section_markdown(data, "verify", "Speculative verify timing", _verify_markdown),
+        *section_markdown(data, "verify", "Speculative verify timing", verify_markdown),
     ])  # fmt: skip
 
 

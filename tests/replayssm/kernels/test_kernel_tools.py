@@ -14,14 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from replayssm_patch.gpu.kernel_bench import (
-    SMOKE_PLAN,
-    Baseline,
-    render_markdown,
-    run_equivalence,
-    run_timing,
-    run_verify,
-)
+from replayssm_patch.gpu.kernel_bench import render_markdown, run_equivalence, run_timing
+from replayssm_patch.gpu.mamba_bench_setup import SMOKE_PLAN, Baseline
+from replayssm_patch.gpu.verify_bench import run_verify, verify_problem
 from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
 
 REPO = Path(__file__).resolve().parents[3]
@@ -91,7 +86,7 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
 
 def test_kernel_bench_traffic_model_counts_the_verify_states() -> None:
     """vLLM's speculative update writes a state per query token; the verify reads one checkpoint and the ring."""
-    from replayssm_patch.gpu.kernel_bench import Plan, TrafficModel
+    from replayssm_patch.gpu.mamba_bench_setup import Plan, TrafficModel
 
     model = TrafficModel(Plan(), 256)
     state = 256 * 128 * 64 * 128 * 4
@@ -247,7 +242,7 @@ def speculative_stand_in(
 def test_kernel_bench_verify_against_a_speculative_stand_in() -> None:
     """The verify section's vLLM path: the probe accepts the speculative call, and its row is the baseline."""
     baseline = Baseline(speculative_stand_in, "stand-in")
-    assert baseline.verify_problem(SMOKE_PLAN, "cpu") is None
+    assert verify_problem(baseline, SMOKE_PLAN, "cpu") is None
     verify = run_verify(SMOKE_PLAN, "cpu", baseline)
     assert (
         verify["baseline"].startswith("stand-in: selective_state_update(")
@@ -265,7 +260,7 @@ def test_kernel_bench_verify_against_a_speculative_stand_in() -> None:
 def test_a_decode_only_baseline_is_not_the_verify_baseline() -> None:
     """A selective_state_update without 0.24's speculative arguments fails the verify probe: ReplaySSM is timed
     alone, and the note says why."""
-    problem = Baseline(selective_state_update_stand_in, "decode only").verify_problem(SMOKE_PLAN, "cpu")
+    problem = verify_problem(Baseline(selective_state_update_stand_in, "decode only"), SMOKE_PLAN, "cpu")
     assert problem is not None and "decode only (speculative call)" in problem
 
 

@@ -1,0 +1,265 @@
+"""The Mamba-2 kernel bench's shared setup: shapes, vLLM's baseline call, paged caches and the traffic model.
+
+Both ``kernel_bench`` (equivalence and decode timing) and ``verify_bench`` (speculative verify timing) build
+their problems from these, so the two sections measure the same layer on the same cache layout.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from replayssm_patch.gpu.bench_common import paged_tensors, probe_problem
+
+if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET must be decided first
+    import torch
+
+    from replayssm_patch.kernels import ReplayCache
+    from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
+
+CONV_WIDTH = 4  # Nemotron-H's conv kernel: vLLM keeps its last 3 inputs per channel
+PAD = -1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Shapes and effort of one benchmark run."""
+
+    nheads: int = 128
+    head_dim: int = 64
+    d_state: int = 128
+    ngroups: int = 8
+    buffer_len: int = 16
+    eq_batch: int = 256
+    eq_steps: int = 2000
+    batches: tuple[int, ...] = (64, 128, 256)
+    warmup: int = 3
+    graph_calls: int = 20  # calls captured per CUDA graph
+    repeats: int = 5  # graph replays timed
+    # (block_p, block_n, num_warps) of the replay step: 1-2-warp programs as vLLM's SSU uses, a few wider ones
+    step_configs: tuple[tuple[int, int, int], ...] = (
+        (4, 128, 1), (8, 64, 1), (8, 128, 1), (16, 32, 1), (16, 64, 1), (16, 128, 1), (16, 64, 2), (32, 64, 2),
+        (32, 128, 2), (64, 64, 4),
+    )  # fmt: skip
+
+
+SMOKE_PLAN = Plan(
+    nheads=4, head_dim=8, d_state=16, ngroups=2, buffer_len=4, eq_batch=3, eq_steps=6, batches=(2,),
+    warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """vLLM's selective_state_update if importable, else None (the fp64 reference stands in for equivalence)."""
+
+    fn: Callable[..., Any] | None
+    note: str
+
+    @classmethod
+    def load(cls) -> Baseline:
+        try:
+            from vllm.model_executor.layers.mamba.ops.mamba_ssm import selective_state_update
+        except Exception as exc:
+            return cls(None, f"fp64 reference recurrence (vLLM selective_state_update not importable: {exc!r})")
+        import vllm
+
+        return cls(selective_state_update, f"vllm {vllm.__version__} selective_state_update")
+
+    def step(
+        self, state: torch.Tensor, inputs: StepInputs, layer: LayerParams, indices: torch.Tensor, out: torch.Tensor
+    ) -> None:
+        """One baseline decode step, called the way vLLM's MambaMixer2 calls it (head_dim-expanded A/dt/D)."""
+        self.call(state, inputs, layer, out, state_batch_indices=indices)
+
+    def call(
+        self, state: torch.Tensor, inputs: StepInputs, layer: LayerParams, out: torch.Tensor, **indexing: Any
+    ) -> None:
+        """One call of ``fn`` on ``inputs``, A/dt/D expanded over head_dim, ``indexing`` naming the state rows."""
+        assert self.fn is not None
+        P, N = inputs.x.shape[2], inputs.B.shape[2]
+        kwargs = {
+            "D": layer.D[:, None].expand(-1, P),
+            "z": None,
+            "dt_bias": layer.dt_bias[:, None].expand(-1, P),
+            "dt_softplus": True,
+            "pad_slot_id": PAD,  # older vLLM
+            "null_block_id": PAD,  # vLLM 0.24: rows whose index equals it are skipped (its default, 0, is a real row)
+            "out": out,
+            **indexing,
+        }
+        params = inspect.signature(self.fn).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            kwargs = {k: v for k, v in kwargs.items() if k in params}  # tolerate renamed / dropped options
+        dt = inputs.dt[:, :, None].expand(-1, -1, P)
+        A = layer.A[:, None, None].expand(-1, P, N)
+        self.fn(state, inputs.x, dt, A, inputs.B, inputs.C, **kwargs)
+
+    def checked(self, plan: Plan, device: str) -> Baseline:
+        """This baseline if one call on a 2-row batch works, else the fp64 fallback saying why."""
+        if self.fn is None:
+            return self
+        import torch
+
+        from replayssm_patch.gpu.layer_check import relative_error
+        from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
+
+        layer, inputs = probe_inputs(plan, device, 2)
+        state = torch.zeros(2, plan.nheads, plan.head_dim, plan.d_state, device=device)
+        out = torch.full_like(inputs.x, float("nan"))
+
+        def error() -> float:  # rows it skipped stay NaN, which fails the check too
+            expected = recurrence_step_fp64(
+                torch.zeros_like(state, dtype=torch.float64), inputs.x, inputs.dt, layer.A, inputs.B, inputs.C,
+                D=layer.D, dt_bias=layer.dt_bias,
+            )  # fmt: skip
+            return relative_error(out, expected)
+
+        rows = torch.arange(2, dtype=torch.int32, device=device)
+        problem = probe_problem(self.note, lambda: self.step(state, inputs, layer, rows, out), error)
+        return self if problem is None else Baseline(None, problem)
+
+
+def probe_inputs(plan: Plan, device: str, tokens: int) -> tuple[LayerParams, StepInputs]:
+    """A random layer and ``tokens`` rows of inputs for a baseline probe, seeded alike for every probe."""
+    import torch
+
+    from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
+
+    gen = torch.Generator(device).manual_seed(0)
+    layer = LayerParams.random(plan.nheads, gen, device)
+    inputs = StepInputs.random(
+        tokens, plan.nheads, plan.head_dim, plan.ngroups, plan.d_state, layer, gen, torch.bfloat16
+    )
+    return layer, inputs
+
+
+def scattered_slots(pool: int, count: int, gen: torch.Generator) -> torch.Tensor:
+    """``count`` distinct int32 slots drawn from 1..pool-1 (a server's live slots are never 0..B-1)."""
+    import torch
+
+    return (torch.randperm(pool - 1, generator=gen, device=gen.device)[:count] + 1).to(torch.int32)
+
+
+def filled_caches(
+    plan: Plan, pool: int, indices: torch.Tensor, gen: torch.Generator, spec_tokens: int = 0
+) -> dict[str, ReplayCache]:
+    """Paged fp32 and split-precision caches of ``pool`` slots, random checkpoints in ``indices`` and random
+    rings (dt as softplus(U[-5, 0]), as the synthetic layers draw it)."""
+    import torch
+
+    from replayssm_patch.kernels.common import softplus_reference
+
+    caches = {}
+    for mode, split in (("fp32", False), ("split", True)):
+        cache = paged_cache(plan, pool, split, str(gen.device), spec_tokens)
+        shape = (indices.shape[0], plan.nheads, plan.head_dim, plan.d_state)
+        cache.set_checkpoint(indices, torch.randn(shape, generator=gen, device=gen.device))
+        cache.ring_x.normal_(generator=gen)
+        cache.ring_B.normal_(generator=gen)
+        cache.ring_dt.copy_(
+            softplus_reference(torch.rand(cache.ring_dt.shape, generator=gen, device=gen.device) * 5 - 5)
+        )
+        caches[mode] = cache
+    return caches
+
+
+def flush_call(cache: ReplayCache, A: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor) -> Callable[[], Any]:
+    """The standalone flush launch over every row, folding the first ``lengths`` ring entries of each."""
+    from replayssm_patch.kernels import flush_ring
+
+    return lambda: flush_ring(
+        cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt, A, indices, lengths, state_bf16=cache.state_bf16
+    )
+
+
+def stock_shapes(plan: Plan, spec_tokens: int = 0) -> tuple[tuple[int, ...], ...]:
+    """vLLM's own (conv, ssm) state shapes of a Mamba-2 layer, the conv window widened by k under speculation."""
+    conv_dim = plan.nheads * plan.head_dim + 2 * plan.ngroups * plan.d_state
+    return (conv_dim, CONV_WIDTH - 1 + spec_tokens), (plan.nheads, plan.head_dim, plan.d_state)
+
+
+def paged_cache(plan: Plan, slots: int, split: bool, device: str, spec_tokens: int = 0) -> ReplayCache:
+    """A ReplayCache whose tensors are views into one page per slot, laid out by the plugin's own MambaSpec
+    functions (conv state, checkpoint, ring, bf16 copy), as vLLM packs them; with ``spec_tokens`` = k the
+    speculative layout (rings of buffer_len + 1 + k entries, conv widened)."""
+    import torch
+
+    from replayssm_patch.config import ReplaySSMConfig
+    from replayssm_patch.kernels import ReplayCache
+    from replayssm_patch.state_layout import (
+        RING_B,
+        RING_DT,
+        RING_X,
+        STATE_BF16,
+        replay_state_dtypes,
+        replay_state_shapes,
+    )
+
+    knobs = ReplaySSMConfig(enable=True, buffer_len=plan.buffer_len, split_precision=split)
+    verify_len = 1 + spec_tokens if spec_tokens else 0
+    shapes = replay_state_shapes(stock_shapes(plan, spec_tokens), knobs, dim_first=True, verify_len=verify_len)
+    dtypes = replay_state_dtypes((torch.bfloat16, torch.float32), torch.bfloat16, knobs)
+    tensors = paged_tensors(shapes, dtypes, slots, device)
+    copy = tensors[STATE_BF16] if split else None
+    return ReplayCache(tensors[1], tensors[RING_X], tensors[RING_B], tensors[RING_DT], copy)
+
+
+@dataclass(frozen=True)
+class TrafficModel:
+    """Bytes each kernel must move from/to HBM (bf16 activations and ring, fp32 ring dt; the verify's coefficient
+    scratch, ~3% of a row's fp32 state, is left out)."""
+
+    plan: Plan
+    batch: int
+
+    @property
+    def _state_elems(self) -> int:
+        return self.batch * self.plan.nheads * self.plan.head_dim * self.plan.d_state
+
+    @property
+    def _entry_bytes(self) -> int:  # one ring entry of one sequence: x, B (per group) and dt
+        p = self.plan
+        return p.nheads * p.head_dim * 2 + p.ngroups * p.d_state * 2 + p.nheads * 4
+
+    @property
+    def _io_bytes(self) -> int:  # x in, y out, B and C in, dt in
+        p = self.plan
+        return self.batch * (2 * p.nheads * p.head_dim * 2 + 2 * p.ngroups * p.d_state * 2 + p.nheads * 4)
+
+    def baseline(self, state_bytes: int, tokens: int = 1) -> float:
+        """vLLM's update of ``tokens`` tokens per row: the state read once and written after every token (the
+        speculative path keeps one state block per query token)."""
+        return tokens * self._io_bytes + (1 + tokens) * self._state_elems * state_bytes
+
+    def replay(self, state_bytes: int) -> float:
+        return self.verify(state_bytes, 1, (self.plan.buffer_len - 1) / 2)  # staggered cursors: (L-1)/2 earlier
+
+    def verify(self, state_bytes: int, tokens: int, history: float) -> float:
+        """``tokens`` outputs per row from one checkpoint read: ``history`` ring entries read (a mean over rows),
+        the tokens' entries appended."""
+        ring = self.batch * (history + tokens) * self._entry_bytes
+        return tokens * self._io_bytes + self._state_elems * state_bytes + ring
+
+    def flush(self, share: float, copy_bytes: int, entries: float | None = None) -> float:
+        """``share`` of the rows folding ``entries`` ring entries each (default the whole decode ring)."""
+        ring = self.batch * (self.plan.buffer_len if entries is None else entries) * self._entry_bytes
+        return share * (ring + self._state_elems * (4 + 4 + copy_bytes))
+
+    def fold(self, share: float, read_bytes: int, copy_bytes: int) -> float:
+        """What flushing rows add to a replay: master read (if the replay read the bf16 copy) and write, the copy,
+        their B entries (the x entries are read by the replay anyway)."""
+        p = self.plan
+        extra_read = 4 - read_bytes
+        ring_B = self.batch * p.buffer_len * p.ngroups * p.d_state * 2
+        return share * (self._state_elems * (extra_read + 4 + copy_bytes) + ring_B)
+
+    def aligned(self, copy_bytes: int) -> float:
+        """Every row at write_pos L-1, all flushing: full rings read, master read and written (+ the copy)."""
+        return (
+            self._io_bytes
+            + self.batch * self.plan.buffer_len * self._entry_bytes
+            + self._state_elems * (4 + 4 + copy_bytes)
+        )

@@ -1,0 +1,236 @@
+"""Speculative verify timing of the ReplaySSM kernels against vLLM's speculative selective_state_update.
+
+Section (c) of ``kernel_bench`` (whose docstring describes it), kept apart from the decode sections: the verify
+problem (T = 1 + k query tokens per row, cursors at the acceptance length's steady state), vLLM's speculative
+baseline call and its probe, the rows and the section's Markdown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from replayssm_patch.gpu.bench_common import (
+    TimedCalls,
+    compiled_registers,
+    paged_tensors,
+    probe_problem,
+    registers_table,
+    timing_method,
+    timing_table,
+)
+from replayssm_patch.gpu.mamba_bench_setup import (
+    PAD,
+    Baseline,
+    Plan,
+    TrafficModel,
+    filled_caches,
+    flush_call,
+    probe_inputs,
+    scattered_slots,
+    stock_shapes,
+)
+from replayssm_patch.gpu.variants import ACCEPTANCE_LENGTH, SPEC_TOKENS
+
+if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET must be decided first
+    import torch
+
+    from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
+
+VERIFY_TOKENS = 1 + SPEC_TOKENS  # T, the query tokens of a verify row
+ACCEPTED_TOKENS = int(ACCEPTANCE_LENGTH)  # tokens every verify commits: the engine runs' mean length, whole
+
+
+def run_verify(plan: Plan, device: str, baseline: Baseline) -> dict[str, Any]:
+    """Time the speculative verify step, its two parts, and vLLM's speculative update at every batch."""
+    problem = verify_problem(baseline, plan, device)
+    result: dict[str, Any] = {
+        "method": timing_method(device),
+        "tokens_per_row": VERIFY_TOKENS,
+        "acceptance_length": ACCEPTED_TOKENS,
+        "ring_len": plan.buffer_len + VERIFY_TOKENS,
+        "baseline": f"none, ReplaySSM timed alone: {problem}"
+        if problem
+        else f"{baseline.note}: {VERIFY_BASELINE_CALL}",
+        "cursors": {},
+        "rows": [],
+    }
+    for batch in plan.batches:
+        print(f"[kernel_bench]   verify batch {batch}", flush=True)
+        setup = VerifySetup(plan, device, batch)
+        result["cursors"][str(batch)] = setup.cursors()
+        result["rows"].extend(setup.table(baseline if problem is None else None))
+    result["registers"] = compiled_registers(_verify_kernels())
+    return result
+
+
+VERIFY_BASELINE_ROW = "vllm spec verify (fp32 state, 1+k blocks)"
+VERIFY_BASELINE_CALL = (
+    "selective_state_update(state, x, dt, A, B, C, D, dt_bias, dt_softplus=True, state_batch_indices=blocks, "
+    "dst_state_batch_indices=blocks, null_block_id=-1, out=out, num_accepted_tokens=num_accepted, "
+    "cu_seqlens=query_start_loc) with blocks int32 [batch, 1+k], x / dt / B / C / out [batch * (1+k), ...]"
+)
+
+
+def _verify_kernels() -> tuple[Any, ...]:
+    """The kernels of the verify step whose registers the verify section reports (the fold is the flush kernel)."""
+    from replayssm_patch.kernels.flush import _flush_kernel
+    from replayssm_patch.kernels.verify import _verify_coefficients_kernel, _verify_step_kernel
+
+    return _verify_coefficients_kernel, _verify_step_kernel, _flush_kernel
+
+
+class VerifySetup:
+    """One batch's speculative verify: T = 1 + k query tokens per row on paged caches with rings of L + T entries
+    (the plugin's verify layout), slots scattered as in the decode timing, and vLLM's 1+k state blocks per request.
+
+    Cursors sit at the steady state of acceptance length AL: row r verified its last T tokens at position
+    AL * (r mod ceil(L / AL)) and AL of them were accepted, so the builder's own plan (``plan_verify_rows``)
+    commits them and folds the rows whose history would overflow the ring, about 1 in ceil(L / AL)."""
+
+    def __init__(self, plan: Plan, device: str, batch: int) -> None:
+        import torch
+
+        from replayssm_patch.kernels import plan_verify_rows_reference
+        from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
+
+        self.plan, self.device, self.batch = plan, device, batch
+        T, L, AL = VERIFY_TOKENS, plan.buffer_len, ACCEPTED_TOKENS
+        gen = torch.Generator(device).manual_seed(batch)
+        self.layer = LayerParams.random(plan.nheads, gen, device)
+        self.inputs = StepInputs.random(
+            batch * T, plan.nheads, plan.head_dim, plan.ngroups, plan.d_state, self.layer, gen, torch.bfloat16
+        )
+        pool = 4 * batch + 1
+        self.indices = scattered_slots(pool, batch, gen)
+        self.caches = filled_caches(plan, pool, self.indices, gen, SPEC_TOKENS)
+        int32 = {"dtype": torch.int32, "device": device}
+        self.query_start_loc = torch.arange(0, batch * T + 1, T, **int32)
+        self.num_accepted = torch.full((batch,), AL, **int32)
+        last_write = torch.zeros(pool, **int32)
+        last_write[self.indices.long()] = AL * (torch.arange(batch, **int32) % math.ceil(L / AL))
+        self.write_pos, self.fold_len = torch.zeros(batch, **int32), torch.zeros(batch, **int32)
+        plan_verify_rows_reference(
+            self.indices, self.query_start_loc, self.num_accepted, last_write, torch.full((pool,), T, **int32),
+            torch.full((pool,), L - 1, **int32), self.write_pos, self.fold_len, batch, L, T, PAD,
+        )  # fmt: skip
+        self.out = torch.empty(batch * T, plan.nheads, plan.head_dim, dtype=torch.bfloat16, device=device)
+        blocks = 4 * batch * T + 1
+        self.base_state = paged_tensors(
+            stock_shapes(plan, SPEC_TOKENS), (torch.bfloat16, torch.float32), blocks, device
+        )[1]
+        self.base_state.normal_(generator=gen)
+        self.blocks = scattered_slots(blocks, batch * T, gen).view(batch, T)
+
+    def cursors(self) -> dict[str, Any]:
+        folding = int((self.fold_len > 0).sum())
+        return {
+            "rows_folding": folding,
+            "mean_fold_len": float(self.fold_len.sum()) / max(folding, 1),
+            "mean_history": float(self.write_pos.float().mean()),
+        }
+
+    def step(self, mode: str, fold_len: torch.Tensor | None = None) -> Callable[[], Any]:
+        """``replay_verify_step`` (fold launch, coefficients, outputs); with ``fold_len`` None only the verify
+        (``replay_verify``, no fold launch)."""
+        from replayssm_patch.kernels import replay_verify, replay_verify_step
+
+        cache, s, layer = self.caches[mode], self.inputs, self.layer
+        common = (self.query_start_loc, VERIFY_TOKENS)
+        kwargs = {"D": layer.D, "dt_bias": layer.dt_bias, "out": self.out}
+        ring = (cache.ring_x, cache.ring_B, cache.ring_dt, self.indices, self.write_pos)
+        if fold_len is None:
+            read = cache.state_bf16 if cache.state_bf16 is not None else cache.ssm_state
+            return lambda: replay_verify(s.x, s.dt, layer.A, s.B, s.C, read, *ring, *common, **kwargs)
+        return lambda: replay_verify_step(
+            s.x, s.dt, layer.A, s.B, s.C, cache.ssm_state, *ring, fold_len, *common, state_bf16=cache.state_bf16,
+            **kwargs,
+        )  # fmt: skip
+
+    def table(self, baseline: Baseline | None) -> list[dict[str, Any]]:
+        model, T = TrafficModel(self.plan, self.batch), VERIFY_TOKENS
+        timed = TimedCalls("kernel_bench", self.plan, self.device, self.batch)
+        if baseline is not None:
+            call = lambda: verify_call(  # noqa: E731
+                baseline, self.base_state, self.inputs, self.layer, self.blocks, self.num_accepted,
+                self.query_start_loc, self.out,
+            )  # fmt: skip
+            timed.measure(VERIFY_BASELINE_ROW, call, model.baseline(4, T))
+        cursors = self.cursors()
+        share = cursors["rows_folding"] / self.batch
+        for mode, state_bytes in (("fp32", 4), ("split", 2)):
+            verify = model.verify(state_bytes, T, cursors["mean_history"])
+            fold = model.flush(share, 2 if mode == "split" else 0, cursors["mean_fold_len"])
+            timed.measure(f"verify step {mode} (fold + verify)", self.step(mode, self.fold_len), verify + fold)
+            timed.measure(f"verify {mode} (no row folding)", self.step(mode), verify)
+            timed.measure(f"fold launch {mode}", flush_call(self.caches[mode], self.layer.A, self.indices,
+                                                            self.fold_len), fold)  # fmt: skip
+        return timed.rows(VERIFY_BASELINE_ROW)
+
+
+def verify_call(
+    baseline: Baseline, state: torch.Tensor, inputs: StepInputs, layer: LayerParams, blocks: torch.Tensor,
+    num_accepted: torch.Tensor, query_start_loc: torch.Tensor, out: torch.Tensor,
+) -> None:  # fmt: skip
+    """One speculative verify as vLLM 0.24's MambaMixer2 runs it: ``blocks`` [batch, 1+k] are each request's
+    state blocks (source and destination alike, as without prefix caching), the initial state is read from
+    block num_accepted-1 and the state after query token t is written to block t; ``inputs`` hold the
+    batch x (1+k) tokens, row r's at query_start_loc[r]..query_start_loc[r+1]-1."""
+    baseline.call(
+        state, inputs, layer, out, state_batch_indices=blocks, dst_state_batch_indices=blocks,
+        num_accepted_tokens=num_accepted, cu_seqlens=query_start_loc,
+    )  # fmt: skip
+
+
+def verify_problem(baseline: Baseline, plan: Plan, device: str) -> str | None:
+    """Why the speculative call cannot be the verify timing's baseline, None when it can: a 2-row probe (one
+    row accepted 1 token last step, one all T) against the fp64 recurrence over its T tokens, outputs and the
+    state written after the last token."""
+    if baseline.fn is None:
+        return baseline.note
+    import torch
+
+    from replayssm_patch.gpu.layer_check import relative_error
+    from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
+
+    T = VERIFY_TOKENS
+    layer, inputs = probe_inputs(plan, device, 2 * T)
+    state = torch.randn(1 + 2 * T, plan.nheads, plan.head_dim, plan.d_state, device=device)
+    blocks = torch.arange(1, 1 + 2 * T, dtype=torch.int32, device=device).view(2, T)
+    accepted = torch.tensor([1, T], dtype=torch.int32, device=device)
+    query_start_loc = torch.arange(0, 2 * T + 1, T, dtype=torch.int32, device=device)
+    h = state[blocks[[0, 1], [0, T - 1]].long()].double()  # the blocks num_accepted - 1 it must start from
+    out = torch.full(inputs.x.shape, math.nan, device=device)  # fp32: the check is not blurred by bf16 rounding
+
+    def error() -> float:
+        outputs, final = [], h.clone()
+        for t in range(T):  # token t of both rows
+            token = inputs.rows(query_start_loc[:-1].long() + t)
+            outputs.append(recurrence_step_fp64(
+                final, token.x, token.dt, layer.A, token.B, token.C, D=layer.D, dt_bias=layer.dt_bias
+            ))  # fmt: skip
+        expected = torch.stack(outputs, dim=1).flatten(0, 1)  # [2T, H, P] in token order
+        return max(relative_error(out, expected), relative_error(state[blocks[:, -1].long()], final))
+
+    call = lambda: verify_call(baseline, state, inputs, layer, blocks, accepted, query_start_loc, out)  # noqa: E731
+    return probe_problem(f"{baseline.note} (speculative call)", call, error)
+
+
+def verify_markdown(verify: dict[str, Any]) -> list[str]:
+    """The verify section's Markdown body (``kernel_bench.render_markdown`` puts it under its heading)."""
+    cursors = "; ".join(
+        f"batch {batch}: {c['rows_folding']} of {batch} rows fold {c['mean_fold_len']:.0f} entries, mean history "
+        f"{c['mean_history']:.1f}"
+        for batch, c in verify["cursors"].items()
+    )
+    return [
+        f"Method: {verify['method']}. T = 1 + k = {verify['tokens_per_row']} query tokens per row, rings of "
+        f"L + T = {verify['ring_len']} entries, cursors at the steady state of acceptance length "
+        f"{verify['acceptance_length']} ({cursors}).",
+        f"Baseline: {verify['baseline']}.",
+        "",
+        *timing_table(verify["rows"]),
+        "",
+        *registers_table(verify.get("registers", [])),
+    ]
