@@ -15,7 +15,11 @@ generate 1.3 s slower than its twins, which makes that repeat's step look far to
 - no request was preempted;
 - in every 272-token generate the whole batch ran at once: the engine's timestamps show some moment with
   every first token out and no last one yet (a KV cache too small for B runs the batch in waves).
-The row also holds engine_tpot_ms, the mean per-request TPOT of the 272-token generates from vLLM's engine-core
+The row also holds the decode window (decode_window.py): the timed generates step vLLM's engine themselves and
+read the engine core's timestamp of every step, so window_step_ms is the mean whole-batch decode step measured on
+the engine's clock with no prefill in it (the median over repeats; window_spread_ms, window_p90_ms,
+window_tokens_per_s, window_steps beside it). At large batches the prefill's jitter lands in (t272 - t16) but not
+here. And engine_tpot_ms, the mean per-request TPOT of the 272-token generates from vLLM's engine-core
 timestamps. Unlike the step, it includes the steps that early requests decode beside later ones' chunked
 prefill; it is the figure that a client's TPOT of the same load compares with. Every generate has fresh
 prompts and prefix caching is off, so no call reuses another's prefill.
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import os
 import platform
 import shlex
@@ -42,6 +47,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from replayssm_patch.gpu.decode_window import DecodeWindow, EngineStep, decode_window
 from replayssm_patch.gpu.row_file import RowFileError, read_row_file, record_row
 from replayssm_patch.gpu.variants import MODES, VARIANTS, model_family_kwargs
 
@@ -56,7 +62,10 @@ WHAT = (
     "Engine-side decode step (vLLM LLM.generate, no HTTP): B prompts of prompt_tokens random token ids with "
     f"exactly {SHORT_TOKENS} and exactly {LONG_TOKENS} output tokens (ignore_eos, min_tokens = max_tokens, greedy); "
     f"per repeat step = (t{LONG_TOKENS} - t{SHORT_TOKENS}) / {LONG_TOKENS - SHORT_TOKENS}, so prefill cancels and "
-    "flush steps are included; step_ms = median of the repeats, spread_ms = their max - min. engine_tpot_ms = mean "
+    "flush steps are included; step_ms = median of the repeats, spread_ms = their max - min. window_step_ms = "
+    f"median over repeats of the mean period between consecutive engine steps of the {LONG_TOKENS}-token generate "
+    "while the whole batch decoded (engine-core timestamps, from the last first token to the first last token: no "
+    "prefill inside), window_spread_ms their max - min, window_p90_ms the median p90. engine_tpot_ms = mean "
     f"per-request TPOT of the {LONG_TOKENS}-token generates from vLLM's engine-core timestamps (includes decode "
     "steps beside other requests' prefill). Written by replayssm_patch/gpu/engine_step.py."
 )
@@ -64,11 +73,12 @@ WHAT = (
 
 @dataclass(frozen=True)
 class Repeat:
-    """One pair of timed generates (seconds) and the step it gives."""
+    """One pair of timed generates (seconds), the step it gives, and the long generate's decode window."""
 
     t_short_s: float
     t_long_s: float
     step_ms: float
+    window: DecodeWindow | None = None
 
 
 def parse_batches(text: str) -> tuple[int, ...]:
@@ -153,10 +163,36 @@ def make_row(args: argparse.Namespace, batch: int, repeats: Sequence[Repeat], **
         "prompt_tokens": args.prompt_tokens,
         "step_ms": round(statistics.median(steps), 3),
         "spread_ms": round(max(steps) - min(steps), 3),
+        **window_facts([r.window for r in repeats]),
         f"t{SHORT_TOKENS}_s": round(statistics.fmean(r.t_short_s for r in repeats), 3),
         f"t{LONG_TOKENS}_s": round(statistics.fmean(r.t_long_s for r in repeats), 3),
-        "repeats": [{k: round(v, 4) for k, v in asdict(r).items()} for r in repeats],
+        "repeats": [repeat_record(r) for r in repeats],
         **facts,
+    }
+
+
+def repeat_record(repeat: Any) -> dict[str, Any]:
+    """A repeat dataclass as its row stores it: figures to 4 decimals, its decode window as a dict."""
+    return {k: v if k == "window" or v is None else round(v, 4) for k, v in asdict(repeat).items()}
+
+
+WINDOW_FIELDS = ("window_step_ms", "window_spread_ms", "window_p90_ms", "window_tokens_per_s", "window_steps")
+
+
+def window_facts(windows: Sequence[DecodeWindow | None]) -> dict[str, Any]:
+    """The row's decode-window figures (decode_window.py): the median over repeats of each repeat's mean step,
+    the spread of those means, the median p90 and tokens/s, the fewest steps a repeat's window held; None (and 0
+    steps) without windows."""
+    seen = [w for w in windows if w is not None]
+    if not seen:
+        return dict.fromkeys(WINDOW_FIELDS) | {"window_steps": 0}
+    means = [w.mean_ms for w in seen]
+    return {
+        "window_step_ms": round(statistics.median(means), 3),
+        "window_spread_ms": round(max(means) - min(means), 3),
+        "window_p90_ms": round(statistics.median(w.p90_ms for w in seen), 3),
+        "window_tokens_per_s": round(statistics.median(w.tokens_per_s for w in seen), 1),
+        "window_steps": min(w.steps for w in seen),
     }
 
 
@@ -164,7 +200,8 @@ def row_line(row: dict[str, Any]) -> str:
     """The line printed per row: what the issue's table needs, at a glance."""
     return (
         f"{row['variant']} {row['mode']} B={row['batch']}: step {row['step_ms']:.3f} ms (spread "
-        f"{row['spread_ms']:.3f}), t{SHORT_TOKENS} {row[f't{SHORT_TOKENS}_s']:.2f} s, t{LONG_TOKENS} "
+        f"{row['spread_ms']:.3f}), window step {row.get('window_step_ms')} ms (spread {row.get('window_spread_ms')}, "
+        f"{row.get('window_steps')} steps), t{SHORT_TOKENS} {row[f't{SHORT_TOKENS}_s']:.2f} s, t{LONG_TOKENS} "
         f"{row[f't{LONG_TOKENS}_s']:.2f} s, engine TPOT {row.get('engine_tpot_ms')} ms"
         + ("" if row.get("valid", True) else " INVALID: " + "; ".join(row.get("problems", [])))
     )
@@ -260,6 +297,7 @@ class Generated:
     exact: bool  # every output has exactly the tokens asked for
     tpots_s: list[float]  # per request, from the engine's timestamps
     together: bool | None  # the whole batch was running at one moment (None: no engine stats)
+    window: DecodeWindow | None = None  # its whole-batch decode steps (stepped_generate only)
 
 
 def engine_tpot_s(stats: Any) -> float | None:
@@ -373,6 +411,50 @@ def timed_generate(llm: Any, prompts: list[list[int]], tokens: int) -> Generated
     )
 
 
+def stepped_generate(llm: Any, prompts: list[list[int]], tokens: int) -> Generated:
+    """``timed_generate`` stepping vLLM's engine itself (what ``LLM.generate`` does inside), with every request's
+    new tokens returned per step (DELTA), so the engine core's timestamp of each step is seen: the decode window.
+
+    Only with the engine core in its own process (vLLM's default): the extra per-step outputs are built in this
+    one, off the engine's clock. host_profile.py, which runs the core in-process, keeps ``timed_generate``.
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    engine = llm.llm_engine
+    params = SamplingParams(**sampling_kwargs(tokens), output_kind=RequestOutputKind.DELTA)
+    counts: dict[str, int] = {}
+    stats: dict[str, Any] = {}
+    steps = []
+    began = time.perf_counter()
+    for ids in prompts:
+        engine.add_request(f"step-{next(_request_ids)}", TokensPrompt(prompt_token_ids=ids), params)
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        if not outputs:
+            continue
+        started = sum(o.request_id not in counts for o in outputs)
+        for o in outputs:
+            counts[o.request_id] = counts.get(o.request_id, 0) + len(o.outputs[0].token_ids)
+            stats[o.request_id] = o.metrics
+        stamp = getattr(outputs[0].metrics, "last_token_ts", 0.0)  # read now: the stats object is live
+        emitted = sum(len(o.outputs[0].token_ids) for o in outputs)
+        steps.append(EngineStep(stamp, len(outputs), emitted, started, sum(bool(o.finished) for o in outputs)))
+    elapsed = time.perf_counter() - began
+    final = list(stats.values())
+    return Generated(
+        seconds=elapsed,
+        exact=len(counts) == len(prompts) and all(n == tokens for n in counts.values()),
+        tpots_s=[t for t in map(engine_tpot_s, final) if t is not None],
+        together=batch_ran_together(final),
+        window=decode_window(steps, len(prompts)),
+    )
+
+
+_request_ids = itertools.count()  # stepped_generate's ids: unique in the process, as LLM's own counter keeps them
+
+
 def repeated_generates(
     llm: Any, args: argparse.Namespace, batch: int, vocab_size: int, generate: Callable[[Any, list[list[int]], int], G]
 ) -> Iterator[dict[int, G]]:
@@ -398,11 +480,13 @@ def within_budget(items: Sequence[T], budget_s: float | None, began: float, labe
 def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: int) -> dict[str, Any]:
     before = preemptions(llm)
     repeats, runs = [], []
-    for r, generated in enumerate(repeated_generates(llm, args, batch, vocab_size, timed_generate)):
+    for r, generated in enumerate(repeated_generates(llm, args, batch, vocab_size, stepped_generate)):
         runs += generated.items()
         short, long = generated[SHORT_TOKENS].seconds, generated[LONG_TOKENS].seconds
-        repeats.append(Repeat(short, long, step_ms(short, long)))
-        print(f"  B={batch} repeat {r}: step {repeats[-1].step_ms:.3f} ms", flush=True)
+        window = generated[LONG_TOKENS].window
+        repeats.append(Repeat(short, long, step_ms(short, long), window))
+        seen = "no window" if window is None else f"window {window.mean_ms:.3f} ms over {window.steps} steps"
+        print(f"  B={batch} repeat {r}: step {repeats[-1].step_ms:.3f} ms, {seen}", flush=True)
     after = preemptions(llm)
     lost = after - before if before is not None and after is not None else None
     return make_row(args, batch, repeats, **run_checks(runs, lost))

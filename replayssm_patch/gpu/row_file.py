@@ -67,7 +67,7 @@ def record_row(
         fcntl.flock(lock, fcntl.LOCK_EX)  # engines on several GPUs merge into one file: one at a time
         payload = read_row_file(path, what)
         commands = [c for c in payload.get("commands", []) if c != command] + [command]
-        payload |= {"command": command, "commands": commands, "machine": machine}
+        payload |= {"what": what, "command": command, "commands": commands, "machine": machine}  # the newest method
         payload["rows"] = merge_rows(payload["rows"], row, key)
         with atomic_path(path) as tmp:
             tmp.write_text(json.dumps(payload, indent=1) + "\n")

@@ -17,6 +17,8 @@ validity checks), and per batch the median over the repeats (spread = max - min)
 - tokens_per_s = B * 256 / (t272 - t16): output tokens per second, prefill and start-up cancel;
 - step_ms = (t272 - t16) / (steps272 - steps16), engine steps counted by vllm:iteration_tokens_total: a verify
   step emits about AL tokens per request, so step time and tokens/s together tell system cost from acceptance;
+- window_tokens_per_s and window_step_ms: the same on the engine's clock over the 272-token generate's steps in
+  which the whole batch decoded (engine_step.py, decode_window.py), with no prefill in them;
 - acceptance_length_measured = 1 + accepted / drafts from the engine's vllm:spec_decode_* counters over the
   timed generates, read as the text vLLM's /metrics serves (the registry llm.get_metrics() reads) through the
   harness's own parser and spec_decode_run (harness/analysis/spec_decode.py). The row is invalid when it is off
@@ -40,7 +42,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,7 @@ from harness.analysis.model import SpecDecodeRun
 from harness.analysis.server_metrics import Snapshot, Snapshots, means_of, parse_snapshot
 from harness.analysis.spec_decode import pooled_acceptance_length, spec_decode_run
 from harness.records.metric_registry import DEFAULT_ACCEPTANCE_TOLERANCE
+from replayssm_patch.gpu.decode_window import DecodeWindow
 from replayssm_patch.gpu.engine_step import (
     LONG_TOKENS,
     REPEATS,
@@ -57,11 +60,13 @@ from replayssm_patch.gpu.engine_step import (
     engine_options,
     engine_problem,
     out_problem,
+    repeat_record,
     repeated_generates,
     run_checks,
     start_engine,
     step_ms,
-    timed_generate,
+    stepped_generate,
+    window_facts,
     within_budget,
 )
 from replayssm_patch.gpu.row_file import read_row_file, record_row
@@ -78,19 +83,23 @@ WHAT = (
     "engine_step.py's method (B prompts of 1024 random ids, exactly 16 and 272 output tokens, alternating repeats) "
     "per arm (native/ReplaySSM x standard/MTP speculation with synthetic acceptance). tokens_per_s = B * 256 / "
     "(t272 - t16); step_ms = (t272 - t16) / engine steps between them (vllm:iteration_tokens_total); medians of "
-    "the repeats, spreads = max - min. acceptance_length_measured = 1 + accepted / drafts from vllm:spec_decode_* "
+    "the repeats, spreads = max - min. window_tokens_per_s / window_step_ms: the same over the 272-token generate's "
+    "whole-batch decode steps on the engine-core clock (no prefill inside), medians of the repeats. "
+    "acceptance_length_measured = 1 + accepted / drafts from vllm:spec_decode_* "
     "over the timed generates; max_concurrency = vLLM's 'Maximum concurrency for max_model_len tokens per request'."
 )
 
 
 @dataclass(frozen=True)
 class SpecRepeat:
-    """One pair of timed generates (seconds) and the engine steps each took (None: not counted)."""
+    """One pair of timed generates (seconds), the engine steps each took (None: not counted) and the long
+    generate's decode window."""
 
     t_short_s: float
     t_long_s: float
     steps_short: float | None
     steps_long: float | None
+    window: DecodeWindow | None = None
 
 
 @dataclass(frozen=True)
@@ -182,7 +191,8 @@ def make_row(
         "step_ms_spread": step_spread,
         f"t{SHORT_TOKENS}_s": round(statistics.fmean(r.t_short_s for r in repeats), 3),
         f"t{LONG_TOKENS}_s": round(statistics.fmean(r.t_long_s for r in repeats), 3),
-        "repeats": [{k: None if v is None else round(v, 4) for k, v in asdict(r).items()} for r in repeats],
+        **window_facts([r.window for r in repeats]),
+        "repeats": [repeat_record(r) for r in repeats],
         "variant": args.variant,
         "speculative_config": arm_kwargs(args).get("speculative_config"),
         **facts,
@@ -323,9 +333,9 @@ def metrics_snapshot() -> Snapshot:
 
 
 def counted_generate(llm: Any, prompts: list[list[int]], tokens: int) -> Counted:
-    """engine_step's timed generate, with the counters' increase over it (read outside the timed span)."""
+    """engine_step's stepped generate, with the counters' increase over it (read outside the timed span)."""
     before = metrics_snapshot()
-    run = timed_generate(llm, prompts, tokens)
+    run = stepped_generate(llm, prompts, tokens)
     snapshots = Snapshots(before, metrics_snapshot())
     return Counted(run, spec_decode_run(snapshots, run.seconds, None), means_of(snapshots).preemptions)
 
@@ -347,7 +357,8 @@ def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: in
     for r, generated in enumerate(repeated_generates(llm, args, batch, vocab_size, counted_generate)):
         counted += generated.items()
         short, long = generated[SHORT_TOKENS], generated[LONG_TOKENS]
-        repeats.append(SpecRepeat(short.run.seconds, long.run.seconds, short.spec.engine_steps, long.spec.engine_steps))
+        repeats.append(SpecRepeat(short.run.seconds, long.run.seconds, short.spec.engine_steps,
+                                  long.spec.engine_steps, long.run.window))  # fmt: skip
         step = engine_step_ms(repeats[-1])
         print(f"  B={batch} repeat {r}: {tokens_per_s(batch, short.run.seconds, long.run.seconds):.1f} tok/s, "
               f"step {'?' if step is None else f'{step:.3f}'} ms", flush=True)  # fmt: skip

@@ -42,6 +42,8 @@ def _cell(row: dict[str, Any] | None) -> str:
     if row is None or row.get("tokens_per_s") is None:
         return NONE
     inside = [f"{row['step_ms']:.2f} ms" if row.get("step_ms") is not None else "step ?"]
+    if row.get("window_tokens_per_s") is not None:
+        inside.insert(0, f"window {row['window_tokens_per_s']:,.0f}")
     if row["spec_tokens"]:
         measured = row.get("acceptance_length_measured")
         inside.append(NONE if measured is None else f"AL {measured:.2f}")
@@ -91,9 +93,10 @@ def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
         "# Speculative decoding, engine-side (replayssm_patch/gpu/spec_step.py)",
         "",
-        "Output tokens/s = B · 256 / (t272 − t16); in brackets the time per engine step and, for a spec arm, the "
-        "acceptance length measured from vllm:spec_decode_*. Ratios only between valid rows; max concurrency = "
-        "vLLM's requests of max_model_len tokens that the KV cache holds.",
+        "Output tokens/s = B · 256 / (t272 − t16); in brackets the tokens/s of the whole-batch decode window on the "
+        "engine's clock (no prefill inside; rows measured since it exists), the time per engine step and, for a "
+        "spec arm, the acceptance length measured from vllm:spec_decode_*. Ratios only between valid rows; max "
+        "concurrency = vLLM's requests of max_model_len tokens that the KV cache holds.",
     ]
     for setting in _settings(rows):
         lines += ["", *setting_table(rows, setting)]

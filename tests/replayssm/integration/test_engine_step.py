@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from replayssm_patch.gpu.decode_window import DecodeWindow
 from replayssm_patch.gpu.engine_step import (
     FIRST_TOKEN_ID,
     WHAT,
@@ -151,10 +152,23 @@ def test_row_has_mean_step_spread_and_every_repeat(tmp_path):
     assert row["step_ms"] == pytest.approx(10.0, abs=1e-3)  # the median repeat
     assert row["spread_ms"] == pytest.approx(10.547 - 9.375, abs=1e-3)
     assert (row["t16_s"], row["t272_s"]) == (2.0, pytest.approx(4.553, abs=1e-3))
-    assert len(row["repeats"]) == 3 and row["repeats"][1] == {"t_short_s": 2.1, "t_long_s": 4.5, "step_ms": 9.375}
+    assert row["repeats"][1] == {"t_short_s": 2.1, "t_long_s": 4.5, "step_ms": 9.375, "window": None}
+    assert len(row["repeats"]) == 3 and (row["window_step_ms"], row["window_steps"]) == (None, 0)
     assert "step 10.000 ms" in row_line(row) and "INVALID" not in row_line(row)
     row |= {"valid": False, "problems": ["3 preemptions: raise --gpu-memory-utilization"]}
     assert row_line(row).endswith("INVALID: 3 preemptions: raise --gpu-memory-utilization")
+
+
+def test_row_window_is_the_median_repeat_mean_with_its_spread(tmp_path):
+    """Each repeat's long generate gives a decode window; the row takes the median of their means."""
+    windows = [DecodeWindow(240, mean, mean - 0.1, mean + 0.5, mean + 9, 256e3 / mean) for mean in (16.2, 15.9, 17.1)]
+    repeats = [Repeat(2.0, 6.0, 15.6, windows[0]), Repeat(2.0, 6.1, 16.0, windows[1]), Repeat(2.0, 6.0, 15.6, None)]
+    row = make_row(_args(tmp_path), 256, repeats, exact=True, preemptions=0)
+    assert (row["window_step_ms"], row["window_spread_ms"], row["window_steps"]) == (16.05, 0.3, 240)
+    assert row["window_p90_ms"] == pytest.approx(16.55)
+    assert row["window_tokens_per_s"] == pytest.approx((256e3 / 16.2 + 256e3 / 15.9) / 2, abs=0.1)
+    assert row["repeats"][0]["window"]["mean_ms"] == 16.2 and row["repeats"][2]["window"] is None
+    assert "window step 16.05 ms (spread 0.3, 240 steps)" in row_line(row)
 
 
 def _row(variant, mode, batch, step):

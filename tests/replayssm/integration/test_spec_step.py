@@ -142,7 +142,7 @@ def test_row_holds_medians_spreads_and_the_measured_acceptance(tmp_path):
     assert row["step_ms"] == pytest.approx(2000 / 86, abs=1e-3)
     assert row["step_ms_spread"] == pytest.approx((2200 - 1900) / 86, abs=1e-3)
     assert row["valid"] and row["problems"] == [] and row["preemptions"] == 0 and row["engine_tpot_ms"] == 10.0
-    assert row["repeats"][1] == {"t_short_s": 1.1, "t_long_s": 3.0, "steps_short": 6, "steps_long": 92}
+    assert row["repeats"][1] == {"t_short_s": 1.1, "t_long_s": 3.0, "steps_short": 6, "steps_long": 92, "window": None}
     assert "replayssm_spec O0 k=3 AL=3 B=4: 512.0 tok/s" in row_line(row) and "INVALID" not in row_line(row)
 
 
@@ -214,19 +214,19 @@ def test_a_standard_arm_runs_on_a_model_without_mtp(tmp_path):
     assert arm_kwargs(args) == {} and llm_kwargs(args)["additional_config"] == VARIANTS["replayssm_fp32"]
 
 
-def _summary_row(arm, batch, rate, *, step=10.0, measured=None, valid=True, concurrency=None, al=2.8):
+def _summary_row(arm, batch, rate, *, step=10.0, measured=None, valid=True, concurrency=None, al=2.8, window=None):
     spec = SPEC_ARMS[arm][1]
     return {"arm": arm, "mode": "default", "batch": batch, "spec_tokens": 3 if spec else 0,
             "acceptance_length_configured": al if spec else None, "acceptance_length_measured": measured,
             "tokens_per_s": rate, "step_ms": step, "max_concurrency": concurrency, "valid": valid,
-            "problems": [] if valid else ["the batch did not run at once"]}  # fmt: skip
+            "problems": [] if valid else ["the batch did not run at once"], "window_tokens_per_s": window}  # fmt: skip
 
 
 SUMMARY_ROWS = [
     _summary_row("native_standard", 128, 8000.0, concurrency=120.0),
     _summary_row("native_spec", 128, 6000.0, step=40.0, measured=2.81, concurrency=40.0),
     _summary_row("replayssm_standard", 128, 9000.0, concurrency=130.0),
-    _summary_row("replayssm_spec", 128, 12000.0, step=20.0, measured=2.79, concurrency=121.0),
+    _summary_row("replayssm_spec", 128, 12000.0, step=20.0, measured=2.79, concurrency=121.0, window=12500.0),
     _summary_row("native_spec", 256, 5000.0, step=90.0, measured=2.8, valid=False, concurrency=40.0),
     _summary_row("replayssm_spec", 256, 15000.0, step=30.0, measured=2.8, concurrency=121.0),
     _summary_row("native_standard", 256, 10000.0),
@@ -241,7 +241,7 @@ def test_summary_table_has_each_arm_and_the_issues_ratios_per_batch():
     table = text.split("AL 2.8 configured")[1].split("Invalid rows")[0]
     b128 = next(line for line in table.splitlines() if line.startswith("| 128 |")).split(" | ")
     assert b128[1:5] == ["8,000 (10.00 ms)", "6,000 (40.00 ms, AL 2.81)", "9,000 (10.00 ms)",
-                         "12,000 (20.00 ms, AL 2.79)"]  # fmt: skip
+                         "12,000 (window 12,500, 20.00 ms, AL 2.79)"]  # fmt: skip
     assert b128[5:7] == ["2.00×", "1.50×"] and b128[7] == "40.0 → 121.0 (3.02×) |"
     b256 = next(line for line in table.splitlines() if line.startswith("| 256 |")).split(" | ")
     assert b256[2] == "5,000 (90.00 ms, AL 2.80) **invalid**" and b256[3] == "–"

@@ -205,6 +205,10 @@ def test_spec_step_reads_vllms_own_counters_into_rows_per_arm(spec_flow):
         assert row["preemptions"] == 0 and row["exact"] and row["tokens_per_s"] > 0 and row["step_ms"] > 0
         assert row["max_concurrency"] == (24.0 if arm == "native_spec" else 96.0) and row["max_model_len"] == 2048
     assert rows[("replayssm_spec", 3.0, 8)]["acceptance_length_measured"] == 3.0
+    # the decode window on the stand-in engine's clock (5 ms a step): AL 3 gives 3 tokens per request per step
+    assert {row["window_step_ms"] for row in rows.values()} == {5.0}
+    assert rows[("native_standard", None, 4)]["window_tokens_per_s"] == 800.0
+    assert rows[("replayssm_spec", 3.0, 4)]["window_tokens_per_s"] == round(4 * 271 / (91 * 0.005), 1)
     assert rows[("native_standard", None, 4)]["acceptance_length_measured"] is None
     assert all(rows[key]["valid"] for key in rows if key[1] != 2.5)
 
@@ -241,7 +245,27 @@ def test_engine_step_runs_warm_up_then_alternating_exact_greedy_generates(engine
         assert call["min_tokens"] == call["max_tokens"] and call["ignore_eos"] and call["temperature"] == 0.0
         assert (call["prompt_len"], call["ids_in_range"]) == (1024, True)
         assert not call["detokenize"] and not call["use_tqdm"]
+    # the warm-up is LLM.generate; the timed generates step the engine themselves, to see each step's timestamp
+    assert [c["stepped"] for c in split["calls"][:7]] == [False] + [True] * 6
     assert engine_flow["baseline"]["kwargs"]["optimization_level"] == "0"
+
+
+def test_engine_step_rows_read_the_decode_window_off_the_engine_clock(engine_flow):
+    """The stand-in engine's decode steps take 5 ms on its own clock and its prefill steps 40 ms (2 requests
+    each): the window holds the decode steps from the last first token to the first last token, and nothing of
+    the prefill, whatever the wall clock of the generates says."""
+    rows = engine_flow["steps_file"]["rows"]
+    assert [(r["batch"], r["window_step_ms"], r["window_spread_ms"], r["window_p90_ms"]) for r in rows] == [
+        (4, 5.0, 0.0, 5.0), (4, 5.0, 0.0, 5.0), (8, 5.0, 0.0, 5.0),
+    ]  # fmt: skip
+    # B=4: prefill in steps 1-2, the first request's 272nd token in step 272; B=8: prefill in steps 1-4
+    assert [r["window_steps"] for r in rows] == [270, 270, 268]
+    windows = [repeat["window"] for repeat in rows[1]["repeats"]]
+    assert (
+        windows
+        == [{"steps": 270, "mean_ms": 5.0, "p50_ms": 5.0, "p90_ms": 5.0, "max_ms": 5.0, "tokens_per_s": 800.0}] * 3
+    )
+    assert rows[2]["window_tokens_per_s"] == 1600.0  # 8 requests a token every 5 ms
 
 
 def test_engine_step_rows_merge_from_two_runs_into_one_valid_file(engine_flow):

@@ -19,6 +19,8 @@ from typing import ClassVar
 
 import torch
 import vllm
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.sampling_params import RequestOutputKind
 from vllm.v1.metrics.reader import Counter
 from vllm.v1.metrics.stats import RequestStateStats
 
@@ -32,6 +34,63 @@ class ReplayMambaMixer2(torch.nn.Module):
     """Named as the plugin's layer, so count_replay_layers finds it in the stand-in model."""
 
 
+PREFILL_ROWS_PER_STEP = 2  # 2048 batched tokens of 1024-token prompts
+PREFILL_STEP_S, DECODE_STEP_S = 0.040, 0.005  # the stand-in engine core's clock: what the decode window must read
+
+
+class StandInEngine:
+    """The `LLMEngine` methods stepped_generate uses, answering as vLLM 0.24's does with stats on and DELTA
+    outputs: real RequestOutput / CompletionOutput / RequestStateStats, every output of a step stamped with the
+    engine core's time of that step. Prefill admits `admit_per_step` requests per step (their first token comes
+    out of it, beside the running requests' next tokens); each running request then gets `tokens_per_step` tokens
+    per step (more than 1: a speculative step), and `on_step(decoding rows, tokens)` hears of every step."""
+
+    def __init__(self, llm: StandInLLM):
+        self.llm, self.waiting, self.running = llm, [], []
+        self.model_config = SimpleNamespace(get_vocab_size=lambda: VOCAB)
+        self.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_batched_tokens=2048))
+        self.clock = 1000.0
+        self.admit_per_step, self.tokens_per_step, self.wall_s_per_step = PREFILL_ROWS_PER_STEP, 1, 0.0
+        self.on_step = None
+
+    def add_request(self, request_id, prompt, params):
+        assert params.output_kind == RequestOutputKind.DELTA
+        if not self.waiting and not self.running:
+            self.call = self.llm.record(prompt, params, stepped=True)
+        ids = prompt["prompt_token_ids"]
+        self.call["batch"] += 1
+        self.call["ids_in_range"] &= min(ids) >= 10 and max(ids) < VOCAB
+        self.llm.last_batch = self.call["batch"]
+        self.waiting.append({"id": request_id, "params": params, "made": 0, "stats": RequestStateStats()})
+        return request_id
+
+    def has_unfinished_requests(self):
+        return bool(self.waiting or self.running)
+
+    def step(self):
+        admitted = self.waiting[: self.admit_per_step]
+        del self.waiting[: self.admit_per_step]
+        self.clock += PREFILL_STEP_S if admitted else DECODE_STEP_S
+        outputs = []
+        for request in self.running + admitted:
+            new = (
+                1 if request in admitted else min(self.tokens_per_step, request["params"].max_tokens - request["made"])
+            )
+            request["made"] += new
+            stats = request["stats"]
+            stats.num_generation_tokens = request["made"]
+            stats.first_token_ts = stats.first_token_ts or self.clock
+            stats.last_token_ts = self.clock
+            done = request["made"] == request["params"].max_tokens
+            completion = CompletionOutput(0, "", list(range(new)), None, None, "length" if done else None)
+            outputs.append(RequestOutput(request["id"], None, [], None, [completion], done, metrics=stats))
+        if self.on_step is not None:
+            self.on_step(len(self.running), sum(len(o.outputs[0].token_ids) for o in outputs))
+        self.running = [r for r in self.running + admitted if r["made"] < r["params"].max_tokens]
+        time.sleep(self.wall_s_per_step)
+        return outputs
+
+
 class StandInLLM:
     """The `vllm.LLM` methods the scripts use; `generate` answers like vLLM with engine stats on."""
 
@@ -39,11 +98,19 @@ class StandInLLM:
 
     def __init__(self, **kwargs):
         self.kwargs, self.calls = kwargs, []
-        config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_batched_tokens=2048))
-        self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(get_vocab_size=lambda: VOCAB),
-                                          vllm_config=config)  # fmt: skip
+        self.llm_engine = StandInEngine(self)
         self.profiling, self.last_batch = False, 0
         StandInLLM.made.append(self)
+
+    def record(self, prompt, params, stepped: bool, batch: int = 0, ids_in_range: bool = True, use_tqdm=False):
+        """One generate's call as the test checks it (a stepped one is recorded at its first request and counted
+        up by the engine as the others come)."""
+        self.calls.append({"batch": batch, "prompt_len": len(prompt["prompt_token_ids"]),
+                           "ids_in_range": ids_in_range, "max_tokens": params.max_tokens,
+                           "min_tokens": params.min_tokens, "ignore_eos": params.ignore_eos,
+                           "temperature": params.temperature, "detokenize": params.detokenize,
+                           "use_tqdm": use_tqdm, "profiling": self.profiling, "stepped": stepped})  # fmt: skip
+        return self.calls[-1]
 
     def apply_model(self, fn):
         enabled = "additional_config" in self.kwargs
@@ -55,11 +122,7 @@ class StandInLLM:
 
     def generate(self, prompts, params, use_tqdm=True):
         ids = [i for p in prompts for i in p["prompt_token_ids"]]
-        self.calls.append({"batch": len(prompts), "prompt_len": len(prompts[0]["prompt_token_ids"]),
-                           "ids_in_range": min(ids) >= 10 and max(ids) < VOCAB, "max_tokens": params.max_tokens,
-                           "min_tokens": params.min_tokens, "ignore_eos": params.ignore_eos,
-                           "temperature": params.temperature, "detokenize": params.detokenize,
-                           "use_tqdm": use_tqdm, "profiling": self.profiling})  # fmt: skip
+        self.record(prompts[0], params, False, len(prompts), min(ids) >= 10 and max(ids) < VOCAB, use_tqdm)
         self.last_batch = len(prompts)
         now, n = time.monotonic(), params.max_tokens
         return [

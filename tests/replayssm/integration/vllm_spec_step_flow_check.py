@@ -53,24 +53,29 @@ class CountingStandIn(StandInLLM):
         cache.kv_cache_max_concurrency = CONCURRENCY / (1 + self.k) if native else CONCURRENCY
         cache.kv_cache_size_tokens = int(cache.kv_cache_max_concurrency * self.config.model_config.max_model_len)
         cache.num_gpu_blocks = 1000
-        self.llm_engine.vllm_config = self.config
+        engine = self.llm_engine
+        engine.vllm_config = self.config
+        engine.admit_per_step, engine.tokens_per_step, engine.wall_s_per_step = 10**6, self.per_step, STEP_S
+        engine.on_step = self._count_step
         self.prometheus = PrometheusStatLogger(self.config, [0])  # unregisters the previous engine's series
 
-    def _record(self, generated: int, spec: SpecDecodingStats | None) -> None:
+    def _count_step(self, decoding: int, generated: int) -> None:
+        """One engine step through vLLM's logger: each decoding row drafted k tokens and accepted AL - 1."""
+        spec = SpecDecodingStats.new(self.k) if self.k and decoding else None
+        for _ in range(decoding if spec else 0):
+            spec.observe_draft(num_draft_tokens=self.k, num_accepted_tokens=self.per_step - 1)
         stats = IterationStats()
         stats.num_generation_tokens = generated
         self.prometheus.record(scheduler_stats=SchedulerStats(spec_decoding_stats=spec), iteration_stats=stats)
 
     def generate(self, prompts, params, use_tqdm=True):
+        """The warm-up's generate, stepped through the stand-in engine so it is counted alike."""
         outputs = super().generate(prompts, params, use_tqdm)
-        batch, left, steps = len(prompts), params.max_tokens - 1, 1
-        self._record(batch, None)  # the prefill step: every request's first token
+        left, steps = params.max_tokens - 1, 1
+        self._count_step(0, len(prompts))  # the prefill step: every request's first token
         while left > 0:
-            spec = SpecDecodingStats.new(self.k) if self.k else None
-            for _ in range(batch if spec else 0):
-                spec.observe_draft(num_draft_tokens=self.k, num_accepted_tokens=self.per_step - 1)
             emitted = min(self.per_step, left)
-            self._record(batch * emitted, spec)
+            self._count_step(len(prompts), len(prompts) * emitted)
             left, steps = left - emitted, steps + 1
         time.sleep(STEP_S * steps)
         return outputs
