@@ -70,6 +70,8 @@ WHAT = (
     "steps beside other requests' prefill). Written by replayssm_patch/gpu/engine_step.py."
 )
 
+ROW_FACTS = ("replayssm_layers", "launch_shapes", "profiler_configured", "startup_s", "gpu", "vllm", "date")
+
 
 @dataclass(frozen=True)
 class Repeat:
@@ -499,7 +501,8 @@ def start_engine(args: argparse.Namespace, name: str | None = None, **extra: Any
     facts = machine_facts()
     layers = replay_layers(llm)
     facts |= {"startup_s": round(time.monotonic() - began, 1), "replayssm_layers": layers,
-              "launch_shapes": launch_shapes_of(args.variant, facts["gpu"])}  # fmt: skip
+              "launch_shapes": launch_shapes_of(args.variant, facts["gpu"]),
+              "profiler_configured": "profiler_config" in extra}  # fmt: skip
     shown = name or f"{args.variant} {args.mode}"
     print(f"{shown}: engine up in {facts['startup_s']} s, ReplaySSM layers: {layers}", flush=True)
     wrong = layers_problem(args.variant, layers)
@@ -521,15 +524,25 @@ def main(argv: list[str] | None = None) -> int:
     if started is None:
         return 1
     llm, facts = started
+    command = command_line("replayssm_patch.gpu.engine_step", argv)
+    invalid = measure_rows(llm, args, args.batches, args.out, command, facts, began, args.budget_s)
+    return 1 if invalid else 0  # invalid rows are kept (with their problems), but the run says it failed
+
+
+def measure_rows(
+    llm: Any, args: argparse.Namespace, batches: Sequence[int], out: Path, command: str, facts: dict[str, Any],
+    began: float, budget_s: float | None = None,
+) -> int:  # fmt: skip
+    """Measure, record into ``out`` and print a row per batch while --budget-s lasts; how many are invalid."""
     vocab_size = llm.llm_engine.model_config.get_vocab_size()
     invalid = 0
-    for batch in within_budget(args.batches, args.budget_s, began):
+    for batch in within_budget(batches, budget_s, began):
         row = measure_batch(llm, args, batch, vocab_size)
-        row |= {k: facts[k] for k in ("replayssm_layers", "launch_shapes", "startup_s", "gpu", "vllm", "date")}
-        record_row(args.out, row, WHAT, command_line("replayssm_patch.gpu.engine_step", argv), facts)
+        row |= {k: facts[k] for k in ROW_FACTS}
+        record_row(out, row, WHAT, command, facts)
         print(row_line(row), flush=True)
         invalid += not row["valid"]
-    return 1 if invalid else 0  # invalid rows are kept (with their problems), but the run says it failed
+    return invalid
 
 
 if __name__ == "__main__":

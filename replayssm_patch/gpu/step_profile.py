@@ -9,6 +9,11 @@ random token ids long enough for --steps pure decode steps at batch B after the 
 `LLM.stop_profile()`. The worker's trace is summarised by trace_summary.py over the last --steps decode steps
 (default 16 = the ring length, so every row's flush is inside) into DIR/step_profile.json (rows merged by
 variant, mode, batch) and DIR/step_profile.md; the trace (tens of MB) is deleted unless --keep-traces.
+
+With --step-batches and --steps-out the same engine first measures engine_step.py's rows at those batches (its
+method, --repeats of them) into --steps-out: one start-up (~200 s of an H200 session's 30 minutes) serves both.
+The torch profiler is configured but idle until start_profile, and CUDA graphs are captured at both lists'
+batches; such rows say so (profiler_configured).
 """
 
 from __future__ import annotations
@@ -17,21 +22,26 @@ import argparse
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from replayssm_patch.gpu.engine_step import (
+    REPEATS,
     SHORT_TOKENS,
     command_line,
     engine_options,
     engine_problem,
+    measure_rows,
     out_problem,
+    parse_batches,
     prompt_token_ids,
     start_engine,
     timed_generate,
 )
+from replayssm_patch.gpu.engine_step import WHAT as STEP_WHAT
 from replayssm_patch.gpu.row_file import read_row_file, record_row
 from replayssm_patch.gpu.trace_summary import TraceError, markdown, summarise_trace
 
@@ -75,7 +85,29 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=STEPS, help="decode steps summarised per batch [16, one ring]")
     p.add_argument("--out", type=Path, required=True, help="dir for step_profile.json / .md (and traces/)")
     p.add_argument("--keep-traces", action="store_true", help="keep the raw traces in DIR/traces")
+    p.add_argument("--step-batches", type=parse_batches, default=None,
+                   help="first measure engine_step's rows at these batches, in the same engine")  # fmt: skip
+    p.add_argument("--steps-out", type=Path, default=None, help="engine_step's results file for --step-batches")
+    p.add_argument("--repeats", type=int, default=REPEATS, help=f"engine_step's repeats per batch [{REPEATS}]")
     return p
+
+
+def steps_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the engine-step part of a run, or None (also when it has none)."""
+    if (args.step_batches is None) != (args.steps_out is None):
+        return "--step-batches and --steps-out go together: give both, or neither"
+    if args.step_batches is None:
+        return None
+    if args.repeats < 1:
+        return f"--repeats must be at least 1 (got {args.repeats})"
+    if max(args.step_batches) > args.max_num_seqs:
+        return f"batch {max(args.step_batches)} exceeds --max-num-seqs {args.max_num_seqs}; raise it or drop the batch"
+    return out_problem(args.steps_out, STEP_WHAT, args.prompt_tokens)
+
+
+def engine_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The run's options with --batches covering both lists, so CUDA graphs are captured at every batch run."""
+    return argparse.Namespace(**{**vars(args), "batches": tuple(sorted({*args.batches, *(args.step_batches or ())}))})
 
 
 def profile_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: int, trace_dir: Path) -> dict:
@@ -112,19 +144,23 @@ def write_markdown(out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     few = f"--steps must be at least 1 (got {args.steps})" if args.steps < 1 else None
-    problem = engine_problem(args) or few or out_problem(args.out / "step_profile.json", WHAT, args.prompt_tokens)
+    problem = (engine_problem(args) or few or steps_problem(args)
+               or out_problem(args.out / "step_profile.json", WHAT, args.prompt_tokens))  # fmt: skip
     if problem:
         print(f"error: {problem}")
         return 2
     trace_dir = args.out / "traces"
     trace_dir.mkdir(parents=True, exist_ok=True)
-    started = start_engine(args, profiler_config=profiler_config(trace_dir))
+    began = time.monotonic()
+    started = start_engine(engine_args(args), profiler_config=profiler_config(trace_dir))
     if started is None:
         return 1
     llm, facts = started
     vocab_size = llm.llm_engine.model_config.get_vocab_size()
     command = command_line("replayssm_patch.gpu.step_profile", argv)
     failed = False
+    if args.step_batches is not None:
+        failed |= measure_rows(llm, args, args.step_batches, args.steps_out, command, facts, began) > 0
     for batch in args.batches:
         row = profile_batch(llm, args, batch, vocab_size, trace_dir)
         row |= {k: facts[k] for k in ("replayssm_layers", "gpu", "vllm", "date")}

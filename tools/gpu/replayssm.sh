@@ -20,6 +20,8 @@
 #                    1, 8, 64, 256 -> engine_step-h200-floor.json
 #   profile:VARIANT  the step profile at batch 64 and 256 -> profile/
 #   gdnprofile:VARIANT  the same for Qwen3.5-4B -> profile-qwen3.5-4b/
+#   engprof:VARIANT  engine:VARIANT and profile:VARIANT in one engine (one start-up, ~200 s saved)
+#   gdnengprof:VARIANT  gdn:VARIANT and gdnprofile:VARIANT in one engine
 #   hostprof:VARIANT where vLLM's host time per decode step goes (host_profile.py: the engine in-process under
 #                    cProfile) on the host-floor model at batch 64 and 256, -O0 with full decode graphs (fast
 #                    start-up; a decode step replays a full graph in both modes) -> host_profile-h200-floor.json
@@ -42,7 +44,7 @@ TUNED=$RES/launch_config.json  # the launch table the engine jobs run: the kerne
 ALL_BATCHES=1,8,32,64,128,256
 # measured 2026-12-01: install 40 s, kernel bench 53 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
-declare -A JOB_S=([setup]=90 [kernels]=110 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [floor]=300 [hostprof]=150 [profile]=240 [gdnprofile]=240 [spec]=280 [onegpu]=420)
+declare -A JOB_S=([setup]=90 [kernels]=110 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [floor]=300 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [onegpu]=420)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
@@ -70,7 +72,8 @@ json.dump(t, open(sys.argv[1], "w"), indent=2)' "$TUNED" replayssm_patch/kernels
 run_job() {
   local kind=${1%%:*} variant=${1#*:}
   case $kind in  # the engine-side jobs run the kernel benches' fastest shapes once `kernels` / `gdnkernels` wrote
-    engine | gdn | floor | hostprof | profile | gdnprofile | spec)  # them, and want the GPU to themselves: onegpu's servers stop
+    engine | gdn | floor | hostprof | profile | gdnprofile | engprof | gdnengprof | spec)  # them, and want the GPU
+      # to themselves: onegpu's servers stop
       tuned_table && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
       for arm in baseline candidate candidate-moe; do $S stop "$arm"; done ;;
   esac
@@ -96,6 +99,10 @@ run_job() {
       ENGINE_TIMEOUT_S=$(($(left) - 25)) $S profile "$variant" 0 64,256 ;;
     gdnprofile)
       MODEL=qwen35 ENGINE_TIMEOUT_S=$(($(left) - 25)) $S profile "$variant" 0 64,256 ;;
+    engprof | gdnengprof)
+      local model=nemotron; [ "$kind" = gdnengprof ] && model=qwen35
+      MODEL=$model STEP_BATCHES=$ALL_BATCHES REPEATS=${REPEATS:-5} ENGINE_TIMEOUT_S=$(($(left) - 25)) \
+        $S profile "$variant" 0 64,256 ;;
     spec)
       SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} ENGINE_TIMEOUT_S=$(($(left) - 25)) $S spec "$variant" 0 ;;
     onegpu) env -u MAX_LEN -u ENGINE_UTIL CALL_S=$(($(left) - 10)) bash tools/gpu/onegpu.sh "$variant" ;;  # its own sizes
@@ -103,7 +110,7 @@ run_job() {
   esac
 }
 
-[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V floor:V hostprof:V profile:V gdnprofile:V spec:ARM onegpu:STAGE)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V floor:V hostprof:V profile:V gdnprofile:V engprof:V gdnengprof:V spec:ARM onegpu:STAGE)"; exit 2; }
 pending=0
 for job in "$@"; do
   [ -f "$DONE/$job" ] && continue

@@ -12,7 +12,8 @@
 #   stop ARM      kill a server started by `serve` (its whole session)
 #   engine VARIANT GPU [BATCHES]    engine-side decode step (replayssm_patch/gpu/engine_step.py, LLM.generate, no
 #                                   HTTP; default batches 64,256; REPEATS [3]) -> rows merged into engine_step-h200.json
-#   profile VARIANT GPU [BATCHES]   kernel time per layer kind of a decode step (step_profile.py) -> profile/
+#   profile VARIANT GPU [BATCHES]   kernel time per layer kind of a decode step (step_profile.py) -> profile/;
+#                                   with STEP_BATCHES the same engine first measures the engine rows (as engine)
 #   hostprof VARIANT GPU [BATCHES]  host time per decode step by function (host_profile.py: the engine in-process
 #                                   under cProfile) -> rows merged into host_profile-h200.json (+ .md)
 #   spec ARM GPU [BATCHES]          engine-side speculative decoding (replayssm_patch/gpu/spec_step.py) of ARM
@@ -177,7 +178,9 @@ case $cmd in
   stop) stop "$@" ;;
   engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" --variant "$1" --repeats "${REPEATS:-3}" ;;
   hostprof) on_gpu host_profile "$1" "$2" "${3:-64,256}" "$RES/host_profile-h200$SUFFIX.json" "in-process| µs  " --variant "$1" ;;
-  profile) on_gpu step_profile "$1" "$2" "${3:-64,256}" "$RES/profile$SUFFIX" "B=[0-9]+: " --variant "$1" ;;
+  profile)  # STEP_BATCHES=B,...: the same engine measures engine_step's rows at those batches first (one start-up)
+    steps=(); [ -n "${STEP_BATCHES:-}" ] && steps=(--step-batches "$STEP_BATCHES" --steps-out "$STEPS" --repeats "${REPEATS:-3}")
+    on_gpu step_profile "$1" "$2" "${3:-64,256}" "$RES/profile$SUFFIX" "B=[0-9]+: |step .* ms \(spread" --variant "$1" "${steps[@]}" ;;
   spec) spec "$@" ;;
   pace) pace "$@" ;;
   diagnose) diagnose "$@" ;;

@@ -297,6 +297,27 @@ def test_step_profile_profiles_one_generate_per_batch_and_keeps_only_the_summary
     assert engine_flow["traces_left"] == []  # the raw trace is deleted once summarised
 
 
+def test_step_profile_measures_engine_step_rows_first_in_the_same_engine(engine_flow):
+    """--step-batches: one engine start-up serves engine_step's rows and then the profile, CUDA graphs captured at
+    both lists' batches; the rows say the profiler was configured (idle while they were measured)."""
+    both = engine_flow["both"]
+    assert both["exit"] == 0 and "'profiler': 'torch'" in both["kwargs"]["profiler_config"]
+    assert both["kwargs"]["compilation_config"].endswith(
+        "'cudagraph_capture_sizes': [4, 8]}"
+    )  # O0: FULL_DECODE_ONLY too
+    steps = [(c["batch"], c["max_tokens"], c["profiling"]) for c in both["calls"]]
+    rows_then_profile = [(4, 16, False), (4, 16, False), (4, 272, False), (8, 16, False), (8, 16, False),
+                         (8, 272, False), (4, 16, False), (4, 2 + 16 + 8, True)]  # fmt: skip
+    assert steps == rows_then_profile
+    rows = engine_flow["both_steps_file"]["rows"]
+    assert [(r["batch"], r["window_step_ms"], r["profiler_configured"], r["valid"]) for r in rows] == [
+        (4, 5.0, True, True), (8, 5.0, True, True),
+    ]  # fmt: skip
+    assert engine_flow["steps_file"]["rows"][0]["profiler_configured"] is False
+    (profiled,) = engine_flow["both_profile_file"]["rows"]
+    assert (profiled["batch"], profiled["steps"]) == (4, 16)
+
+
 def test_entry_point_is_declared_and_loads(checks):
     assert checks["entry_point"] == "replayssm_patch:register"
     assert checks["disabled"]["model_class"] == "ReplayNemotronHForCausalLM"  # registered by load_general_plugins

@@ -162,10 +162,15 @@ def main(model: Path, result_file: Path) -> None:
     split = [*model_args, "--variant", "replayssm_split", "--mode", "default", "--batches", "4,8", "--out", str(steps)]
     baseline = [*model_args, "--batches", "4", "--repeats", "1", "--out", str(steps)]
     profile = [*model_args, "--variant", "replayssm_fp32", "--batches", "4", "--out", str(out / "profile")]
+    both = [*model_args, "--variant", "replayssm_fp32", "--batches", "4", "--out", str(out / "both"),
+            "--step-batches", "4,8", "--steps-out", str(out / "both_steps.json"), "--repeats", "1"]  # fmt: skip
     result = {
         "split": run(engine_step.main, split),
         "baseline": run(engine_step.main, baseline),
         "profile": run(step_profile.main, profile),
+        "both": run(step_profile.main, both),
+        "both_steps_file": json.loads((out / "both_steps.json").read_text()),
+        "both_profile_file": json.loads((out / "both" / "step_profile.json").read_text()),
         "steps_file": json.loads(steps.read_text()),
         "profile_file": json.loads((out / "profile" / "step_profile.json").read_text()),
         "profile_md": (out / "profile" / "step_profile.md").read_text(),
