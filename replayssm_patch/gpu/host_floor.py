@@ -8,6 +8,8 @@ keeps every layer, the layer pattern, d_state and the vocabulary, and shrinks th
 `engine_step --model <floor dir>` measures that floor per batch and arm with the same clock as the real rows:
 
     python3 -m replayssm_patch.gpu.host_floor --model /tmp/model --out /tmp/model-floor   # then make-tokenizer.py
+
+Nemotron-H (Mamba-2) and Qwen3.5 (Gated DeltaNet) have floor widths: replayssm.sh floor:V and gdnfloor:V.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 
 # Nemotron-H: hidden 4096 -> 256 with Mamba-2 heads 128 -> 8 (8 groups of 1 head, head_dim 64: 8 * 64 = 2 * 256,
 # the mixer's expand), attention 32 -> 2 query heads and 8 -> 1 KV head of head_dim 128, MLP 21504 -> 512.
+# Qwen3.5 (its text_config): hidden 2560 -> 256, Gated DeltaNet heads 16 key / 32 value -> 2 / 4 of 128 x 128 state
+# each, attention 16 -> 2 query heads and 4 -> 1 KV head of head_dim 256, MLP 9216 -> 512.
 FLOOR_WIDTHS: dict[str, dict[str, int]] = {
     "nemotron_h": {
         "hidden_size": 256,
@@ -29,6 +33,14 @@ FLOOR_WIDTHS: dict[str, dict[str, int]] = {
         "mamba_num_heads": 8,
         "mamba_n_groups": 8,
     },
+    "qwen3_5": {
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+    },
 }
 
 
@@ -37,20 +49,28 @@ class FloorConfigError(ValueError):
 
 
 def floor_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The model's config at the floor widths (layers, pattern, d_state, head dims and vocabulary unchanged)."""
+    """The model's config at the floor widths (layers, pattern, state and head dims and vocabulary unchanged); a
+    multimodal config (Qwen3.5) has its language model's widths in text_config, and only those change."""
     widths = FLOOR_WIDTHS.get(config.get("model_type", ""))
     if widths is None:
         raise FloorConfigError(
             f"model_type {config.get('model_type')!r} has no floor widths; supported: {', '.join(FLOOR_WIDTHS)}"
         )
-    floor = config | widths
-    heads = floor["mamba_num_heads"]
-    if (
-        heads * floor["mamba_head_dim"] != floor.get("mamba_expand", 2) * floor["hidden_size"]
-        or heads % floor["mamba_n_groups"]
-    ):
+    nested = "text_config" in config
+    floor = (config["text_config"] if nested else config) | widths
+    if not widths_consistent(floor):
         raise FloorConfigError(f"floor widths inconsistent with {config.get('model_type')}: fix FLOOR_WIDTHS")
-    return floor
+    return config | {"text_config": floor} if nested else floor
+
+
+def widths_consistent(floor: dict[str, Any]) -> bool:
+    """The constraints the model's layers put on the widths: Mamba-2 heads x head_dim = expand x hidden in groups;
+    Gated DeltaNet value heads in whole groups per key head."""
+    if "mamba_num_heads" in floor:
+        heads = floor["mamba_num_heads"]
+        expand = floor.get("mamba_expand", 2)
+        return heads * floor["mamba_head_dim"] == expand * floor["hidden_size"] and not heads % floor["mamba_n_groups"]
+    return not floor["linear_num_value_heads"] % floor["linear_num_key_heads"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,8 +43,9 @@ case ${MODEL:-nemotron} in
   qwen35) MODEL_DIR=/tmp/model-qwen35 SUFFIX=-qwen3.5-4b ;;
   qwen35moe) MODEL_DIR=/tmp/model-qwen35moe SUFFIX=-qwen3.5-35b-a3b ;;
   floor) MODEL_DIR=/tmp/model-floor SUFFIX=-floor ;;  # Nemotron-H-8B's host floor (replayssm.sh floor:VARIANT)
+  qwen35floor) MODEL_DIR=/tmp/model-qwen35-floor SUFFIX=-qwen3.5-4b-floor ;;  # Qwen3.5-4B's (gdnfloor:VARIANT)
   mtp) MODEL_DIR=/tmp/model-mtp SUFFIX=-nemotron-h-8b-mtp ;;  # served with MTP speculation (serve adds it)
-  *) echo "MODEL=$MODEL: use MODEL=nemotron (the default), MODEL=qwen35, MODEL=qwen35moe, MODEL=floor or MODEL=mtp"
+  *) echo "MODEL=$MODEL: use MODEL=nemotron (the default), MODEL=qwen35, MODEL=qwen35moe, MODEL=floor, MODEL=qwen35floor or MODEL=mtp"
      exit 2 ;;
 esac
 # PROMPT_TOKENS=N: the engine-side scripts' prompt length (default 1024), into files of their own (-pN)

@@ -25,9 +25,27 @@ def test_floor_keeps_layers_pattern_and_state_sizes_and_shrinks_the_widths(tmp_p
     assert "wrote the host-floor config" in capsys.readouterr().out
 
 
+def test_qwen35_floor_shrinks_the_language_model_and_keeps_its_gdn_state_and_pattern(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    real = json.loads((HERE / "qwen3_5_4b_config.json").read_text())
+    (model / "config.json").write_text(json.dumps(real))
+    assert main(["--model", str(model), "--out", str(tmp_path / "floor")]) == 0
+    floor = json.loads((tmp_path / "floor" / "config.json").read_text())
+    text, real_text = floor["text_config"], real["text_config"]
+    kept = ("num_hidden_layers", "layer_types", "linear_key_head_dim", "linear_value_head_dim", "head_dim",
+            "vocab_size", "rope_parameters", "mamba_ssm_dtype")  # fmt: skip
+    assert {k: text[k] for k in kept} == {k: real_text[k] for k in kept}
+    assert (text["hidden_size"], text["linear_num_key_heads"], text["linear_num_value_heads"]) == (256, 2, 4)
+    assert real_text["hidden_size"] == 10 * text["hidden_size"] and floor["architectures"] == real["architectures"]
+    assert {k: v for k, v in floor.items() if k != "text_config"} == {
+        k: v for k, v in real.items() if k != "text_config"
+    }
+
+
 def test_unsupported_model_type_is_one_error_line(tmp_path, capsys):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     assert main(["--model", str(tmp_path), "--out", str(tmp_path / "floor")]) == 2
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and "'qwen3_5' has no floor widths; supported: nemotron_h" in out[0]
+    assert len(out) == 1 and "'llama' has no floor widths; supported: nemotron_h, qwen3_5" in out[0]
     assert not (tmp_path / "floor").exists(), "nothing written for a config it cannot shrink"

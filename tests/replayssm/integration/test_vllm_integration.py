@@ -115,6 +115,15 @@ def test_host_floor_config_is_a_model_vllm_024_builds_with_every_layer(llm_args)
     assert floor["replayssm"]["enable"] is True and floor["mamba_ssm_cache_dtype"] == "float32"
 
 
+def test_qwen35_host_floor_config_is_a_model_vllm_024_builds_with_every_layer(llm_args):
+    """Qwen3.5-4B's floor keeps its 32 layers (24 GDN, 8 attention) at hidden 256, text only as the gdn:V engine."""
+    real, floor = llm_args["qwen/replayssm_fp32"], llm_args["qwen_floor"]
+    assert (real["hidden_size"], real["layers"]) == (2560, 32)
+    assert (floor["hidden_size"], floor["layers"]) == (256, 32)
+    assert floor["replayssm"]["enable"] is True and floor["language_model_only"] == real["language_model_only"]
+    assert floor["gdn_prefill_backend"] == real["gdn_prefill_backend"]
+
+
 SPEC_ARM_RATES = [("native_standard", None), ("native_spec", [1.0, 1.0, 0.0]), ("replayssm_standard", None),
                   ("replayssm_spec", [1.0, 0.8, 0.0])]  # fmt: skip
 

@@ -102,6 +102,11 @@ def main(model_dir: Path, mtp_dir: Path, qwen_dir: Path, result: Path) -> None:
     floor_argv = ["--model", str(floor_dir), "--variant", "replayssm_fp32", "--mode", "default"]
     floor_args = engine_step.parser().parse_args([*floor_argv, "--out", str(result.parent / "unused.json")])
     out["floor"] = constructed(engine_step.llm_kwargs(floor_args))
+    qwen_floor = result.parent / "qwen-floor"
+    assert host_floor.main(["--model", str(qwen_dir), "--out", str(qwen_floor)]) == 0
+    qwen_floor_argv = ["--model", str(qwen_floor), "--variant", "replayssm_fp32", "--mode", "default"]
+    qwen_floor_args = engine_step.parser().parse_args([*qwen_floor_argv, "--out", str(result.parent / "unused.json")])
+    out["qwen_floor"] = constructed(engine_step.llm_kwargs(qwen_floor_args))
     for variant in ("baseline", "replayssm_fp32"):  # the gdn:V jobs' engine (Qwen3.5: text only, Triton GDN prefill)
         qwen_argv = ["--model", str(qwen_dir), "--variant", variant, "--mode", "default"]
         qwen_args = engine_step.parser().parse_args([*qwen_argv, "--out", str(result.parent / "unused.json")])
