@@ -55,6 +55,7 @@ SHORT_TOKENS, LONG_TOKENS = 16, 272
 PROMPT_TOKENS = 1024
 REPEATS = 3
 DEFAULT_BATCHES = (64, 256)
+FIT = "fit"  # in --batches: the largest batch the engine's KV cache holds, known once it has started
 FIRST_TOKEN_ID = 10  # ids below are the tokenizer's specials (../shared/gpu/make-tokenizer.py: pad, bos, eos, unk)
 G = TypeVar("G")  # what one timed generate gives (engine_step: Generated; spec_step: it with the counters)
 T = TypeVar("T")
@@ -70,7 +71,8 @@ WHAT = (
     "steps beside other requests' prefill). Written by replayssm_patch/gpu/engine_step.py."
 )
 
-ROW_FACTS = ("replayssm_layers", "launch_shapes", "profiler_configured", "startup_s", "gpu", "vllm", "date")
+ROW_FACTS = ("replayssm_layers", "launch_shapes", "profiler_configured", "max_concurrency", "startup_s", "gpu", "vllm",
+             "date")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -83,15 +85,54 @@ class Repeat:
     window: DecodeWindow | None = None
 
 
-def parse_batches(text: str) -> tuple[int, ...]:
-    """'64,256' -> (64, 256); argparse shows a bad value's message as one line."""
+def parse_batches(text: str) -> tuple[int | str, ...]:
+    """'64,256' -> (64, 256), 'fit' standing for the largest batch the engine holds (resolved_batches);
+    argparse shows a bad value's message as one line."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
     try:
-        batches = tuple(int(part) for part in text.split(",") if part.strip())
+        batches = tuple(part if part == FIT else int(part) for part in parts)
     except ValueError:
         batches = ()
-    if not batches or min(batches) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give positive batch sizes joined by commas, e.g. 64,256")
+    if not batches or min((b for b in batches if b != FIT), default=1) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give positive batch sizes joined by commas, e.g. 64,256, or {FIT} for the largest that fits"
+        )
     return batches
+
+
+def sized_batches(args: argparse.Namespace) -> list[int]:
+    """The batches known before start-up: the numbers given, and --max-num-seqs standing in for `fit`."""
+    return [b if b != FIT else args.max_num_seqs for b in args.batches]
+
+
+def resolved_batches(batches: Sequence[int | str], concurrency: float | None, max_num_seqs: int) -> list[int]:
+    """``batches`` with `fit` as the largest batch the engine holds: vLLM's maximum concurrency (requests of
+    max_model_len tokens its KV cache holds, so a run's shorter requests fit too), at most --max-num-seqs;
+    repeats dropped, order kept. `fit` is dropped, after a line saying so, when vLLM gave no concurrency."""
+    resolved = []
+    for batch in batches:
+        if batch == FIT:
+            if concurrency is None:
+                print(f"skipped {FIT}: vLLM reported no maximum concurrency", flush=True)
+                continue
+            batch = min(int(concurrency), max_num_seqs)
+            print(f"{FIT}: batch {batch} (vLLM's maximum concurrency {concurrency:.1f}, --max-num-seqs "
+                  f"{max_num_seqs})", flush=True)  # fmt: skip
+        if batch not in resolved:
+            resolved.append(int(batch))
+    return resolved
+
+
+def engine_batches(llm: Any, args: argparse.Namespace, batches: Sequence[int | str] | None = None) -> list[int]:
+    """``batches`` (default --batches) as the started engine runs them: `fit` resolved (resolved_batches)."""
+    return resolved_batches(args.batches if batches is None else batches, max_concurrency(llm), args.max_num_seqs)
+
+
+def max_concurrency(llm: Any) -> float | None:
+    """vLLM's "Maximum concurrency for N tokens per request" (N = max_model_len), as its engine core computed it
+    from the KV-cache config and handed the front end (cache_config.kv_cache_max_concurrency)."""
+    concurrency = llm.llm_engine.vllm_config.cache_config.kv_cache_max_concurrency
+    return None if concurrency is None else round(concurrency, 2)
 
 
 def step_ms(t_short_s: float, t_long_s: float, short: int = SHORT_TOKENS, long: int = LONG_TOKENS) -> float:
@@ -120,7 +161,7 @@ def capture_sizes(args: argparse.Namespace) -> list[int]:
     """The token counts of the measured steps: B per decode step, and also B·(1 + k) per verify step when the run
     speculates (spec_step's arms set args.speculative and args.spec_tokens)."""
     per_row = (1, 1 + args.spec_tokens) if getattr(args, "speculative", False) else (1,)
-    return sorted({batch * tokens for batch in args.batches for tokens in per_row})
+    return sorted({batch * tokens for batch in sized_batches(args) for tokens in per_row})
 
 
 def compilation_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -216,7 +257,8 @@ def engine_options(p: argparse.ArgumentParser, variant: bool = True) -> argparse
     if variant:
         p.add_argument("--variant", choices=list(VARIANTS), default="baseline")
     p.add_argument("--mode", choices=list(MODES), default="O0", help="O0: -O0 + FULL_DECODE_ONLY; default: vLLM's")
-    p.add_argument("--batches", type=parse_batches, default=DEFAULT_BATCHES, help="comma-separated [64,256]")
+    p.add_argument("--batches", type=parse_batches, default=DEFAULT_BATCHES,
+                   help=f"comma-separated [64,256]; {FIT}: the largest batch the engine's KV cache holds")  # fmt: skip
     p.add_argument("--gpu-memory-utilization", type=float, default=0.45, help="0.45 leaves room for a server")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=4096)
@@ -242,8 +284,9 @@ def engine_problem(args: argparse.Namespace) -> str | None:
     """One line naming a bad engine option and its fix, or None."""
     if not (args.model / "config.json").exists():
         return f"{args.model / 'config.json'} missing; give --model a dir holding the model's config.json"
-    if max(args.batches) > args.max_num_seqs:
-        return f"batch {max(args.batches)} exceeds --max-num-seqs {args.max_num_seqs}; raise it or drop the batch"
+    if max(sized_batches(args)) > args.max_num_seqs:
+        biggest = max(sized_batches(args))
+        return f"batch {biggest} exceeds --max-num-seqs {args.max_num_seqs}; raise it or drop the batch"
     if args.prompt_tokens < 1:
         return f"--prompt-tokens must be at least 1 (got {args.prompt_tokens})"
     if args.max_model_len < args.prompt_tokens + LONG_TOKENS:
@@ -502,7 +545,7 @@ def start_engine(args: argparse.Namespace, name: str | None = None, **extra: Any
     layers = replay_layers(llm)
     facts |= {"startup_s": round(time.monotonic() - began, 1), "replayssm_layers": layers,
               "launch_shapes": launch_shapes_of(args.variant, facts["gpu"]),
-              "profiler_configured": "profiler_config" in extra}  # fmt: skip
+              "profiler_configured": "profiler_config" in extra, "max_concurrency": max_concurrency(llm)}  # fmt: skip
     shown = name or f"{args.variant} {args.mode}"
     print(f"{shown}: engine up in {facts['startup_s']} s, ReplaySSM layers: {layers}", flush=True)
     wrong = layers_problem(args.variant, layers)
@@ -525,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     llm, facts = started
     command = command_line("replayssm_patch.gpu.engine_step", argv)
-    invalid = measure_rows(llm, args, args.batches, args.out, command, facts, began, args.budget_s)
+    invalid = measure_rows(llm, args, engine_batches(llm, args), args.out, command, facts, began, args.budget_s)
     return 1 if invalid else 0  # invalid rows are kept (with their problems), but the run says it failed
 
 

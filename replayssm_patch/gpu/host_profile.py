@@ -32,6 +32,7 @@ from replayssm_patch.gpu.engine_step import (
     LONG_TOKENS,
     SHORT_TOKENS,
     command_line,
+    engine_batches,
     engine_options,
     engine_problem,
     out_problem,
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     llm, facts = started
     vocab_size = llm.llm_engine.model_config.get_vocab_size()
-    for batch in args.batches:
+    for batch in engine_batches(llm, args):
         row = measure_batch(llm, args, batch, vocab_size) | {k: facts[k] for k in ("gpu", "vllm", "date")}
         payload = record_row(args.out, row, WHAT, command_line("replayssm_patch.gpu.host_profile", argv), facts)
         args.out.with_suffix(".md").write_text(summary_markdown(payload["rows"]))

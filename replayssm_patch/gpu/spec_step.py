@@ -57,6 +57,7 @@ from replayssm_patch.gpu.engine_step import (
     SHORT_TOKENS,
     Generated,
     command_line,
+    engine_batches,
     engine_options,
     engine_problem,
     out_problem,
@@ -343,9 +344,7 @@ def counted_generate(llm: Any, prompts: list[list[int]], tokens: int) -> Counted
 def kv_capacity(llm: Any) -> dict[str, Any]:
     """vLLM's KV-cache capacity as its engine core computed it (module docstring): requests of max_model_len."""
     config = llm.llm_engine.vllm_config
-    concurrency = config.cache_config.kv_cache_max_concurrency
     return {
-        "max_concurrency": None if concurrency is None else round(concurrency, 2),
         "kv_cache_tokens": config.cache_config.kv_cache_size_tokens,
         "num_gpu_blocks": config.cache_config.num_gpu_blocks,
         "max_model_len": config.model_config.max_model_len,
@@ -381,7 +380,7 @@ def run_engine(args: argparse.Namespace, argv: Sequence[str]) -> int:
           f"request, KV cache {facts['kv_cache_tokens']} tokens", flush=True)  # fmt: skip
     vocab_size = llm.llm_engine.model_config.get_vocab_size()
     invalid = 0
-    for batch in within_budget(args.batches, args.budget_s, began):
+    for batch in within_budget(engine_batches(llm, args), args.budget_s, began):
         row = measure_batch(llm, args, batch, vocab_size) | {k: facts[k] for k in ROW_FACTS}
         record_row(args.out, row, WHAT, command_line(MODULE, list(argv)), facts, SPEC_KEY)
         print(row_line(row), flush=True)

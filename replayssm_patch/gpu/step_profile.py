@@ -32,6 +32,7 @@ from replayssm_patch.gpu.engine_step import (
     REPEATS,
     SHORT_TOKENS,
     command_line,
+    engine_batches,
     engine_options,
     engine_problem,
     measure_rows,
@@ -100,14 +101,13 @@ def steps_problem(args: argparse.Namespace) -> str | None:
         return None
     if args.repeats < 1:
         return f"--repeats must be at least 1 (got {args.repeats})"
-    if max(args.step_batches) > args.max_num_seqs:
-        return f"batch {max(args.step_batches)} exceeds --max-num-seqs {args.max_num_seqs}; raise it or drop the batch"
-    return out_problem(args.steps_out, STEP_WHAT, args.prompt_tokens)
+    return engine_problem(engine_args(args)) or out_problem(args.steps_out, STEP_WHAT, args.prompt_tokens)
 
 
 def engine_args(args: argparse.Namespace) -> argparse.Namespace:
     """The run's options with --batches covering both lists, so CUDA graphs are captured at every batch run."""
-    return argparse.Namespace(**{**vars(args), "batches": tuple(sorted({*args.batches, *(args.step_batches or ())}))})
+    both = tuple(dict.fromkeys((*args.batches, *(args.step_batches or ()))))
+    return argparse.Namespace(**{**vars(args), "batches": both})
 
 
 def profile_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: int, trace_dir: Path) -> dict:
@@ -160,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     command = command_line("replayssm_patch.gpu.step_profile", argv)
     failed = False
     if args.step_batches is not None:
-        failed |= measure_rows(llm, args, args.step_batches, args.steps_out, command, facts, began) > 0
-    for batch in args.batches:
+        steps = engine_batches(llm, args, args.step_batches)
+        failed |= measure_rows(llm, args, steps, args.steps_out, command, facts, began) > 0
+    for batch in engine_batches(llm, args):
         row = profile_batch(llm, args, batch, vocab_size, trace_dir)
         row |= {k: facts[k] for k in ("replayssm_layers", "gpu", "vllm", "date")}
         record_row(args.out / "step_profile.json", row, WHAT, command, facts)

@@ -27,6 +27,7 @@ from replayssm_patch.gpu.engine_step import (
     parser,
     prompt_token_ids,
     repeat_order,
+    resolved_batches,
     row_line,
     run_checks,
     sampling_kwargs,
@@ -55,7 +56,21 @@ def test_batches_parse_from_a_comma_list_and_bad_ones_are_one_line(tmp_path, cap
     with pytest.raises(SystemExit):
         _args(tmp_path, "--batches", "64,x")
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "--batches" in err and "64,256" in err
+    assert "--batches" in err and "64,256" in err and "fit" in err
+
+
+def test_fit_is_resolved_to_the_largest_batch_the_engine_holds(tmp_path, capsys):
+    """`fit` captures graphs up to --max-num-seqs, then runs vLLM's maximum concurrency (at most --max-num-seqs)."""
+    args = _args(tmp_path, "--batches", "64,fit", "--max-num-seqs", "300")
+    assert args.batches == (64, "fit") and llm_kwargs(args)["compilation_config"]["cudagraph_capture_sizes"] == [
+        64,
+        300,
+    ]
+    assert resolved_batches(args.batches, 227.6, 300) == [64, 227]
+    assert resolved_batches(args.batches, 655.0, 300) == [64, 300] and resolved_batches((64, "fit"), 64.2, 256) == [64]
+    assert "fit: batch 300 (vLLM's maximum concurrency 655.0, --max-num-seqs 300)" in capsys.readouterr().out
+    assert resolved_batches(args.batches, None, 300) == [64]
+    assert capsys.readouterr().out.strip() == "skipped fit: vLLM reported no maximum concurrency"
 
 
 def test_step_is_the_extra_tokens_time_per_extra_token():

@@ -327,6 +327,15 @@ def test_step_profile_measures_engine_step_rows_first_in_the_same_engine(engine_
     assert (profiled["batch"], profiled["steps"]) == (4, 16)
 
 
+def test_engine_step_fit_runs_the_largest_batch_the_engine_holds(engine_flow):
+    """`--batches fit`: graphs up to --max-num-seqs, then the batch of vLLM's maximum concurrency (6.5 -> 6)."""
+    fit = engine_flow["fit"]
+    assert fit["exit"] == 0 and fit["kwargs"]["compilation_config"].endswith("'cudagraph_capture_sizes': [256]}")
+    assert {c["batch"] for c in fit["calls"]} == {6}
+    (row,) = engine_flow["fit_steps_file"]["rows"]
+    assert (row["batch"], row["max_concurrency"], row["valid"], row["window_steps"]) == (6, 6.5, True, 269)
+
+
 def test_entry_point_is_declared_and_loads(checks):
     assert checks["entry_point"] == "replayssm_patch:register"
     assert checks["disabled"]["model_class"] == "ReplayNemotronHForCausalLM"  # registered by load_general_plugins

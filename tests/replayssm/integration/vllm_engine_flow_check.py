@@ -35,6 +35,7 @@ class ReplayMambaMixer2(torch.nn.Module):
 
 
 PREFILL_ROWS_PER_STEP = 2  # 2048 batched tokens of 1024-token prompts
+CONCURRENCY = 6.5  # vLLM's maximum concurrency the stand-in engine reports: `--batches fit` runs 6 requests
 PREFILL_STEP_S, DECODE_STEP_S = 0.040, 0.005  # the stand-in engine core's clock: what the decode window must read
 
 
@@ -48,7 +49,10 @@ class StandInEngine:
     def __init__(self, llm: StandInLLM):
         self.llm, self.waiting, self.running = llm, [], []
         self.model_config = SimpleNamespace(get_vocab_size=lambda: VOCAB)
-        self.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_batched_tokens=2048))
+        self.vllm_config = SimpleNamespace(
+            scheduler_config=SimpleNamespace(max_num_batched_tokens=2048),
+            cache_config=SimpleNamespace(kv_cache_max_concurrency=CONCURRENCY),
+        )
         self.clock = 1000.0
         self.admit_per_step, self.tokens_per_step, self.wall_s_per_step = PREFILL_ROWS_PER_STEP, 1, 0.0
         self.on_step = None
@@ -162,12 +166,15 @@ def main(model: Path, result_file: Path) -> None:
     split = [*model_args, "--variant", "replayssm_split", "--mode", "default", "--batches", "4,8", "--out", str(steps)]
     baseline = [*model_args, "--batches", "4", "--repeats", "1", "--out", str(steps)]
     profile = [*model_args, "--variant", "replayssm_fp32", "--batches", "4", "--out", str(out / "profile")]
+    fit = [*model_args, "--batches", "fit", "--repeats", "1", "--out", str(out / "fit_steps.json")]
     both = [*model_args, "--variant", "replayssm_fp32", "--batches", "4", "--out", str(out / "both"),
             "--step-batches", "4,8", "--steps-out", str(out / "both_steps.json"), "--repeats", "1"]  # fmt: skip
     result = {
         "split": run(engine_step.main, split),
         "baseline": run(engine_step.main, baseline),
         "profile": run(step_profile.main, profile),
+        "fit": run(engine_step.main, fit),
+        "fit_steps_file": json.loads((out / "fit_steps.json").read_text()),
         "both": run(step_profile.main, both),
         "both_steps_file": json.loads((out / "both_steps.json").read_text()),
         "both_profile_file": json.loads((out / "both" / "step_profile.json").read_text()),
