@@ -85,7 +85,28 @@ def setting_table(rows: Sequence[dict[str, Any]], setting: Setting) -> list[str]
         cells += [_times(speed_ratio(by_arm.get(a), by_arm.get(b))) for a, b in RATIOS]
         cells.append(concurrency(by_arm.get("native_spec"), by_arm.get("replayssm_spec")))
         lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    return lines + at_capacity(mine)
+
+
+def _largest_valid(rows: Sequence[dict[str, Any]], arm: str) -> dict[str, Any] | None:
+    valid = [r for r in rows if r["arm"] == arm and r["valid"] and r.get("tokens_per_s")]
+    return max(valid, key=lambda r: r["batch"], default=None)
+
+
+def at_capacity(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Each spec arm at the largest valid batch it ran (a `fit` batch is its capacity) and the ratio: the
+    comparison a capacity gain makes, which the per-batch ratios cannot show where native does not fit."""
+    native, replay = _largest_valid(rows, "native_spec"), _largest_valid(rows, "replayssm_spec")
+    if native is None or replay is None or native["batch"] == replay["batch"]:
+        return []
+
+    def shown(row: dict[str, Any]) -> str:
+        full = row.get("max_concurrency") is not None and row["batch"] >= int(row["max_concurrency"])
+        return f"batch {row['batch']}{' (its capacity)' if full else ''}: {row['tokens_per_s']:,.0f} tok/s"
+
+    ratio = replay["tokens_per_s"] / native["tokens_per_s"]
+    return ["", f"Largest batch each ran: native spec {shown(native)}; ReplaySSM spec {shown(replay)}; "
+            f"ReplaySSM spec / native spec {ratio:.2f}×."]  # fmt: skip
 
 
 def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:

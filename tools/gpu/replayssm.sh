@@ -28,7 +28,8 @@
 #                    start-up; a decode step replays a full graph in both modes) -> host_profile-h200-floor.json
 #   spec:ARM         issue 17: speculative decoding on the engine (spec_step.py) of ARM (native_standard native_spec
 #                    replayssm_standard replayssm_spec) on /tmp/model-mtp at batch 64, 128, 256, k = SPEC_TOKENS [3];
-#                    a spec arm at AL 3.0, or one engine per AL of SWEEP_AL, none started in the call's last 120 s
+#                    a spec arm at AL 3.0, or one engine per AL of SWEEP_AL, none started in the call's last 120 s;
+#                    SPEC_BATCHES=64,128,256,fit MAX_NUM_SEQS=768 adds the largest batch the arm holds
 #   onegpu:STAGE     a stage of onegpu.sh with what is left of the call: agree (greedy cross-arm agreement, both
 #                    servers at 0.45), moe (qwen3.5-35b-a3b served with the plugin, a replay with exact lengths)
 # e.g. replayssm.sh setup kernels engine:replayssm_fp32 gdn:baseline gdn:replayssm_fp32 floor:baseline \
@@ -107,7 +108,8 @@ run_job() {
       MODEL=$model STEP_BATCHES=$ALL_BATCHES REPEATS=${REPEATS:-5} ENGINE_TIMEOUT_S=$(($(left) - 25)) \
         $S profile "$variant" 0 64,256 ;;
     spec)
-      SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} ENGINE_TIMEOUT_S=$(($(left) - 25)) $S spec "$variant" 0 ;;
+      SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} ENGINE_TIMEOUT_S=$(($(left) - 25)) \
+        $S spec "$variant" 0 "${SPEC_BATCHES:-64,128,256}" ;;
     onegpu) env -u MAX_LEN -u ENGINE_UTIL CALL_S=$(($(left) - 10)) bash tools/gpu/onegpu.sh "$variant" ;;  # its own sizes
     *) echo "unknown job $1"; return 2 ;;
   esac

@@ -48,7 +48,8 @@ case ${MODEL:-nemotron} in
   *) echo "MODEL=$MODEL: use MODEL=nemotron (the default), MODEL=qwen35, MODEL=qwen35moe, MODEL=floor, MODEL=qwen35floor or MODEL=mtp"
      exit 2 ;;
 esac
-# PROMPT_TOKENS=N: the engine-side scripts' prompt length (default 1024), into files of their own (-pN)
+# PROMPT_TOKENS=N: the engine-side scripts' prompt length (default 1024), into files of their own (-pN);
+# MAX_NUM_SEQS=N: their --max-num-seqs (default 256), which caps a `fit` batch (the largest the KV cache holds)
 SUFFIX=$SUFFIX${PROMPT_TOKENS:+-p$PROMPT_TOKENS}
 mkdir -p "$STATE" "$RES" /tmp/pkg
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$ROOT VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -137,7 +138,7 @@ on_gpu() {  # MODULE NAME GPU BATCHES OUT SHOWN [ARGS...]: one engine-side scrip
   CUDA_VISIBLE_DEVICES=$gpu timeout "${ENGINE_TIMEOUT_S:-540}" python3 -m "replayssm_patch.gpu.$module" \
     --model "${ENGINE_MODEL:-$MODEL_DIR}" --mode "$MODE" --batches "$batches" \
     --gpu-memory-utilization "${ENGINE_UTIL:-0.45}" --max-model-len "${MAX_LEN:-8192}" --out "$out" \
-    ${PROMPT_TOKENS:+--prompt-tokens "$PROMPT_TOKENS"} "$@" > "$log" 2>&1
+    ${PROMPT_TOKENS:+--prompt-tokens "$PROMPT_TOKENS"} ${MAX_NUM_SEQS:+--max-num-seqs "$MAX_NUM_SEQS"} "$@" > "$log" 2>&1
   echo "$module $name $MODE exit $?"; grep -E "$shown|^error" "$log"
 }
 

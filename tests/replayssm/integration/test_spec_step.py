@@ -252,6 +252,16 @@ def test_summary_table_has_each_arm_and_the_issues_ratios_per_batch():
     assert "| 256 | 10,000 (10.00 ms) | – | – | 4,000 (10.00 ms, AL 1.00) | – | 0.40× |" in al1
 
 
+def test_summary_compares_each_spec_arm_at_the_largest_batch_it_ran():
+    """Native spec holds 227 requests, ReplaySSM spec 655: a `fit` row each, compared beside the per-batch table."""
+    rows = [*SUMMARY_ROWS[:4], _summary_row("native_spec", 227, 10700.0, measured=2.8, concurrency=227.4),
+            _summary_row("replayssm_spec", 655, 16050.0, measured=2.8, concurrency=655.9)]  # fmt: skip
+    text = summary_markdown(rows)
+    assert ("Largest batch each ran: native spec batch 227 (its capacity): 10,700 tok/s; ReplaySSM spec batch 655 "
+            "(its capacity): 16,050 tok/s; ReplaySSM spec / native spec 1.50×.") in text  # fmt: skip
+    assert "Largest batch" not in summary_markdown(SUMMARY_ROWS[:4]), "same largest batch: the table says it"
+
+
 def test_summarise_prints_the_file_and_refuses_an_empty_one(tmp_path, capsys):
     out = tmp_path / "spec.json"
     for row in SUMMARY_ROWS:
