@@ -14,21 +14,27 @@ import os
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 HBM_BYTES_PER_S = 4.3e12  # H200
 TARGET_REL_ERR = 1e-4  # fp32 checkpoint vs the baseline, relative to the largest |value|
 
 
-class Effort(Protocol):
-    """How hard ``seconds_per_call`` works (a benchmark's Plan has these fields)."""
+@dataclass(frozen=True)
+class BenchPlan:
+    """What every kernel benchmark's plan holds besides its layer's shapes: the ring, the equivalence run and how
+    hard ``seconds_per_call`` works. Each benchmark's Plan adds its shapes (and sweeps) to these."""
 
-    warmup: int
-    graph_calls: int  # calls captured per CUDA graph
-    repeats: int  # graph replays timed
+    buffer_len: int = 16
+    eq_batch: int = 256
+    eq_steps: int = 2000
+    batches: tuple[int, ...] = (64, 128, 256)
+    warmup: int = 3
+    graph_calls: int = 20  # calls captured per CUDA graph
+    repeats: int = 5  # graph replays timed
 
 
 def pick_device(smoke: bool) -> str | None:
@@ -43,7 +49,7 @@ def pick_device(smoke: bool) -> str | None:
     return "cpu"
 
 
-def bench_meta(plan: Any, device: str) -> dict[str, Any]:
+def bench_meta(plan: BenchPlan, device: str) -> dict[str, Any]:
     """The plan (a dataclass) and the software and device it ran on."""
     import torch
     import triton
@@ -94,7 +100,7 @@ class BenchRun(NamedTuple):
     """What a benchmark's main works with once its options are read."""
 
     args: argparse.Namespace
-    plan: Any
+    plan: BenchPlan
     device: str
     report: Report
 
@@ -103,7 +109,7 @@ def open_bench(
     argv: list[str] | None,
     description: str,
     stem: str,
-    plans: tuple[Any, Any],
+    plans: tuple[BenchPlan, BenchPlan],
     render: Callable[[dict[str, Any]], str],
     sweep_help: str,
 ) -> BenchRun | None:
@@ -148,7 +154,7 @@ def section_markdown(
     return [f"## {title}", "", *([f"FAILED: {section['error']}", ""] if section["status"] != "ok" else body(section))]
 
 
-def seconds_per_call(call: Callable[[], Any], effort: Effort, device: str) -> float:
+def seconds_per_call(call: Callable[[], Any], effort: BenchPlan, device: str) -> float:
     """Mean seconds per call: on CUDA a graph of `graph_calls` back-to-back calls, replayed and event-timed."""
     import torch
 
@@ -213,7 +219,7 @@ def paged_tensors(shapes: Any, dtypes: Any, slots: int, device: str) -> list[Any
 class TimedCalls:
     """One batch's timed calls by name, in order; a call that fails is logged and left out, keeping the others."""
 
-    def __init__(self, stem: str, effort: Effort, device: str, batch: int) -> None:
+    def __init__(self, stem: str, effort: BenchPlan, device: str, batch: int) -> None:
         self.stem, self.effort, self.device, self.batch = stem, effort, device, batch
         self.measured: dict[str, tuple[float, float]] = {}  # name -> (seconds, bytes it must move)
 

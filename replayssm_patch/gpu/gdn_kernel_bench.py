@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from replayssm_patch.gpu.bench_common import (
     TARGET_REL_ERR,
+    BenchPlan,
     TimedCalls,
     compiled_registers,
     error_summary,
@@ -57,20 +58,13 @@ PAD = -1  # ReplaySSM's padding rows
 
 
 @dataclass(frozen=True)
-class Plan:
-    """Shapes and effort of one benchmark run."""
+class Plan(BenchPlan):
+    """The Qwen3.5-4B GDN layer's shapes and the launch shapes swept, beside the common effort."""
 
     num_k_heads: int = 16
     num_v_heads: int = 32
     head_k_dim: int = 128
     head_v_dim: int = 128
-    buffer_len: int = 16
-    eq_batch: int = 256
-    eq_steps: int = 2000
-    batches: tuple[int, ...] = (64, 128, 256)
-    warmup: int = 3
-    graph_calls: int = 20
-    repeats: int = 5
     replay_shapes: tuple[tuple[int, int], ...] = tuple((v, w) for v in (16, 32, 64) for w in (2, 4, 8))
     fold_shapes: tuple[tuple[int, int], ...] = ((16, 4), (16, 8), (32, 4), (32, 8))
 

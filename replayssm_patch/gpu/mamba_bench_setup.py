@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from replayssm_patch.gpu.bench_common import paged_tensors, probe_problem
+from replayssm_patch.gpu.bench_common import BenchPlan, paged_tensors, probe_problem
 
 if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET must be decided first
     import torch
@@ -24,20 +24,13 @@ PAD = -1
 
 
 @dataclass(frozen=True)
-class Plan:
-    """Shapes and effort of one benchmark run."""
+class Plan(BenchPlan):
+    """The Nemotron-H-8B layer's shapes and the replay step's launch shapes swept, beside the common effort."""
 
     nheads: int = 128
     head_dim: int = 64
     d_state: int = 128
     ngroups: int = 8
-    buffer_len: int = 16
-    eq_batch: int = 256
-    eq_steps: int = 2000
-    batches: tuple[int, ...] = (64, 128, 256)
-    warmup: int = 3
-    graph_calls: int = 20  # calls captured per CUDA graph
-    repeats: int = 5  # graph replays timed
     # (block_p, block_n, num_warps) of the replay step: 1-2-warp programs as vLLM's SSU uses, a few wider ones
     step_configs: tuple[tuple[int, int, int], ...] = (
         (4, 128, 1), (8, 64, 1), (8, 128, 1), (16, 32, 1), (16, 64, 1), (16, 128, 1), (16, 64, 2), (32, 64, 2),
