@@ -16,6 +16,8 @@
 #                    decode steps at batch 256 on the qwen3.5-4b shape -> gdn_layer_check/
 #   engine:VARIANT   engine-side decode step of Nemotron-H-8B at batch 1..256, 5 repeats -> engine_step-h200.json
 #   gdn:VARIANT      the same for Qwen3.5-4B (GDN; .device/qwen35/config.json) -> engine_step-h200-qwen3.5-4b.json
+#   moe:VARIANT      the same for qwen3.5-35b-a3b (GDN + MoE; .device/qwen35moe) at batch 1, 8, 64, 256 (issue 16's
+#                    step ratio of the MoE shape) -> engine_step-h200-qwen3.5-35b-a3b.json
 #   floor:VARIANT    the host floor: Nemotron-H-8B's layers at toy widths (replayssm_patch/gpu/host_floor.py) at batch
 #                    1, 8, 64, 256 -> engine_step-h200-floor.json
 #   gdnfloor:VARIANT the same for Qwen3.5-4B -> engine_step-h200-qwen3.5-4b-floor.json
@@ -46,7 +48,7 @@ TUNED=$RES/launch_config.json  # the launch table the engine jobs run: the kerne
 ALL_BATCHES=1,8,32,64,128,256
 # measured 2026-12-01: install 40 s, kernel bench 53 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
-declare -A JOB_S=([setup]=90 [kernels]=110 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [floor]=300 [gdnfloor]=300 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [onegpu]=420)
+declare -A JOB_S=([setup]=90 [kernels]=110 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [moe]=450 [floor]=300 [gdnfloor]=300 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [onegpu]=420)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
@@ -75,7 +77,7 @@ json.dump(t, open(sys.argv[1], "w"), indent=2)' "$TUNED" replayssm_patch/kernels
 run_job() {
   local kind=${1%%:*} variant=${1#*:}
   case $kind in  # the engine-side jobs run the kernel benches' fastest shapes once `kernels` / `gdnkernels` wrote
-    engine | gdn | floor | gdnfloor | hostprof | profile | gdnprofile | engprof | gdnengprof | spec)  # them, and want the GPU
+    engine | gdn | moe | floor | gdnfloor | hostprof | profile | gdnprofile | engprof | gdnengprof | spec)  # them, and want the GPU
       # to themselves: onegpu's servers stop
       tuned_table && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
       for arm in baseline candidate candidate-moe; do $S stop "$arm"; done ;;
@@ -96,6 +98,7 @@ run_job() {
         --out "$RES/gdn_layer_check" 2>&1 | tee "$RES/gdn_layer_check.log" | tail -5 ;;
     engine) engine_job nemotron "$variant" $ALL_BATCHES ;;
     gdn) engine_job qwen35 "$variant" $ALL_BATCHES ;;
+    moe) engine_job qwen35moe "$variant" 1,8,64,256 ;;
     floor) floor_model && engine_job floor "$variant" 1,8,64,256 ;;
     gdnfloor) floor_model /tmp/model-qwen35 && engine_job qwen35floor "$variant" 1,8,64,256 ;;
     hostprof) floor_model && MODE=O0 MODEL=floor ENGINE_TIMEOUT_S=$(($(left) - 25)) $S hostprof "$variant" 0 64,256 ;;
@@ -115,7 +118,7 @@ run_job() {
   esac
 }
 
-[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V floor:V gdnfloor:V hostprof:V profile:V gdnprofile:V engprof:V gdnengprof:V spec:ARM onegpu:STAGE)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V moe:V floor:V gdnfloor:V hostprof:V profile:V gdnprofile:V engprof:V gdnengprof:V spec:ARM onegpu:STAGE)"; exit 2; }
 pending=0
 for job in "$@"; do
   [ -f "$DONE/$job" ] && continue
