@@ -56,7 +56,8 @@ WHAT = (
     "together, prompt {prompt}, exactly {output} output tokens. tpot_* = the analysis' per-request TPOT; "
     "window_step_ms = pure-decode window / tokens per stream in it; engine_step_ms and engine_tpot_ms = the "
     "engine-side step and TPOT (replayssm_patch/gpu/engine_step.py) of the same variant, mode and batch "
-    "(the TPOT only when measured at the same output length)."
+    "(the step from the engine row's decode window where it has one, engine_step_clock = window, else from "
+    "(t272 - t16) / 256; the TPOT only when measured at the same output length)."
 )
 
 
@@ -177,12 +178,14 @@ def case_row(variant: str, mode: str, streams: int, workers: int, pace: ClientPa
     """One case against the engine-side row of the same variant, mode and batch (None: not measured yet).
     The engine's TPOT compares only at the same output length (prefill's share of TPOT depends on it)."""
     engine = engine or {}
-    step = engine.get("step_ms")
+    clock = "window" if engine.get("window_step_ms") is not None else "t272-t16"
+    step = engine.get("window_step_ms") if clock == "window" else engine.get("step_ms")
     same_length = engine.get("engine_tpot_tokens") == output_tokens
     engine_tpot = engine.get("engine_tpot_ms") if same_length else None
     return {
         "variant": variant, "mode": mode, "batch": streams, "workers": workers, "output_tokens": output_tokens,
         "engine_step_ms": step,
+        "engine_step_clock": clock if step is not None else None,
         "window_vs_engine": ratio(pace.window_step_ms, step),
         "tpot_vs_engine_step": ratio(pace.tpot_mean_ms, step),
         "engine_tpot_ms": engine_tpot,

@@ -85,19 +85,29 @@ class Repeat:
     window: DecodeWindow | None = None
 
 
-def parse_batches(text: str) -> tuple[int | str, ...]:
-    """'64,256' -> (64, 256), 'fit' standing for the largest batch the engine holds (resolved_batches);
-    argparse shows a bad value's message as one line."""
-    parts = [part.strip() for part in text.split(",") if part.strip()]
+def parse_batches(text: str) -> tuple[int, ...]:
+    """'64,256' -> (64, 256); argparse shows a bad value's message as one line."""
     try:
-        batches = tuple(part if part == FIT else int(part) for part in parts)
+        batches = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         batches = ()
-    if not batches or min((b for b in batches if b != FIT), default=1) < 1:
+    if not batches or min(batches) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive batch sizes joined by commas, e.g. 64,256")
+    return batches
+
+
+def parse_engine_batches(text: str) -> tuple[int | str, ...]:
+    """parse_batches, where 'fit' may stand for the largest batch the started engine holds (resolved_batches)."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    try:
+        numbers = parse_batches(",".join(p for p in parts if p != FIT)) if set(parts) - {FIT} else ()
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
             f"{text!r}: give positive batch sizes joined by commas, e.g. 64,256, or {FIT} for the largest that fits"
-        )
-    return batches
+        ) from None
+    if not parts:
+        raise argparse.ArgumentTypeError(f"{text!r}: give batch sizes joined by commas, e.g. 64,256 (or {FIT})")
+    return numbers + ((FIT,) if FIT in parts else ())
 
 
 def sized_batches(args: argparse.Namespace) -> list[int]:
@@ -257,7 +267,7 @@ def engine_options(p: argparse.ArgumentParser, variant: bool = True) -> argparse
     if variant:
         p.add_argument("--variant", choices=list(VARIANTS), default="baseline")
     p.add_argument("--mode", choices=list(MODES), default="O0", help="O0: -O0 + FULL_DECODE_ONLY; default: vLLM's")
-    p.add_argument("--batches", type=parse_batches, default=DEFAULT_BATCHES,
+    p.add_argument("--batches", type=parse_engine_batches, default=DEFAULT_BATCHES,
                    help=f"comma-separated [64,256]; {FIT}: the largest batch the engine's KV cache holds")  # fmt: skip
     p.add_argument("--gpu-memory-utilization", type=float, default=0.45, help="0.45 leaves room for a server")
     p.add_argument("--max-num-seqs", type=int, default=256)

@@ -37,7 +37,7 @@ from replayssm_patch.gpu.engine_step import (
     engine_problem,
     measure_rows,
     out_problem,
-    parse_batches,
+    parse_engine_batches,
     prompt_token_ids,
     start_engine,
     timed_generate,
@@ -86,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=STEPS, help="decode steps summarised per batch [16, one ring]")
     p.add_argument("--out", type=Path, required=True, help="dir for step_profile.json / .md (and traces/)")
     p.add_argument("--keep-traces", action="store_true", help="keep the raw traces in DIR/traces")
-    p.add_argument("--step-batches", type=parse_batches, default=None,
+    p.add_argument("--step-batches", type=parse_engine_batches, default=None,
                    help="first measure engine_step's rows at these batches, in the same engine")  # fmt: skip
     p.add_argument("--steps-out", type=Path, default=None, help="engine_step's results file for --step-batches")
     p.add_argument("--repeats", type=int, default=REPEATS, help=f"engine_step's repeats per batch [{REPEATS}]")

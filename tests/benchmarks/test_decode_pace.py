@@ -57,6 +57,14 @@ def test_case_row_compares_tpot_only_with_an_engine_tpot_of_the_same_length():
     row = case_row("baseline", "O0", 64, 1, pace, engine, output_tokens=272)
     assert row["tpot_vs_engine_tpot"] == 1.1
     assert case_row("baseline", "O0", 64, 1, pace, None, 256)["window_vs_engine"] is None
+    assert row["engine_step_clock"] == "t272-t16"
+
+
+def test_case_row_prefers_the_engine_rows_decode_window():
+    """An engine row measured with its decode window is compared by that step (no prefill jitter in it)."""
+    pace = ClientPace(64, 0, 64, 64, 22.0, 21.0, 10.5, 2.0, 190.0, 3.0, False, "one per streamed chunk")
+    row = case_row("baseline", "O0", 64, 1, pace, {"step_ms": 10.0, "window_step_ms": 10.5}, output_tokens=256)
+    assert (row["engine_step_ms"], row["engine_step_clock"], row["window_vs_engine"]) == (10.5, "window", 1.0)
 
 
 def test_gpu_entry_point_against_serve_sim(tmp_path, capsys):
