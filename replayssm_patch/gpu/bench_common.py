@@ -31,7 +31,7 @@ class BenchPlan:
     buffer_len: int = 16
     eq_batch: int = 256
     eq_steps: int = 2000
-    batches: tuple[int, ...] = (64, 128, 256)
+    batches: tuple[int, ...] = (1, 8, 64, 128, 256)  # 1 and 8: the launches' latency, which bytes do not show
     warmup: int = 3
     graph_calls: int = 20  # calls captured per CUDA graph
     repeats: int = 5  # graph replays timed

@@ -13,7 +13,7 @@
     compiles without spills, ``compile_check``), then of the fold launch with the fastest replay; the fastest
     pair goes to DIR/gdn_launch_config.json as the ``"gdn"`` entry of a launch table (``launch_config``:
     REPLAYSSM_LAUNCH_CONFIG=<file> makes the plugin use it; the H200's committed table holds the measured best).
-(c) timing (CUDA graphs of back-to-back calls, CUDA events) at batch 64/128/256 on paged states, slots
+(c) timing (CUDA graphs of back-to-back calls, CUDA events) at batch 1/8/64/128/256 on paged states, slots
     scattered over a pool 4x the batch: vLLM's decode, ReplaySSM's step with 1/L of the rows flushing
     (staggered), the replay alone (no row flushing) and all rows flushing (aligned), with bytes moved, share
     of 4.3 TB/s and the speed-up.

@@ -10,7 +10,7 @@
     the fp64 reference recurrence is the baseline (said so in the output).
 (b) timing (CUDA graphs of back-to-back calls, CUDA events): baseline fp32 / bf16 state, replay kernel
     (fp32 / bf16 checkpoint), flush (all rows, amortised over L) and a decode step (replay + the staggered
-    flush of 1/L of the rows) at batch 64/128/256, with bytes moved and the share of 4.3 TB/s HBM.
+    flush of 1/L of the rows) at batch 1/8/64/128/256, with bytes moved and the share of 4.3 TB/s HBM.
 (c) speculative verify (MTP k = 3: T = 4 query tokens per row, rings of L + T, cursors at the steady state of
     acceptance length 3, so about 1 row in ceil(L / 3) folds), timed as (b): the whole ``replay_verify_step``,
     the verify alone and the fold launch alone, against vLLM's speculative selective_state_update (fp32 state,
