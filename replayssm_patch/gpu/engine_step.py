@@ -66,7 +66,8 @@ WHAT = (
     "flush steps are included; step_ms = median of the repeats, spread_ms = their max - min. window_step_ms = "
     f"median over repeats of the mean period between consecutive engine steps of the {LONG_TOKENS}-token generate "
     "while the whole batch decoded (engine-core timestamps, from the last first token to the first last token: no "
-    "prefill inside), window_spread_ms their max - min, window_p90_ms the median p90. engine_tpot_ms = mean "
+    "prefill inside), window_spread_ms their max - min, window_p90_ms the median p90, window_tokens_per_s the "
+    "median of the tokens emitted in the window over its length. engine_tpot_ms = mean "
     f"per-request TPOT of the {LONG_TOKENS}-token generates from vLLM's engine-core timestamps (includes decode "
     "steps beside other requests' prefill). Written by replayssm_patch/gpu/engine_step.py."
 )
