@@ -33,6 +33,7 @@ from replayssm_patch.gpu.bench_common import (
     TimedCalls,
     compiled_registers,
     error_summary,
+    fold_all_max_batch,
     open_bench,
     registers_table,
     report_head,
@@ -199,28 +200,16 @@ def tuned_launch_file(timing: dict[str, Any]) -> dict[str, Any]:
     mode the batches at which folding every row beat the ring's step (``fold_all_max_batch``)."""
     keys = ("block_p", "block_n", "num_warps")
     steps = {mode: dict(zip(keys, cfg, strict=True)) for mode, cfg in timing["configs"].items() if cfg}
-    return {"replay_step": steps, "fold_all_max_batch": {mode: fold_all_max_batch(timing["rows"], mode)
-                                                         for mode in ("fp32", "split")}}  # fmt: skip
+    folds = {mode: fold_all_max_batch(timing["rows"], ring_row(mode), fold_all_row(mode)) for mode in ("fp32", "split")}
+    return {"replay_step": steps, "fold_all_max_batch": folds}
+
+
+def ring_row(mode: str) -> str:
+    return f"decode step {mode} (1/L rows flushing)"
 
 
 def fold_all_row(mode: str) -> str:
     return f"decode step {mode} (every row folds, 2 launches)"
-
-
-def fold_all_max_batch(rows: list[dict[str, Any]], mode: str) -> int:
-    """The largest batch up to which folding every row each step measured faster than the ring's decode step (1/L
-    rows flushing) at every batch timed, 0 if not even at the smallest: the plugin's fold-all batches."""
-    us = {(row["batch"], row["kernel"]): row["us"] for row in rows}
-    best = 0
-    for batch in sorted({row["batch"] for row in rows}):
-        ring, every_row = (
-            us.get((batch, f"decode step {mode} (1/L rows flushing)")),
-            us.get((batch, fold_all_row(mode))),
-        )
-        if ring is None or every_row is None or every_row >= ring:
-            break
-        best = batch
-    return best
 
 
 def _replay_kernels() -> tuple[Any, ...]:
@@ -321,9 +310,7 @@ class KernelSetup:
             replay = model.replay(state_bytes)
             measure(f"replay {mode} (no row flushing)", self.step(mode, cfg, self.write_pos, self.flush_none), replay)
             staggered = self.step(mode, cfg, self.write_pos, self.flush_staggered)
-            measure(
-                f"decode step {mode} (1/L rows flushing)", staggered, replay + model.fold(1.0 / L, state_bytes, copy)
-            )
+            measure(ring_row(mode), staggered, replay + model.fold(1.0 / L, state_bytes, copy))
             aligned = self.step(mode, cfg, self.aligned_pos, self.flush_all)
             measure(f"decode step {mode} (all rows flushing)", aligned, model.aligned(copy))
             every_row = self.step(mode, cfg, self.flush_none, self.flush_one, fold_all=True)

@@ -8,7 +8,8 @@ without it. An entry the file lacks keeps its defaults.
 
 ``"fold_all_max_batch"`` (per checkpoint dtype): the largest decode batch at which the Mamba-2 bench measured
 folding every row each step (two launches, ``plan_decode_rows(fold_all=True)``) faster than the ring's replay
-(three launches); at small batches a launch costs more than the bytes the replay saves. Default 0: never.
+(three launches); at small batches a launch costs more than the bytes the replay saves. ``"gdn_fold_all_max_batch"``
+is the GDN bench's. Default 0: never.
 """
 
 from __future__ import annotations
@@ -77,6 +78,12 @@ def fold_all_max_batch(split_precision: bool, device: torch.device) -> int:
 
 
 @functools.cache
+def gdn_fold_all_max_batch(device: torch.device) -> int:
+    """Decode batches up to this size fold every GDN row each step (``"gdn_fold_all_max_batch"``), else 0."""
+    return int(_tuned_table(_device_name(device)).get("gdn_fold_all_max_batch", 0))
+
+
+@functools.cache
 def gdn_launch_for(device: torch.device) -> GdnLaunch:
     """The GDN decode step's tuned shapes on this device (the table's ``"gdn"`` entry), else the defaults."""
     return GdnLaunch(**_tuned_table(_device_name(device)).get("gdn", {}))
@@ -91,6 +98,7 @@ def launch_shapes_in_use(device_name: str) -> dict[str, str]:
     gdn = GdnLaunch(**table.get("gdn", {})).as_key()
     fold_all = table.get("fold_all_max_batch", {})
     folds = ", ".join(f"{entry} <= {fold_all.get(entry, 0)}" for entry in ("fp32", "split"))
+    folds += f", gdn <= {table.get('gdn_fold_all_max_batch', 0)}"
     return {"source": _table_path(device_name) or "defaults", **shapes, "gdn": gdn, "fold_all_batches": folds}
 
 

@@ -289,7 +289,7 @@ def test_engine_step_rows_merge_from_two_runs_into_one_valid_file(engine_flow):
 
     # no GPU here: no tuned file
     defaults = {"source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w", "gdn": GDN_DEFAULT.as_key(),
-                "fold_all_batches": "fp32 <= 0, split <= 0"}  # fmt: skip
+                "fold_all_batches": "fp32 <= 0, split <= 0, gdn <= 0"}  # fmt: skip
     assert [r["launch_shapes"] for r in rows] == [None, defaults, defaults]
     assert all(r["valid"] and r["problems"] == [] and r["exact"] and r["preemptions"] == 0 for r in rows)
     assert all(r["engine_tpot_ms"] > 0 and r["engine_tpot_tokens"] == 272 for r in rows)
@@ -566,6 +566,14 @@ def test_gdn_unsupported_settings_are_refused_from_real_configs(gdn_checks, case
 
 def test_gdn_fp32_state_on_cuda_is_accepted(gdn_checks):
     assert gdn_checks["refused"]["fp32_supported"] is None
+
+
+def test_real_gdn_builder_folds_every_row_at_the_launch_tables_small_batches(gdn_checks):
+    """gdn_fold_all_max_batch 2: graphs of 2 rows are captured and run with every row folding each step."""
+    got = gdn_checks["builder"]["fold_all"]
+    assert (got["max_batch"], got["capture"]) == (2, True)
+    assert got["steps"] == [[True, [0, 0], [1, 1], [0, 1]]] * 3
+    assert got["wide"] == [False, [0, 0, 0], [0, 0, 0]]
 
 
 def test_gdn_builder_plans_capture_and_decode_with_its_own_cursor_table(gdn_checks):

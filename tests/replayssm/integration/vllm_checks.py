@@ -98,7 +98,7 @@ def tiny_model_checks(tiny_dir: Path) -> dict:
                   "flush_len": m.replay_flush_len.tolist(), "pending": m.replay_pending.tolist(),
                   "fold_pending": m.replay_fold_pending,
                   "after": builder.cursors.positions.tolist()})  # fmt: skip
-    fold_all = fold_all_steps(layer, spec, config, tiny_dir.parent / "fold_all_table.json")
+    fold_all = fold_all_steps(layer, spec, config, tiny_dir.parent / "fold_all_table.json", {"fp32": 2})
     refused = None
     try:
         model_cls.get_mamba_state_shape_from_config(
@@ -111,14 +111,16 @@ def tiny_model_checks(tiny_dir: Path) -> dict:
             "fold_all": fold_all}  # fmt: skip
 
 
-def fold_all_steps(layer, spec, config, table: Path) -> dict:
-    """The real builder under a launch table whose fold_all_max_batch is 2: capture and decode builds of 2 rows
-    fold every row, a build of 3 rows does not."""
+def fold_all_steps(layer, spec, config, table: Path, mamba: dict | None = None, gdn: int | None = None) -> dict:
+    """The layer's real builder under a launch table whose fold-all batches are 2 (``mamba``: the Mamba-2 entry,
+    ``gdn``: the GDN one): capture and decode builds of 2 rows fold every row, a build of 3 rows does not."""
     from replayssm_patch.kernels import launch_config
 
-    table.write_text(json.dumps({"fold_all_max_batch": {"fp32": 2}}))
+    entries = {"fold_all_max_batch": mamba} if mamba else {"gdn_fold_all_max_batch": gdn}
+    table.write_text(json.dumps(entries))
     os.environ[launch_config.ENV_VAR] = str(table)
     launch_config.fold_all_max_batch.cache_clear()
+    launch_config.gdn_fold_all_max_batch.cache_clear()
     try:
         builder = layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device("cpu"))
         capture = builder.build_for_cudagraph_capture(common_metadata([1, 1], [1, 1], [0, 0], [False, False]))
@@ -130,6 +132,7 @@ def fold_all_steps(layer, spec, config, table: Path) -> dict:
     finally:
         del os.environ[launch_config.ENV_VAR]
         launch_config.fold_all_max_batch.cache_clear()
+        launch_config.gdn_fold_all_max_batch.cache_clear()
     return {"max_batch": builder.fold_all_max_batch, "capture": capture.replay_fold_all, "steps": steps,
             "wide": (wide.replay_fold_all, wide.replay_write_pos.tolist(), wide.replay_flush_len.tolist())}  # fmt: skip
 
