@@ -7,9 +7,8 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -39,6 +38,7 @@ from harness.replay.schedule import shard
 from harness.replay.segments import owner_alive, partial_dir, segment_path, update_meta, write_meta
 from harness.replay.server_probe import probe_server
 from harness.replay.worker import StartSignals, WorkerJob, worker_main
+from harness.signal_scope import signal_handlers
 from harness.trace.model import Trace
 
 START_DELAY_S = 0.2  # t0 lies this far after every worker is ready
@@ -91,29 +91,15 @@ def _run_meta(
     }
 
 
-@contextlib.contextmanager
-def _stop_signals_interrupt() -> Iterator[None]:
-    """SIGTERM (a supervisor stopping us) and SIGINT end the run like Ctrl-C: finished rows are kept.
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
-    SIGINT is set too: a process started with it ignored (a script's `cmd &`, some CI runners) would
-    otherwise run the whole trace to its end after `kill -INT`.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = {
-        signal.SIGTERM: signal.signal(signal.SIGTERM, interrupt),
-        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
-    }
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+def _stop_signals_interrupt() -> contextlib.AbstractContextManager[None]:
+    """SIGTERM (a supervisor stopping us) and SIGINT end the run like Ctrl-C: finished rows are kept. SIGINT is
+    set too (see ``signal_scope``): a process started with it ignored would otherwise run the whole trace after
+    `kill -INT`."""
+    return signal_handlers({signal.SIGTERM: _raise_interrupt, signal.SIGINT: signal.default_int_handler})
 
 
 def _stop_workers(processes: list[mp.Process]) -> None:

@@ -13,9 +13,10 @@ import atexit
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
 from types import FrameType
 from typing import Protocol
+
+from harness.signal_scope import signal_handlers
 
 
 class Stoppable(Protocol):
@@ -63,21 +64,9 @@ def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
     raise Terminated(signum)
 
 
-@contextlib.contextmanager
-def termination_signals_raise() -> Iterator[None]:
-    """While active, SIGTERM/SIGHUP raise `Terminated` and SIGINT raises KeyboardInterrupt.
-
-    SIGINT is set explicitly because a process started with it ignored (a script's `cmd &`, some CI runners)
-    inherits that, and Python then installs no KeyboardInterrupt: `kill -INT` would leave the servers running.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    handlers = {signal.SIGTERM: _raise_terminated, signal.SIGHUP: _raise_terminated}
-    handlers[signal.SIGINT] = signal.default_int_handler
-    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+def termination_signals_raise() -> contextlib.AbstractContextManager[None]:
+    """While active, SIGTERM/SIGHUP raise `Terminated` and SIGINT raises KeyboardInterrupt (set explicitly: see
+    ``signal_scope``), so `kill -INT` of a process started with SIGINT ignored still stops its servers."""
+    return signal_handlers(
+        {signal.SIGTERM: _raise_terminated, signal.SIGHUP: _raise_terminated, signal.SIGINT: signal.default_int_handler}
+    )
