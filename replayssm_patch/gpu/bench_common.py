@@ -8,6 +8,7 @@ ptxas gave the compiled kernels, and the report writer that rewrites JSON + Mark
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -47,6 +48,18 @@ def pick_device(smoke: bool) -> str | None:
         return None
     os.environ["TRITON_INTERPRET"] = "1"  # read when the kernel modules are imported, which happens after this
     return "cpu"
+
+
+def vllm_kernel(module: str, name: str, label: str) -> tuple[Callable[..., Any] | None, str]:
+    """vLLM's ``module.name`` (a benchmark's baseline) and a note naming it with vLLM's version; without it (no vLLM,
+    or renamed) None and why, so the fp64 reference recurrence stands in."""
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except Exception as exc:
+        return None, f"fp64 reference recurrence (vLLM {label} not importable: {exc!r})"
+    import vllm
+
+    return fn, f"vllm {vllm.__version__} {label}"
 
 
 def bench_meta(plan: BenchPlan, device: str) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from replayssm_patch.gpu.bench_common import (
     section_markdown,
     timing_method,
     timing_table,
+    vllm_kernel,
 )
 
 if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET must be decided first
@@ -115,15 +116,8 @@ class Baseline:
 
     @classmethod
     def load(cls) -> Baseline:
-        try:
-            from vllm.model_executor.layers.fla.ops.fused_recurrent import (
-                fused_recurrent_gated_delta_rule_packed_decode,
-            )
-        except Exception as exc:
-            return cls(None, f"fp64 reference recurrence (vLLM's packed GDN decode not importable: {exc!r})")
-        import vllm
-
-        return cls(fused_recurrent_gated_delta_rule_packed_decode, f"vllm {vllm.__version__} packed GDN decode")
+        return cls(*vllm_kernel("vllm.model_executor.layers.fla.ops.fused_recurrent",
+                                "fused_recurrent_gated_delta_rule_packed_decode", "packed GDN decode"))  # fmt: skip
 
     def step(
         self, state: torch.Tensor, batch: PackedInputs, layer: GdnLayerParams, indices: torch.Tensor,

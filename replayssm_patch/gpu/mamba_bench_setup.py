@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from replayssm_patch.gpu.bench_common import BenchPlan, paged_tensors, probe_problem
+from replayssm_patch.gpu.bench_common import BenchPlan, paged_tensors, probe_problem, vllm_kernel
 
 if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET must be decided first
     import torch
@@ -53,13 +53,8 @@ class Baseline:
 
     @classmethod
     def load(cls) -> Baseline:
-        try:
-            from vllm.model_executor.layers.mamba.ops.mamba_ssm import selective_state_update
-        except Exception as exc:
-            return cls(None, f"fp64 reference recurrence (vLLM selective_state_update not importable: {exc!r})")
-        import vllm
-
-        return cls(selective_state_update, f"vllm {vllm.__version__} selective_state_update")
+        return cls(*vllm_kernel("vllm.model_executor.layers.mamba.ops.mamba_ssm", "selective_state_update",
+                                "selective_state_update"))  # fmt: skip
 
     def step(
         self, state: torch.Tensor, inputs: StepInputs, layer: LayerParams, indices: torch.Tensor, out: torch.Tensor
