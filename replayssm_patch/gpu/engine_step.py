@@ -295,8 +295,8 @@ def engine_problem(args: argparse.Namespace) -> str | None:
     """One line naming a bad engine option and its fix, or None."""
     if not (args.model / "config.json").exists():
         return f"{args.model / 'config.json'} missing; give --model a dir holding the model's config.json"
-    if max(sized_batches(args)) > args.max_num_seqs:
-        biggest = max(sized_batches(args))
+    biggest = max(sized_batches(args))
+    if biggest > args.max_num_seqs:
         return f"batch {biggest} exceeds --max-num-seqs {args.max_num_seqs}; raise it or drop the batch"
     if args.prompt_tokens < 1:
         return f"--prompt-tokens must be at least 1 (got {args.prompt_tokens})"
@@ -490,12 +490,13 @@ def stepped_generate(llm: Any, prompts: list[list[int]], tokens: int) -> Generat
         outputs = engine.step()
         if not outputs:
             continue
-        started = sum(o.request_id not in counts for o in outputs)
+        started = emitted = 0
         for o in outputs:
-            counts[o.request_id] = counts.get(o.request_id, 0) + len(o.outputs[0].token_ids)
-            stats[o.request_id] = o.metrics
+            new = len(o.outputs[0].token_ids)
+            started += o.request_id not in counts
+            counts[o.request_id] = counts.get(o.request_id, 0) + new
+            stats[o.request_id], emitted = o.metrics, emitted + new
         stamp = getattr(outputs[0].metrics, "last_token_ts", 0.0)  # read now: the stats object is live
-        emitted = sum(len(o.outputs[0].token_ids) for o in outputs)
         steps.append(EngineStep(stamp, len(outputs), emitted, started, sum(bool(o.finished) for o in outputs)))
     elapsed = time.perf_counter() - began
     final = list(stats.values())
