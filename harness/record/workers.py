@@ -27,6 +27,7 @@ from harness.errors import UserError
 from harness.record.options import RecordOptions
 from harness.record.service import Shard, listen_error, naming_for, run_recorder, shown_url
 from harness.record.stats import RecorderStats
+from harness.signal_scope import signal_handlers
 
 _START_TIMEOUT_S = 120.0
 
@@ -80,23 +81,22 @@ def run_workers(
             child_results.close()
             child_lifeline.close()
             workers.append(_Worker(process, results, lifeline, naming_for(shared, Shard(index, key)).directory))
-        previous = {sig: signal.signal(sig, lambda *_: _stop_all(workers)) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            url = _await_listening(workers)
-            first = naming_for(shared, Shard(1, key)).pattern.replace("-w1-", "-wN-")
-            announce(
-                f"listening on {url} -> {shown_url(options)}; recording {options.redact!r} with "
-                f"{options.workers} workers to {first}"
-            )
-            return RecorderStats.added_up(_collect(workers, report))
-        except BaseException:
-            _stop_all(workers)
-            raise
-        finally:
-            for worker in workers:
-                worker.process.join()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        stop = {sig: lambda *_: _stop_all(workers) for sig in (signal.SIGINT, signal.SIGTERM)}
+        with signal_handlers(stop):
+            try:
+                url = _await_listening(workers)
+                first = naming_for(shared, Shard(1, key)).pattern.replace("-w1-", "-wN-")
+                announce(
+                    f"listening on {url} -> {shown_url(options)}; recording {options.redact!r} with "
+                    f"{options.workers} workers to {first}"
+                )
+                return RecorderStats.added_up(_collect(workers, report))
+            except BaseException:
+                _stop_all(workers)
+                raise
+            finally:
+                for worker in workers:
+                    worker.process.join()
 
 
 def _stop_all(workers: list[_Worker]) -> None:
