@@ -46,9 +46,9 @@ export PYTHONPATH=/tmp/site:/tmp/rb-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_H
 CALL_S=${CALL_S:-585}
 TUNED=$RES/launch_config.json  # the launch table the engine jobs run: the kernel benches' fastest shapes
 ALL_BATCHES=1,8,32,64,128,256
-# measured 2026-12-01: install 40 s, kernel bench 53 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
+# measured 2026-12-01: install 40 s, kernel bench 53 s, a floor run of four batches 173-175 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
-declare -A JOB_S=([setup]=90 [kernels]=110 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [moe]=450 [floor]=300 [gdnfloor]=300 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [onegpu]=420)
+declare -A JOB_S=([setup]=90 [kernels]=110 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [onegpu]=420)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
