@@ -21,7 +21,7 @@
 #   floor:VARIANT    the host floor: Nemotron-H-8B's layers at toy widths (replayssm_patch/gpu/host_floor.py) at batch
 #                    1, 8, 64, 256 -> engine_step-h200-floor.json
 #   gdnfloor:VARIANT the same for Qwen3.5-4B -> engine_step-h200-qwen3.5-4b-floor.json
-#   profile:VARIANT  the step profile at batch 64 and 256 -> profile/
+#   profile:VARIANT  the step profile at batch 64 and 256 (PROFILE_BATCHES) -> profile/
 #   gdnprofile:VARIANT  the same for Qwen3.5-4B -> profile-qwen3.5-4b/
 #   engprof:VARIANT  engine:VARIANT and profile:VARIANT in one engine (one start-up, ~200 s saved)
 #   gdnengprof:VARIANT  gdn:VARIANT and gdnprofile:VARIANT in one engine
@@ -46,6 +46,7 @@ export PYTHONPATH=/tmp/site:/tmp/rb-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_H
 CALL_S=${CALL_S:-585}
 TUNED=$RES/launch_config.json  # the launch table the engine jobs run: the kernel benches' fastest shapes
 ALL_BATCHES=1,8,32,64,128,256
+PROFILE_BATCHES=${PROFILE_BATCHES:-64,256}  # the profile jobs' batches (e.g. 8,32 where GDN loses 0.5-0.9 ms per step)
 # measured 2026-12-01: install 40 s, kernel bench 53 s, a floor run of four batches 173-175 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
 declare -A JOB_S=([setup]=90 [kernels]=110 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [onegpu]=420)
@@ -103,13 +104,13 @@ run_job() {
     gdnfloor) floor_model /tmp/model-qwen35 && engine_job qwen35floor "$variant" 1,8,64,256 ;;
     hostprof) floor_model && MODE=O0 MODEL=floor ENGINE_TIMEOUT_S=$(($(left) - 25)) $S hostprof "$variant" 0 64,256 ;;
     profile)
-      ENGINE_TIMEOUT_S=$(($(left) - 25)) $S profile "$variant" 0 64,256 ;;
+      ENGINE_TIMEOUT_S=$(($(left) - 25)) $S profile "$variant" 0 "$PROFILE_BATCHES" ;;
     gdnprofile)
-      MODEL=qwen35 ENGINE_TIMEOUT_S=$(($(left) - 25)) $S profile "$variant" 0 64,256 ;;
+      MODEL=qwen35 ENGINE_TIMEOUT_S=$(($(left) - 25)) $S profile "$variant" 0 "$PROFILE_BATCHES" ;;
     engprof | gdnengprof)
       local model=nemotron; [ "$kind" = gdnengprof ] && model=qwen35
       MODEL=$model STEP_BATCHES=$ALL_BATCHES REPEATS=${REPEATS:-5} ENGINE_TIMEOUT_S=$(($(left) - 25)) \
-        $S profile "$variant" 0 64,256 ;;
+        $S profile "$variant" 0 "$PROFILE_BATCHES" ;;
     spec)
       SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} ENGINE_TIMEOUT_S=$(($(left) - 25)) \
         $S spec "$variant" 0 "${SPEC_BATCHES:-64,128,256}" ;;
