@@ -55,6 +55,22 @@ trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
 left() { echo $((CALL_S - SECONDS)); }
 
+ENGINE_KINDS=" engine gdn moe floor gdnfloor hostprof profile gdnprofile engprof gdnengprof spec "  # start a vLLM engine
+# measured 2026-12-02: with the shared Triton cache an engine after the host's first starts in 82-96 s, not 221-236 s
+WARM_START_SAVES_S=120
+
+starts_engine() { [[ $ENGINE_KINDS == *" ${1%%:*} "* ]]; }
+
+need_s() {  # JOB: its estimate; an engine job after one that already ran on this host starts warm
+  local need=${JOB_S[${1%%:*}]:-300} done_job
+  if starts_engine "$1"; then
+    for done_job in "$DONE"/*; do
+      starts_engine "$(basename "$done_job")" && { need=$((need - WARM_START_SAVES_S)); break; }
+    done
+  fi
+  echo "$need"
+}
+
 engine_job() {  # MODEL VARIANT BATCHES (MODEL as session.sh names them), REPEATS [5]
   REPEATS=${REPEATS:-5} MODEL=$1 ENGINE_TIMEOUT_S=$(($(left) - 25)) $S engine "$2" 0 "$3"
 }
@@ -77,12 +93,10 @@ json.dump(t, open(sys.argv[1], "w"), indent=2)' "$TUNED" replayssm_patch/kernels
 
 run_job() {
   local kind=${1%%:*} variant=${1#*:}
-  case $kind in  # the engine-side jobs run the kernel benches' fastest shapes once `kernels` / `gdnkernels` wrote
-    engine | gdn | moe | floor | gdnfloor | hostprof | profile | gdnprofile | engprof | gdnengprof | spec)  # them, and want the GPU
-      # to themselves: onegpu's servers stop
-      tuned_table && export REPLAYSSM_LAUNCH_CONFIG=$TUNED
-      for arm in baseline candidate candidate-moe; do $S stop "$arm"; done ;;
-  esac
+  if starts_engine "$1"; then  # the kernel benches' fastest shapes, once `kernels` / `gdnkernels` wrote them; the GPU
+    tuned_table && export REPLAYSSM_LAUNCH_CONFIG=$TUNED  # to the job alone: onegpu's servers stop
+    for arm in baseline candidate candidate-moe; do $S stop "$arm"; done
+  fi
   case $kind in
     setup)
       $S recv 3 > /dev/null
@@ -123,7 +137,7 @@ run_job() {
 pending=0
 for job in "$@"; do
   [ -f "$DONE/$job" ] && continue
-  need=${JOB_S[${job%%:*}]:-300}
+  need=$(need_s "$job")
   if [ "$(left)" -lt "$need" ]; then
     echo "-- $job left for the next call (needs ~${need}s, $(left)s left)"; pending=1; continue
   fi
