@@ -55,17 +55,29 @@ trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
 left() { echo $((CALL_S - SECONDS)); }
 
-ENGINE_KINDS=" engine gdn moe floor gdnfloor hostprof profile gdnprofile engprof gdnengprof spec "  # start a vLLM engine
-# measured 2026-12-02: with the shared Triton cache an engine after the host's first starts in 82-96 s, not 221-236 s
+# measured 2026-12-02 with the shared Triton cache: a model's first engine on a host started in 221-236 s, its later ones
+# (either arm) in 82-96 s; so an engine job of a model that already started here is estimated 120 s shorter
 WARM_START_SAVES_S=120
 
-starts_engine() { [[ $ENGINE_KINDS == *" ${1%%:*} "* ]]; }
+engine_model() {  # JOB: the model its engine runs (none: the job starts no engine)
+  case ${1%%:*} in
+    engine | engprof | profile) echo nemotron ;;
+    gdn | gdnengprof | gdnprofile) echo qwen35 ;;
+    floor | hostprof) echo floor ;;
+    gdnfloor) echo qwen35floor ;;
+    moe) echo qwen35moe ;;
+    spec) echo mtp ;;
+  esac
+}
 
-need_s() {  # JOB: its estimate; an engine job after one that already ran on this host starts warm
-  local need=${JOB_S[${1%%:*}]:-300} done_job
-  if starts_engine "$1"; then
+starts_engine() { [ -n "$(engine_model "$1")" ]; }
+
+need_s() {  # JOB: its estimate, less the warm start when its model's engine already started on this host
+  local need=${JOB_S[${1%%:*}]:-300} model done_job
+  model=$(engine_model "$1")
+  if [ -n "$model" ]; then
     for done_job in "$DONE"/*; do
-      starts_engine "$(basename "$done_job")" && { need=$((need - WARM_START_SAVES_S)); break; }
+      [ "$(engine_model "$(basename "$done_job")")" = "$model" ] && { need=$((need - WARM_START_SAVES_S)); break; }
     done
   fi
   echo "$need"
