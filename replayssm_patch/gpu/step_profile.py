@@ -170,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         failed |= "error" in row
         shown = {k: row.get(k) for k in ("span_us", "kernel_us", "gap_us", "steps", "error")}
         kinds = {k: v["us"] for k, v in row.get("kinds", {}).items()}
-        print(f"{args.variant} {args.mode} B={batch}: {json.dumps(shown)}, us per kind {json.dumps(kinds)}", flush=True)
+        calls = {k: v["per_step"] for k, v in row.get("host_calls", {}).items()}
+        print(f"{args.variant} {args.mode} B={batch}: {json.dumps(shown)}, us per kind {json.dumps(kinds)}, "
+              f"CUDA calls per step {json.dumps(calls)}", flush=True)  # fmt: skip
     return 1 if failed else 0
 
 

@@ -6,6 +6,8 @@ context request and B generation requests. Its GPU span runs from the first kern
 the range to the first one launched by the next range, so kernels launched outside any range (the sampler
 under async scheduling) and the gaps between kernels count too: every microsecond of the span is in the table,
 as kernel time of one kind or as gap. Kinds come from kernel-name patterns (`KINDS`, first match wins).
+The host side of a step is tallied too: the CUDA runtime and driver calls inside its range (`HOST_CALLS`), so a
+blocking sync or an eager launch one arm adds per step shows as a count and as host microseconds.
 
 No torch or vLLM needed: it reads the JSON (plain or .gz) that `torch.profiler.tensorboard_trace_handler` writes.
 """
@@ -70,6 +72,14 @@ KIND_LABELS = {
     OTHER: "other (norms, activations, sampler, copies)",
 }
 TOP_KERNELS = 15
+# CUDA runtime / driver calls inside a step's host range, by what they cost the host: a sync blocks it until the GPU
+# catches up (under async scheduling that forfeits the overlap of host and GPU), a launch outside a graph is host work
+HOST_CALLS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("syncs", re.compile(r"Synchronize")),
+    ("copies", re.compile(r"^(cudaMemcpy|cuMemcpy)")),
+    ("kernel_launches", re.compile(r"^(cudaLaunchKernel|cuLaunchKernel)")),
+    ("graph_launches", re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)")),
+)
 
 
 class TraceError(ValueError):
@@ -91,6 +101,13 @@ class StepRange:
 
 
 @dataclass(frozen=True)
+class HostCall:
+    name: str
+    ts: float
+    dur: float
+
+
+@dataclass(frozen=True)
 class DeviceOp:
     name: str
     ts: float
@@ -106,21 +123,32 @@ def load_events(path: Path) -> list[dict[str, Any]]:
     return payload["traceEvents"] if isinstance(payload, dict) else payload
 
 
-def _parse(events: list[dict[str, Any]]) -> tuple[list[StepRange], list[DeviceOp], dict[int, float]]:
-    ranges, ops, launches = [], [], {}
+@dataclass(frozen=True)
+class Trace:
+    ranges: list[StepRange]
+    ops: list[DeviceOp]
+    launches: dict[int, float]  # correlation id -> host time of the call that launched it
+    host_calls: list[HostCall]
+
+
+def _parse(events: list[dict[str, Any]]) -> Trace:
+    ranges, ops, launches, host_calls = [], [], {}, []
     for e in events:
         if e.get("ph") != "X":
             continue
         cat, args = e.get("cat", ""), e.get("args") or {}
         if cat in DEVICE_CATEGORIES:
             ops.append(DeviceOp(e["name"], float(e["ts"]), float(e.get("dur", 0.0)), args.get("correlation")))
-        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in args:
-            launches[args["correlation"]] = float(e["ts"])
+        elif cat in ("cuda_runtime", "cuda_driver"):
+            host_calls.append(HostCall(e.get("name", ""), float(e["ts"]), float(e.get("dur", 0.0))))
+            if "correlation" in args:
+                launches[args["correlation"]] = float(e["ts"])
         elif cat == "user_annotation" and (m := STEP_RANGE.match(e.get("name", ""))):
             ranges.append(StepRange(float(e["ts"]), float(e.get("dur", 0.0)), int(m[1]), int(m[3])))
     ranges.sort(key=lambda r: r.ts)
     ops.sort(key=lambda o: o.ts)
-    return ranges, ops, launches
+    host_calls.sort(key=lambda c: c.ts)
+    return Trace(ranges, ops, launches, host_calls)
 
 
 def _device_starts(ranges: list[StepRange], ops: list[DeviceOp], launches: dict[int, float]) -> list[float | None]:
@@ -141,10 +169,11 @@ def _device_starts(ranges: list[StepRange], ops: list[DeviceOp], launches: dict[
 def summarise_events(events: list[dict[str, Any]], batch: int | None = None, steps: int | None = None) -> dict:
     """Per decode step at `batch` (default: the largest generation batch seen): span, host time, time per kind
     and the top kernels. `steps` keeps only the last that many decode steps (e.g. one ring length)."""
-    ranges, ops, launches = _parse(events)
+    trace = _parse(events)
+    ranges = trace.ranges
     if not ranges:
         raise TraceError("no execute_context_..._generation_... ranges: not a vLLM 0.24 GPU-worker trace")
-    starts = _device_starts(ranges, ops, launches)
+    starts = _device_starts(ranges, trace.ops, trace.launches)
     launched = [(r, s) for r, s in zip(ranges, starts, strict=True) if s is not None]
     # (range, gpu start, gpu end) of every range that the next launching range bounds
     spans = [(rng, start, end) for (rng, start), (_, end) in itertools.pairwise(launched)]
@@ -155,7 +184,22 @@ def summarise_events(events: list[dict[str, Any]], batch: int | None = None, ste
     if not decode:
         seen = sorted({(r.context_reqs, r.generation_reqs) for r in ranges})
         raise TraceError(f"no bounded decode step at batch {batch}; (context, generation) requests seen: {seen}")
-    return _tabulate(decode, ops, batch)
+    return {**_tabulate(decode, trace.ops, batch), "host_calls": _host_calls(decode, trace.host_calls)}
+
+
+def _host_calls(decode: list[tuple[StepRange, float, float]], calls: list[HostCall]) -> dict[str, dict[str, float]]:
+    """Per decode step: how many calls of each HOST_CALLS kind its host range made, and their host µs."""
+    starts = [c.ts for c in calls]
+    count: dict[str, int] = defaultdict(int)
+    host_us: dict[str, float] = defaultdict(float)
+    for step, _, _ in decode:
+        for call in calls[bisect.bisect_left(starts, step.ts) : bisect.bisect_right(starts, step.ts + step.dur)]:
+            kind = next((name for name, pattern in HOST_CALLS if pattern.search(call.name)), None)
+            if kind is not None:
+                count[kind] += 1
+                host_us[kind] += call.dur
+    n = len(decode)
+    return {name: {"per_step": round(count[name] / n, 2), "us": round(host_us[name] / n, 2)} for name, _ in HOST_CALLS}
 
 
 def _tabulate(decode: list[tuple[StepRange, float, float]], ops: list[DeviceOp], batch: int) -> dict:
@@ -208,6 +252,13 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                  f"{r['gap_us']:.1f}", f"{r['host_us']:.1f}"]  # fmt: skip
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     lines += ["", "Kinds: " + "; ".join(f"{k} = {KIND_LABELS[k]}" for k in KIND_NAMES) + "."]
+    lines += ["", "CUDA calls per decode step inside its host range (count, host µs):", ""]
+    calls = [name for name, _ in HOST_CALLS]
+    lines += ["| variant | mode | batch | " + " | ".join(calls) + " |", "|" + "---|" * (3 + len(calls))]
+    for r in rows:
+        tally = r.get("host_calls") or {}  # rows summarised before the tally existed have none
+        cells = [f"{tally[c]['per_step']} ({tally[c]['us']:.1f})" if c in tally else "–" for c in calls]
+        lines.append("| " + " | ".join(map(str, [r["variant"], r["mode"], r["batch"], *cells])) + " |")
     for r in rows:
         lines += ["", f"Top kernels, {r['variant']} {r['mode']} batch {r['batch']} (µs and calls per step):", ""]
         lines += ["| kernel | kind | µs | calls |", "|---|---|---|---|"]

@@ -33,6 +33,19 @@ def test_every_microsecond_of_a_decode_step_is_in_a_kind_or_the_gap():
     assert got["top_kernels"][0] == {"name": GRAPH_KERNELS[3][0], "kind": "gemm", "us": 100.0, "calls": 1.0}
 
 
+def test_host_calls_inside_a_decode_steps_range_are_counted_by_what_they_cost_the_host():
+    """Per step: one input copy and one graph launch in every range, the flush step's 9-µs sync once in three; the
+    sampler's launch after the range closed is not the step's host work."""
+    got = summarise_events(decode_trace())["host_calls"]
+    assert got == {
+        "syncs": {"per_step": 0.33, "us": 3.0},
+        "copies": {"per_step": 1.0, "us": 3.0},
+        "kernel_launches": {"per_step": 0.0, "us": 0.0},
+        "graph_launches": {"per_step": 1.0, "us": 3.0},
+    }
+    assert summarise_events(decode_trace(), steps=1)["host_calls"]["syncs"] == {"per_step": 0.0, "us": 0.0}
+
+
 def test_steps_keeps_the_last_decode_steps_and_batch_picks_the_rows():
     last_two = summarise_events(decode_trace(), batch=2, steps=2)
     assert last_two["steps"] == 2 and last_two["kinds"]["replayssm"]["us"] == pytest.approx(50.0)  # (30+40+30)/2
@@ -77,6 +90,7 @@ def test_gzipped_trace_file_and_markdown(tmp_path):
     md = markdown([row])
     assert "| replayssm_fp32 | O0 | 2 | 3 | 1000.0 | 43.3 | 20.0 | 10.0 | 100.0 | 11.0 |" in md
     assert all(k in md for k in KIND_NAMES) and f"`{GRAPH_KERNELS[3][0]}` | gemm | 100.0 | 1.0 |" in md
+    assert "| replayssm_fp32 | O0 | 2 | 0.33 (3.0) | 1.0 (3.0) | 0.0 (0.0) | 1.0 (3.0) |" in md
 
 
 def test_real_torch_profiler_trace_names_host_ranges_as_the_summariser_reads_them(tmp_path):

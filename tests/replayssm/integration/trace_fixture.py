@@ -19,9 +19,9 @@ class TraceBuilder:
         self.events = [{"ph": "M", "name": "process_name", "args": {"name": "python"}}]
         self.correlation = 0
 
-    def launch(self, host_ts, name="cudaLaunchKernel"):
+    def launch(self, host_ts, name="cudaLaunchKernel", dur=3):
         self.correlation += 1
-        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "ts": host_ts, "dur": 3,
+        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "ts": host_ts, "dur": dur,
                             "args": {"correlation": self.correlation}})  # fmt: skip
         return self.correlation
 
@@ -29,10 +29,13 @@ class TraceBuilder:
         self.events.append({"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,
                             "args": {"correlation": correlation, "stream": 7}})  # fmt: skip
 
-    def step(self, host_ts, gpu_ts, context, generation, flush=False):
+    def step(self, host_ts, gpu_ts, context, generation, flush=False, sync_us=0.0):
         name = f"execute_context_{context}({context * 1024})_generation_{generation}({generation})"
         self.events.append({"ph": "X", "cat": "user_annotation", "name": name, "ts": host_ts, "dur": 50.0})
-        self.device("Memcpy HtoD (Pinned -> Device)", gpu_ts, 2.0, self.launch(host_ts + 5), cat="gpu_memcpy")
+        copy = self.launch(host_ts + 5, "cudaMemcpyAsync")
+        self.device("Memcpy HtoD (Pinned -> Device)", gpu_ts, 2.0, copy, cat="gpu_memcpy")
+        if sync_us:  # the host blocked inside the range until the GPU caught up
+            self.launch(host_ts + 10, "cudaStreamSynchronize", dur=sync_us)
         graph = self.launch(host_ts + 20, "cudaGraphLaunch")
         at = gpu_ts + 10
         kernels = [*GRAPH_KERNELS, *((("_flush_kernel", 40.0),) if flush else ())]
@@ -44,11 +47,13 @@ class TraceBuilder:
 
 
 def decode_trace(batch: int = 2, decode_steps: int = 3):
-    """A prefill, `decode_steps` decode steps at `batch` (the second one flushes), and a step after one request
-    ended."""
+    """A prefill, `decode_steps` decode steps at `batch` (the second one flushes and its host blocks in a 9-µs
+    sync), and a step after one request ended."""
     t = TraceBuilder()
     t.step(0.0, 100.0, context=batch, generation=0)
     for k in range(decode_steps):
-        t.step(1000.0 * (k + 1), 1100.0 + STEP_US * k, context=0, generation=batch, flush=k == 1)
+        t.step(
+            1000.0 * (k + 1), 1100.0 + STEP_US * k, context=0, generation=batch, flush=k == 1, sync_us=9.0 * (k == 1)
+        )
     t.step(1000.0 * (decode_steps + 1), 1100.0 + STEP_US * decode_steps, context=0, generation=batch - 1)
     return t.events
