@@ -46,9 +46,6 @@ class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
     # row may have some (False when the CPU knows every prefill row is a fresh sequence: no fold launches).
     replay_pending: torch.Tensor | None = None
     replay_fold_pending: bool = False
-    # Decode rows of a batch small enough that every row folds each step (the launch table's fold_all_max_batch):
-    # decided by the batch size alone, so a graph captured at that size replays the same launches.
-    replay_fold_all: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,9 +85,6 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
     metadata_cls = ReplayMamba2AttentionMetadata
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
-        # imported here, as the kernels are: Triton's mode (interpreter or GPU) is set before they load
-        from replayssm_patch.kernels.launch_config import fold_all_max_batch
-
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         knobs = replayssm_config_of(vllm_config)
         self.buffer_len, self.stagger_windows = knobs.buffer_len, knobs.stagger_windows
@@ -103,7 +97,6 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         )
         self.cursors: CursorTable | None = None  # sized at the first build, once the KV cache is bound
         self.full_decode_graphs = vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs()
-        self.fold_all_max_batch = 0 if self.verify_len else fold_all_max_batch(knobs.split_precision, device)
         self._capturing = False
         self.prefill_fold_warmed = False
 
@@ -149,7 +142,6 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         return plan_ring(
             metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing, fresh=fresh,
             verify=bool(self.verify_len), num_accepted=kwargs.get("num_accepted_tokens"),
-            fold_all_max_batch=self.fold_all_max_batch,
         )  # fmt: skip
 
 
@@ -185,7 +177,6 @@ def plan_ring(
     fresh: bool = False,
     verify: bool = False,
     num_accepted: torch.Tensor | None = None,
-    fold_all_max_batch: int = 0,
 ) -> ReplayMamba2AttentionMetadata:
     """Attach this step's ring plan to ``metadata`` (``cursor_table`` is called only when cursors move).
 
@@ -195,11 +186,9 @@ def plan_ring(
     ``verify`` (a speculative server): decode rows are verifies (``CursorTable.verify_step``: commit the accepted
     prefix of the last verify, fold before an overflow, append) and the second buffer holds fold lengths;
     ``num_accepted`` is vLLM's per-request count for the whole batch, so prefill rows count their accepted prefix.
-    Decode rows of at most ``fold_all_max_batch`` (graph padding included) all fold every step.
     A capture build (``dry_run``) plans zeros and moves no cursor.
     """
     rows = 0 if metadata.state_indices_tensor_d is None else metadata.state_indices_tensor_d.shape[0]
-    fold_all = not verify and 0 < rows <= fold_all_max_batch
     write_pos, lengths, flush_rows = buffers.write_pos[:rows], buffers.flush_len[:rows], buffers.flush_rows[:rows]
     if rows:
         slots = metadata.state_indices_tensor_d[:, 0]
@@ -216,9 +205,7 @@ def plan_ring(
                 real_rows=metadata.num_decodes,
             )  # fmt: skip
         else:
-            cursor_table().decode_step(
-                slots, write_pos, lengths, metadata.num_decodes, flush_rows, buffers.flush_count, fold_all=fold_all
-            )
+            cursor_table().decode_step(slots, write_pos, lengths, metadata.num_decodes, flush_rows, buffers.flush_count)
     pending = None
     if metadata.num_prefills:
         accepted = None
@@ -234,7 +221,6 @@ def plan_ring(
         replay_fold_len=lengths if verify else None,
         replay_pending=pending,
         replay_fold_pending=bool(metadata.num_prefills) and not fresh,
-        replay_fold_all=fold_all,
     )
 
 

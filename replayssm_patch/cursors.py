@@ -62,21 +62,19 @@ class CursorTable:
         real_rows: int | None = None,
         flush_rows: torch.Tensor | None = None,
         flush_count: torch.Tensor | None = None,
-        fold_all: bool = False,
     ) -> None:
         """Plan one decode step and advance the cursors of rows [0, real_rows) of ``slots`` (default: all).
 
         Fills ``write_pos`` (the ring position this token is written to) and ``flush_len`` (write_pos + 1 on
         the step that ends the row's window, else 0) in place, so callers can pass persistent buffers; rows
         past real_rows (graph padding) and null-block rows get 0. ``flush_rows`` / ``flush_count``, when given,
-        receive the list of flush rows the decode step's fold walks. ``fold_all``: every real row flushes this step
-        (its ring, this token included, into the checkpoint) and restarts as a fresh sequence's would.
+        receive the list of flush rows the decode step's fold walks.
         """
         if real_rows is None:
             real_rows = slots.shape[0]
         self._plan_decode(
             slots, self.positions, self.window_end, write_pos, flush_len, real_rows, self.buffer_len, NULL_BLOCK_ID,
-            flush_rows, flush_count, fold_all=fold_all, stagger=self.stagger,
+            flush_rows, flush_count,
         )  # fmt: skip
 
     def verify_step(

@@ -43,21 +43,14 @@ class ReplayGDNAttentionMetadata(GDNAttentionMetadata):
     replay_pending: torch.Tensor | None = None
     # Mixed steps: the prefill rows alone, for vLLM's own path (None: no decode rows to peel off).
     prefill_view: GDNAttentionMetadata | None = None
-    # Decode rows of a batch small enough that every row folds each step (the launch table's
-    # gdn_fold_all_max_batch), decided by the batch size alone so a captured graph replays the same launches.
-    replay_fold_all: bool = False
 
 
 class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.layer_names = layer_names
-        # imported here, as the kernels are: Triton's mode (interpreter or GPU) is set before they load
-        from replayssm_patch.kernels.launch_config import gdn_fold_all_max_batch
-
         knobs = replayssm_config_of(vllm_config)
         self.buffer_len, self.stagger_windows = knobs.buffer_len, knobs.stagger_windows
-        self.fold_all_max_batch = gdn_fold_all_max_batch(device)
         self.plan_buffers = RingPlanBuffers.allocate(vllm_config.scheduler_config.max_num_seqs, device)
         self.cursors: CursorTable | None = None  # sized at the first real build, once the KV cache is bound
         self._capturing = False
@@ -99,10 +92,7 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
             if fresh.numel():
                 indices = metadata.non_spec_state_indices_tensor
                 self._start_fresh(indices.index_select(0, fresh.to(indices.device)))
-        metadata = plan_gdn_ring(
-            metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing,
-            fold_all_max_batch=self.fold_all_max_batch,
-        )  # fmt: skip
+        metadata = plan_gdn_ring(metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing)
         if metadata.num_decodes and metadata.num_prefills:
             metadata.prefill_view = prefill_only_view(stock, m.query_start_loc_cpu)
         return metadata
@@ -130,7 +120,6 @@ def plan_gdn_ring(
     buffers: RingPlanBuffers,
     *,
     dry_run: bool,
-    fold_all_max_batch: int = 0,
 ) -> ReplayGDNAttentionMetadata:
     """Attach this step's ring plan (``cursor_table`` is called only when cursors move).
 
@@ -138,14 +127,12 @@ def plan_gdn_ring(
     a decode-only step plans every row of its (possibly graph-padded) state indices, whose padding rows carry
     the null block and stay put. Prefill rows get the entries their ring still holds, then restart at 0.
     The plan also lists the flush rows for the decode step's fold; a capture build (``dry_run``) plans zeros,
-    an empty list, and moves no cursor. Decode rows of at most ``fold_all_max_batch`` (padding included) all
-    fold every step.
+    an empty list, and moves no cursor.
     """
     indices = metadata.non_spec_state_indices_tensor
     rows = 0 if indices is None or not metadata.num_decodes else metadata.num_decodes
     if rows and not metadata.num_prefills:
         rows = indices.shape[0]
-    fold_all = 0 < rows <= fold_all_max_batch
     write_pos, flush_len, flush_rows = buffers.write_pos[:rows], buffers.flush_len[:rows], buffers.flush_rows[:rows]
     if rows:
         if dry_run:
@@ -154,9 +141,7 @@ def plan_gdn_ring(
             buffers.flush_count.zero_()
         else:
             real = metadata.num_decodes
-            cursor_table().decode_step(
-                indices[:real], write_pos, flush_len, real, flush_rows, buffers.flush_count, fold_all=fold_all
-            )
+            cursor_table().decode_step(indices[:real], write_pos, flush_len, real, flush_rows, buffers.flush_count)
     pending = None
     if metadata.num_prefills:
         pending = cursor_table().take_pending(metadata.prefill_state_indices, metadata.prefill_has_initial_state)
@@ -167,7 +152,6 @@ def plan_gdn_ring(
         replay_flush_rows=flush_rows,
         replay_flush_count=buffers.flush_count,
         replay_pending=pending,
-        replay_fold_all=fold_all,
     )
 
 

@@ -137,7 +137,6 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
             metadata.replay_write_pos, metadata.replay_flush_len,
             flush_rows=metadata.replay_flush_rows, flush_count=metadata.replay_flush_count,
             scale=self.head_k_dim**-0.5, pad_slot_id=NULL_BLOCK_ID, out=core_attn_out[:n],
-            fold_all=metadata.replay_fold_all,
         )  # fmt: skip
 
 

@@ -165,7 +165,7 @@ class ReplayMambaMixer2(MambaMixer2):
         leading, keywords = self._kernel_arguments(x, dt, B, C, output[:n].view(x.shape))
         plan = (metadata.state_indices_tensor_d[:n, 0], metadata.replay_write_pos[:n], metadata.replay_flush_len[:n])
         fold_list = {"flush_rows": metadata.replay_flush_rows[:n], "flush_count": metadata.replay_flush_count}
-        replay_decode_step(*leading, *plan, **fold_list, fold_all=metadata.replay_fold_all, **keywords)
+        replay_decode_step(*leading, *plan, **fold_list, **keywords)
 
     def _replay_verify(
         self, projected_states: torch.Tensor, output: torch.Tensor, metadata: ReplayMamba2AttentionMetadata

@@ -304,17 +304,3 @@ def registers_table(registers: list[dict[str, Any]]) -> list[str]:
         shown = {k: v for k, v in r["constexprs"].items() if k.isupper() or k.startswith("BLOCK")}
         lines.append(f"| {r['kernel']} | {r['num_warps']} | {r['registers']} | {r['spills']} | {shown} |")
     return [*lines, ""]
-
-
-def fold_all_max_batch(rows: list[dict[str, Any]], ring_kernel: str, fold_all_kernel: str) -> int:
-    """The largest batch up to which folding every row each step (``fold_all_kernel``) measured faster than the
-    ring's decode step (``ring_kernel``) at every batch timed, 0 if not even at the smallest: the plugin's
-    fold-all batches (``launch_config``)."""
-    us = {(row["batch"], row["kernel"]): row["us"] for row in rows}
-    best = 0
-    for batch in sorted({row["batch"] for row in rows}):
-        ring, every_row = us.get((batch, ring_kernel)), us.get((batch, fold_all_kernel))
-        if ring is None or every_row is None or every_row >= ring:
-            break
-        best = batch
-    return best

@@ -36,7 +36,6 @@ from replayssm_patch.gpu.bench_common import (
     TimedCalls,
     compiled_registers,
     error_summary,
-    fold_all_max_batch,
     open_bench,
     paged_tensors,
     probe_problem,
@@ -99,9 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     report.section("timing", lambda: run_timing(plan, device, baseline, launch))
     if launch is not None:
         tuned = args.out / "gdn_launch_config.json"
-        rows = report.data["timing"].get("rows", [])
-        table = {"gdn": sweep["best"], "gdn_fold_all_max_batch": fold_all_max_batch(rows, RING_ROW, FOLD_ALL_ROW)}
-        tuned.write_text(json.dumps(table, indent=2) + "\n")
+        tuned.write_text(json.dumps({"gdn": sweep["best"]}, indent=2) + "\n")
         report.log(f"fastest launch shapes in {tuned} (REPLAYSSM_LAUNCH_CONFIG={tuned} makes the plugin use them)")
     report.log(f"wrote {report.json_path} and {report.md_path}")
     return 0
@@ -389,15 +386,12 @@ class KernelSetup:
         self.flush_none = torch.zeros(batch, dtype=torch.int32, device=device)
         self.flush_staggered = torch.where(self.write_pos == L - 1, L, 0).to(torch.int32)  # 1/L of the rows
         self.flush_all = torch.full((batch,), L, dtype=torch.int32, device=device)
-        self.flush_one = torch.ones(batch, dtype=torch.int32, device=device)  # fold-all: every ring holds this token
         self.out = torch.empty(batch, plan.num_v_heads, plan.head_v_dim, dtype=torch.bfloat16, device=device)
 
-    def step(
-        self, write_pos: torch.Tensor, flush_len: torch.Tensor, launch: Any, fold_all: bool = False
-    ) -> Callable[[], Any]:
+    def step(self, write_pos: torch.Tensor, flush_len: torch.Tensor, launch: Any) -> Callable[[], Any]:
         """ReplaySSM's decode step in one graph (coefficients, replay, fold) with ``launch`` (a ``GdnLaunch``),
         its flush-row list made once beforehand as the builder's cursor plan makes it (not timed: one plan
-        serves every layer); ``fold_all``: every row folds and the replay launch is left out."""
+        serves every layer)."""
         from replayssm_patch.kernels import gdn_decode_step
         from replayssm_patch.kernels.decode_fold import flush_work_list
 
@@ -405,7 +399,7 @@ class KernelSetup:
         return lambda: gdn_decode_step(
             *self.inputs.fields(), self.layer.A_log, self.layer.dt_bias, self.state, self.ring_k, self.ring_u,
             self.ring_g, self.indices, write_pos, flush_len, flush_rows=rows, flush_count=count, pad_slot_id=PAD,
-            out=self.out, launch=launch, fold_all=fold_all,
+            out=self.out, launch=launch,
         )  # fmt: skip
 
     def sweep(self, shapes: dict[str, dict[str, int]], label: str) -> dict[str, float]:
@@ -427,17 +421,13 @@ class KernelSetup:
             call = lambda: baseline.step(self.base_state, self.inputs, self.layer, self.indices, self.out)  # noqa: E731
             measure(BASELINE_ROW, call, model.baseline())
         staggered = self.step(self.write_pos, self.flush_staggered, launch)
-        measure(RING_ROW, staggered, model.replay() + model.fold(1 / self.plan.buffer_len))
+        measure("decode step (1/L rows flushing)", staggered, model.replay() + model.fold(1 / self.plan.buffer_len))
         measure("replay (no row flushing)", self.step(self.write_pos, self.flush_none, launch), model.replay())
         measure("decode step (all rows flushing)", self.step(self.aligned_pos, self.flush_all, launch), model.aligned())
-        every_row = self.step(self.flush_none, self.flush_one, launch, fold_all=True)
-        measure(FOLD_ALL_ROW, every_row, model.fold_every_row())
         return timed.rows(BASELINE_ROW)
 
 
 BASELINE_ROW = "vllm gdn decode (fp32 state)"
-RING_ROW = "decode step (1/L rows flushing)"
-FOLD_ALL_ROW = "decode step (every row folds, 2 launches)"
 
 
 def paged_gdn_tensors(plan: Plan, slots: int, replay: bool, device: str) -> list[torch.Tensor]:
@@ -494,10 +484,6 @@ class TrafficModel:
     def fold(self, share: float) -> float:
         """What flushing rows add to a replay: the new checkpoint written and their ring of keys read again."""
         return share * (self._state_bytes + self.batch * self.plan.buffer_len * self._key_entry_bytes)
-
-    def fold_every_row(self) -> float:
-        """Every row folding its one entry (this token) each step: the state read and written, the entry appended."""
-        return self._io_bytes + 2 * self._state_bytes + self.batch * (self._entry_bytes + self._key_entry_bytes)
 
     def aligned(self) -> float:
         """Every row at write_pos L-1, all flushing: full rings read, the state read and written, keys read twice."""

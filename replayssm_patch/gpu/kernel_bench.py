@@ -33,7 +33,6 @@ from replayssm_patch.gpu.bench_common import (
     TimedCalls,
     compiled_registers,
     error_summary,
-    fold_all_max_batch,
     open_bench,
     registers_table,
     report_head,
@@ -196,20 +195,9 @@ def run_timing(plan: Plan, device: str, baseline: Baseline, sweep: bool) -> dict
 
 
 def tuned_launch_file(timing: dict[str, Any]) -> dict[str, Any]:
-    """The sweep's winners in the format ``REPLAYSSM_LAUNCH_CONFIG`` reads (kernels/launch_config.py), and per
-    mode the batches at which folding every row beat the ring's step (``fold_all_max_batch``)."""
+    """The sweep's winners in the format ``REPLAYSSM_LAUNCH_CONFIG`` reads (kernels/launch_config.py)."""
     keys = ("block_p", "block_n", "num_warps")
-    steps = {mode: dict(zip(keys, cfg, strict=True)) for mode, cfg in timing["configs"].items() if cfg}
-    folds = {mode: fold_all_max_batch(timing["rows"], ring_row(mode), fold_all_row(mode)) for mode in ("fp32", "split")}
-    return {"replay_step": steps, "fold_all_max_batch": folds}
-
-
-def ring_row(mode: str) -> str:
-    return f"decode step {mode} (1/L rows flushing)"
-
-
-def fold_all_row(mode: str) -> str:
-    return f"decode step {mode} (every row folds, 2 launches)"
+    return {"replay_step": {mode: dict(zip(keys, cfg, strict=True)) for mode, cfg in timing["configs"].items() if cfg}}
 
 
 def _replay_kernels() -> tuple[Any, ...]:
@@ -247,7 +235,6 @@ class KernelSetup:
         self.flush_none = torch.zeros(batch, dtype=torch.int32, device=device)
         self.flush_staggered = torch.where(self.write_pos == L - 1, L, 0).to(torch.int32)  # 1/L of the rows
         self.flush_all = torch.full((batch,), L, dtype=torch.int32, device=device)
-        self.flush_one = torch.ones(batch, dtype=torch.int32, device=device)  # fold-all: every ring holds this token
         self.out = torch.empty(batch, H, P, dtype=torch.bfloat16, device=device)
         self.base_state = {
             "fp32": torch.randn(pool, H, P, N, device=device),
@@ -256,12 +243,10 @@ class KernelSetup:
 
     # -- calls ---------------------------------------------------------------------------------------------
     def step(
-        self, mode: str, cfg: tuple[int, int, int] | None, write_pos: torch.Tensor, flush_len: torch.Tensor,
-        fold_all: bool = False,
-    ) -> Callable[[], Any]:  # fmt: skip
+        self, mode: str, cfg: tuple[int, int, int] | None, write_pos: torch.Tensor, flush_len: torch.Tensor
+    ) -> Callable[[], Any]:
         """The decode step as vLLM runs it, in one graph: coefficients, replay, and the fold over the flush rows,
-        listed once beforehand as the builder's cursor plan lists them (not timed: one plan serves every layer);
-        ``fold_all``: every row folds and the replay launch is left out, as the plugin runs its small batches."""
+        listed once beforehand as the builder's cursor plan lists them (not timed: one plan serves every layer)."""
         from replayssm_patch.kernels import replay_decode_step
         from replayssm_patch.kernels.decode_fold import flush_work_list
 
@@ -271,7 +256,7 @@ class KernelSetup:
         return lambda: replay_decode_step(
             s.x, s.dt, layer.A, s.B, s.C, cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt, self.indices,
             write_pos, flush_len, flush_rows=rows, flush_count=count, state_bf16=cache.state_bf16, D=layer.D,
-            dt_bias=layer.dt_bias, out=self.out, fold_all=fold_all, **tuning,
+            dt_bias=layer.dt_bias, out=self.out, **tuning,
         )  # fmt: skip
 
     def materialise(self, mode: str) -> Callable[[], Any]:
@@ -310,11 +295,11 @@ class KernelSetup:
             replay = model.replay(state_bytes)
             measure(f"replay {mode} (no row flushing)", self.step(mode, cfg, self.write_pos, self.flush_none), replay)
             staggered = self.step(mode, cfg, self.write_pos, self.flush_staggered)
-            measure(ring_row(mode), staggered, replay + model.fold(1.0 / L, state_bytes, copy))
+            measure(
+                f"decode step {mode} (1/L rows flushing)", staggered, replay + model.fold(1.0 / L, state_bytes, copy)
+            )
             aligned = self.step(mode, cfg, self.aligned_pos, self.flush_all)
             measure(f"decode step {mode} (all rows flushing)", aligned, model.aligned(copy))
-            every_row = self.step(mode, cfg, self.flush_none, self.flush_one, fold_all=True)
-            measure(fold_all_row(mode), every_row, model.fold_every_row(copy))
             measure(f"materialise flush {mode} (all rows)", self.materialise(mode), model.flush(1.0, copy))
         return timed.rows("baseline fp32 state")
 

@@ -244,10 +244,6 @@ class TrafficModel:
         ring_B = self.batch * p.buffer_len * p.ngroups * p.d_state * 2
         return share * (self._state_elems * (extra_read + 4 + copy_bytes) + ring_B)
 
-    def fold_every_row(self, copy_bytes: int) -> float:
-        """Every row folding its one entry (this token) each step: the fp32 master read and written (+ the copy)."""
-        return self._io_bytes + self.batch * self._entry_bytes + self._state_elems * (4 + 4 + copy_bytes)
-
     def aligned(self, copy_bytes: int) -> float:
         """Every row at write_pos L-1, all flushing: full rings read, master read and written (+ the copy)."""
         return (

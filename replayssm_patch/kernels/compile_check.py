@@ -191,9 +191,7 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     plan_pointers = {"slot_ptr": "*i32", "positions_ptr": "*i32", "window_end_ptr": "*i32", "write_pos_ptr": "*i32",
                      "flush_ptr": "*i32"}  # fmt: skip
     list_pointers = {**plan_pointers, "flush_rows_ptr": "*i32", "flush_count_ptr": "*i32"}
-    for fold_all in (False, True):  # fold_all: a small batch's plan, every row folding and restarting staggered
-        plan_consts = {"HAS_LIST": True, "FOLD_ALL": fold_all, "STAGGER": True, "BLOCK": PLAN_BLOCK}
-        found.append((f"cursor plan, fold all {fold_all}", _cursor_plan_kernel, list_pointers, plan_consts, 4))
+    found.append(("cursor plan", _cursor_plan_kernel, list_pointers, {"HAS_LIST": True, "BLOCK": PLAN_BLOCK}, 4))
     verify_plan_pointers = {**plan_pointers, "qsl_ptr": "*i32", "accepted_ptr": "*i32", "pending_ptr": "*i32",
                             "fold_ptr": "*i32"}  # fmt: skip
     found.append(("verify plan", _verify_plan_kernel, verify_plan_pointers, {"BLOCK": PLAN_BLOCK}, 4))

@@ -15,26 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_patch.cursors import first_window_end
 from replayssm_patch.kernels.common import check_launchable
 
 PLAN_BLOCK = 256
 
 
-@triton.jit
-def _first_window_end(slot, ring_len, STAGGER: tl.constexpr):
-    """cursors.first_window_end of int32 ``slot``: L-1 - (the slot's hash mod L), or L-1 without stagger."""
-    if STAGGER:
-        offset = ((slot.to(tl.int64) * 2654435761) % 4294967296) >> 16
-        return (ring_len - 1 - offset % ring_len).to(tl.int32)
-    return tl.zeros_like(slot) + ring_len - 1
-
-
 @triton.jit(do_not_specialize=["real_rows", "rows"])  # the row counts change every step: one compiled kernel
 def _cursor_plan_kernel(
     slot_ptr, slot_stride, positions_ptr, window_end_ptr, write_pos_ptr, flush_ptr, flush_rows_ptr, flush_count_ptr,
-    real_rows, rows, ring_len, null_block, HAS_LIST: tl.constexpr, FOLD_ALL: tl.constexpr, STAGGER: tl.constexpr,
-    BLOCK: tl.constexpr,
+    real_rows, rows, ring_len, null_block, HAS_LIST: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     offs = tl.arange(0, BLOCK)  # one program holds every row, so the flush list needs no atomics
     in_batch = offs < rows
@@ -42,14 +31,11 @@ def _cursor_plan_kernel(
     real = (offs < real_rows) & (slot != null_block)
     pos = tl.load(positions_ptr + slot, mask=real, other=0)
     end = tl.load(window_end_ptr + slot, mask=real, other=ring_len - 1)
-    flush = real & ((pos >= end) | FOLD_ALL)
+    flush = real & (pos >= end)
     tl.store(write_pos_ptr + offs, tl.where(real, pos, 0), mask=in_batch)
     tl.store(flush_ptr + offs, tl.where(flush, pos + 1, 0), mask=in_batch)
     tl.store(positions_ptr + slot, tl.where(flush, 0, pos + 1), mask=real)
-    if FOLD_ALL:  # every ring restarts: where a fresh sequence's first window would end, so windows stay spread
-        tl.store(window_end_ptr + slot, _first_window_end(slot, ring_len, STAGGER), mask=flush)
-    else:
-        tl.store(window_end_ptr + slot, ring_len - 1, mask=flush)
+    tl.store(window_end_ptr + slot, ring_len - 1, mask=flush)
     if HAS_LIST:
         flags = flush.to(tl.int32)
         tl.store(flush_rows_ptr + tl.cumsum(flags, axis=0) - 1, offs, mask=flush)
@@ -67,16 +53,12 @@ def plan_decode_rows(
     null_block: int,
     flush_rows: torch.Tensor | None = None,
     flush_count: torch.Tensor | None = None,
-    fold_all: bool = False,
-    stagger: bool = True,
 ) -> None:
     """Plan ``write_pos`` / ``flush_len`` (int32 [rows], persistent buffers) for rows [0, real_rows) of
     ``slots`` and advance their cursors (``positions`` / ``window_end``, int32 per block); rows past
     real_rows (CUDA-graph padding) and null-block rows get 0. A flush row gets flush_len = write_pos + 1.
     With ``flush_rows`` (int32 [rows]) and ``flush_count`` (int32 [1]) it also lists the flush rows, in row
-    order, for the decode step's fold (entries past the count are left as they were).
-    ``fold_all``: every real row flushes (a small batch, where a launch costs more than the bytes it saves), and
-    its next window ends where a fresh sequence's first one would (``stagger`` as the table's)."""
+    order, for the decode step's fold (entries past the count are left as they were)."""
     check_launchable(slots, positions)
     rows = write_pos.shape[0]
     if rows == 0:
@@ -85,8 +67,7 @@ def plan_decode_rows(
     _cursor_plan_kernel[(1,)](
         slots, slots.stride(0), positions, window_end, write_pos, flush_len,
         flush_rows if has_list else write_pos, flush_count if has_list else write_pos,
-        real_rows, rows, ring_len, null_block, HAS_LIST=has_list, FOLD_ALL=fold_all, STAGGER=stagger,
-        BLOCK=max(PLAN_BLOCK, triton.next_power_of_2(rows)),
+        real_rows, rows, ring_len, null_block, HAS_LIST=has_list, BLOCK=max(PLAN_BLOCK, triton.next_power_of_2(rows)),
     )  # fmt: skip
 
 
@@ -101,8 +82,6 @@ def plan_decode_rows_reference(
     null_block: int,
     flush_rows: torch.Tensor | None = None,
     flush_count: torch.Tensor | None = None,
-    fold_all: bool = False,
-    stagger: bool = True,
 ) -> None:
     """Plain-PyTorch twin of ``plan_decode_rows`` (same arguments)."""
     write_pos.zero_()
@@ -111,13 +90,12 @@ def plan_decode_rows_reference(
     real = slot != null_block
     slot = slot[real]
     pos, end = positions[slot], window_end[slot]
-    flush = torch.ones_like(pos, dtype=torch.bool) if fold_all else pos >= end
+    flush = pos >= end
     rows = real.nonzero().squeeze(1)
     write_pos[rows] = pos
     flush_len[rows] = torch.where(flush, pos + 1, 0).to(flush_len.dtype)
     positions[slot] = torch.where(flush, 0, pos + 1).to(positions.dtype)
-    restart = first_window_end(slot, ring_len, stagger) if fold_all else torch.full_like(end, ring_len - 1)
-    window_end[slot] = torch.where(flush, restart, end).to(window_end.dtype)
+    window_end[slot] = torch.where(flush, ring_len - 1, end).to(window_end.dtype)
     if flush_rows is not None and flush_count is not None:
         listed = rows[flush]
         flush_rows[: listed.numel()] = listed.to(flush_rows.dtype)

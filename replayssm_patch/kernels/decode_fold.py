@@ -100,16 +100,13 @@ def _decode_fold_kernel(
 @dataclass(frozen=True)
 class FoldPlan:
     """What a decode step's fold needs besides the replay's inputs: the fp32 master (and bf16 copy) it writes,
-    the per-row flush lengths (rows > 0 are skipped by the replay) and the compacted list of those rows.
-    ``every_row``: the plan folds every real row this step (the cursor plan's fold-all batches), so the replay
-    launch, which would skip them all, is left out: two launches per layer instead of three."""
+    the per-row flush lengths (rows > 0 are skipped by the replay) and the compacted list of those rows."""
 
     master: torch.Tensor
     state_bf16: torch.Tensor | None
     flush_len: torch.Tensor
     rows: torch.Tensor
     count: torch.Tensor
-    every_row: bool = False
 
 
 @functools.cache

@@ -41,7 +41,6 @@ def replay_decode_step(
     block_p: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
-    fold_all: bool = False,
 ) -> torch.Tensor:
     """The whole decode step (Triton): y for every row, reading state_bf16 when given (else ssm_state); rows
     with flush_len > 0 (the builder sets L on the step that fills the ring, or write_pos + 1 for a staggered
@@ -49,13 +48,12 @@ def replay_decode_step(
 
     Argument shapes as in ``replay_decode``; ``flush_rows`` (int32 [batch]) and ``flush_count`` (int32 [1]) list
     the flush rows first (the cursor plan writes them; when not given they are derived here with device ops).
-    Three launches with fixed grids whatever the metadata says, so it can be captured in a CUDA graph;
-    ``fold_all`` (the cursor plan folds every real row, ``plan_decode_rows(fold_all=True)``) leaves the replay
-    launch out, which would skip every row: two launches. Returns y [batch, nheads, head_dim].
+    Three launches with fixed grids whatever the metadata says, so it can be captured in a CUDA graph.
+    Returns y [batch, nheads, head_dim].
     """
     if flush_rows is None or flush_count is None:
         flush_rows, flush_count = flush_work_list(flush_len, state_indices, write_pos, ring_len_of(ring_x), pad_slot_id)
-    fold = FoldPlan(ssm_state, state_bf16, flush_len, flush_rows, flush_count, every_row=fold_all)
+    fold = FoldPlan(ssm_state, state_bf16, flush_len, flush_rows, flush_count)
     return launch_replay(
         x, dt, A, B, C, state_bf16 if state_bf16 is not None else ssm_state, ring_x, ring_B, ring_dt,
         state_indices, write_pos, fold=fold, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, pad_slot_id=pad_slot_id,
@@ -88,12 +86,10 @@ def replay_decode_step_reference(
     block_p: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
-    fold_all: bool = False,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``replay_decode_step`` (same arguments): replay, then fold entries [0, write_pos]
-    of the flush rows. A flush row's y is the replay's, which equals h'·C_t + D·x_t up to fp32 rounding;
-    ``fold_all`` changes no result (it only says that every row's flush_len is set)."""
-    del flush_rows, flush_count, block_p, block_n, num_warps, fold_all
+    of the flush rows. A flush row's y is the replay's, which equals h'·C_t + D·x_t up to fp32 rounding."""
+    del flush_rows, flush_count, block_p, block_n, num_warps
     read_state = state_bf16 if state_bf16 is not None else ssm_state
     out = replay_decode_reference(
         x, dt, A, B, C, read_state, ring_x, ring_B, ring_dt, state_indices, write_pos,

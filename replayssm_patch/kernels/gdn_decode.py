@@ -140,7 +140,6 @@ def gdn_decode_step(
     pad_slot_id: int = PAD_SLOT_ID,
     out: torch.Tensor | None = None,
     launch: GdnLaunch | None = None,
-    fold_all: bool = False,
 ) -> torch.Tensor:
     """The whole GDN decode step (Triton): append (k̂, u, g) at write_pos, return o [batch, num_v_heads,
     head_v_dim] (the z gate and out_proj stay vLLM's), and fold the ring into ssm_state on flush rows.
@@ -156,8 +155,7 @@ def gdn_decode_step(
     write_pos is off the ring are skipped: nothing read or written, ``out`` left as it was. Three launches with
     grids fixed by the shapes, so it can be captured in a CUDA graph. ``launch`` (the replay and fold launches'
     head_v_dim rows per program and warps; default: this GPU's tuned table, ``launch_config``) is a GPU tuning
-    knob only. ``fold_all`` (the cursor plan folds every real row: a small batch) leaves the replay launch out,
-    which would skip every row: two launches.
+    knob only.
     """
     check_launchable(q, ssm_state)
     require_fp32_checkpoint(ssm_state)
@@ -172,10 +170,7 @@ def gdn_decode_step(
         q, k, a, b, A_log, dt_bias, ring_k, ring_g, state_indices, write_pos, scale, pad_slot_id, num_v_heads
     )
     launch = launch or gdn_launch_for(q.device)
-    if not fold_all:
-        launch_gdn_replay(
-            v, ssm_state, ring_u, state_indices, write_pos, flush_len, coefficients, pad_slot_id, out, launch
-        )
+    launch_gdn_replay(v, ssm_state, ring_u, state_indices, write_pos, flush_len, coefficients, pad_slot_id, out, launch)
     launch_gdn_fold(
         v, ssm_state, ring_k, ring_u, state_indices, write_pos, flush_rows, flush_count, coefficients, out, launch
     )
@@ -204,12 +199,10 @@ def gdn_decode_step_reference(
     pad_slot_id: int = PAD_SLOT_ID,
     out: torch.Tensor | None = None,
     launch: GdnLaunch | None = None,
-    fold_all: bool = False,
 ) -> torch.Tensor:
-    """Plain-PyTorch twin of ``gdn_decode_step`` (same arguments; the fold list, tuning knobs and ``fold_all``
-    are ignored), in fp32: the replay of every row, then the fold of the flush rows, which answer from the folded
-    state."""
-    del flush_rows, flush_count, launch, fold_all
+    """Plain-PyTorch twin of ``gdn_decode_step`` (same arguments; the fold list and tuning knobs are ignored),
+    in fp32: the replay of every row, then the fold of the flush rows, which answer from the folded state."""
+    del flush_rows, flush_count, launch
     require_fp32_checkpoint(ssm_state)
     num_v_heads, num_k_heads, head_k_dim = v.shape[1], q.shape[1], q.shape[2]
     out = _out_buffer(v, out)

@@ -5,11 +5,6 @@ per checkpoint dtype to a JSON file (``"replay_step"``); the GDN bench does the 
 launches (``"gdn"``). ``REPLAYSSM_LAUNCH_CONFIG=<file>`` makes the plugin use such a file (as vLLM reads its tuned
 kernel configs), and the H200's committed file (``launch_h200.json`` beside this module) is used on an H200
 without it. An entry the file lacks keeps its defaults.
-
-``"fold_all_max_batch"`` (per checkpoint dtype): the largest decode batch at which the Mamba-2 bench measured
-folding every row each step (two launches, ``plan_decode_rows(fold_all=True)``) faster than the ring's replay
-(three launches); at small batches a launch costs more than the bytes the replay saves. ``"gdn_fold_all_max_batch"``
-is the GDN bench's. Default 0: never.
 """
 
 from __future__ import annotations
@@ -71,19 +66,6 @@ def launch_for(state_dtype: torch.dtype, device: torch.device) -> ReplayLaunch:
 
 
 @functools.cache
-def fold_all_max_batch(split_precision: bool, device: torch.device) -> int:
-    """Decode batches up to this size fold every row each step (the table's ``"fold_all_max_batch"``), else 0."""
-    entry = "split" if split_precision else "fp32"
-    return int(_tuned_table(_device_name(device)).get("fold_all_max_batch", {}).get(entry, 0))
-
-
-@functools.cache
-def gdn_fold_all_max_batch(device: torch.device) -> int:
-    """Decode batches up to this size fold every GDN row each step (``"gdn_fold_all_max_batch"``), else 0."""
-    return int(_tuned_table(_device_name(device)).get("gdn_fold_all_max_batch", 0))
-
-
-@functools.cache
 def gdn_launch_for(device: torch.device) -> GdnLaunch:
     """The GDN decode step's tuned shapes on this device (the table's ``"gdn"`` entry), else the defaults."""
     return GdnLaunch(**_tuned_table(_device_name(device)).get("gdn", {}))
@@ -96,10 +78,7 @@ def launch_shapes_in_use(device_name: str) -> dict[str, str]:
     steps = table.get("replay_step", {})
     shapes = {entry: ReplayLaunch(**steps.get(entry, {})).as_key() for entry in ("fp32", "split")}
     gdn = GdnLaunch(**table.get("gdn", {})).as_key()
-    fold_all = table.get("fold_all_max_batch", {})
-    folds = ", ".join(f"{entry} <= {fold_all.get(entry, 0)}" for entry in ("fp32", "split"))
-    folds += f", gdn <= {table.get('gdn_fold_all_max_batch', 0)}"
-    return {"source": _table_path(device_name) or "defaults", **shapes, "gdn": gdn, "fold_all_batches": folds}
+    return {"source": _table_path(device_name) or "defaults", **shapes, "gdn": gdn}
 
 
 def _device_name(device: torch.device) -> str:

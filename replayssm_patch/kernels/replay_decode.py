@@ -214,16 +214,15 @@ def launch_replay(
         HEADS_PER_GROUP=nheads // ngroups, HEAD_CHUNK=head_chunk(nheads // ngroups), HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=dt_softplus, BLOCK_L=BLOCK_L, BLOCK_N=block_size(d_state, floor=16), num_warps=COEF_NUM_WARPS,
     )  # fmt: skip
-    if fold is None or not fold.every_row:  # every row folding: the replay would skip them all
-        _replay_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
-            x, C, D if D is not None else A, read_state, ring_x,
-            state_indices, write_pos, fold.flush_len if fold is not None else write_pos, bc, weight, decay, out,
-            head_dim, d_state, ring_len, nheads, nheads // ngroups, pad_slot_id,
-            *x.stride(), *C.stride(), *read_state.stride(), *ring_x.stride(), *out.stride(),
-            HAS_D=D is not None, HAS_FLUSH=fold is not None,
-            BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
-            N_TILES=triton.cdiv(d_state, BLOCK_N), num_warps=num_warps or tuned.num_warps,
-        )  # fmt: skip
+    _replay_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
+        x, C, D if D is not None else A, read_state, ring_x,
+        state_indices, write_pos, fold.flush_len if fold is not None else write_pos, bc, weight, decay, out,
+        head_dim, d_state, ring_len, nheads, nheads // ngroups, pad_slot_id,
+        *x.stride(), *C.stride(), *read_state.stride(), *ring_x.stride(), *out.stride(),
+        HAS_D=D is not None, HAS_FLUSH=fold is not None,
+        BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
+        N_TILES=triton.cdiv(d_state, BLOCK_N), num_warps=num_warps or tuned.num_warps,
+    )  # fmt: skip
     if fold is not None:
         launch_decode_fold(fold, x, C, D, ring_x, ring_B, state_indices, write_pos, weight, decay, out, BLOCK_L)
     return out

@@ -288,8 +288,7 @@ def test_engine_step_rows_merge_from_two_runs_into_one_valid_file(engine_flow):
     from replayssm_patch.kernels.launch_config import GDN_DEFAULT
 
     # no GPU here: no tuned file
-    defaults = {"source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w", "gdn": GDN_DEFAULT.as_key(),
-                "fold_all_batches": "fp32 <= 0, split <= 0, gdn <= 0"}  # fmt: skip
+    defaults = {"source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w", "gdn": GDN_DEFAULT.as_key()}
     assert [r["launch_shapes"] for r in rows] == [None, defaults, defaults]
     assert all(r["valid"] and r["problems"] == [] and r["exact"] and r["preemptions"] == 0 for r in rows)
     assert all(r["engine_tpot_ms"] > 0 and r["engine_tpot_tokens"] == 272 for r in rows)
@@ -387,15 +386,6 @@ def test_real_builder_plans_capture_decode_and_prefill(checks):
     assert steps[6] == {"decodes": 1, "prefills": 1, "write_pos": [1], "flush_len": [0], "pending": [0],
                         "fold_pending": False,
                         "after": [0, 0, 0, 2, 0, 1, 0, 0]}  # fmt: skip
-
-
-def test_real_builder_folds_every_row_at_the_launch_tables_small_batches(checks):
-    """fold_all_max_batch 2 in the launch table: graphs of 2 rows are captured and run with every row folding its
-    one entry each step (no replay launch); at 3 rows the ring's plan is back (cursors at 0 after the folds)."""
-    got = checks["tiny_model"]["fold_all"]
-    assert (got["max_batch"], got["capture"]) == (2, True)
-    assert got["steps"] == [[True, [0, 0], [1, 1], [0, 1]]] * 3
-    assert got["wide"] == [False, [0, 0, 0], [0, 0, 0]]
 
 
 def test_other_kv_cache_groups_read_the_one_shared_plan(checks):
@@ -566,14 +556,6 @@ def test_gdn_unsupported_settings_are_refused_from_real_configs(gdn_checks, case
 
 def test_gdn_fp32_state_on_cuda_is_accepted(gdn_checks):
     assert gdn_checks["refused"]["fp32_supported"] is None
-
-
-def test_real_gdn_builder_folds_every_row_at_the_launch_tables_small_batches(gdn_checks):
-    """gdn_fold_all_max_batch 2: graphs of 2 rows are captured and run with every row folding each step."""
-    got = gdn_checks["builder"]["fold_all"]
-    assert (got["max_batch"], got["capture"]) == (2, True)
-    assert got["steps"] == [[True, [0, 0], [1, 1], [0, 1]]] * 3
-    assert got["wide"] == [False, [0, 0, 0], [0, 0, 0]]
 
 
 def test_gdn_builder_plans_capture_and_decode_with_its_own_cursor_table(gdn_checks):

@@ -7,7 +7,6 @@ pytest (no test_ prefix): the main venv has no vLLM.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 from importlib.metadata import entry_points
@@ -98,7 +97,6 @@ def tiny_model_checks(tiny_dir: Path) -> dict:
                   "flush_len": m.replay_flush_len.tolist(), "pending": m.replay_pending.tolist(),
                   "fold_pending": m.replay_fold_pending,
                   "after": builder.cursors.positions.tolist()})  # fmt: skip
-    fold_all = fold_all_steps(layer, spec, config, tiny_dir.parent / "fold_all_table.json", {"fp32": 2})
     refused = None
     try:
         model_cls.get_mamba_state_shape_from_config(
@@ -107,34 +105,7 @@ def tiny_model_checks(tiny_dir: Path) -> dict:
     except Exception as exc:
         refused = f"{type(exc).__name__}: {exc}"
     return {"mixer_classes": sorted({type(mod).__name__ for mod in mixers}), "mixers": len(mixers),
-            "steps": steps, "other_group": other_group, "refused_prefix_caching": refused,
-            "fold_all": fold_all}  # fmt: skip
-
-
-def fold_all_steps(layer, spec, config, table: Path, mamba: dict | None = None, gdn: int | None = None) -> dict:
-    """The layer's real builder under a launch table whose fold-all batches are 2 (``mamba``: the Mamba-2 entry,
-    ``gdn``: the GDN one): capture and decode builds of 2 rows fold every row, a build of 3 rows does not."""
-    from replayssm_patch.kernels import launch_config
-
-    entries = {"fold_all_max_batch": mamba} if mamba else {"gdn_fold_all_max_batch": gdn}
-    table.write_text(json.dumps(entries))
-    os.environ[launch_config.ENV_VAR] = str(table)
-    launch_config.fold_all_max_batch.cache_clear()
-    launch_config.gdn_fold_all_max_batch.cache_clear()
-    try:
-        builder = layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device("cpu"))
-        capture = builder.build_for_cudagraph_capture(common_metadata([1, 1], [1, 1], [0, 0], [False, False]))
-        steps = []
-        for step in range(3):
-            m = builder.build(0, common_metadata([1, 1], [10 + step, 20 + step], [1, 7], [False, False]))
-            steps.append((m.replay_fold_all, m.replay_write_pos.tolist(), m.replay_flush_len.tolist(), flush_list(m)))
-        wide = builder.build(0, common_metadata([1, 1, 1], [13, 23, 9], [1, 7, 4], [False, False, False]))
-    finally:
-        del os.environ[launch_config.ENV_VAR]
-        launch_config.fold_all_max_batch.cache_clear()
-        launch_config.gdn_fold_all_max_batch.cache_clear()
-    return {"max_batch": builder.fold_all_max_batch, "capture": capture.replay_fold_all, "steps": steps,
-            "wide": (wide.replay_fold_all, wide.replay_write_pos.tolist(), wide.replay_flush_len.tolist())}  # fmt: skip
+            "steps": steps, "other_group": other_group, "refused_prefix_caching": refused}  # fmt: skip
 
 
 def main(model_dir: Path, tiny_dir: Path, result_file: Path) -> None:

@@ -26,7 +26,7 @@ from vllm.model_executor.models import ModelRegistry  # noqa: E402
 from vllm.platforms.cpu import CpuPlatform  # noqa: E402
 from vllm.plugins import load_general_plugins  # noqa: E402
 from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend  # noqa: E402
-from vllm_checks import describe, flush_list, fold_all_steps  # noqa: E402
+from vllm_checks import describe, flush_list  # noqa: E402
 
 from replayssm_patch.config import replayssm_config_of  # noqa: E402
 from replayssm_patch.gdn_mixer import install_replay_gdn  # noqa: E402
@@ -121,7 +121,7 @@ def builder_steps(tiny: Path) -> dict:
     steps.append({"decodes": m.num_decodes, "write_pos": m.replay_write_pos.tolist(),
                   "fresh_state_zero": bool((layer.kv_cache[1][5] == 0).all() and (layer.kv_cache[0][5] == 0).all()),
                   "other_state_kept": bool((layer.kv_cache[1][3] == 0).all())})  # fmt: skip
-    return {"steps": steps, "fold_all": fold_all_steps(layer, spec, config, tiny.parent / "gdn_fold_all.json", gdn=2)}
+    return {"steps": steps}
 
 
 def whole_model(tiny: Path) -> dict:

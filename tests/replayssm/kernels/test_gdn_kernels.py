@@ -316,39 +316,6 @@ def test_split_launches_track_fp64_with_no_all_and_some_rows_flushing(windows: s
             assert_same(getattr(run, name)[unused], getattr(cache, name)[unused], f"{name} of a slot no row uses")
 
 
-def test_fold_all_steps_leave_the_replay_launch_out_and_track_fp64() -> None:
-    """A small batch's steps: every real row folds its entries (a ring first, then this token alone each step)
-    and the replay launch is left out (fold_all). Bit for bit the three-launch step, and the fp64 recurrence."""
-    shape = SPLIT_CASE
-    gen = seeded("gdn-fold-all")
-    layer = make_layer(shape, gen)
-    real = torch.tensor([r for r in range(shape.batch) if r not in SPLIT_PADDING])
-    indices = torch.full((shape.batch,), -1, dtype=torch.int32)
-    indices[real] = (torch.randperm(shape.batch + 2, generator=gen)[: real.numel()]).to(torch.int32)
-    real_slots = indices[real].long()
-    cache = make_cache(shape, shape.batch + 2, gen)
-    write_pos = torch.zeros(shape.batch, dtype=torch.int32)
-    write_pos[real] = torch.randint(0, shape.ring_len, (real.numel(),), generator=gen, dtype=torch.int32)
-    fill_ring(shape, cache, real_slots, write_pos[real], gen)
-    h = ring_fp64_state(cache, real_slots, write_pos[real].long())
-    two, three = cache.clone(), cache.clone()
-    for t in range(4):
-        step = make_step(shape, layer, gen)
-        flush_len = torch.where(indices >= 0, write_pos + 1, 0).to(torch.int32)
-        sentinel = torch.full((shape.batch, shape.num_v_heads, shape.head_v_dim), 7.0)
-        outs = [
-            gdn_decode_step(
-                *step_args(step, layer, run), indices, write_pos, flush_len, out=sentinel.clone(), fold_all=run is two
-            )
-            for run in (two, three)
-        ]
-        o_true = gdn_recurrence_step(h, *(getattr(step.rows(real), n) for n in "qkvab"), layer.A_log, layer.dt_bias)
-        assert torch.equal(outs[0], outs[1]) and torch.equal(two.ssm_state, three.ssm_state), f"step {t}"
-        assert rel_err(outs[0][real], o_true) <= OUT_TOL and (outs[0][SPLIT_PADDING] == 7.0).all(), f"step {t}"
-        assert rel_err(two.ssm_state[real_slots], h) <= STATE_TOL, f"step {t}: the checkpoint is current"
-        write_pos = torch.zeros_like(write_pos)  # every ring restarts empty after a fold-all step
-
-
 def test_ring_of_one_is_the_baseline_recurrence() -> None:
     """L = 1: every step folds an empty ring, so each step must be the fp32 baseline step (state and output)."""
     shape = STEP_CASES[0]

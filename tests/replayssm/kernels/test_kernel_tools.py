@@ -61,14 +61,10 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert {
         "replay fp32 (no row flushing)", "replay split (no row flushing)", "decode step fp32 (1/L rows flushing)",
         "decode step split (all rows flushing)", "materialise flush fp32 (all rows)",
-        "decode step fp32 (every row folds, 2 launches)", "decode step split (every row folds, 2 launches)",
     } <= kernels  # fmt: skip
     assert set(timing["sweep"]) == {"fp32", "split"} and len(timing["sweep"]["fp32"]["us"]) == 2
-    table = json.loads((tmp_path / "launch_config.json").read_text())
-    tuned = table["replay_step"]
+    tuned = json.loads((tmp_path / "launch_config.json").read_text())["replay_step"]
     assert set(tuned) == {"fp32", "split"} and set(tuned["fp32"]) == {"block_p", "block_n", "num_warps"}
-    assert set(table["fold_all_max_batch"]) == {"fp32", "split"}
-    assert set(table["fold_all_max_batch"].values()) <= {0, *SMOKE_PLAN.batches}
     markdown = (tmp_path / "kernel_bench.md").read_text()
     assert "| fp32 |" in markdown and "| batch | kernel | us |" in markdown and "Sweep, decode step fp32" in markdown
     verify = data["verify"]
@@ -86,26 +82,6 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
         whole, alone, fold = (rows[2, part.format(mode)]["bytes"] for part in parts)
         assert whole == pytest.approx(alone + fold)
     assert "## Speculative verify timing" in markdown and "| 2 | verify step fp32 (fold + verify) |" in markdown
-
-
-def test_fold_all_batches_are_the_smallest_batches_where_folding_every_row_measured_faster() -> None:
-    """The bench's rows decide the plugin's fold-all batches: up to the first batch where the ring's step is as
-    fast, never past a gap."""
-    from replayssm_patch.gpu.bench_common import fold_all_max_batch
-    from replayssm_patch.gpu.kernel_bench import fold_all_row, ring_row
-
-    def rows(times):
-        return [row for batch, (ring, every) in times.items() for row in (
-            {"batch": batch, "kernel": ring_row("fp32"), "us": ring},
-            {"batch": batch, "kernel": fold_all_row("fp32"), "us": every})]  # fmt: skip
-
-    def chosen(times, mode="fp32"):
-        return fold_all_max_batch(rows(times), ring_row(mode), fold_all_row(mode))
-
-    assert chosen({1: (9.0, 6.0), 8: (10.0, 9.0), 64: (80.0, 190.0)}) == 8
-    assert chosen({1: (9.0, 6.0), 8: (10.0, 11.0), 64: (80.0, 60.0)}) == 1
-    assert chosen({1: (6.0, 9.0), 8: (10.0, 9.0)}) == 0
-    assert chosen({1: (9.0, 6.0)}, "split") == 0, "a mode without rows never folds every row"
 
 
 def test_kernel_bench_traffic_model_counts_the_verify_states() -> None:
@@ -142,10 +118,8 @@ def test_gdn_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert sweep["status"] == "ok", sweep.get("traceback")
     assert set(sweep["us"]) == {"16x2", "32x4"} and sweep["spill_bytes"] == {"16x2": None, "32x4": None}
     assert set(sweep["fold_us"]) == {"16x4"}, "the fold sweep runs with the fastest replay shape"
-    table = json.loads((tmp_path / "gdn_launch_config.json").read_text())
-    tuned = table["gdn"]
+    tuned = json.loads((tmp_path / "gdn_launch_config.json").read_text())["gdn"]
     assert tuned == sweep["best"] and tuned["fold_block_v"] == 16 and tuned["fold_num_warps"] == 4
-    assert table["gdn_fold_all_max_batch"] in (0, 2), "the smoke plan's one batch folds every row, or none"
     assert [tuned["replay_block_v"], tuned["replay_num_warps"]] in ([16, 2], [32, 4])
     assert data["timing"]["launch"] == GdnLaunch(**tuned).as_key(), "the timing runs the sweep's fastest shapes"
     timing = data["timing"]
@@ -153,7 +127,6 @@ def test_gdn_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     rows = {row["kernel"]: row for row in timing["rows"]}
     assert set(rows) == {
         "decode step (1/L rows flushing)", "replay (no row flushing)", "decode step (all rows flushing)",
-        "decode step (every row folds, 2 launches)",
     }  # fmt: skip
     assert all(row["batch"] == 2 and row["us"] > 0 and row["bytes"] > 0 for row in rows.values())
     replay = rows["replay (no row flushing)"]["bytes"]
@@ -199,8 +172,7 @@ def compile_check_lines() -> tuple[str, ...]:
 def test_kernels_compile_for_hopper() -> None:
     """The real Triton compiler (not the interpreter) accepts every default kernel variant for sm_90."""
     lines = compile_check_lines()
-    assert len(lines) == 17, lines  # 9 decode-path variants (the cursor plan with and without fold-all), 4 + 4
-    assert sum(line.startswith("cursor plan, fold all") for line in lines) == 2, lines
+    assert len(lines) == 16, lines  # 8 decode-path variants, 4 of the verify, 4 of GDN
     registers = [int(line.split(" registers")[0].rsplit(" ", 1)[1]) for line in lines]
     assert all(0 < count <= 255 for count in registers), lines  # ptxas -v was read for every kernel
     every_step = [line for line in lines if line.startswith(("replay step", "decode fold", "ring coefficients"))]
@@ -344,20 +316,15 @@ def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatc
     assert on_h200["fp32"] == f"{committed['block_p']}x{committed['block_n']}x{committed['num_warps']}w"
     gdn_committed = GdnLaunch(**json.loads(COMMITTED["H200"].read_text())["gdn"])
     assert on_h200["gdn"] == gdn_committed.as_key() != GDN_DEFAULT.as_key(), "the H200 table holds its GDN sweep"
-    never = "fp32 <= 0, split <= 0, gdn <= 0"  # batches that fold every row each step: none unless measured
     assert launch_shapes_in_use("cpu") == {
         "source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w", "gdn": GDN_DEFAULT.as_key(),
-        "fold_all_batches": never,
     }  # fmt: skip
     tuned = tmp_path / "launch_config.json"
     tuned.write_text(json.dumps({"replay_step": {"split": {"block_p": 32, "block_n": 128, "num_warps": 2}}}))
     monkeypatch.setenv(ENV_VAR, str(tuned))
     assert launch_shapes_of("replayssm_split", "NVIDIA H200") == {
         "source": str(tuned), "fp32": "16x64x1w", "split": "32x128x2w", "gdn": GDN_DEFAULT.as_key(),
-        "fold_all_batches": never,
     }  # fmt: skip
-    tuned.write_text(json.dumps({"fold_all_max_batch": {"fp32": 8}, "gdn_fold_all_max_batch": 4}))
-    assert launch_shapes_in_use("NVIDIA H200")["fold_all_batches"] == "fp32 <= 8, split <= 0, gdn <= 4"
     tuned.write_text(json.dumps({"gdn": {"fold_block_v": 32, "fold_num_warps": 8}}))  # a GDN bench's file
     assert launch_shapes_in_use("NVIDIA H200")["gdn"] == "replay 32x4w, fold 32x8w"
     assert launch_shapes_in_use("NVIDIA H200")["fp32"] == "16x64x1w", "an entry the file lacks keeps its defaults"
@@ -369,8 +336,7 @@ from replayssm_patch.kernels import compile_check as cc
 from replayssm_patch.kernels.cursor_plan import PLAN_BLOCK, _cursor_plan_kernel
 pointers = {name: "*i32" for name in ("slot_ptr", "positions_ptr", "window_end_ptr", "write_pos_ptr", "flush_ptr",
                                       "flush_rows_ptr", "flush_count_ptr")}
-consts = {"HAS_LIST": True, "FOLD_ALL": False, "STAGGER": True, "BLOCK": PLAN_BLOCK}
-cc.compile_for_hopper(_cursor_plan_kernel, pointers, consts, 4)
+cc.compile_for_hopper(_cursor_plan_kernel, pointers, {"HAS_LIST": True, "BLOCK": PLAN_BLOCK}, 4)
 """
 
 

@@ -431,65 +431,6 @@ def test_cursor_plan_kernel_matches_its_reference_over_many_steps() -> None:
     assert [f[0] for _, f in seen][:L] == [0, 0, 3, 0]  # slot 5: first window ends at L-1 - 1
 
 
-def test_fold_all_plan_folds_every_real_row_and_restarts_its_window_as_a_fresh_one() -> None:
-    """plan_decode_rows(fold_all=True) (interpreted) and its twin: every real row flushes its write_pos + 1 entries,
-    its cursor goes back to 0 and its next window ends where a fresh sequence's first one would (spread, not L-1);
-    padding and null-block rows stay 0. Steps with and without it alternate, as a batch crossing the size would."""
-    L, blocks = 4, 12
-    slots = torch.tensor([5, 0, 9, 2, 7, 0], dtype=torch.int32)  # row 1: null block; rows 4-5: padding
-    tables = []
-    for plan in (plan_decode_rows, plan_decode_rows_reference):
-        positions = torch.zeros(blocks, dtype=torch.int32)
-        window_end = torch.full((blocks,), L - 1, dtype=torch.int32)
-        seen = []
-        for fold_all in (False, False, True, False, True, True, False):
-            write_pos, flush_len = torch.full((6,), -7, dtype=torch.int32), torch.full((6,), -7, dtype=torch.int32)
-            flush_rows, flush_count = torch.full((6,), -7, dtype=torch.int32), torch.full((1,), -7, dtype=torch.int32)
-            plan(slots, positions, window_end, write_pos, flush_len, 4, L, 0, flush_rows, flush_count,
-                 fold_all=fold_all, stagger=True)  # fmt: skip
-            seen.append((write_pos.tolist(), flush_len.tolist(), flush_rows[: int(flush_count)].tolist()))
-        tables.append((seen, positions.tolist(), window_end.tolist()))
-    assert tables[0] == tables[1]
-    seen, positions, window_end = tables[0]
-    assert seen[2] == ([2, 0, 2, 2, 0, 0], [3, 0, 3, 3, 0, 0], [0, 2, 3]), "every real row folds its 2 + 1 entries"
-    for write_pos, flush_len, listed in (seen[i] for i in (2, 4, 5)):
-        assert flush_len == [w + 1 if r in (0, 2, 3) else 0 for r, w in enumerate(write_pos)] and listed == [0, 2, 3]
-    assert seen[5][0] == [0, 0, 0, 0, 0, 0], "after a fold-all step every ring starts empty"
-    real = [5, 9, 2]
-    fresh = first_window_end(torch.tensor(real), L, stagger=True).tolist()
-    assert len(set(fresh)) > 1, "the restarted windows are spread, not all at L-1"
-    # the last (ordinary) step appended at 0: a row flushed there only if its fresh window ends at 0
-    assert [positions[s] for s in real] == [0 if end == 0 else 1 for end in fresh] and positions[0] == 0
-    assert [window_end[s] for s in real] == [L - 1 if end == 0 else end for end in fresh] and window_end[0] == L - 1
-
-
-@pytest.mark.parametrize("split", [False, True], ids=["fp32", "split"])
-def test_fold_all_step_leaves_the_replay_launch_out_and_gives_the_same_result(split: bool) -> None:
-    """With every row flushing, the two-launch step (fold_all) equals the three-launch one bit for bit (the replay
-    launch would have skipped every row) and the fp64 recurrence of the ring plus this token."""
-    shape = dataclasses.replace(SHAPES[1], batch=4)
-    gen = seeded(shape, split, "fold-all")
-    layer = make_layer(shape, gen)
-    indices, slots = layout_rows(shape.batch, gen, -1)
-    real = indices[:-1].long()
-    write_pos = torch.tensor([0, 2, shape.ring_len - 1, 0], dtype=torch.int32)
-    cache = make_cache(shape, slots, split, gen)
-    fill_ring(shape, cache, real, write_pos[:-1], gen)
-    flush_len = (write_pos + 1).to(torch.int32)
-    step = make_step(shape, layer, gen)
-    h = ring_fp64_state(cache, real, write_pos[:-1].long(), layer.A)
-    runs = {"two": cache.clone(), "three": cache.clone()}
-    outs = {}
-    for name, run in runs.items():
-        out = torch.full((shape.batch, shape.nheads, shape.head_dim), 7.0)
-        args = (*step_args(step, layer, run), indices, write_pos, flush_len)
-        outs[name] = replay_decode_step(*args, state_bf16=run.state_bf16, out=out, D=layer.D, dt_bias=layer.dt_bias,
-                                        fold_all=name == "two")  # fmt: skip
-    assert torch.equal(outs["two"], outs["three"]) and torch.equal(runs["two"].ssm_state, runs["three"].ssm_state)
-    y_true = truth_step(h, step, layer, slice(0, shape.batch - 1))
-    assert rel_err(outs["two"][:-1], y_true) <= FP32_TOL and (outs["two"][-1] == 7.0).all()
-
-
 @pytest.mark.parametrize("split", [False, True], ids=["fp32", "split"])
 def test_decode_step_folds_exactly_the_listed_rows(split: bool) -> None:
     """The fold walks the cursor plan's list, not flush_len: given the plan's list (stale entries past the count),
