@@ -6,6 +6,10 @@ into persistent buffers (fixed addresses the graph reads, shared by every Mamba 
 launch and, for prefill rows, the ring entry counts the layer must fold into the checkpoint first.
 CUDA-graph capture builds (dummy batches) write zeros and never advance real cursors.
 
+Native regime: at decode batches up to the launch table's ``native_max_batch`` vLLM's one fused kernel beats the
+ring's three launches per layer, so those steps run vLLM's own decode path on the fp32 checkpoint, planning nothing
+(``plan_ring``). The first such step after a replay-regime one folds what its rows' rings hold first.
+
 Under speculative decoding every decode row is a verify of 1..1+k tokens: the plan commits the accepted prefix of
 each row's last verify (vLLM's num_accepted_tokens, on the device), decides which rows fold their history before
 appending, and gives each row its write position. vLLM then builds every KV-cache group itself (no
@@ -46,6 +50,12 @@ class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
     # row may have some (False when the CPU knows every prefill row is a fresh sequence: no fold launches).
     replay_pending: torch.Tensor | None = None
     replay_fold_pending: bool = False
+    # Decode rows of a batch small enough for vLLM's own decode path on the checkpoint (the launch table's
+    # native_max_batch): decided by the batch size alone, so a graph captured at that size replays the same launches.
+    replay_native: bool = False
+    # The first native step after replay-regime ones: ring entries per decode row, which every KV-cache group's
+    # layers fold into their checkpoint at their own blocks before the forward (the rows' rings restart).
+    replay_transition_pending: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,9 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
     metadata_cls = ReplayMamba2AttentionMetadata
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
+        # imported here, as the kernels are: Triton's mode (interpreter or GPU) is set before they load
+        from replayssm_patch.kernels.launch_config import native_max_batch
+
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         knobs = replayssm_config_of(vllm_config)
         self.buffer_len, self.stagger_windows = knobs.buffer_len, knobs.stagger_windows
@@ -97,13 +110,20 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         )
         self.cursors: CursorTable | None = None  # sized at the first build, once the KV cache is bound
         self.full_decode_graphs = vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs()
+        # off under speculation (verify rows are not vLLM's decode rows) and with split precision (vLLM's path would
+        # leave the bf16 copy stale)
+        self.native_max_batch = 0 if self.verify_len or knobs.split_precision else native_max_batch(device)
+        self.ring_may_hold = False  # a replay-regime decode step ran since the last native step (CPU only)
         self._capturing = False
         self.prefill_fold_warmed = False
 
+    def _layers(self) -> list[Any]:
+        context = self.vllm_config.compilation_config.static_forward_context
+        return [context[name] for name in self.layer_names]
+
     def _cursor_table(self) -> CursorTable:
         if self.cursors is None:
-            layer = self.vllm_config.compilation_config.static_forward_context[self.layer_names[0]]
-            num_blocks = layer.kv_cache[1].shape[0]
+            num_blocks = self._layers()[0].kv_cache[1].shape[0]
             self.cursors = CursorTable(
                 num_blocks,
                 self.buffer_len,
@@ -129,7 +149,7 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
 
         if self.prefill_fold_warmed or not launchable_on(self.plan_buffers.write_pos.device):
             return
-        self.vllm_config.compilation_config.static_forward_context[self.layer_names[0]].warm_prefill_fold()
+        self._layers()[0].warm_prefill_fold()
         self.prefill_fold_warmed = True
 
     def build(
@@ -139,10 +159,35 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         if metadata.num_prefills and common_attn_metadata.max_query_len == 1 and self.full_decode_graphs:
             warn_single_token_prompts()
         fresh = prefills_all_fresh(common_attn_metadata, metadata.num_prefills)
-        return plan_ring(
+        metadata = plan_ring(
             metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing, fresh=fresh,
             verify=bool(self.verify_len), num_accepted=kwargs.get("num_accepted_tokens"),
+            native_max_batch=self.native_max_batch, ring_may_hold=self.ring_may_hold,
         )  # fmt: skip
+        if metadata.replay_transition_pending is not None:
+            self._fold_transition(metadata)
+            self.ring_may_hold = False
+        elif metadata.num_decodes and not metadata.replay_native and not self._capturing:
+            self.ring_may_hold = True
+        return metadata
+
+    def update_block_table(
+        self, metadata: ReplayMamba2AttentionMetadata, blk_table: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> ReplayMamba2AttentionMetadata:
+        """Another KV-cache group's metadata, derived by vLLM from the first group's: on the first native step
+        its layers fold the same rows' pending entries, at this group's blocks."""
+        updated = super().update_block_table(metadata, blk_table, slot_mapping)
+        self._fold_transition(updated)
+        return updated
+
+    def _fold_transition(self, metadata: ReplayMamba2AttentionMetadata) -> None:
+        """Fold the transition's pending entries into every layer's checkpoint of this group (eager, before the
+        forward and outside any graph), so vLLM's own path reads current states."""
+        if metadata.replay_transition_pending is None:
+            return
+        slots = metadata.state_indices_tensor_d[:, 0].to(torch.int32).contiguous()
+        for layer in self._layers():
+            layer.materialise(slots, metadata.replay_transition_pending)
 
 
 def prefills_all_fresh(common_attn_metadata: Any, num_prefills: int) -> bool:
@@ -177,6 +222,8 @@ def plan_ring(
     fresh: bool = False,
     verify: bool = False,
     num_accepted: torch.Tensor | None = None,
+    native_max_batch: int = 0,
+    ring_may_hold: bool = False,
 ) -> ReplayMamba2AttentionMetadata:
     """Attach this step's ring plan to ``metadata`` (``cursor_table`` is called only when cursors move).
 
@@ -187,10 +234,22 @@ def plan_ring(
     prefix of the last verify, fold before an overflow, append) and the second buffer holds fold lengths;
     ``num_accepted`` is vLLM's per-request count for the whole batch, so prefill rows count their accepted prefix.
     A capture build (``dry_run``) plans zeros and moves no cursor.
+
+    Native regime: decode rows of at most ``native_max_batch`` (graph padding included) are planned nothing and
+    move no cursor; the layer runs vLLM's own decode path on the checkpoint. With ``ring_may_hold`` (a replay-regime
+    decode step ran since the last native one) their pending entries are taken first, restarting their rings, as
+    ``replay_transition_pending`` for every group's layers to fold. Only this step's rows: vLLM shares each KV-cache
+    tensor between one layer of every group and hands freed blocks to any group, so a finished sequence's stale
+    cursor would fold into a block another group or an attention layer now holds.
     """
     rows = 0 if metadata.state_indices_tensor_d is None else metadata.state_indices_tensor_d.shape[0]
+    native = 0 < rows <= native_max_batch
+    transition = None
     write_pos, lengths, flush_rows = buffers.write_pos[:rows], buffers.flush_len[:rows], buffers.flush_rows[:rows]
-    if rows:
+    if native:  # nothing to plan and no cursor to move: no launch
+        if ring_may_hold and not dry_run:
+            transition = cursor_table().take_pending(metadata.state_indices_tensor_d[:, 0])
+    elif rows:
         slots = metadata.state_indices_tensor_d[:, 0]
         if dry_run or not metadata.num_decodes:
             write_pos.zero_()
@@ -221,6 +280,8 @@ def plan_ring(
         replay_fold_len=lengths if verify else None,
         replay_pending=pending,
         replay_fold_pending=bool(metadata.num_prefills) and not fresh,
+        replay_native=native,
+        replay_transition_pending=transition,
     )
 
 

@@ -11,6 +11,10 @@ not look at ``is_prefilling``), and its own layer then reads the slot's previous
 row restarts its cursor and gets a zero checkpoint and conv state, as a prefill without initial state would.
 And a mixed step carries a prefill-only view of the metadata, which the layer hands to vLLM's own path for
 the prefill rows while it replays the decode rows itself.
+
+Native regime, as for Mamba-2 (``backend.plan_ring``): decode batches up to the launch table's
+``gdn_native_max_batch`` run vLLM's own decode path on the fp32 checkpoint, and the first such step after a
+replay-regime one folds what its rows' rings hold first, here for this group's layers.
 """
 
 from __future__ import annotations
@@ -43,14 +47,26 @@ class ReplayGDNAttentionMetadata(GDNAttentionMetadata):
     replay_pending: torch.Tensor | None = None
     # Mixed steps: the prefill rows alone, for vLLM's own path (None: no decode rows to peel off).
     prefill_view: GDNAttentionMetadata | None = None
+    # Decode rows of a batch small enough for vLLM's own decode path (the launch table's gdn_native_max_batch),
+    # decided by the batch size alone so a captured graph replays the same launches.
+    replay_native: bool = False
+    # The first native step after replay-regime ones: ring entries per decode row, which this group's layers fold
+    # into their checkpoint before the forward (the rows' rings restart).
+    replay_transition_pending: torch.Tensor | None = None
 
 
 class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.layer_names = layer_names
+        # imported here, as the kernels are: Triton's mode (interpreter or GPU) is set before they load
+        from replayssm_patch.kernels.launch_config import gdn_native_max_batch
+
         knobs = replayssm_config_of(vllm_config)
         self.buffer_len, self.stagger_windows = knobs.buffer_len, knobs.stagger_windows
+        # no speculation and no split precision to rule out here: the plugin refuses both for GDN
+        self.native_max_batch = gdn_native_max_batch(device)
+        self.ring_may_hold = False  # a replay-regime decode step ran since the last native step (CPU only)
         self.plan_buffers = RingPlanBuffers.allocate(vllm_config.scheduler_config.max_num_seqs, device)
         self.cursors: CursorTable | None = None  # sized at the first real build, once the KV cache is bound
         self._capturing = False
@@ -92,8 +108,19 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
             if fresh.numel():
                 indices = metadata.non_spec_state_indices_tensor
                 self._start_fresh(indices.index_select(0, fresh.to(indices.device)))
-        metadata = plan_gdn_ring(metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing)
-        if metadata.num_decodes and metadata.num_prefills:
+        metadata = plan_gdn_ring(
+            metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing,
+            native_max_batch=self.native_max_batch, ring_may_hold=self.ring_may_hold,
+        )  # fmt: skip
+        transition = metadata.replay_transition_pending
+        if transition is not None:
+            slots = metadata.non_spec_state_indices_tensor[: transition.shape[0]]
+            for layer in self._layers():  # eager, before the forward: vLLM's own path reads current checkpoints
+                layer.materialise(slots, transition)
+            self.ring_may_hold = False
+        elif metadata.num_decodes and not metadata.replay_native and not self._capturing:
+            self.ring_may_hold = True
+        if metadata.num_decodes and metadata.num_prefills and not metadata.replay_native:
             metadata.prefill_view = prefill_only_view(stock, m.query_start_loc_cpu)
         return metadata
 
@@ -120,6 +147,8 @@ def plan_gdn_ring(
     buffers: RingPlanBuffers,
     *,
     dry_run: bool,
+    native_max_batch: int = 0,
+    ring_may_hold: bool = False,
 ) -> ReplayGDNAttentionMetadata:
     """Attach this step's ring plan (``cursor_table`` is called only when cursors move).
 
@@ -128,13 +157,23 @@ def plan_gdn_ring(
     the null block and stay put. Prefill rows get the entries their ring still holds, then restart at 0.
     The plan also lists the flush rows for the decode step's fold; a capture build (``dry_run``) plans zeros,
     an empty list, and moves no cursor.
+
+    Native regime: decode rows of at most ``native_max_batch`` (padding included) are planned nothing and move no
+    cursor; with ``ring_may_hold`` their pending entries are taken first (``replay_transition_pending``, restarting
+    their rings). Only this step's rows, as in ``backend.plan_ring``: vLLM shares each KV-cache tensor between
+    one layer of every group, so a finished sequence's stale cursor would fold into a block another group holds.
     """
     indices = metadata.non_spec_state_indices_tensor
     rows = 0 if indices is None or not metadata.num_decodes else metadata.num_decodes
     if rows and not metadata.num_prefills:
         rows = indices.shape[0]
+    native = 0 < rows <= native_max_batch
+    transition = None
     write_pos, flush_len, flush_rows = buffers.write_pos[:rows], buffers.flush_len[:rows], buffers.flush_rows[:rows]
-    if rows:
+    if native:  # nothing to plan and no cursor to move: no launch
+        if ring_may_hold and not dry_run:
+            transition = cursor_table().take_pending(indices[:rows])
+    elif rows:
         if dry_run:
             write_pos.zero_()
             flush_len.zero_()
@@ -152,6 +191,8 @@ def plan_gdn_ring(
         replay_flush_rows=flush_rows,
         replay_flush_count=buffers.flush_count,
         replay_pending=pending,
+        replay_native=native,
+        replay_transition_pending=transition,
     )
 
 

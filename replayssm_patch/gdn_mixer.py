@@ -6,7 +6,9 @@ projections, the z gate (vLLM's gated RMSNorm) and out_proj stay vLLM's. Decode 
 step, the first rows of a mixed one, and new one-token prompts, which vLLM counts as decodes) run vLLM's
 causal-conv update, then the ReplaySSM step: append (k̂, u, g) to the ring, answer from checkpoint + ring,
 and fold the ring into the fp32 checkpoint on the step that fills it. Prefill rows first fold what their
-ring still holds, then run vLLM's own path on a prefill-only view of the step's metadata.
+ring still holds, then run vLLM's own path on a prefill-only view of the step's metadata. At the builder's native
+batches (``gdn_backend.plan_gdn_ring``) the whole step is vLLM's own path on the checkpoint, which the builder made
+current; the ring is not used.
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
             super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
             return
         assert isinstance(metadata, ReplayGDNAttentionMetadata) and metadata.spec_sequence_masks is None
+        if metadata.replay_native:  # the builder's small batches: the step is vLLM's own
+            if metadata.num_prefills:
+                self._materialise_prefill_rows(metadata)
+            super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
+            return
         if metadata.num_decodes:
             self._replay_decode(mixed_qkv, b, a, core_attn_out, metadata)
         if metadata.num_prefills:
@@ -84,14 +91,7 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
         vLLM's layer reads its metadata from the forward context, so for this call the layer's entry is the
         prefill-only view and the tensors start at the first prefill token (decode rows come first).
         """
-        from replayssm_patch.kernels import gdn_flush_ring
-
-        assert metadata.prefill_state_indices is not None and metadata.replay_pending is not None
-        cache = self.kv_cache
-        gdn_flush_ring(
-            cache[1], cache[RING_K], cache[RING_U], cache[RING_G], metadata.prefill_state_indices,
-            metadata.replay_pending, pad_slot_id=NULL_BLOCK_ID,
-        )  # fmt: skip
+        self._materialise_prefill_rows(metadata)
         if metadata.prefill_view is None:  # no decode rows: the step is its own prefill view
             super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
             return
@@ -103,6 +103,19 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
             )
         finally:
             raw[self.prefix] = metadata
+
+    def _materialise_prefill_rows(self, metadata: ReplayGDNAttentionMetadata) -> None:
+        """Fold what the prefill rows' rings hold before vLLM's prefill reads their checkpoints."""
+        assert metadata.prefill_state_indices is not None and metadata.replay_pending is not None
+        self.materialise(metadata.prefill_state_indices, metadata.replay_pending)
+
+    def materialise(self, slots: torch.Tensor, pending: torch.Tensor) -> None:
+        """Fold ``pending`` ring entries of ``slots`` into the fp32 checkpoint so vLLM's own path (a prefill, or
+        a native decode step) reads the current state."""
+        from replayssm_patch.kernels import gdn_flush_ring
+
+        cache = self.kv_cache
+        gdn_flush_ring(cache[1], cache[RING_K], cache[RING_U], cache[RING_G], slots, pending, pad_slot_id=NULL_BLOCK_ID)
 
     def _replay_decode(
         self,

@@ -7,6 +7,8 @@ into the checkpoint on the step that fills it. Prefill rows first fold whatever 
 which leaves their checkpoint current; with split precision their bf16 copy is refreshed afterwards.
 Decode rows never fold early because a prefill shares their step: under steady traffic nearly every step
 holds one, and folding every ring each step would cost more than vLLM's own decode.
+At the builder's native batches (``backend.plan_ring``) the whole step is vLLM's own path on the checkpoint, which
+the builder made current; the ring is not used.
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ class ReplayMambaMixer2(MambaMixer2):
             super().conv_ssm_forward(projected_states=projected_states, output=output)
             return
         assert isinstance(metadata, ReplayMamba2AttentionMetadata)
+        if metadata.replay_native:  # the builder's small batches: the step is vLLM's own
+            if metadata.num_prefills:
+                self._materialise_prefill_rows(metadata)
+            super().conv_ssm_forward(projected_states=projected_states, output=output)
+            return
         if metadata.num_decodes and metadata.replay_fold_len is not None:
             self._replay_verify(projected_states, output, metadata)
         elif metadata.num_decodes:
@@ -81,9 +88,7 @@ class ReplayMambaMixer2(MambaMixer2):
         vLLM's layer reads its metadata from the forward context, so for this call the layer's entry says
         "no decode rows" and the tensors start at the first prefill token (decode rows come first).
         """
-        slots = metadata.state_indices_tensor_p.to(torch.int32)
-        if metadata.replay_fold_pending:  # the CPU knows when every prefill row is fresh: no fold launch then
-            self._materialise(slots, metadata.replay_pending)
+        slots = self._materialise_prefill_rows(metadata)
         skip = metadata.num_decode_tokens
         raw[self.prefix] = replace(metadata, num_decodes=0, num_decode_tokens=0)
         try:
@@ -95,15 +100,23 @@ class ReplayMambaMixer2(MambaMixer2):
 
             copy_state_to_bf16(self.kv_cache[1], self.kv_cache[STATE_BF16], slots, pad_slot_id=None)  # eager: no pads
 
+    def _materialise_prefill_rows(self, metadata: ReplayMamba2AttentionMetadata) -> torch.Tensor:
+        """Fold what the prefill rows' rings hold before vLLM's prefill reads their checkpoints; their slots."""
+        slots = metadata.state_indices_tensor_p.to(torch.int32)
+        if metadata.replay_fold_pending:  # the CPU knows when every prefill row is fresh: no fold launch then
+            self.materialise(slots, metadata.replay_pending)
+        return slots
+
     def warm_prefill_fold(self) -> None:
         """Compile the materialise fold now, at start-up, not at the first continuing chunked prefill while
         serving (vLLM's JIT monitor named ``_flush_kernel`` mid-run on the H200): one launch on vLLM's null
         block, a row the kernel skips, so no state changes."""
         null = torch.full((1,), NULL_BLOCK_ID, dtype=torch.int32, device=self.kv_cache[1].device)
-        self._materialise(null, torch.zeros_like(null))
+        self.materialise(null, torch.zeros_like(null))
 
-    def _materialise(self, slots: torch.Tensor, pending: torch.Tensor | None) -> None:
-        """Fold pending ring entries into the fp32 checkpoint so vLLM's prefill reads the current state."""
+    def materialise(self, slots: torch.Tensor, pending: torch.Tensor | None) -> None:
+        """Fold pending ring entries into the fp32 checkpoint so vLLM's own path (a prefill, or a native decode
+        step) reads the current state."""
         from replayssm_patch.kernels import flush_ring
 
         assert pending is not None

@@ -32,7 +32,8 @@ class BenchPlan:
     buffer_len: int = 16
     eq_batch: int = 256
     eq_steps: int = 2000
-    batches: tuple[int, ...] = (1, 8, 64, 128, 256)  # 1 and 8: the launches' latency, which bytes do not show
+    # 1 to 32: the launches' latency, which bytes do not show, and where the native regime ends (``native_max_batch``)
+    batches: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256)
     warmup: int = 3
     graph_calls: int = 20  # calls captured per CUDA graph
     repeats: int = 5  # graph replays timed
@@ -304,3 +305,17 @@ def registers_table(registers: list[dict[str, Any]]) -> list[str]:
         shown = {k: v for k, v in r["constexprs"].items() if k.isupper() or k.startswith("BLOCK")}
         lines.append(f"| {r['kernel']} | {r['num_warps']} | {r['registers']} | {r['spills']} | {shown} |")
     return [*lines, ""]
+
+
+def native_max_batch(rows: list[dict[str, Any]], baseline_kernel: str, ring_kernel: str) -> int:
+    """The plugin's native batches (``launch_config``): the largest timed batch up to which vLLM's kernel
+    (``baseline_kernel``, fp32 state) measured faster than the ring's decode step (``ring_kernel``) at every batch
+    timed, 0 if not even at the smallest (or without a baseline row)."""
+    us = {(row["batch"], row["kernel"]): row["us"] for row in rows}
+    best = 0
+    for batch in sorted({row["batch"] for row in rows}):
+        vllm, ring = us.get((batch, baseline_kernel)), us.get((batch, ring_kernel))
+        if vllm is None or ring is None or vllm >= ring:
+            break
+        best = batch
+    return best

@@ -13,10 +13,11 @@
     compiles without spills, ``compile_check``), then of the fold launch with the fastest replay; the fastest
     pair goes to DIR/gdn_launch_config.json as the ``"gdn"`` entry of a launch table (``launch_config``:
     REPLAYSSM_LAUNCH_CONFIG=<file> makes the plugin use it; the H200's committed table holds the measured best).
-(c) timing (CUDA graphs of back-to-back calls, CUDA events) at batch 1/8/64/128/256 on paged states, slots
+(c) timing (CUDA graphs of back-to-back calls, CUDA events) at batch 1/8/16/32/64/128/256 on paged states, slots
     scattered over a pool 4x the batch: vLLM's decode, ReplaySSM's step with 1/L of the rows flushing
     (staggered), the replay alone (no row flushing) and all rows flushing (aligned), with bytes moved, share
-    of 4.3 TB/s and the speed-up.
+    of 4.3 TB/s and the speed-up; the largest batch up to which vLLM's decode was faster at every batch goes to
+    gdn_launch_config.json as the plugin's native batches (``gdn_native_max_batch``).
 Writes DIR/gdn_kernel_bench.json and .md, rewritten after each section so a crash keeps the rest.
 """
 
@@ -36,6 +37,7 @@ from replayssm_patch.gpu.bench_common import (
     TimedCalls,
     compiled_registers,
     error_summary,
+    native_max_batch,
     open_bench,
     paged_tensors,
     probe_problem,
@@ -98,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     report.section("timing", lambda: run_timing(plan, device, baseline, launch))
     if launch is not None:
         tuned = args.out / "gdn_launch_config.json"
-        tuned.write_text(json.dumps({"gdn": sweep["best"]}, indent=2) + "\n")
+        rows = report.data["timing"].get("rows", [])
+        table = {"gdn": sweep["best"], "gdn_native_max_batch": native_max_batch(rows, BASELINE_ROW, RING_ROW)}
+        tuned.write_text(json.dumps(table, indent=2) + "\n")
         report.log(f"fastest launch shapes in {tuned} (REPLAYSSM_LAUNCH_CONFIG={tuned} makes the plugin use them)")
     report.log(f"wrote {report.json_path} and {report.md_path}")
     return 0
@@ -421,13 +425,14 @@ class KernelSetup:
             call = lambda: baseline.step(self.base_state, self.inputs, self.layer, self.indices, self.out)  # noqa: E731
             measure(BASELINE_ROW, call, model.baseline())
         staggered = self.step(self.write_pos, self.flush_staggered, launch)
-        measure("decode step (1/L rows flushing)", staggered, model.replay() + model.fold(1 / self.plan.buffer_len))
+        measure(RING_ROW, staggered, model.replay() + model.fold(1 / self.plan.buffer_len))
         measure("replay (no row flushing)", self.step(self.write_pos, self.flush_none, launch), model.replay())
         measure("decode step (all rows flushing)", self.step(self.aligned_pos, self.flush_all, launch), model.aligned())
         return timed.rows(BASELINE_ROW)
 
 
 BASELINE_ROW = "vllm gdn decode (fp32 state)"
+RING_ROW = "decode step (1/L rows flushing)"
 
 
 def paged_gdn_tensors(plan: Plan, slots: int, replay: bool, device: str) -> list[torch.Tensor]:

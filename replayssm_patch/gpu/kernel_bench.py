@@ -10,7 +10,9 @@
     the fp64 reference recurrence is the baseline (said so in the output).
 (b) timing (CUDA graphs of back-to-back calls, CUDA events): baseline fp32 / bf16 state, replay kernel
     (fp32 / bf16 checkpoint), flush (all rows, amortised over L) and a decode step (replay + the staggered
-    flush of 1/L of the rows) at batch 1/8/64/128/256, with bytes moved and the share of 4.3 TB/s HBM.
+    flush of 1/L of the rows) at batch 1/8/16/32/64/128/256, with bytes moved and the share of 4.3 TB/s HBM; the
+    largest batch up to which vLLM's fp32-state kernel was faster at every batch goes to launch_config.json as the
+    plugin's native batches (``native_max_batch``).
 (c) speculative verify (MTP k = 3: T = 4 query tokens per row, rings of L + T, cursors at the steady state of
     acceptance length 3, so about 1 row in ceil(L / 3) folds), timed as (b): the whole ``replay_verify_step``,
     the verify alone and the fold launch alone, against vLLM's speculative selective_state_update (fp32 state,
@@ -33,6 +35,7 @@ from replayssm_patch.gpu.bench_common import (
     TimedCalls,
     compiled_registers,
     error_summary,
+    native_max_batch,
     open_bench,
     registers_table,
     report_head,
@@ -195,9 +198,20 @@ def run_timing(plan: Plan, device: str, baseline: Baseline, sweep: bool) -> dict
 
 
 def tuned_launch_file(timing: dict[str, Any]) -> dict[str, Any]:
-    """The sweep's winners in the format ``REPLAYSSM_LAUNCH_CONFIG`` reads (kernels/launch_config.py)."""
+    """The sweep's winners in the format ``REPLAYSSM_LAUNCH_CONFIG`` reads (kernels/launch_config.py), and the
+    batches up to which vLLM's kernel beat the fp32 ring's step (``native_max_batch``; split precision never runs
+    vLLM's path, which would leave its bf16 copy stale)."""
     keys = ("block_p", "block_n", "num_warps")
-    return {"replay_step": {mode: dict(zip(keys, cfg, strict=True)) for mode, cfg in timing["configs"].items() if cfg}}
+    steps = {mode: dict(zip(keys, cfg, strict=True)) for mode, cfg in timing["configs"].items() if cfg}
+    native = native_max_batch(timing["rows"], BASELINE_FP32_ROW, ring_row("fp32"))
+    return {"replay_step": steps, "native_max_batch": {"fp32": native}}
+
+
+BASELINE_FP32_ROW = "baseline fp32 state"
+
+
+def ring_row(mode: str) -> str:
+    return f"decode step {mode} (1/L rows flushing)"
 
 
 def _replay_kernels() -> tuple[Any, ...]:
@@ -288,20 +302,18 @@ class KernelSetup:
         timed = TimedCalls("kernel_bench", self.plan, self.device, self.batch)
         measure = timed.measure
         if baseline.fn is not None:
-            measure("baseline fp32 state", self.baseline(baseline, "fp32"), model.baseline(4))
+            measure(BASELINE_FP32_ROW, self.baseline(baseline, "fp32"), model.baseline(4))
             measure("baseline bf16 state", self.baseline(baseline, "bf16"), model.baseline(2))
         for mode, state_bytes in (("fp32", 4), ("split", 2)):
             copy, cfg = (2 if mode == "split" else 0), configs[mode]
             replay = model.replay(state_bytes)
             measure(f"replay {mode} (no row flushing)", self.step(mode, cfg, self.write_pos, self.flush_none), replay)
             staggered = self.step(mode, cfg, self.write_pos, self.flush_staggered)
-            measure(
-                f"decode step {mode} (1/L rows flushing)", staggered, replay + model.fold(1.0 / L, state_bytes, copy)
-            )
+            measure(ring_row(mode), staggered, replay + model.fold(1.0 / L, state_bytes, copy))
             aligned = self.step(mode, cfg, self.aligned_pos, self.flush_all)
             measure(f"decode step {mode} (all rows flushing)", aligned, model.aligned(copy))
             measure(f"materialise flush {mode} (all rows)", self.materialise(mode), model.flush(1.0, copy))
-        return timed.rows("baseline fp32 state")
+        return timed.rows(BASELINE_FP32_ROW)
 
 
 # -------------------------------------------------------------------------------------------------- markdown

@@ -197,7 +197,7 @@ def run(model_dir: Path, split: bool, device: str = "cuda") -> dict[str, Any]:
     # every slot's checkpoint once its pending ring entries are folded in (a prefill step on all rows would)
     slots = torch.arange(1, BATCH + 1, device=device, dtype=torch.int32)
     pending = builders["rep"].cursors.take_pending(slots)
-    rep._materialise(slots, pending)
+    rep.materialise(slots, pending)
     return {
         "worst_output_rel_err": dict(worst),
         "final_state_rel_err": relative_error(rep.kv_cache[1][1:], base.kv_cache[1][1:]),

@@ -43,7 +43,9 @@ PyTorch with the same signature):
     replay_decode(...)      append x/B/dt at write_pos and return y for every row. Writes the ring only.
     replay_decode_step(...) the decode step: the same, with flush rows folding into ssm_state (+ state_bf16)
                             instead (three launches per layer: per-(row, group) coefficients, the 1-warp
-                            replay, the fold over the flush rows; see ``replay_decode``'s docstring).
+                            replay, the fold over the flush rows; see ``replay_decode``'s docstring). At
+                            small batches (``launch_config.native_max_batch``, measured by the kernel bench)
+                            the layer runs vLLM's one-kernel decode on the checkpoint instead.
     flush_ring(...)         fold flush_len entries into ssm_state (fp32 master) and refresh state_bf16.
     plan_decode_rows(...)   the builder's per-step cursor plan in one launch (``cursors.CursorTable``).
     replay_verify_step(...) speculative decoding: fold rows whose history would overflow the ring (fold_len > 0),
@@ -57,7 +59,8 @@ Gated DeltaNet (Qwen3-Next, Qwen3.5) has its own kernels, ``gdn_*.py``: the ring
 the corrected value u = β (v − e^g S k̂) and the log-decay g, all fp32 beside an fp32 checkpoint (a low-
 precision copy is refused: u depends on the state, so the copy's rounding would enter the master).
 ``gdn_decode_step`` answers o from checkpoint + ring and folds the ring on flush rows (three launches:
-coefficients per key head, the replay, the fold over the flush-row list, as ``replay_decode_step``);
+coefficients per key head, the replay, the fold over the flush-row list, as ``replay_decode_step``; vLLM's own
+decode at the native batches, ``launch_config.gdn_native_max_batch``);
 ``gdn_flush_ring`` folds before a prefill. The math is in ``gdn_decode``'s docstring, the layout in
 ``gdn_layout``'s; the same per-row metadata (state_indices, write_pos, flush_len) drives them.
 

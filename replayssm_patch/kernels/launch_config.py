@@ -5,6 +5,11 @@ per checkpoint dtype to a JSON file (``"replay_step"``); the GDN bench does the 
 launches (``"gdn"``). ``REPLAYSSM_LAUNCH_CONFIG=<file>`` makes the plugin use such a file (as vLLM reads its tuned
 kernel configs), and the H200's committed file (``launch_h200.json`` beside this module) is used on an H200
 without it. An entry the file lacks keeps its defaults.
+
+``"native_max_batch"`` (``{"fp32": N}``) and ``"gdn_native_max_batch"`` (N): the largest decode batch up to which
+the Mamba-2 / GDN bench measured vLLM's one fused kernel faster than the ring's decode step (three launches per
+layer); at those batches the builders run vLLM's own decode path on the fp32 checkpoint (the native regime,
+``backend.plan_ring``). Default 0: never.
 """
 
 from __future__ import annotations
@@ -66,6 +71,20 @@ def launch_for(state_dtype: torch.dtype, device: torch.device) -> ReplayLaunch:
 
 
 @functools.cache
+def native_max_batch(device: torch.device) -> int:
+    """Mamba-2 decode batches up to this size run vLLM's own decode path on the fp32 checkpoint (the table's
+    ``"native_max_batch"`` fp32 entry), else 0. Only fp32: with split precision vLLM's path would leave the bf16
+    copy stale."""
+    return int(_tuned_table(_device_name(device)).get("native_max_batch", {}).get("fp32", 0))
+
+
+@functools.cache
+def gdn_native_max_batch(device: torch.device) -> int:
+    """GDN decode batches up to this size run vLLM's own decode path (``"gdn_native_max_batch"``), else 0."""
+    return int(_tuned_table(_device_name(device)).get("gdn_native_max_batch", 0))
+
+
+@functools.cache
 def gdn_launch_for(device: torch.device) -> GdnLaunch:
     """The GDN decode step's tuned shapes on this device (the table's ``"gdn"`` entry), else the defaults."""
     return GdnLaunch(**_tuned_table(_device_name(device)).get("gdn", {}))
@@ -78,7 +97,9 @@ def launch_shapes_in_use(device_name: str) -> dict[str, str]:
     steps = table.get("replay_step", {})
     shapes = {entry: ReplayLaunch(**steps.get(entry, {})).as_key() for entry in ("fp32", "split")}
     gdn = GdnLaunch(**table.get("gdn", {})).as_key()
-    return {"source": _table_path(device_name) or "defaults", **shapes, "gdn": gdn}
+    mamba, gdn_limit = table.get("native_max_batch", {}).get("fp32", 0), table.get("gdn_native_max_batch", 0)
+    native = f"fp32 <= {mamba}, gdn <= {gdn_limit}"
+    return {"source": _table_path(device_name) or "defaults", **shapes, "gdn": gdn, "native_batches": native}
 
 
 def _device_name(device: torch.device) -> str:

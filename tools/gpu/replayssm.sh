@@ -8,10 +8,11 @@
 # Jobs (estimated seconds in JOB_S):
 #   setup            recv part 3, install the bundle (first call only)
 #   kernels          kernel bench: 2,000-step equivalence at batch 256 vs vLLM's SSU, launch-shape sweep, timing at
-#                    64/128/256, registers; its fastest shapes go to the engine jobs after it (as does gdnkernels')
+#                    1/8/16/32/64/128/256, registers; its fastest shapes and native_max_batch (where vLLM's kernel
+#                    wins) go to the engine jobs after it (as do gdnkernels')
 #   gdnkernels       GDN kernel bench (gdn_kernel_bench.py): gdn_decode_step vs vLLM's packed GDN decode, 2,000-step
 #                    equivalence at batch 256, replay and fold launch-shape sweep (-> gdn_launch_config.json),
-#                    timing at 64/128/256 on the qwen3.5-4b shape
+#                    timing at 1/8/16/32/64/128/256 on the qwen3.5-4b shape (and gdn_native_max_batch)
 #   gdncheck         GDN layer equivalence in vLLM (gdn_layer_check.py): ReplayGatedDeltaNet vs vLLM's GDN layer, 2,000
 #                    decode steps at batch 256 on the qwen3.5-4b shape -> gdn_layer_check/
 #   engine:VARIANT   engine-side decode step of Nemotron-H-8B at batch 1..256, 5 repeats -> engine_step-h200.json

@@ -288,7 +288,8 @@ def test_engine_step_rows_merge_from_two_runs_into_one_valid_file(engine_flow):
     from replayssm_patch.kernels.launch_config import GDN_DEFAULT
 
     # no GPU here: no tuned file
-    defaults = {"source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w", "gdn": GDN_DEFAULT.as_key()}
+    defaults = {"source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w", "gdn": GDN_DEFAULT.as_key(),
+                "native_batches": "fp32 <= 0, gdn <= 0"}  # fmt: skip
     assert [r["launch_shapes"] for r in rows] == [None, defaults, defaults]
     assert all(r["valid"] and r["problems"] == [] and r["exact"] and r["preemptions"] == 0 for r in rows)
     assert all(r["engine_tpot_ms"] > 0 and r["engine_tpot_tokens"] == 272 for r in rows)
@@ -420,6 +421,41 @@ def test_installing_the_layer_logs_that_replayssm_is_active(layer_check):
     ]
 
 
+# vllm_checks.NATIVE_SCHEDULE with L = 4 and windows aligned to the prefill (a row folds when its ring fills)
+NATIVE_REGIME = [False] * 3 + [True] * 3 + [False] * 3 + [True] * 2 + [False]
+NATIVE_TRANSITIONS = [None] * 3 + [[3, 3], None, None] + [None] * 3 + [[2], None, None]
+NATIVE_CURSORS = [[1, 1, 1], [2, 2, 2], [3, 3, 3], [0, 0, 3], [0, 0, 3], [0, 0, 3],
+                  [1, 1, 0], [2, 2, 1], [3, 3, 2], [3, 3, 0], [3, 3, 0], [0, 0, 1]]  # fmt: skip
+
+
+def assert_native_regime(got: dict, output_tolerance: float, state_tolerance: float) -> None:
+    """Decode steps through the real builders under a launch table whose native limit is 2 rows, the batch crossing
+    it both ways (3 rows, 2, 3, 1, 3): graphs of 2 rows are captured native, of 3 the ring's. The first native step
+    folds its rows' rings (3 entries each) and restarts them; slot 3, left out of that step, keeps its 3 entries and
+    folds them on its next replay step (its ring full), and slots 1 and 2 do the same around the second transition.
+    A native step plans nothing (cursors and rings untouched) and is vLLM's own layer, bit for bit, from the
+    ReplaySSM checkpoint; every step agrees with vLLM's layer from the start, and so does the final state."""
+    assert got["captured_native"] == {"2": True, "3": False} and got["table_allocated_by_captures"] is False
+    steps = got["steps"]
+    assert [step["native"] for step in steps] == NATIVE_REGIME
+    assert [step["transition"] for step in steps] == NATIVE_TRANSITIONS
+    assert [step["cursors"] for step in steps] == NATIVE_CURSORS
+    assert [step["rings_untouched"] for step in steps] == NATIVE_REGIME, "only replay steps append to a ring"
+    assert all(step["equals_vllm_bit_for_bit"] for step in steps if step["native"])
+    assert all(step["twin_equal"] for step in steps), "the other layer folded at every transition too"
+    assert max(step["rel_err"] for step in steps) <= output_tolerance
+    assert got["pending_at_end"] == [0, 0, 1]
+    assert got["state_rel_err"] <= state_tolerance and got["twin_state_equal"] and got["conv_state_equal"]
+
+
+def test_native_regime_runs_vllms_own_decode_between_replay_steps(layer_check):
+    """native_max_batch 2 (fp32), the Mamba-2 layer against vLLM's with the fp64 SSU; the second KV-cache group
+    (vLLM's update_block_table) folds the same rows at its own blocks at each transition, so it answers exactly as
+    the first. Split precision never runs vLLM's path (it would leave the bf16 copy stale): its limit is 0."""
+    assert_native_regime(layer_check["native"], output_tolerance=1e-5, state_tolerance=1e-5)
+    assert layer_check["native"]["split_precision_limit"] == 0
+
+
 @pytest.mark.parametrize("mode", ["fp32", "split"])
 def test_profile_run_passes_through_vllms_warm_up(layer_check, mode):
     """vLLM's profile run (no metadata) unpacks get_state_dtype() as (conv, ssm): those stay stock."""
@@ -476,6 +512,12 @@ def test_spec_verify_matches_vllms_speculative_layer_across_commits_rollbacks_an
 def test_spec_capture_builds_are_dry_runs(spec_layer):
     assert spec_layer["capture"] == {"write_pos": [0, 0, 0], "fold_len": [0, 0, 0], "table_allocated": False}
     assert spec_layer["recapture_moved_cursors"] is False
+
+
+def test_spec_verify_never_takes_the_native_regime(spec_layer):
+    """The check runs under a launch table whose native limit (8) covers its 3 rows: under speculation the limit is
+    0 (a verify row is not vLLM's one-token decode), and the verify steps above are ReplaySSM's."""
+    assert spec_layer["native_limit"] == 0
 
 
 @pytest.fixture(scope="module")
@@ -556,6 +598,12 @@ def test_gdn_unsupported_settings_are_refused_from_real_configs(gdn_checks, case
 
 def test_gdn_fp32_state_on_cuda_is_accepted(gdn_checks):
     assert gdn_checks["refused"]["fp32_supported"] is None
+
+
+def test_gdn_native_regime_runs_vllms_own_decode_between_replay_steps(gdn_checks):
+    """gdn_native_max_batch 2, the GDN layer against vLLM's packed decode (interpreted); the second layer of the
+    group is folded by the same builder at each transition, so it answers exactly as the first."""
+    assert_native_regime(gdn_checks["native"], output_tolerance=1e-5, state_tolerance=1e-6)
 
 
 def test_gdn_builder_plans_capture_and_decode_with_its_own_cursor_table(gdn_checks):

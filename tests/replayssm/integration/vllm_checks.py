@@ -6,9 +6,12 @@ pytest (no test_ prefix): the main venv has no vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import sys
+from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -29,7 +32,7 @@ from vllm.plugins import load_general_plugins  # noqa: E402
 from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionBackend  # noqa: E402
 from vllm.v1.kv_cache_interface import MambaSpec  # noqa: E402
 
-from replayssm_patch.gpu.layer_check import common_metadata, make_layer, vllm_config  # noqa: E402
+from replayssm_patch.gpu.layer_check import common_metadata, make_layer, relative_error, vllm_config  # noqa: E402
 
 ENABLED = {"replayssm": {"enable": True, "buffer_len": 16, "split_precision": True}}
 
@@ -106,6 +109,77 @@ def tiny_model_checks(tiny_dir: Path) -> dict:
         refused = f"{type(exc).__name__}: {exc}"
     return {"mixer_classes": sorted({type(mod).__name__ for mod in mixers}), "mixers": len(mixers),
             "steps": steps, "other_group": other_group, "refused_prefix_caching": refused}  # fmt: skip
+
+
+@contextlib.contextmanager
+def launch_table(path: Path, entries: dict) -> Iterator[None]:
+    """The plugin's launch table is ``entries`` inside the block (builders read their limits when built)."""
+    from replayssm_patch.kernels import launch_config
+
+    readers = (launch_config.native_max_batch, launch_config.gdn_native_max_batch)
+    path.write_text(json.dumps(entries))
+    os.environ[launch_config.ENV_VAR] = str(path)
+    try:
+        for reader in readers:
+            reader.cache_clear()
+        yield
+    finally:
+        del os.environ[launch_config.ENV_VAR]
+        for reader in readers:
+            reader.cache_clear()
+
+
+# The native-regime scenario both layer families run under a launch table whose native limit is 2 rows: the
+# slots decoding at each step. Three replay steps; native from a transition that leaves slot 3 out; replay again
+# (slot 3 resumes its ring); native with slot 3 alone (slots 1 and 2 left out, holding entries); replay.
+NATIVE_LIMIT, NATIVE_SLOTS = 2, (1, 2, 3)
+NATIVE_SCHEDULE = [[1, 2, 3]] * 3 + [[1, 2]] * 3 + [[1, 2, 3]] * 3 + [[3]] * 2 + [[1, 2, 3]]
+
+
+def decode_rows(slots: list[int], seq_lens: list[int], blocks: list[int] | None = None):
+    """A decode-only step of one token per slot (in ``blocks``, by default the slots themselves)."""
+    return common_metadata([1] * len(slots), seq_lens, blocks or slots, [False] * len(slots))
+
+
+def built_by(builder):
+    """An arm's build for ``drive_native_schedule`` when its own builder builds the step."""
+    return lambda slots, seq_lens, _first: builder.build(0, decode_rows(slots, seq_lens))
+
+
+def drive_native_schedule(arms: dict[str, tuple], forward, step_inputs, cursors) -> dict:
+    """Run ``NATIVE_SCHEDULE`` through every arm: ``arms`` maps "base" (vLLM's layer), "rep" (ReplaySSM's), "twin"
+    (another ReplaySSM layer that must answer exactly as "rep") and "witness" (vLLM's layer, given "rep"'s state
+    before each native step, which "rep" must equal bit for bit) to (layer, config, build); build(slots, seq_lens,
+    rep's metadata) gives the arm's metadata, built in that order as vLLM builds groups. ``forward(layer, config,
+    metadata, inputs)`` runs a layer on ``step_inputs(rows)``; ``cursors()`` is "rep"'s cursor table."""
+    rep, witness = arms["rep"][0], arms["witness"][0]
+    lengths = {slot: 20 + 10 * slot for slot in NATIVE_SLOTS}
+    steps = []
+    for slots in NATIVE_SCHEDULE:
+        lengths.update({slot: lengths[slot] + 1 for slot in slots})
+        seq_lens = [lengths[slot] for slot in slots]
+        metadata: dict = {}
+        for name in ("base", "rep", "twin"):
+            metadata[name] = arms[name][2](slots, seq_lens, metadata.get("rep"))
+        native, transition = metadata["rep"].replay_native, metadata["rep"].replay_transition_pending
+        if native:  # the state vLLM's path reads, once the builder has folded the transition
+            for index in (0, 1):
+                witness.kv_cache[index].copy_(rep.kv_cache[index])
+            metadata["witness"] = arms["witness"][2](slots, seq_lens, None)
+        rings = [tensor.clone() for tensor in rep.kv_cache[2:]]
+        inputs = step_inputs(len(slots))
+        outs = {name: forward(arms[name][0], arms[name][1], md, inputs) for name, md in metadata.items()}
+        untouched = all(torch.equal(before, after) for before, after in zip(rings, rep.kv_cache[2:], strict=True))
+        step = {"native": native, "transition": None if transition is None else transition.tolist(),
+                "cursors": cursors().positions[list(NATIVE_SLOTS)].tolist(), "rings_untouched": untouched,
+                "rel_err": relative_error(outs["rep"], outs["base"]),
+                "twin_equal": torch.equal(outs["twin"], outs["rep"])}  # fmt: skip
+        if native:
+            step["equals_vllm_bit_for_bit"] = torch.equal(outs["rep"], outs["witness"]) and all(
+                torch.equal(rep.kv_cache[index], witness.kv_cache[index]) for index in (0, 1)
+            )
+        steps.append(step)
+    return {"steps": steps}
 
 
 def main(model_dir: Path, tiny_dir: Path, result_file: Path) -> None:

@@ -21,16 +21,26 @@ prepare_cpu()
 import json  # noqa: E402
 
 import vllm.platforms as platforms  # noqa: E402
+from vllm.forward_context import set_forward_context  # noqa: E402
 from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention  # noqa: E402
 from vllm.model_executor.models import ModelRegistry  # noqa: E402
 from vllm.platforms.cpu import CpuPlatform  # noqa: E402
 from vllm.plugins import load_general_plugins  # noqa: E402
 from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend  # noqa: E402
-from vllm_checks import describe, flush_list  # noqa: E402
+from vllm_checks import (  # noqa: E402
+    NATIVE_LIMIT,
+    NATIVE_SLOTS,
+    built_by,
+    describe,
+    drive_native_schedule,
+    flush_list,
+    launch_table,
+)
 
 from replayssm_patch.config import replayssm_config_of  # noqa: E402
 from replayssm_patch.gdn_mixer import install_replay_gdn  # noqa: E402
-from replayssm_patch.gpu.layer_check import common_metadata, paged_state_tensors, vllm_config  # noqa: E402
+from replayssm_patch.gpu.gdn_layer_check import core_inputs, realistic_gates  # noqa: E402
+from replayssm_patch.gpu.layer_check import common_metadata, paged_state_tensors, relative_error, vllm_config  # noqa: E402
 
 ENABLED = {"replayssm": {"enable": True, "buffer_len": 16}}
 # L = 4 with every window aligned to the prefill, so the checks can name exact cursors
@@ -124,6 +134,59 @@ def builder_steps(tiny: Path) -> dict:
     return {"steps": steps}
 
 
+def native_scenario(tiny: Path) -> dict:
+    """The native regime (launch-table limit 2 rows) over ``NATIVE_SCHEDULE``: vLLM's GDN layer (its packed decode,
+    interpreted), ReplaySSM's, a second ReplaySSM layer of the same KV-cache group (its builder folds both) and
+    vLLM's layer run from ReplaySSM's state before each native step; then every ring is folded."""
+    gen = torch.Generator().manual_seed(0)
+    base_cfg = vllm_config(None, tiny, max_model_len=512, dtype="float32")
+    rep_cfg = vllm_config(ALIGNED_L4, tiny, max_model_len=512, dtype="float32")
+    configs = {"base": base_cfg, "rep": rep_cfg, "twin": rep_cfg, "witness": base_cfg}
+    layers = {name: make_gdn_layer(config, f"native_{name}.layers.0.linear_attn") for name, config in configs.items()}
+    realistic_gates(layers["base"], gen)
+    for name in ("rep", "twin", "witness"):
+        layers[name].load_state_dict(layers["base"].state_dict())
+    for name, layer in layers.items():
+        layer.kv_cache = paged_state_tensors(layer.get_kv_cache_spec(configs[name]), 8)
+    group = {"base": [layers["base"].prefix], "rep": [layers["rep"].prefix, layers["twin"].prefix],
+             "witness": [layers["witness"].prefix]}  # fmt: skip
+    with launch_table(tiny.parent / "gdn_native_table.json", {"gdn_native_max_batch": NATIVE_LIMIT}):
+        builders = {name: layers[name].get_attn_backend().get_builder_cls()(
+            layers[name].get_kv_cache_spec(configs[name]), names, configs[name], torch.device("cpu"))
+            for name, names in group.items()}  # fmt: skip
+    for index, scale in ((0, 1.0), (1, 0.1)):
+        start = torch.randn(layers["base"].kv_cache[index].shape, generator=gen) * scale
+        for name in ("base", "rep", "twin"):
+            layers[name].kv_cache[index].copy_(start)
+    captures = {rows: common_metadata([1] * rows, [1] * rows, [0] * rows, [False] * rows) for rows in (2, 3)}
+    captured = {rows: builders["rep"].build_for_cudagraph_capture(md).replay_native for rows, md in captures.items()}
+    allocated = builders["rep"].cursors is not None
+    base = layers["base"]
+    heads, head_v_dim = base.num_v_heads // base.tp_size, base.head_v_dim
+
+    def forward(layer, config, metadata, inputs):
+        mixed, b, a = inputs
+        out = torch.zeros(mixed.shape[0], heads, head_v_dim)
+        with set_forward_context({layer.prefix: metadata}, config):
+            layer._forward_core(mixed.clone(), b, a, out)
+        return out
+
+    arms = {name: (layers[name], configs[name], built_by(builders[name])) for name in ("base", "rep", "witness")}
+    arms["twin"] = (layers["twin"], rep_cfg, lambda _slots, _seq_lens, first: first)  # the same group's metadata
+    run = drive_native_schedule(arms, forward, lambda rows: core_inputs(base, rows, gen, "cpu"),
+                                lambda: builders["rep"].cursors)  # fmt: skip
+    slots = torch.tensor(NATIVE_SLOTS, dtype=torch.int32)
+    pending = builders["rep"].cursors.take_pending(slots)  # what a prefill of every row would fold first
+    for name in ("rep", "twin"):
+        layers[name].materialise(slots, pending)
+    rep, twin = layers["rep"], layers["twin"]
+    return {**run, "captured_native": captured, "table_allocated_by_captures": allocated,
+            "pending_at_end": pending.tolist(),
+            "state_rel_err": relative_error(rep.kv_cache[1][slots.long()], base.kv_cache[1][slots.long()]),
+            "twin_state_equal": torch.equal(twin.kv_cache[1], rep.kv_cache[1]),
+            "conv_state_equal": torch.equal(rep.kv_cache[0][slots.long()], base.kv_cache[0][slots.long()])}  # fmt: skip
+
+
 def whole_model(tiny: Path) -> dict:
     """Every GDN layer of a real tiny Qwen3.5 built with the knob is ReplaySSM's."""
     config = vllm_config(ALIGNED_L4, tiny, max_model_len=512, dtype="float32")
@@ -177,6 +240,7 @@ def main(model_dir: Path, tiny: Path, result_file: Path) -> None:
         "fp32_supported": refusal(model_dir, {}),
     }
     out["builder"] = builder_steps(tiny)
+    out["native"] = native_scenario(tiny)
     out["stock_path"] = stock_path(tiny)
     out["whole_model"] = whole_model(tiny)
     result_file.write_text(json.dumps(out))

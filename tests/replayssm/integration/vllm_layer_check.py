@@ -4,7 +4,8 @@ Run by test_vllm_integration.py in the cached vllm venv with TRITON_INTERPRET=1 
 (vLLM then keeps Triton on, and its causal-conv update and the ReplaySSM kernels run in the interpreter).
 vLLM's selective_state_update does not run in the interpreter, so the baseline layer's SSU backend is the
 fp64 sequential recurrence (replayssm_patch.kernels.ground_truth). vLLM's prefill conv kernel does not run
-there either, so materialise-before-prefill is checked on the state the layer's fold leaves.
+there either, so materialise-before-prefill is checked on the state the layer's fold leaves. The native regime
+(vLLM's own decode at small batches) runs ``vllm_checks.NATIVE_SCHEDULE``.
 Args: tiny model dir (float32), result file. Writes one JSON object.
 """
 
@@ -30,6 +31,14 @@ from vllm.distributed import ensure_model_parallel_initialized, init_distributed
 from vllm.forward_context import set_forward_context  # noqa: E402
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2  # noqa: E402
 from vllm.model_executor.layers.mamba.ops import ssu_dispatch  # noqa: E402
+from vllm_checks import (  # noqa: E402
+    NATIVE_LIMIT,
+    NATIVE_SLOTS,
+    built_by,
+    decode_rows,
+    drive_native_schedule,
+    launch_table,
+)
 
 from replayssm_patch.config import ReplaySSMConfig  # noqa: E402
 from replayssm_patch.gpu.layer_check import (  # noqa: E402
@@ -61,9 +70,9 @@ class Fp64SSUBackend(ssu_dispatch.MambaSSUBackend):
         out.copy_(y.to(out.dtype))
 
 
-def with_cache_and_builder(layer: MambaMixer2, config):
+def with_cache_and_builder(layer: MambaMixer2, config, num_blocks: int = NUM_BLOCKS):
     spec = layer.get_kv_cache_spec(config)
-    layer.kv_cache = paged_state_tensors(spec, NUM_BLOCKS)
+    layer.kv_cache = paged_state_tensors(spec, num_blocks)
     return layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device("cpu"))
 
 
@@ -125,11 +134,71 @@ def scenario(tiny: Path, split: bool, gen: torch.Generator) -> dict:
     # continuing rows' rings hold is folded into the checkpoint before vLLM's prefill would read it
     plan = builders["rep"].build(0, common_metadata([5, 5, 5, 5], [45, 55, 65, 5], [*SLOTS, 4], [True] * 4))
     with torch.no_grad():
-        rep._materialise(plan.state_indices_tensor_p.to(torch.int32), plan.replay_pending)
+        rep.materialise(plan.state_indices_tensor_p.to(torch.int32), plan.replay_pending)
     return {"profile_run": profiled, "startup_warm": warm, "state_dtypes": [str(d) for d in rep.get_state_dtype()],
             "output_rel_err": errors, "cursors": cursors, "pending": plan.replay_pending.tolist(),
             "state_rel_err_after_fold": relative_error(rep.kv_cache[1][SLOTS], base.kv_cache[1][SLOTS]),
             "conv_state_equal": bool(torch.equal(rep.kv_cache[0][SLOTS], base.kv_cache[0][SLOTS]))}  # fmt: skip
+
+
+def other_group_block(slot: int) -> int:
+    """The block a second KV-cache group holds for the request in ``slot`` (vLLM gives each group its own)."""
+    return NUM_BLOCKS - slot
+
+
+def native_scenario(tiny: Path, gen: torch.Generator) -> dict:
+    """The native regime (launch-table limit 2 rows) over ``NATIVE_SCHEDULE``: vLLM's layer, ReplaySSM's, a second
+    KV-cache group (vLLM's update_block_table of the first group's metadata, other blocks), and vLLM's layer run
+    from ReplaySSM's state before each native step; then every ring is folded and the checkpoints compared."""
+    base_cfg = vllm_config(None, tiny, max_model_len=512)
+    knobs = {"enable": True, "buffer_len": BUFFER_LEN, "stagger_windows": False}
+    rep_cfg = vllm_config({"replayssm": knobs}, tiny, max_model_len=512)
+    configs = {"base": base_cfg, "rep": rep_cfg, "twin": rep_cfg, "witness": base_cfg}
+    layers = {name: make_layer(config, f"native_{name}.mixer") for name, config in configs.items()}
+    realistic_weights(layers["base"], gen)
+    for name in ("rep", "twin", "witness"):
+        layers[name].load_state_dict(layers["base"].state_dict())
+    with launch_table(tiny.parent / "native_table.json", {"native_max_batch": {"fp32": NATIVE_LIMIT}}):
+        builders = {name: with_cache_and_builder(layers[name], config) for name, config in configs.items()}
+        split_cfg = vllm_config({"replayssm": {**knobs, "split_precision": True}}, tiny, max_model_len=512)
+        split_spec = layers["rep"].get_kv_cache_spec(split_cfg)
+        split_limit = type(builders["rep"])(split_spec, [], split_cfg, torch.device("cpu")).native_max_batch
+    rep, twin = layers["rep"], layers["twin"]
+    twin_blocks = [other_group_block(slot) for slot in NATIVE_SLOTS]
+    for index, scale in ((0, 1.0), (1, 0.5)):
+        start = torch.randn(rep.kv_cache[index].shape, generator=gen) * scale
+        for layer in (layers["base"], rep):
+            layer.kv_cache[index].copy_(start)
+        twin.kv_cache[index][twin_blocks] = start[list(NATIVE_SLOTS)].to(twin.kv_cache[index].dtype)
+    captures = {rows: common_metadata([1] * rows, [1] * rows, [0] * rows, [False] * rows) for rows in (2, 3)}
+    captured = {rows: builders["rep"].build_for_cudagraph_capture(md).replay_native for rows, md in captures.items()}
+    allocated = builders["rep"].cursors is not None
+
+    def other_group(slots, seq_lens, first):
+        theirs = decode_rows(slots, seq_lens, [other_group_block(slot) for slot in slots])
+        return builders["twin"].update_block_table(first, theirs.block_table_tensor, theirs.slot_mapping)
+
+    def forward(layer, config, metadata, inputs):
+        out = torch.zeros(inputs[0].shape[0], layer.intermediate_size)
+        with set_forward_context({layer.prefix: metadata}, config):
+            layer.conv_ssm_forward(inputs[0], out)
+        return out
+
+    arms = {name: (layers[name], configs[name], built_by(builders[name])) for name in ("base", "rep", "witness")}
+    arms["twin"] = (twin, rep_cfg, other_group)
+    width = projected_width(rep)
+    run = drive_native_schedule(arms, forward, lambda rows: (torch.randn(rows, width, generator=gen),),
+                                lambda: builders["rep"].cursors)  # fmt: skip
+    slots = torch.tensor(NATIVE_SLOTS, dtype=torch.int32)
+    pending = builders["rep"].cursors.take_pending(slots)  # what a prefill of every row would fold first
+    rep.materialise(slots, pending)
+    twin.materialise(torch.tensor(twin_blocks, dtype=torch.int32), pending)
+    base = layers["base"]
+    return {**run, "captured_native": captured, "table_allocated_by_captures": allocated,
+            "split_precision_limit": split_limit, "pending_at_end": pending.tolist(),
+            "state_rel_err": relative_error(rep.kv_cache[1][slots.long()], base.kv_cache[1][slots.long()]),
+            "twin_state_equal": torch.equal(twin.kv_cache[1][twin_blocks], rep.kv_cache[1][slots.long()]),
+            "conv_state_equal": torch.equal(rep.kv_cache[0][slots.long()], base.kv_cache[0][slots.long()])}  # fmt: skip
 
 
 def logged_by(action, logger_name: str) -> list[str]:
@@ -160,7 +229,8 @@ def main(tiny: Path, result_file: Path) -> None:
                        "vllm.replayssm_patch.mixer")  # fmt: skip
     torch.set_grad_enabled(False)
     gen = torch.Generator().manual_seed(0)
-    result = {"fp32": scenario(tiny, False, gen), "split": scenario(tiny, True, gen), "install_log": logged}
+    result = {"fp32": scenario(tiny, False, gen), "split": scenario(tiny, True, gen), "install_log": logged,
+              "native": native_scenario(tiny, gen)}  # fmt: skip
     result_file.write_text(json.dumps(result))
 
 

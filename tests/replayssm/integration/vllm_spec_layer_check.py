@@ -31,6 +31,7 @@ from vllm.distributed import ensure_model_parallel_initialized, init_distributed
 from vllm.forward_context import set_forward_context
 from vllm.model_executor.layers.mamba import mamba_mixer2
 from vllm.model_executor.layers.mamba.ops import ssu_dispatch
+from vllm_checks import launch_table
 
 import replayssm_patch.mixer
 from replayssm_patch.config import ReplaySSMConfig
@@ -129,7 +130,9 @@ def main(tiny: Path, result_file: Path) -> None:
     rep.load_state_dict(base.state_dict())
     specs = {"base": base.get_kv_cache_spec(base_cfg), "rep": rep.get_kv_cache_spec(rep_cfg)}
     model_shapes = ReplayNemotronHForCausalLM.get_mamba_state_shape_from_config(rep_cfg)
-    builders = {"base": with_cache_and_builder(base, base_cfg), "rep": with_cache_and_builder(rep, rep_cfg)}
+    # a launch table whose native limit covers these rows: the verify steps must still be ReplaySSM's
+    with launch_table(tiny.parent / "native_table.json", {"native_max_batch": {"fp32": 8}}):
+        builders = {"base": with_cache_and_builder(base, base_cfg), "rep": with_cache_and_builder(rep, rep_cfg)}
 
     # a capture build before any step: a dry run that allocates and moves no cursor
     capture = builders["rep"].build_for_cudagraph_capture(
@@ -175,7 +178,7 @@ def main(tiny: Path, result_file: Path) -> None:
 
     # continuing prefill chunks: the ring (its accepted prefix included) is folded before vLLM's prefill reads it
     plan = step_metadata(builders["rep"], accepted, [200] * ROWS, first_blocks, True, T + 2)
-    rep._materialise(plan.state_indices_tensor_p.to(torch.int32), plan.replay_pending)
+    rep.materialise(plan.state_indices_tensor_p.to(torch.int32), plan.replay_pending)
     current = [BLOCKS[r][accepted[r] - 1] for r in range(ROWS)]  # vLLM's state after the accepted tokens
     result = {
         "specs": {
@@ -184,6 +187,7 @@ def main(tiny: Path, result_file: Path) -> None:
         },
         "model_shapes": [list(s) for s in model_shapes],
         "capture": dry,
+        "native_limit": builders["rep"].native_max_batch,
         "recapture_moved_cursors": recapture_moved,
         "output_rel_err": errors,
         "plans": plans,

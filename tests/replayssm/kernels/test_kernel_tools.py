@@ -62,9 +62,12 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
         "replay fp32 (no row flushing)", "replay split (no row flushing)", "decode step fp32 (1/L rows flushing)",
         "decode step split (all rows flushing)", "materialise flush fp32 (all rows)",
     } <= kernels  # fmt: skip
+    assert not any("every row folds" in kernel for kernel in kernels), "the fold-all step is gone"
     assert set(timing["sweep"]) == {"fp32", "split"} and len(timing["sweep"]["fp32"]["us"]) == 2
-    tuned = json.loads((tmp_path / "launch_config.json").read_text())["replay_step"]
+    table = json.loads((tmp_path / "launch_config.json").read_text())
+    tuned = table["replay_step"]
     assert set(tuned) == {"fp32", "split"} and set(tuned["fp32"]) == {"block_p", "block_n", "num_warps"}
+    assert table["native_max_batch"] == {"fp32": 0}, "no vLLM baseline row here: never the native regime"
     markdown = (tmp_path / "kernel_bench.md").read_text()
     assert "| fp32 |" in markdown and "| batch | kernel | us |" in markdown and "Sweep, decode step fp32" in markdown
     verify = data["verify"]
@@ -82,6 +85,73 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
         whole, alone, fold = (rows[2, part.format(mode)]["bytes"] for part in parts)
         assert whole == pytest.approx(alone + fold)
     assert "## Speculative verify timing" in markdown and "| 2 | verify step fp32 (fold + verify) |" in markdown
+
+
+@pytest.mark.parametrize("bench", ["mamba", "gdn"])
+def test_native_batches_end_where_the_ring_first_beats_vllms_kernel(bench: str) -> None:
+    """Each bench's rows decide the plugin's native batches: the largest batch up to which vLLM's kernel (fp32 state)
+    was faster at every timed batch, never past a batch where the ring's step won; 0 if it wins at batch 1."""
+    from replayssm_patch.gpu import gdn_kernel_bench, kernel_bench
+    from replayssm_patch.gpu.bench_common import native_max_batch
+
+    if bench == "mamba":
+        vllm_row, ring = kernel_bench.BASELINE_FP32_ROW, kernel_bench.ring_row("fp32")
+    else:
+        vllm_row, ring = gdn_kernel_bench.BASELINE_ROW, gdn_kernel_bench.RING_ROW
+
+    def chosen(times: dict[int, tuple[float, float]]) -> int:
+        rows = [row for batch, (vllm, ours) in times.items() for row in (
+            {"batch": batch, "kernel": vllm_row, "us": vllm}, {"batch": batch, "kernel": ring, "us": ours},
+            {"batch": batch, "kernel": "replay (no row flushing)", "us": 0.1})]  # fmt: skip
+        return native_max_batch(rows, vllm_row, ring)
+
+    today = {1: (3.4, 7.4), 8: (13.3, 14.9), 64: (60.0, 32.4), 256: (230.0, 120.0)}  # the H200's Mamba-2 fp32 shape
+    assert chosen(today) == 8
+    assert chosen({**today, 16: (20.0, 19.0), 32: (25.0, 30.0)}) == 8, "batch 16 won by the ring ends it: 32 is past"
+    assert chosen({**today, 16: (20.0, 21.0), 32: (25.0, 30.0)}) == 32
+    assert chosen({1: (7.0, 6.0), 8: (13.3, 14.9)}) == 0, "the ring wins at batch 1: never native"
+    assert chosen({1: (6.0, 6.0)}) == 0, "a tie is not faster"
+    assert native_max_batch([{"batch": 1, "kernel": ring, "us": 7.4}], vllm_row, ring) == 0, "no baseline row"
+
+
+def test_mamba_bench_writes_the_fp32_native_limit_only() -> None:
+    """Split precision never runs vLLM's path (its bf16 copy would go stale), so the file holds the fp32 entry,
+    decided by the fp32 rows alone (split rows faster than vLLM at batch 8 change nothing)."""
+    from replayssm_patch.gpu.kernel_bench import BASELINE_FP32_ROW, ring_row, tuned_launch_file
+
+    rows = [{"batch": batch, "kernel": kernel, "us": us} for batch, kernel, us in (
+        (1, BASELINE_FP32_ROW, 3.4), (1, ring_row("fp32"), 7.4), (1, ring_row("split"), 2.0),
+        (8, BASELINE_FP32_ROW, 13.3), (8, ring_row("fp32"), 12.0), (8, ring_row("split"), 9.0))]  # fmt: skip
+    table = tuned_launch_file({"configs": {"fp32": (8, 64, 1), "split": None}, "rows": rows})
+    assert table == {"replay_step": {"fp32": {"block_p": 8, "block_n": 64, "num_warps": 1}},
+                     "native_max_batch": {"fp32": 1}}  # fmt: skip
+
+
+def test_launch_table_readers_give_the_native_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builders' limits come from the table's ``native_max_batch`` fp32 entry and ``gdn_native_max_batch``;
+    a table without them (or no table) means never."""
+    import torch
+
+    from replayssm_patch.kernels import launch_config
+
+    def limits() -> tuple[int, int]:
+        launch_config.native_max_batch.cache_clear()
+        launch_config.gdn_native_max_batch.cache_clear()
+        cpu = torch.device("cpu")
+        return launch_config.native_max_batch(cpu), launch_config.gdn_native_max_batch(cpu)
+
+    monkeypatch.delenv(launch_config.ENV_VAR, raising=False)
+    try:
+        assert limits() == (0, 0), "no table on the CPU: never native"
+        table = tmp_path / "launch_config.json"
+        monkeypatch.setenv(launch_config.ENV_VAR, str(table))
+        table.write_text(json.dumps({"native_max_batch": {"fp32": 8, "split": 64}, "gdn_native_max_batch": 16}))
+        assert limits() == (8, 16)
+        table.write_text(json.dumps({"native_max_batch": {"split": 64}, "gdn": {"fold_block_v": 32}}))
+        assert limits() == (0, 0), "only the fp32 entry counts, and a GDN sweep alone sets no limit"
+    finally:
+        monkeypatch.delenv(launch_config.ENV_VAR, raising=False)
+        limits()  # leave the caches empty for later tests
 
 
 def test_kernel_bench_traffic_model_counts_the_verify_states() -> None:
@@ -118,8 +188,10 @@ def test_gdn_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert sweep["status"] == "ok", sweep.get("traceback")
     assert set(sweep["us"]) == {"16x2", "32x4"} and sweep["spill_bytes"] == {"16x2": None, "32x4": None}
     assert set(sweep["fold_us"]) == {"16x4"}, "the fold sweep runs with the fastest replay shape"
-    tuned = json.loads((tmp_path / "gdn_launch_config.json").read_text())["gdn"]
+    table = json.loads((tmp_path / "gdn_launch_config.json").read_text())
+    tuned = table["gdn"]
     assert tuned == sweep["best"] and tuned["fold_block_v"] == 16 and tuned["fold_num_warps"] == 4
+    assert table["gdn_native_max_batch"] == 0, "no vLLM baseline row here: never the native regime"
     assert [tuned["replay_block_v"], tuned["replay_num_warps"]] in ([16, 2], [32, 4])
     assert data["timing"]["launch"] == GdnLaunch(**tuned).as_key(), "the timing runs the sweep's fastest shapes"
     timing = data["timing"]
@@ -316,15 +388,21 @@ def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatc
     assert on_h200["fp32"] == f"{committed['block_p']}x{committed['block_n']}x{committed['num_warps']}w"
     gdn_committed = GdnLaunch(**json.loads(COMMITTED["H200"].read_text())["gdn"])
     assert on_h200["gdn"] == gdn_committed.as_key() != GDN_DEFAULT.as_key(), "the H200 table holds its GDN sweep"
+    assert on_h200["native_batches"] == "fp32 <= 8, gdn <= 8", "the H200 table holds today's measured limits"
+    never = "fp32 <= 0, gdn <= 0"  # batches that run vLLM's own decode path: none unless measured
     assert launch_shapes_in_use("cpu") == {
         "source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w", "gdn": GDN_DEFAULT.as_key(),
+        "native_batches": never,
     }  # fmt: skip
     tuned = tmp_path / "launch_config.json"
     tuned.write_text(json.dumps({"replay_step": {"split": {"block_p": 32, "block_n": 128, "num_warps": 2}}}))
     monkeypatch.setenv(ENV_VAR, str(tuned))
     assert launch_shapes_of("replayssm_split", "NVIDIA H200") == {
         "source": str(tuned), "fp32": "16x64x1w", "split": "32x128x2w", "gdn": GDN_DEFAULT.as_key(),
+        "native_batches": never,
     }  # fmt: skip
+    tuned.write_text(json.dumps({"native_max_batch": {"fp32": 16}, "gdn_native_max_batch": 4}))
+    assert launch_shapes_in_use("NVIDIA H200")["native_batches"] == "fp32 <= 16, gdn <= 4"
     tuned.write_text(json.dumps({"gdn": {"fold_block_v": 32, "fold_num_warps": 8}}))  # a GDN bench's file
     assert launch_shapes_in_use("NVIDIA H200")["gdn"] == "replay 32x4w, fold 32x8w"
     assert launch_shapes_in_use("NVIDIA H200")["fp32"] == "16x64x1w", "an entry the file lacks keeps its defaults"
