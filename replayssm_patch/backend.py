@@ -113,7 +113,7 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         # off under speculation (verify rows are not vLLM's decode rows) and with split precision (vLLM's path would
         # leave the bf16 copy stale)
         self.native_max_batch = 0 if self.verify_len or knobs.split_precision else native_max_batch(device)
-        self.ring_may_hold = False  # a replay-regime decode step ran since the last native step (CPU only)
+        self.ring_may_hold = False  # rings may hold entries a native step must fold first (CPU only)
         self._capturing = False
         self.prefill_fold_warmed = False
 
@@ -166,7 +166,7 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         )  # fmt: skip
         if metadata.replay_transition_pending is not None:
             self._fold_transition(metadata)
-            self.ring_may_hold = False
+            self.ring_may_hold = rows_may_be_left_out(metadata)
         elif metadata.num_decodes and not metadata.replay_native and not self._capturing:
             self.ring_may_hold = True
         return metadata
@@ -188,6 +188,14 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         slots = metadata.state_indices_tensor_d[:, 0].to(torch.int32).contiguous()
         for layer in self._layers():
             layer.materialise(slots, metadata.replay_transition_pending)
+
+
+def rows_may_be_left_out(metadata: Any) -> bool:
+    """Whether a running request may be missing from this step, its ring unfolded. vLLM's scheduler gives every
+    running request its token in a step without prefill rows (a decode needs one token of the budget); only a
+    prefill chunk can spend the budget before a running request's turn. So after a decode-only transition every
+    ring is folded, and after one with prefills the next native steps fold their rows again."""
+    return bool(metadata.num_prefills)
 
 
 def prefills_all_fresh(common_attn_metadata: Any, num_prefills: int) -> bool:
@@ -237,7 +245,7 @@ def plan_ring(
 
     Native regime: decode rows of at most ``native_max_batch`` (graph padding included) are planned nothing and
     move no cursor; the layer runs vLLM's own decode path on the checkpoint. With ``ring_may_hold`` (a replay-regime
-    decode step ran since the last native one) their pending entries are taken first, restarting their rings, as
+    decode step ran since, or the last transition had prefill rows: ``rows_may_be_left_out``) their pending entries are taken first, restarting their rings, as
     ``replay_transition_pending`` for every group's layers to fold. Only this step's rows: vLLM shares each KV-cache
     tensor between one layer of every group and hands freed blocks to any group, so a finished sequence's stale
     cursor would fold into a block another group or an attention layer now holds.

@@ -30,7 +30,7 @@ from vllm.v1.attention.backends.gdn_attn import (
 )
 from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
 
-from replayssm_patch.backend import RingPlanBuffers
+from replayssm_patch.backend import RingPlanBuffers, prefills_all_fresh, rows_may_be_left_out
 from replayssm_patch.config import replayssm_config_of
 from replayssm_patch.cursors import NULL_BLOCK_ID, CursorTable
 
@@ -45,6 +45,8 @@ class ReplayGDNAttentionMetadata(GDNAttentionMetadata):
     replay_flush_count: torch.Tensor | None = None
     # Steps with a prefill: ring entries per prefill row to fold into the checkpoint first.
     replay_pending: torch.Tensor | None = None
+    # False when the CPU knows every prefill row is a fresh sequence: the layers launch no fold for them.
+    replay_fold_pending: bool = False
     # Mixed steps: the prefill rows alone, for vLLM's own path (None: no decode rows to peel off).
     prefill_view: GDNAttentionMetadata | None = None
     # Decode rows of a batch small enough for vLLM's own decode path (the launch table's gdn_native_max_batch),
@@ -66,7 +68,7 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
         self.buffer_len, self.stagger_windows = knobs.buffer_len, knobs.stagger_windows
         # no speculation and no split precision to rule out here: the plugin refuses both for GDN
         self.native_max_batch = gdn_native_max_batch(device)
-        self.ring_may_hold = False  # a replay-regime decode step ran since the last native step (CPU only)
+        self.ring_may_hold = False  # rings may hold entries a native step must fold first (CPU only)
         self.plan_buffers = RingPlanBuffers.allocate(vllm_config.scheduler_config.max_num_seqs, device)
         self.cursors: CursorTable | None = None  # sized at the first real build, once the KV cache is bound
         self._capturing = False
@@ -111,13 +113,14 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
         metadata = plan_gdn_ring(
             metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing,
             native_max_batch=self.native_max_batch, ring_may_hold=self.ring_may_hold,
+            fresh=prefills_all_fresh(m, metadata.num_prefills),
         )  # fmt: skip
         transition = metadata.replay_transition_pending
         if transition is not None:
             slots = metadata.non_spec_state_indices_tensor[: transition.shape[0]]
             for layer in self._layers():  # eager, before the forward: vLLM's own path reads current checkpoints
                 layer.materialise(slots, transition)
-            self.ring_may_hold = False
+            self.ring_may_hold = rows_may_be_left_out(metadata)
         elif metadata.num_decodes and not metadata.replay_native and not self._capturing:
             self.ring_may_hold = True
         if metadata.num_decodes and metadata.num_prefills and not metadata.replay_native:
@@ -149,6 +152,7 @@ def plan_gdn_ring(
     dry_run: bool,
     native_max_batch: int = 0,
     ring_may_hold: bool = False,
+    fresh: bool = False,
 ) -> ReplayGDNAttentionMetadata:
     """Attach this step's ring plan (``cursor_table`` is called only when cursors move).
 
@@ -191,6 +195,7 @@ def plan_gdn_ring(
         replay_flush_rows=flush_rows,
         replay_flush_count=buffers.flush_count,
         replay_pending=pending,
+        replay_fold_pending=bool(metadata.num_prefills) and not fresh,
         replay_native=native,
         replay_transition_pending=transition,
     )

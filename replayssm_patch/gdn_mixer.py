@@ -107,7 +107,8 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
     def _materialise_prefill_rows(self, metadata: ReplayGDNAttentionMetadata) -> None:
         """Fold what the prefill rows' rings hold before vLLM's prefill reads their checkpoints."""
         assert metadata.prefill_state_indices is not None and metadata.replay_pending is not None
-        self.materialise(metadata.prefill_state_indices, metadata.replay_pending)
+        if metadata.replay_fold_pending:  # the CPU knows when every prefill row is fresh: no fold launch then
+            self.materialise(metadata.prefill_state_indices, metadata.replay_pending)
 
     def materialise(self, slots: torch.Tensor, pending: torch.Tensor) -> None:
         """Fold ``pending`` ring entries of ``slots`` into the fp32 checkpoint so vLLM's own path (a prefill, or

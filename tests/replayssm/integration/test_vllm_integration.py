@@ -448,6 +448,18 @@ def assert_native_regime(got: dict, output_tolerance: float, state_tolerance: fl
     assert got["state_rel_err"] <= state_tolerance and got["twin_state_equal"] and got["conv_state_equal"]
 
 
+def test_a_native_step_beside_a_prefill_keeps_folding_until_a_decode_only_step(layer_check):
+    """A prefill chunk can spend the token budget before a running request's turn, so after a transition with
+    prefill rows the next native step folds its rows again (block 2's one entry); a decode-only step schedules
+    every running request, so after it no ring holds entries and native steps fold nothing."""
+    assert layer_check["native_flags"] == [
+        {"native": False, "transition": None, "ring_may_hold": True},
+        {"native": True, "transition": [1], "ring_may_hold": True},
+        {"native": True, "transition": [0, 1], "ring_may_hold": False},
+        {"native": True, "transition": None, "ring_may_hold": False},
+    ]
+
+
 def test_native_regime_runs_vllms_own_decode_between_replay_steps(layer_check):
     """native_max_batch 2 (fp32), the Mamba-2 layer against vLLM's with the fp64 SSU; the second KV-cache group
     (vLLM's update_block_table) folds the same rows at its own blocks at each transition, so it answers exactly as
@@ -621,6 +633,8 @@ def test_gdn_mixed_step_replays_decode_rows_and_hands_vllm_a_prefill_only_view(g
     mixed = gdn_checks["builder"]["steps"][6]
     assert (mixed["decodes"], mixed["prefills"], mixed["write_pos"], mixed["pending"]) == (1, 2, [1], [1, 0])
     assert mixed["after"] == [0, 0, 0, 2, 0, 0, 0, 0]
+    assert mixed["fold_pending"] is True  # the continuing chunk may hold entries: the layers fold
+    assert gdn_checks["builder"]["fresh_prompt_fold_pending"] is False  # fresh prompts only: no fold launch
     assert mixed["view"] == {"decodes": 0, "actual_tokens": 12, "query_start_loc": [0, 5, 12], "state_indices": [5, 6],
                              "has_initial_state": [True, False], "conv_programs": 2}  # fmt: skip
 

@@ -118,6 +118,7 @@ def builder_steps(tiny: Path) -> dict:
     steps.append({
         "decodes": m.num_decodes, "prefills": m.num_prefills, "write_pos": m.replay_write_pos.tolist(),
         "pending": m.replay_pending.tolist(), "after": builder.cursors.positions.tolist(),
+        "fold_pending": m.replay_fold_pending,
         "view": {"decodes": view.num_decodes, "actual_tokens": view.num_actual_tokens,
                  "query_start_loc": view.non_spec_query_start_loc.tolist(),
                  "state_indices": view.non_spec_state_indices_tensor.tolist(),
@@ -131,7 +132,10 @@ def builder_steps(tiny: Path) -> dict:
     steps.append({"decodes": m.num_decodes, "write_pos": m.replay_write_pos.tolist(),
                   "fresh_state_zero": bool((layer.kv_cache[1][5] == 0).all() and (layer.kv_cache[0][5] == 0).all()),
                   "other_state_kept": bool((layer.kv_cache[1][3] == 0).all())})  # fmt: skip
-    return {"steps": steps}
+    # a builder of its own: a decode beside a fresh 9-token prompt, which the CPU knows has no ring to fold
+    fresh_only = type(builder)(spec, [layer.prefix], config, torch.device("cpu"))
+    m = fresh_only.build(0, common_metadata([1, 9], [12, 9], [3, 7], [False, True]))
+    return {"steps": steps, "fresh_prompt_fold_pending": m.replay_fold_pending}
 
 
 def native_scenario(tiny: Path) -> dict:

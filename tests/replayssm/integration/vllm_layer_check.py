@@ -201,6 +201,24 @@ def native_scenario(tiny: Path, gen: torch.Generator) -> dict:
             "conv_state_equal": torch.equal(rep.kv_cache[0][slots.long()], base.kv_cache[0][slots.long()])}  # fmt: skip
 
 
+def native_flag_steps(tiny: Path) -> list[dict]:
+    """A builder under a native limit of 2 rows: a replay step of blocks 1, 2, 4, then native steps: block 1 beside
+    a fresh prompt (block 2 left out, as a spent token budget can), then blocks 1 and 2 twice, decode-only."""
+    knobs = {"enable": True, "buffer_len": BUFFER_LEN, "stagger_windows": False}  # windows aligned to the prefill
+    config = vllm_config({"replayssm": knobs}, tiny, max_model_len=512)
+    with launch_table(tiny.parent / "flag_table.json", {"native_max_batch": {"fp32": NATIVE_LIMIT}}):
+        builder = with_cache_and_builder(make_layer(config, "flags.mixer"), config)
+    schedule = [decode_rows([1, 2, 4], [11, 21, 41]), common_metadata([1, 7], [12, 7], [1, 5], [False, True]),
+                decode_rows([1, 2], [13, 22]), decode_rows([1, 2], [14, 23])]  # fmt: skip
+    steps = []
+    for step in schedule:
+        m = builder.build(0, step)
+        transition = m.replay_transition_pending
+        steps.append({"native": m.replay_native, "transition": None if transition is None else transition.tolist(),
+                      "ring_may_hold": builder.ring_may_hold})  # fmt: skip
+    return steps
+
+
 def logged_by(action, logger_name: str) -> list[str]:
     """Messages ``action`` logs at INFO or above on ``logger_name`` (the test env quiets vLLM to WARNING)."""
     records: list[logging.LogRecord] = []
@@ -230,7 +248,7 @@ def main(tiny: Path, result_file: Path) -> None:
     torch.set_grad_enabled(False)
     gen = torch.Generator().manual_seed(0)
     result = {"fp32": scenario(tiny, False, gen), "split": scenario(tiny, True, gen), "install_log": logged,
-              "native": native_scenario(tiny, gen)}  # fmt: skip
+              "native": native_scenario(tiny, gen), "native_flags": native_flag_steps(tiny)}  # fmt: skip
     result_file.write_text(json.dumps(result))
 
 
