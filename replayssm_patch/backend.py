@@ -245,10 +245,11 @@ def plan_ring(
 
     Native regime: decode rows of at most ``native_max_batch`` (graph padding included) are planned nothing and
     move no cursor; the layer runs vLLM's own decode path on the checkpoint. With ``ring_may_hold`` (a replay-regime
-    decode step ran since, or the last transition had prefill rows: ``rows_may_be_left_out``) their pending entries are taken first, restarting their rings, as
-    ``replay_transition_pending`` for every group's layers to fold. Only this step's rows: vLLM shares each KV-cache
-    tensor between one layer of every group and hands freed blocks to any group, so a finished sequence's stale
-    cursor would fold into a block another group or an attention layer now holds.
+    decode step ran since, or the last transition had prefill rows: ``rows_may_be_left_out``) their pending entries
+    are taken first, restarting their rings, as ``replay_transition_pending`` for every group's layers to fold.
+    Only this step's rows: vLLM shares each KV-cache tensor between one layer of every group and hands freed blocks
+    to any group, so a finished sequence's stale cursor would fold into a block another group or an attention layer
+    now holds.
     """
     rows = 0 if metadata.state_indices_tensor_d is None else metadata.state_indices_tensor_d.shape[0]
     native = 0 < rows <= native_max_batch
