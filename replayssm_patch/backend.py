@@ -164,11 +164,8 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
             verify=bool(self.verify_len), num_accepted=kwargs.get("num_accepted_tokens"),
             native_max_batch=self.native_max_batch, ring_may_hold=self.ring_may_hold,
         )  # fmt: skip
-        if metadata.replay_transition_pending is not None:
-            self._fold_transition(metadata)
-            self.ring_may_hold = rows_may_be_left_out(metadata)
-        elif metadata.num_decodes and not metadata.replay_native and not self._capturing:
-            self.ring_may_hold = True
+        self._fold_transition(metadata)
+        self.ring_may_hold = ring_may_hold_after(metadata, self.ring_may_hold, self._capturing)
         return metadata
 
     def update_block_table(
@@ -190,12 +187,17 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
             layer.materialise(slots, metadata.replay_transition_pending)
 
 
-def rows_may_be_left_out(metadata: Any) -> bool:
-    """Whether a running request may be missing from this step, its ring unfolded. vLLM's scheduler gives every
-    running request its token in a step without prefill rows (a decode needs one token of the budget); only a
-    prefill chunk can spend the budget before a running request's turn. So after a decode-only transition every
-    ring is folded, and after one with prefills the next native steps fold their rows again."""
-    return bool(metadata.num_prefills)
+def ring_may_hold_after(metadata: Any, before: bool, capturing: bool) -> bool:
+    """A builder's ``ring_may_hold`` after this step (both families). A replay-regime decode step appends to rings.
+    A transition folds its rows; whether a running request may be missing from it, its ring unfolded: vLLM's
+    scheduler gives every running request its token in a step without prefill rows (a decode needs one token of the
+    budget), and only a prefill chunk can spend the budget before a running request's turn. So after a decode-only
+    transition every ring is folded, and after one with prefills the next native steps fold their rows again."""
+    if metadata.replay_transition_pending is not None:
+        return bool(metadata.num_prefills)
+    if metadata.num_decodes and not metadata.replay_native and not capturing:
+        return True
+    return before
 
 
 def prefills_all_fresh(common_attn_metadata: Any, num_prefills: int) -> bool:
@@ -245,7 +247,7 @@ def plan_ring(
 
     Native regime: decode rows of at most ``native_max_batch`` (graph padding included) are planned nothing and
     move no cursor; the layer runs vLLM's own decode path on the checkpoint. With ``ring_may_hold`` (a replay-regime
-    decode step ran since, or the last transition had prefill rows: ``rows_may_be_left_out``) their pending entries
+    decode step ran since, or the last transition had prefill rows: ``ring_may_hold_after``) their pending entries
     are taken first, restarting their rings, as ``replay_transition_pending`` for every group's layers to fold.
     Only this step's rows: vLLM shares each KV-cache tensor between one layer of every group and hands freed blocks
     to any group, so a finished sequence's stale cursor would fold into a block another group or an attention layer

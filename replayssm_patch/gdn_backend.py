@@ -30,7 +30,7 @@ from vllm.v1.attention.backends.gdn_attn import (
 )
 from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
 
-from replayssm_patch.backend import RingPlanBuffers, prefills_all_fresh, rows_may_be_left_out
+from replayssm_patch.backend import RingPlanBuffers, prefills_all_fresh, ring_may_hold_after
 from replayssm_patch.config import replayssm_config_of
 from replayssm_patch.cursors import NULL_BLOCK_ID, CursorTable
 
@@ -120,9 +120,7 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
             slots = metadata.non_spec_state_indices_tensor[: transition.shape[0]]
             for layer in self._layers():  # eager, before the forward: vLLM's own path reads current checkpoints
                 layer.materialise(slots, transition)
-            self.ring_may_hold = rows_may_be_left_out(metadata)
-        elif metadata.num_decodes and not metadata.replay_native and not self._capturing:
-            self.ring_may_hold = True
+        self.ring_may_hold = ring_may_hold_after(metadata, self.ring_may_hold, self._capturing)
         if metadata.num_decodes and metadata.num_prefills and not metadata.replay_native:
             metadata.prefill_view = prefill_only_view(stock, m.query_start_loc_cpu)
         return metadata
