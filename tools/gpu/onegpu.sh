@@ -154,7 +154,10 @@ case ${1:-} in
       $S stop candidate; $S stop baseline; gpu_released  # the GPU to itself
       SERVE_UTIL=0.85 $S serve candidate-moe 0 8002 --additional-config "$FP32"
     fi
-    $S wait $(($(left) - 150)) 8002 || { $S diagnose candidate-moe; exit 1; }
+    if ! $S wait $(($(left) - 150)) 8002; then  # still starting: exit 75 (EX_TEMPFAIL) so that a queue runs it again
+      pgrep -f -- "--port 8002" > /dev/null && { echo ":8002 still starting: run moe again"; exit 75; }
+      $S diagnose candidate-moe; exit 1
+    fi
     grep -h "ReplaySSM active\|GPU KV cache size\|Maximum concurrency" /tmp/gpu/candidate-moe.log
     timeout $(($(left) - 20)) $RB replay "$RES/moe-slice.parquet" --url http://127.0.0.1:8002 --workers auto \
       -o "$RES/moe-replay.parquet" 2>&1 | tee "$RES/moe-replay.log" | grep -v "━"

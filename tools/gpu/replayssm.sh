@@ -2,7 +2,7 @@
 # ReplaySSM's own speed on ONE H200 (kind nvidia-h200), after `session.sh recv 0..2` calls; vLLM's default compile
 # mode, the GPU to one engine at a time (0.85). A queue: every call names the whole plan, runs the jobs not done yet
 # in order while they fit in the call (CALL_S, default 585 s; a job that would not fit is left for the next call,
-# and a shorter one after it may run), then tars /tmp/gpu/out to $OUT. Issue the same command again, the moment the
+# and a shorter one after it may run; a job that exits 75 runs again first in the next call), then tars /tmp/gpu/out to $OUT. Issue the same command again, the moment the
 # previous call returns, until it prints "plan done".
 #   replayssm.sh JOB...
 # Jobs (estimated seconds in JOB_S):
@@ -46,7 +46,7 @@ DONE=/tmp/gpu/done
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 CALL_S=${CALL_S:-585}
 TUNED=$RES/launch_config.json  # the launch table the engine jobs run: the kernel benches' fastest shapes
-ALL_BATCHES=1,8,32,64,128,256
+ALL_BATCHES=${ALL_BATCHES:-1,8,32,64,128,256}  # the engine jobs' batches (e.g. 1,8,16,32,64 for the small ones)
 PROFILE_BATCHES=${PROFILE_BATCHES:-64,256}  # the profile jobs' batches (e.g. 8,32 where GDN loses 0.5-0.9 ms per step)
 # measured 2026-12-01: install 40 s, kernel bench 53 s, a floor run of four batches 173-175 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
@@ -73,8 +73,9 @@ engine_model() {  # JOB: the model its engine runs (none: the job starts no engi
 
 starts_engine() { [ -n "$(engine_model "$1")" ]; }
 
-need_s() {  # JOB: its estimate, less the warm start when its model's engine already started on this host
-  local need=${JOB_S[${1%%:*}]:-300} model done_job
+need_s() {  # JOB: its estimate (EST_<kind> overrides JOB_S), less the warm start when its model's engine already started
+  local est="EST_${1%%:*}" model done_job
+  local need=${!est:-${JOB_S[${1%%:*}]:-300}}
   model=$(engine_model "$1")
   if [ -n "$model" ]; then
     for done_job in "$DONE"/*; do
@@ -148,14 +149,22 @@ run_job() {
 
 [ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V moe:V floor:V gdnfloor:V hostprof:V profile:V gdnprofile:V engprof:V gdnengprof:V spec:ARM onegpu:STAGE)"; exit 2; }
 pending=0
-for job in "$@"; do
+order=()  # a job that exited 75 in the last call goes first, before an engine job could stop its server
+for job in "$@"; do [ -f "$DONE/$job.continues" ] && order+=("$job"); done
+for job in "$@"; do [ -f "$DONE/$job.continues" ] || order+=("$job"); done
+for job in "${order[@]}"; do
   [ -f "$DONE/$job" ] && continue
   need=$(need_s "$job")
   if [ "$(left)" -lt "$need" ]; then
     echo "-- $job left for the next call (needs ~${need}s, $(left)s left)"; pending=1; continue
   fi
   echo "-- $job at ${SECONDS}s"
-  if run_job "$job"; then touch "$DONE/$job"; else echo "-- $job FAILED (exit $?) at ${SECONDS}s"; touch "$DONE/$job"; fi
+  run_job "$job"; rc=$?
+  case $rc in
+    0) touch "$DONE/$job"; rm -f "$DONE/$job.continues" ;;
+    75) echo "-- $job not finished: it continues in the next call"; touch "$DONE/$job.continues"; pending=1 ;;
+    *) echo "-- $job FAILED (exit $rc) at ${SECONDS}s"; touch "$DONE/$job"; rm -f "$DONE/$job.continues" ;;
+  esac
   [ "$job" = setup ] && [ ! -d /tmp/site/vllm ] && { echo "setup failed: nothing else can run"; exit 1; }
 done
 [ $pending = 0 ] && echo "plan done"
