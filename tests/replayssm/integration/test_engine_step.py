@@ -1,7 +1,7 @@
 """The engine-side step benchmark's CPU parts: arguments, step arithmetic, prompts, rows and the results file.
 
 The module imports here, in a venv without vLLM; its LLM keywords go through vllm 0.24.0's own constructor in
-test_vllm_integration.py.
+test_vllm_gpu_stages.py.
 """
 
 import json

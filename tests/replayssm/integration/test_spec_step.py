@@ -2,7 +2,7 @@
 engines, the results file and the markdown summary.
 
 The module imports here, in a venv without vLLM; its LLM keywords go through vllm 0.24.0's own constructor and its
-flow runs against a stand-in engine that counts through vLLM's own Prometheus logger in test_vllm_integration.py.
+flow runs against a stand-in engine that counts through vLLM's own Prometheus logger in test_vllm_gpu_stages.py.
 """
 
 import json

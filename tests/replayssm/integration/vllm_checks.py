@@ -1,4 +1,4 @@
-"""Checks that need the real vllm==0.24.0 Python modules, run by test_vllm_integration.py in the cached
+"""Checks that need the real vllm==0.24.0 Python modules, run by test_vllm_mamba2_plugin.py in the cached
 CPU venv (tools/vllm_venv.sh). Args: Nemotron-H-8B model dir, tiny model dir, result file (one JSON
 object; vLLM logs to stdout). Not collected by
 pytest (no test_ prefix): the main venv has no vLLM.

@@ -1,4 +1,4 @@
-"""Gated DeltaNet checks that need the real vllm==0.24.0 Python modules, run by test_vllm_integration.py in the
+"""Gated DeltaNet checks that need the real vllm==0.24.0 Python modules, run by test_vllm_gdn_plugin.py in the
 cached CPU venv. Args: Qwen3.5-4B model dir, tiny Qwen3.5 model dir, result file (one JSON object).
 
 The plugin refuses non-CUDA platforms at start-up (only vLLM's CUDA forward of the layer is wrapped), so the

@@ -1,6 +1,6 @@
 """The GDN ReplaySSM decode step against vLLM 0.24's own GDN decode kernels, both under Triton's interpreter.
 
-Run by test_vllm_integration.py in the cached CPU venv with TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES="".
+Run by test_vllm_gdn_plugin.py in the cached CPU venv with TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES="".
 Arg: result file (one JSON object). Not collected by pytest (no test_ prefix): the main venv has no vLLM.
 
 Baseline: ``fused_recurrent_gated_delta_rule_packed_decode`` (vLLM's pure-decode path, the default),

@@ -1,6 +1,6 @@
 """Layer-level equivalence on CPU: ReplayMambaMixer2 vs vLLM's MambaMixer2 through their real builders.
 
-Run by test_vllm_integration.py in the cached vllm venv with TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES=""
+Run by test_vllm_mamba2_plugin.py in the cached vllm venv with TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES=""
 (vLLM then keeps Triton on, and its causal-conv update and the ReplaySSM kernels run in the interpreter).
 vLLM's selective_state_update does not run in the interpreter, so the baseline layer's SSU backend is the
 fp64 sequential recurrence (replayssm_patch.kernels.ground_truth). vLLM's prefill conv kernel does not run

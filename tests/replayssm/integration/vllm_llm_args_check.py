@@ -1,6 +1,6 @@
 """The GPU benchmarks' `vllm.LLM(...)` arguments through the real vllm==0.24.0 constructor, up to the engine config.
 
-Run by test_vllm_integration.py in the cached CPU venv. Args: Nemotron-H-8B model dir, the same with an MTP
+Run by test_vllm_gpu_stages.py in the cached CPU venv. Args: Nemotron-H-8B model dir, the same with an MTP
 layer (spec_step's arms), result file. The
 engine itself cannot start without a GPU, so `LLMEngine.from_engine_args` is stopped with the EngineArgs that
 LLM built; those then build the VllmConfig. Not collected by pytest (no test_ prefix).

@@ -1,7 +1,7 @@
 """What tools/gpu hands vLLM's OpenAI server, through vllm==0.24.0's own parsers: each model family's server flags
 (replayssm_patch.gpu.variants --family) and compile mode flags, and the request body of `replaybench agree`.
 
-Run by test_vllm_integration.py in the cached CPU venv. Args: Nemotron-H-8B model dir, Qwen3.5-4B model dir,
+Run by test_vllm_gpu_stages.py in the cached CPU venv. Args: Nemotron-H-8B model dir, Qwen3.5-4B model dir,
 result file. Not collected by pytest (no test_ prefix).
 """
 

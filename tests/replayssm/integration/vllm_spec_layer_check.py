@@ -1,6 +1,6 @@
 """Speculative verify on CPU: ReplayMambaMixer2 vs vLLM's MambaMixer2, both with k = 3 speculative tokens.
 
-Run by test_vllm_integration.py in the cached vllm venv (TRITON_INTERPRET=1, CUDA_VISIBLE_DEVICES=""). Both layers
+Run by test_vllm_mamba2_plugin.py in the cached vllm venv (TRITON_INTERPRET=1, CUDA_VISIBLE_DEVICES=""). Both layers
 go through their real builders with vLLM's num_accepted_tokens: vLLM's keeps 1 + k state blocks per request and
 its SSU reads block num_accepted - 1 and writes all T; ReplaySSM keeps one block and the ring, commits the accepted
 prefix in its builder and folds before an overflow. vLLM's SSU does not run in the interpreter, so the baseline's
