@@ -198,6 +198,25 @@ def seconds_per_call(call: Callable[[], Any], effort: BenchPlan, device: str) ->
     return begin.elapsed_time(end) / 1e3 / (effort.repeats * effort.graph_calls)
 
 
+def time_shapes(
+    bench: str, label: str, calls: dict[str, Callable[[], Any]], effort: BenchPlan, device: str
+) -> dict[str, float]:
+    """µs per call of every named launch shape; a shape the compiler rejects is reported and left out, so that one
+    bad shape does not end a sweep."""
+    timings = {}
+    for name, call in calls.items():
+        try:
+            timings[name] = seconds_per_call(call, effort, device) * 1e6
+        except Exception as exc:
+            print(f"[{bench}]   sweep {label} {name} failed: {exc!r}", flush=True)
+    return timings
+
+
+def ranked_shapes(timings: dict[str, float]) -> str:
+    """A sweep's timings, fastest first, for the Markdown reports."""
+    return ", ".join(f"{name} {us:.1f}" for name, us in sorted(timings.items(), key=lambda kv: kv[1]))
+
+
 def timing_method(device: str) -> str:
     if device == "cuda":
         return "CUDA graph of back-to-back calls, timed with CUDA events over several replays"

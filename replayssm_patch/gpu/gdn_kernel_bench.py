@@ -41,10 +41,11 @@ from replayssm_patch.gpu.bench_common import (
     open_bench,
     paged_tensors,
     probe_problem,
+    ranked_shapes,
     registers_table,
     report_head,
-    seconds_per_call,
     section_markdown,
+    time_shapes,
     timing_method,
     timing_table,
     vllm_kernel,
@@ -408,14 +409,10 @@ class KernelSetup:
 
     def sweep(self, shapes: dict[str, dict[str, int]], label: str) -> dict[str, float]:
         """µs of the decode step (1/L rows flushing) per named launch shape; a shape that fails is left out."""
-        timings = {}
-        for name, knobs in shapes.items():
-            call = self.step(self.write_pos, self.flush_staggered, launch_of(knobs))
-            try:
-                timings[name] = seconds_per_call(call, self.plan, self.device) * 1e6
-            except Exception as exc:  # a shape the compiler rejects must not end the sweep
-                print(f"[gdn_kernel_bench]   sweep {label} {name} failed: {exc!r}", flush=True)
-        return timings
+        calls = {
+            name: self.step(self.write_pos, self.flush_staggered, launch_of(knobs)) for name, knobs in shapes.items()
+        }
+        return time_shapes("gdn_kernel_bench", label, calls, self.plan, self.device)
 
     def table(self, baseline: Baseline, launch: Any) -> list[dict[str, Any]]:
         model = TrafficModel(self.plan, self.batch)
@@ -515,13 +512,12 @@ def _equivalence_markdown(eq: dict[str, Any]) -> list[str]:
 
 
 def _sweep_markdown(sweep: dict[str, Any]) -> list[str]:
-    def ranked(timings: dict[str, float]) -> str:
-        return ", ".join(f"{name} {us:.1f}" for name, us in sorted(timings.items(), key=lambda kv: kv[1]))
 
     skipped = [name for name, spilled in sweep["spill_bytes"].items() if spilled]
     return [
         f"Decode step (1/L rows flushing) at batch {sweep['batch']}, block_v x num_warps, us. "
-        f"Replay (default fold): {ranked(sweep['us'])}. Fold (fastest replay): {ranked(sweep.get('fold_us', {}))}.",
+        f"Replay (default fold): {ranked_shapes(sweep['us'])}. "
+        f"Fold (fastest replay): {ranked_shapes(sweep.get('fold_us', {}))}.",
         f"Skipped (ptxas spills): {', '.join(skipped) or 'none'}. Fastest: {launch_of(sweep['best']).as_key()}.",
         "",
     ]

@@ -39,7 +39,6 @@ from replayssm_patch.gpu.bench_common import (
     open_bench,
     registers_table,
     report_head,
-    seconds_per_call,
     section_markdown,
     timing_method,
     timing_table,
@@ -53,6 +52,9 @@ from replayssm_patch.gpu.mamba_bench_setup import (
     filled_caches,
     flush_call,
     scattered_slots,
+    sweep_markdown,
+    sweep_shapes,
+    tuning_of,
 )
 from replayssm_patch.gpu.verify_bench import run_verify, verify_markdown
 
@@ -73,10 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[kernel_bench] device={device} baseline: {baseline.note}", flush=True)
     report.section("equivalence", lambda: run_equivalence(plan, device, baseline))
     report.section("timing", lambda: run_timing(plan, device, baseline, sweep=not args.no_sweep))
-    report.section("verify", lambda: run_verify(plan, device, baseline))
+    report.section("verify", lambda: run_verify(plan, device, baseline, sweep=not args.no_sweep))
     if report.data["timing"]["status"] == "ok" and "sweep" in report.data["timing"]:
         tuned = args.out / "launch_config.json"
-        tuned.write_text(json.dumps(tuned_launch_file(report.data["timing"]), indent=2) + "\n")
+        verify = report.data["verify"] if report.data["verify"]["status"] == "ok" else None
+        tuned.write_text(json.dumps(tuned_launch_file(report.data["timing"], verify), indent=2) + "\n")
         print(f"[kernel_bench] fastest launch shapes in {tuned} (REPLAYSSM_LAUNCH_CONFIG={tuned} uses them)")
     print(f"[kernel_bench] wrote {report.json_path} and {report.md_path}", flush=True)
     return 0
@@ -197,14 +200,19 @@ def run_timing(plan: Plan, device: str, baseline: Baseline, sweep: bool) -> dict
     return result
 
 
-def tuned_launch_file(timing: dict[str, Any]) -> dict[str, Any]:
-    """The sweep's winners in the format ``REPLAYSSM_LAUNCH_CONFIG`` reads (kernels/launch_config.py), and the
-    batches up to which vLLM's kernel beat the fp32 ring's step (``native_max_batch``; split precision never runs
-    vLLM's path, which would leave its bf16 copy stale)."""
-    keys = ("block_p", "block_n", "num_warps")
-    steps = {mode: dict(zip(keys, cfg, strict=True)) for mode, cfg in timing["configs"].items() if cfg}
+def tuned_launch_file(timing: dict[str, Any], verify: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The sweeps' winners in the format ``REPLAYSSM_LAUNCH_CONFIG`` reads (kernels/launch_config.py): the decode
+    step's, the verify's when its section swept, and the batches up to which vLLM's kernel beat the fp32 ring's
+    step (``native_max_batch``; split precision never runs vLLM's path, which would leave its bf16 copy stale)."""
     native = native_max_batch(timing["rows"], BASELINE_FP32_ROW, ring_row("fp32"))
-    return {"replay_step": steps, "native_max_batch": {"fp32": native}}
+    table = {"replay_step": _shape_entries(timing["configs"]), "native_max_batch": {"fp32": native}}
+    if verify is not None and "sweep" in verify:
+        table["verify_step"] = _shape_entries(verify["configs"])
+    return table
+
+
+def _shape_entries(configs: dict[str, tuple[int, int, int] | None]) -> dict[str, dict[str, int]]:
+    return {mode: tuning_of(cfg) for mode, cfg in configs.items() if cfg}
 
 
 BASELINE_FP32_ROW = "baseline fp32 state"
@@ -265,7 +273,7 @@ class KernelSetup:
         from replayssm_patch.kernels.decode_fold import flush_work_list
 
         cache, s, layer = self.caches[mode], self.inputs, self.layer
-        tuning = {} if cfg is None else {"block_p": cfg[0], "block_n": cfg[1], "num_warps": cfg[2]}
+        tuning = tuning_of(cfg)
         rows, count = flush_work_list(flush_len, self.indices, write_pos, self.plan.buffer_len, PAD)
         return lambda: replay_decode_step(
             s.x, s.dt, layer.A, s.B, s.C, cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt, self.indices,
@@ -283,19 +291,9 @@ class KernelSetup:
     # -- measurements --------------------------------------------------------------------------------------
     def sweep(self) -> dict[str, Any]:
         """Best (block_p, block_n, num_warps) of the decode step with 1/L of the rows flushing, per mode."""
-        found: dict[str, Any] = {}
-        for mode in ("fp32", "split"):
-            timings = {}
-            for cfg in self.plan.step_configs:
-                call = self.step(mode, cfg, self.write_pos, self.flush_staggered)
-                try:
-                    timings["x".join(map(str, cfg))] = seconds_per_call(call, self.plan, self.device) * 1e6
-                except Exception as exc:  # a config the compiler rejects must not end the sweep
-                    print(f"[kernel_bench]   sweep {mode} {cfg} failed: {exc!r}", flush=True)
-            best = min(timings, key=timings.__getitem__)
-            found[mode] = {"us": timings, "best": tuple(int(v) for v in best.split("x"))}
-            print(f"[kernel_bench]   sweep step {mode}: best {best} ({timings[best]:.1f} us)", flush=True)
-        return found
+        return sweep_shapes(
+            "step", lambda mode, cfg: self.step(mode, cfg, self.write_pos, self.flush_staggered), self.plan, self.device
+        )
 
     def table(self, baseline: Baseline, configs: dict[str, tuple[int, int, int] | None]) -> list[dict[str, Any]]:
         L, model = self.plan.buffer_len, TrafficModel(self.plan, self.batch)
@@ -343,10 +341,7 @@ def _timing_markdown(timing: dict[str, Any]) -> list[str]:
         *timing_table(timing["rows"]),
         "",
     ]
-    for mode, found in timing.get("sweep", {}).items():
-        shapes = ", ".join(f"{cfg} {us:.1f}" for cfg, us in sorted(found["us"].items(), key=lambda kv: kv[1]))
-        lines += [f"Sweep, decode step {mode} (block_p x block_n x warps: us): {shapes}.", ""]
-    return lines + registers_table(timing.get("registers", []))
+    return lines + sweep_markdown(timing.get("sweep", {}), "decode step") + registers_table(timing.get("registers", []))
 
 
 def render_markdown(data: dict[str, Any]) -> str:

@@ -11,7 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from replayssm_patch.gpu.bench_common import BenchPlan, paged_tensors, probe_problem, vllm_kernel
+from replayssm_patch.gpu.bench_common import (
+    BenchPlan,
+    paged_tensors,
+    probe_problem,
+    ranked_shapes,
+    time_shapes,
+    vllm_kernel,
+)
 
 if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET must be decided first
     import torch
@@ -108,6 +115,35 @@ class Baseline:
         rows = torch.arange(2, dtype=torch.int32, device=device)
         problem = probe_problem(self.note, lambda: self.step(state, inputs, layer, rows, out), error)
         return self if problem is None else Baseline(None, problem)
+
+
+Shape = tuple[int, int, int]  # (block_p, block_n, num_warps) of a replay or verify launch
+
+
+def sweep_shapes(label: str, call_of: Callable[[str, Shape], Callable[[], Any]], plan: Plan, device: str) -> dict:
+    """The fastest of ``plan.step_configs`` per checkpoint mode for one kernel (``label``: what is timed, e.g. the
+    decode step or the verify), with every shape's µs."""
+    found: dict[str, Any] = {}
+    for mode in ("fp32", "split"):
+        calls = {"x".join(map(str, cfg)): call_of(mode, cfg) for cfg in plan.step_configs}
+        timings = time_shapes("kernel_bench", f"{label} {mode}", calls, plan, device)
+        best = min(timings, key=timings.__getitem__)
+        found[mode] = {"us": timings, "best": tuple(int(v) for v in best.split("x"))}
+        print(f"[kernel_bench]   sweep {label} {mode}: best {best} ({timings[best]:.1f} us)", flush=True)
+    return found
+
+
+def sweep_markdown(sweep: dict[str, Any], what: str) -> list[str]:
+    """One line per mode of a ``sweep_shapes`` result."""
+    lines = []
+    for mode, found in sweep.items():
+        lines += [f"Sweep, {what} {mode} (block_p x block_n x warps: us): {ranked_shapes(found['us'])}.", ""]
+    return lines
+
+
+def tuning_of(cfg: Shape | None) -> dict[str, int]:
+    """A swept shape as the kernels' keyword knobs (none: the launch table's shape)."""
+    return {} if cfg is None else {"block_p": cfg[0], "block_n": cfg[1], "num_warps": cfg[2]}
 
 
 def probe_inputs(plan: Plan, device: str, tokens: int) -> tuple[LayerParams, StepInputs]:

@@ -30,6 +30,9 @@ from replayssm_patch.gpu.mamba_bench_setup import (
     probe_inputs,
     scattered_slots,
     stock_shapes,
+    sweep_markdown,
+    sweep_shapes,
+    tuning_of,
 )
 from replayssm_patch.gpu.variants import ACCEPTANCE_LENGTH, SPEC_TOKENS
 
@@ -42,8 +45,10 @@ VERIFY_TOKENS = 1 + SPEC_TOKENS  # T, the query tokens of a verify row
 ACCEPTED_TOKENS = int(ACCEPTANCE_LENGTH)  # tokens every verify commits: the engine runs' mean length, whole
 
 
-def run_verify(plan: Plan, device: str, baseline: Baseline) -> dict[str, Any]:
-    """Time the speculative verify step, its two parts, and vLLM's speculative update at every batch."""
+def run_verify(plan: Plan, device: str, baseline: Baseline, sweep: bool = True) -> dict[str, Any]:
+    """Time the speculative verify step, its two parts, and vLLM's speculative update at every batch, with the
+    verify's own fastest launch shapes (swept at the largest batch: its T x P accumulators and [L + T, P] ring tile
+    are not the decode step's working set, so the decode step's best need not be the verify's)."""
     problem = verify_problem(baseline, plan, device)
     result: dict[str, Any] = {
         "method": timing_method(device),
@@ -56,11 +61,16 @@ def run_verify(plan: Plan, device: str, baseline: Baseline) -> dict[str, Any]:
         "cursors": {},
         "rows": [],
     }
+    configs: dict[str, Any] = {"fp32": None, "split": None}
+    if sweep:
+        result["sweep"] = VerifySetup(plan, device, max(plan.batches)).sweep()
+        configs = {mode: result["sweep"][mode]["best"] for mode in configs}
+    result["configs"] = configs
     for batch in plan.batches:
         print(f"[kernel_bench]   verify batch {batch}", flush=True)
         setup = VerifySetup(plan, device, batch)
         result["cursors"][str(batch)] = setup.cursors()
-        result["rows"].extend(setup.table(baseline if problem is None else None))
+        result["rows"].extend(setup.table(baseline if problem is None else None, configs))
     result["registers"] = compiled_registers(_verify_kernels())
     return result
 
@@ -131,14 +141,16 @@ class VerifySetup:
             "mean_history": float(self.write_pos.float().mean()),
         }
 
-    def step(self, mode: str, fold_len: torch.Tensor | None = None) -> Callable[[], Any]:
+    def step(
+        self, mode: str, fold_len: torch.Tensor | None = None, cfg: tuple[int, int, int] | None = None
+    ) -> Callable[[], Any]:
         """``replay_verify_step`` (fold launch, coefficients, outputs); with ``fold_len`` None only the verify
-        (``replay_verify``, no fold launch)."""
+        (``replay_verify``, no fold launch); ``cfg`` the verify launch's shape (None: the launch table's)."""
         from replayssm_patch.kernels import replay_verify, replay_verify_step
 
         cache, s, layer = self.caches[mode], self.inputs, self.layer
         common = (self.query_start_loc, VERIFY_TOKENS)
-        kwargs = {"D": layer.D, "dt_bias": layer.dt_bias, "out": self.out}
+        kwargs = {"D": layer.D, "dt_bias": layer.dt_bias, "out": self.out, **tuning_of(cfg)}
         ring = (cache.ring_x, cache.ring_B, cache.ring_dt, self.indices, self.write_pos)
         if fold_len is None:
             read = cache.state_bf16 if cache.state_bf16 is not None else cache.ssm_state
@@ -148,7 +160,11 @@ class VerifySetup:
             **kwargs,
         )  # fmt: skip
 
-    def table(self, baseline: Baseline | None) -> list[dict[str, Any]]:
+    def sweep(self) -> dict[str, Any]:
+        """Best (block_p, block_n, num_warps) of the whole verify step at this batch's cursors, per mode."""
+        return sweep_shapes("verify", lambda mode, cfg: self.step(mode, self.fold_len, cfg), self.plan, self.device)
+
+    def table(self, baseline: Baseline | None, configs: dict[str, Any]) -> list[dict[str, Any]]:
         model, T = TrafficModel(self.plan, self.batch), VERIFY_TOKENS
         timed = TimedCalls("kernel_bench", self.plan, self.device, self.batch)
         if baseline is not None:
@@ -162,8 +178,9 @@ class VerifySetup:
         for mode, state_bytes in (("fp32", 4), ("split", 2)):
             verify = model.verify(state_bytes, T, cursors["mean_history"])
             fold = model.flush(share, 2 if mode == "split" else 0, cursors["mean_fold_len"])
-            timed.measure(f"verify step {mode} (fold + verify)", self.step(mode, self.fold_len), verify + fold)
-            timed.measure(f"verify {mode} (no row folding)", self.step(mode), verify)
+            cfg = configs[mode]
+            timed.measure(f"verify step {mode} (fold + verify)", self.step(mode, self.fold_len, cfg), verify + fold)
+            timed.measure(f"verify {mode} (no row folding)", self.step(mode, None, cfg), verify)
             timed.measure(f"fold launch {mode}", flush_call(self.caches[mode], self.layer.A, self.indices,
                                                             self.fold_len), fold)  # fmt: skip
         return timed.rows(VERIFY_BASELINE_ROW)
@@ -228,9 +245,10 @@ def verify_markdown(verify: dict[str, Any]) -> list[str]:
         f"Method: {verify['method']}. T = 1 + k = {verify['tokens_per_row']} query tokens per row, rings of "
         f"L + T = {verify['ring_len']} entries, cursors at the steady state of acceptance length "
         f"{verify['acceptance_length']} ({cursors}).",
-        f"Baseline: {verify['baseline']}.",
+        f"Baseline: {verify['baseline']}. Launch shapes (block_p, block_n, num_warps): {verify.get('configs')}.",
         "",
         *timing_table(verify["rows"]),
         "",
+        *sweep_markdown(verify.get("sweep", {}), "verify step"),
         *registers_table(verify.get("registers", [])),
     ]

@@ -1,7 +1,8 @@
 """Launch shapes of the decode kernels: the defaults, or a GPU's measured best.
 
 The Mamba-2 kernel bench sweeps the replay step's (block_p, block_n, num_warps) on the GPU and writes the fastest
-per checkpoint dtype to a JSON file (``"replay_step"``); the GDN bench does the same for the GDN replay and fold
+per checkpoint dtype to a JSON file (``"replay_step"``), and the speculative verify's (``"verify_step"``; without
+it the verify runs the replay step's shapes); the GDN bench does the same for the GDN replay and fold
 launches (``"gdn"``). ``REPLAYSSM_LAUNCH_CONFIG=<file>`` makes the plugin use such a file (as vLLM reads its tuned
 kernel configs), and the H200's committed file (``launch_h200.json`` beside this module) is used on an H200
 without it. An entry the file lacks keeps its defaults.
@@ -62,12 +63,18 @@ class GdnLaunch:
 GDN_DEFAULT = GdnLaunch()
 
 
-@functools.cache  # every layer launch asks: read the table once per (dtype, device), not per launch
-def launch_for(state_dtype: torch.dtype, device: torch.device) -> ReplayLaunch:
-    """The tuned shape for a checkpoint of ``state_dtype`` ("fp32" or "split" entry), else the default."""
-    entry = "split" if state_dtype.itemsize <= 2 else "fp32"
-    table = _tuned_table(_device_name(device)).get("replay_step", {})
-    return ReplayLaunch(**table[entry]) if entry in table else DEFAULT
+@functools.cache  # every layer launch asks: read the table once per (dtype, device, kernel), not per launch
+def launch_for(state_dtype: torch.dtype, device: torch.device, kernel: str = "replay_step") -> ReplayLaunch:
+    """The tuned shape of ``kernel`` ("replay_step" or "verify_step") for a checkpoint of ``state_dtype`` ("fp32" or
+    "split" entry); a verify the table has no entry for takes the replay step's, else the default."""
+    return _launch_entry(_tuned_table(_device_name(device)), "split" if state_dtype.itemsize <= 2 else "fp32", kernel)
+
+
+def _launch_entry(table: dict[str, dict], entry: str, kernel: str) -> ReplayLaunch:
+    for name in dict.fromkeys((kernel, "replay_step")):
+        if entry in table.get(name, {}):
+            return ReplayLaunch(**table[name][entry])
+    return DEFAULT
 
 
 @functools.cache
@@ -94,12 +101,15 @@ def launch_shapes_in_use(device_name: str) -> dict[str, str]:
     """Which replay launch shapes a process on ``device_name`` uses and where they come from, for result rows:
     a kernel figure is only comparable with the shapes it ran."""
     table = _tuned_table(device_name)
-    steps = table.get("replay_step", {})
-    shapes = {entry: ReplayLaunch(**steps.get(entry, {})).as_key() for entry in ("fp32", "split")}
+    shapes = {entry: _launch_entry(table, entry, "replay_step").as_key() for entry in ("fp32", "split")}
+    verify = ", ".join(f"{entry} {_launch_entry(table, entry, 'verify_step').as_key()}" for entry in ("fp32", "split"))
     gdn = GdnLaunch(**table.get("gdn", {})).as_key()
     mamba, gdn_limit = table.get("native_max_batch", {}).get("fp32", 0), table.get("gdn_native_max_batch", 0)
     native = f"fp32 <= {mamba}, gdn <= {gdn_limit}"
-    return {"source": _table_path(device_name) or "defaults", **shapes, "gdn": gdn, "native_batches": native}
+    return {
+        "source": _table_path(device_name) or "defaults", **shapes, "verify": verify, "gdn": gdn,
+        "native_batches": native,
+    }  # fmt: skip
 
 
 def _device_name(device: torch.device) -> str:

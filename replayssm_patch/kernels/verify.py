@@ -208,7 +208,7 @@ def replay_verify(
     if batch == 0 or x.shape[0] == 0:
         return out
     ring_len = ring_len_of(ring_x)
-    tuned = launch_for(state.dtype, x.device)
+    tuned = launch_for(state.dtype, x.device, "verify_step")
     BLOCK_T = block_size(max_query_len)
     BLOCK_L = block_size(ring_len, floor=16)
     BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p)

@@ -73,6 +73,13 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     verify = data["verify"]
     assert verify["status"] == "ok", verify.get("traceback")
     assert verify["tokens_per_row"] == 4 and verify["ring_len"] == SMOKE_PLAN.buffer_len + 4
+    assert set(verify["sweep"]) == {"fp32", "split"} and len(verify["sweep"]["split"]["us"]) == 2
+    assert {mode: tuple(cfg) for mode, cfg in verify["configs"].items()} == {
+        mode: tuple(found["best"]) for mode, found in verify["sweep"].items()
+    }, "the verify rows run the verify sweep's winners"
+    keys = ("block_p", "block_n", "num_warps")
+    assert table["verify_step"] == {mode: dict(zip(keys, cfg, strict=True)) for mode, cfg in verify["configs"].items()}
+    assert "Sweep, verify step split" in markdown
     assert verify["baseline"].startswith("none, ReplaySSM timed alone: fp64 reference")
     # the builder's plan at acceptance length 3, L = 4: row 0 appends after 3 committed entries, row 1's 6 fold
     assert verify["cursors"] == {"2": {"rows_folding": 1, "mean_fold_len": 6.0, "mean_history": 1.5}}
@@ -152,6 +159,36 @@ def test_launch_table_readers_give_the_native_limits(tmp_path: Path, monkeypatch
     finally:
         monkeypatch.delenv(launch_config.ENV_VAR, raising=False)
         limits()  # leave the caches empty for later tests
+
+
+def test_the_verify_runs_its_own_swept_shape_else_the_replay_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table's ``verify_step`` entry is the verify's shape; where it lacks one, the verify takes the replay step's
+    (the tables written before the verify had a sweep), and without either the default."""
+    import torch
+
+    from replayssm_patch.kernels import launch_config
+
+    def shapes(dtype: torch.dtype) -> tuple[str, str]:
+        launch_config.launch_for.cache_clear()
+        cpu = torch.device("cpu")
+        return (launch_config.launch_for(dtype, cpu).as_key(),
+                launch_config.launch_for(dtype, cpu, "verify_step").as_key())  # fmt: skip
+
+    table = tmp_path / "launch_config.json"
+    monkeypatch.setenv(launch_config.ENV_VAR, str(table))
+    try:
+        table.write_text(json.dumps({
+            "replay_step": {"fp32": {"block_p": 8, "block_n": 64, "num_warps": 1}},
+            "verify_step": {"split": {"block_p": 32, "block_n": 128, "num_warps": 4}},
+        }))  # fmt: skip
+        assert shapes(torch.float32) == ("8x64x1w", "8x64x1w"), "no fp32 verify entry: the replay step's"
+        assert shapes(torch.bfloat16) == ("16x64x1w", "32x128x4w"), "split: the default step, its own verify"
+        assert launch_config.launch_shapes_in_use("cpu")["verify"] == "fp32 8x64x1w, split 32x128x4w"
+    finally:
+        monkeypatch.delenv(launch_config.ENV_VAR, raising=False)
+        launch_config.launch_for.cache_clear()
 
 
 def test_kernel_bench_traffic_model_counts_the_verify_states() -> None:
@@ -388,18 +425,19 @@ def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatc
     assert on_h200["fp32"] == f"{committed['block_p']}x{committed['block_n']}x{committed['num_warps']}w"
     gdn_committed = GdnLaunch(**json.loads(COMMITTED["H200"].read_text())["gdn"])
     assert on_h200["gdn"] == gdn_committed.as_key() != GDN_DEFAULT.as_key(), "the H200 table holds its GDN sweep"
-    assert on_h200["native_batches"] == "fp32 <= 8, gdn <= 8", "the H200 table holds today's measured limits"
+    assert on_h200["native_batches"] == "fp32 <= 8, gdn <= 16", "the H200 table holds today's measured limits"
+    assert on_h200["verify"] == f"fp32 {on_h200['fp32']}, split {on_h200['split']}", "no verify sweep committed yet"
     never = "fp32 <= 0, gdn <= 0"  # batches that run vLLM's own decode path: none unless measured
     assert launch_shapes_in_use("cpu") == {
-        "source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w", "gdn": GDN_DEFAULT.as_key(),
-        "native_batches": never,
+        "source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w", "verify": "fp32 16x64x1w, split 16x64x1w",
+        "gdn": GDN_DEFAULT.as_key(), "native_batches": never,
     }  # fmt: skip
     tuned = tmp_path / "launch_config.json"
     tuned.write_text(json.dumps({"replay_step": {"split": {"block_p": 32, "block_n": 128, "num_warps": 2}}}))
     monkeypatch.setenv(ENV_VAR, str(tuned))
     assert launch_shapes_of("replayssm_split", "NVIDIA H200") == {
-        "source": str(tuned), "fp32": "16x64x1w", "split": "32x128x2w", "gdn": GDN_DEFAULT.as_key(),
-        "native_batches": never,
+        "source": str(tuned), "fp32": "16x64x1w", "split": "32x128x2w", "verify": "fp32 16x64x1w, split 32x128x2w",
+        "gdn": GDN_DEFAULT.as_key(), "native_batches": never,
     }  # fmt: skip
     tuned.write_text(json.dumps({"native_max_batch": {"fp32": 16}, "gdn_native_max_batch": 4}))
     assert launch_shapes_in_use("NVIDIA H200")["native_batches"] == "fp32 <= 16, gdn <= 4"
