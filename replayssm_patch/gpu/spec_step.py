@@ -33,6 +33,10 @@ validity checks), and per batch the median over the repeats (spread = max - min)
 The acceptance length is an engine setting, so --sweep-al needs one engine per AL: this process starts each in a
 child process of its own, in turn (a fresh process hands the GPU back whole), and starts none after --budget-s.
 Rows merge into --out by (arm, mode, k, configured AL, batch); `--summarise FILE` prints the markdown table.
+
+`--profile-batches B,... --profile-out DIR`: after the rows, the same engine (its torch profiler configured at
+start-up, idle until then) profiles one generate per batch as step_profile.py does, sized for --steps verify steps of
+about AL tokens, into DIR/step_profile.json keyed as the rows are: where the two spec arms' steps differ, by kind.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from replayssm_patch.gpu.engine_step import (
     engine_options,
     engine_problem,
     out_problem,
+    parse_engine_batches,
     repeat_record,
     repeated_generates,
     run_checks,
@@ -74,6 +79,9 @@ from replayssm_patch.gpu.engine_step import (
 )
 from replayssm_patch.gpu.row_file import read_row_file, record_row
 from replayssm_patch.gpu.spec_summary import summary_markdown
+from replayssm_patch.gpu.step_profile import STEPS, profile_batch, profile_line, profiler_config, with_batches
+from replayssm_patch.gpu.step_profile import WHAT as PROFILE_WHAT
+from replayssm_patch.gpu.step_profile import write_markdown as write_profile_markdown
 from replayssm_patch.gpu.variants import ACCEPTANCE_LENGTH, SPEC_ARMS, SPEC_TOKENS, speculative_config
 
 MODULE = "replayssm_patch.gpu.spec_step"
@@ -227,6 +235,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=None, help="start no new engine or batch after this many s")
     p.add_argument("--out", type=Path, required=True, help="JSON file to merge the rows into")
     p.add_argument("--summarise", type=Path, metavar="FILE", help="print FILE's markdown summary; starts nothing")
+    p.add_argument("--profile-batches", type=parse_engine_batches, default=None,
+                   help="after the rows, step_profile.py's profile of the arm at these batches")  # fmt: skip
+    p.add_argument("--profile-out", type=Path, default=None, help="dir for the profile's step_profile.json / .md")
+    p.add_argument("--steps", type=int, default=STEPS, help=f"verify steps summarised per profiled batch [{STEPS}]")
+    p.add_argument("--keep-traces", action="store_true", help="keep the profile's raw traces")
     return p
 
 
@@ -263,6 +276,17 @@ def spec_problem(args: argparse.Namespace) -> str | None:
             "the MTP config dir (../shared/gpu/models/nemotron-h-8b-mtp; /tmp/model-mtp on the GPU host)"
         )
     return None
+
+
+def profile_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the profile options, or None (also when there is no profile)."""
+    if (args.profile_batches is None) != (args.profile_out is None):
+        return "--profile-batches and --profile-out go together: give both, or neither"
+    if args.profile_batches is None:
+        return None
+    if args.steps < 1:
+        return f"--steps must be at least 1 (got {args.steps})"
+    return out_problem(args.profile_out / "step_profile.json", PROFILE_WHAT, args.prompt_tokens)
 
 
 def child_command(argv: Sequence[str], length: float, budget_left_s: float | None) -> list[str]:
@@ -312,7 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return summarise(wanted.summarise) if not rest else _refused(f"--summarise takes no other option ({rest[0]})")
     args = parse_args(argv)
     few = f"--repeats must be at least 1 (got {args.repeats})" if args.repeats < 1 else None
-    problem = engine_problem(args) or spec_problem(args) or few or out_problem(args.out, WHAT, args.prompt_tokens)
+    problem = (engine_problem(args) or spec_problem(args) or few or out_problem(args.out, WHAT, args.prompt_tokens)
+               or profile_problem(args))  # fmt: skip
     if problem:
         return _refused(problem)
     return sweep(argv, args) if args.sweep_al else run_engine(args, argv)
@@ -373,7 +398,11 @@ def run_engine(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """One engine (one AL) through every batch within the budget; 1 if any row is invalid."""
     began = time.monotonic()
     setting = f" k={args.spec_tokens} AL={args.acceptance_length:g}" if args.speculative else ""
-    started = start_engine(args, f"{args.arm} {args.mode}{setting}", **arm_kwargs(args))
+    extra = arm_kwargs(args)
+    if args.profile_batches is not None:  # configured, idle until start_profile; graphs at the profile's batches too
+        (args.profile_out / "traces").mkdir(parents=True, exist_ok=True)
+        extra["profiler_config"] = profiler_config(args.profile_out / "traces")
+    started = start_engine(with_batches(args, args.profile_batches or ()), f"{args.arm} {args.mode}{setting}", **extra)
     if started is None:
         return 1
     llm, facts = started
@@ -387,7 +416,27 @@ def run_engine(args: argparse.Namespace, argv: Sequence[str]) -> int:
         record_row(args.out, row, WHAT, command_line(MODULE, list(argv)), facts, SPEC_KEY)
         print(row_line(row), flush=True)
         invalid += not row["valid"]
+    if args.profile_batches is not None:
+        invalid += profile_rows(llm, args, vocab_size, facts, command_line(MODULE, list(argv)))
     return 1 if invalid else 0  # invalid rows are kept (with their problems), but the run says it failed
+
+
+def profile_rows(llm: Any, args: argparse.Namespace, vocab_size: int, facts: dict[str, Any], command: str) -> int:
+    """step_profile.py's profile of this arm at --profile-batches into --profile-out (keyed as the rows are, so
+    both spec arms and every AL share a file); a verify step emits about AL tokens, which sizes the generate. How
+    many batches failed."""
+    trace_dir, failed = args.profile_out / "traces", 0
+    per_step = args.acceptance_length if args.speculative else 1.0
+    for batch in engine_batches(llm, args, args.profile_batches):
+        row = profile_batch(llm, args, batch, vocab_size, trace_dir, per_step)
+        row |= {"arm": args.arm, "spec_tokens": args.spec_tokens if args.speculative else 0,
+                "acceptance_length_configured": args.acceptance_length if args.speculative else None,
+                **{k: facts[k] for k in ("replayssm_layers", "gpu", "vllm", "date")}}  # fmt: skip
+        record_row(args.profile_out / "step_profile.json", row, PROFILE_WHAT, command, facts, SPEC_KEY)
+        write_profile_markdown(args.profile_out)
+        failed += "error" in row
+        print(profile_line(f"{args.arm} {args.mode} B={batch}", row), flush=True)
+    return failed
 
 
 if __name__ == "__main__":

@@ -68,10 +68,13 @@ def profiler_config(trace_dir: Path) -> dict[str, Any]:
     }
 
 
-def profiled_tokens(batch: int, max_num_batched_tokens: int, steps: int, prompt_tokens: int) -> int:
-    """Output tokens per request so that at least `steps` full-batch decode steps follow the chunked prefill."""
+def profiled_tokens(
+    batch: int, max_num_batched_tokens: int, steps: int, prompt_tokens: int, tokens_per_step: float = 1.0
+) -> int:
+    """Output tokens per request so that at least `steps` full-batch decode steps follow the chunked prefill; a
+    speculative step emits about its acceptance length (``tokens_per_step``) per request."""
     prefill_steps = math.ceil(batch * prompt_tokens / max_num_batched_tokens)
-    return prefill_steps + steps + SLACK_STEPS
+    return prefill_steps + math.ceil((steps + SLACK_STEPS) * tokens_per_step)
 
 
 def newest_trace(trace_dir: Path, before: set[Path]) -> Path | None:
@@ -106,15 +109,23 @@ def steps_problem(args: argparse.Namespace) -> str | None:
 
 def engine_args(args: argparse.Namespace) -> argparse.Namespace:
     """The run's options with --batches covering both lists, so CUDA graphs are captured at every batch run."""
-    both = tuple(dict.fromkeys((*args.batches, *(args.step_batches or ()))))
-    return argparse.Namespace(**{**vars(args), "batches": both})
+    return with_batches(args, args.step_batches or ())
 
 
-def profile_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: int, trace_dir: Path) -> dict:
+def with_batches(args: argparse.Namespace, more: tuple[int | str, ...]) -> argparse.Namespace:
+    """``args`` with ``more`` added to --batches (once each, in order): the engine captures a graph for each."""
+    return argparse.Namespace(**{**vars(args), "batches": tuple(dict.fromkeys((*args.batches, *more)))})
+
+
+def profile_batch(
+    llm: Any, args: argparse.Namespace, batch: int, vocab_size: int, trace_dir: Path, tokens_per_step: float = 1.0
+) -> dict:
+    """One profiled generate at ``batch`` after a warm-up, summarised over its last --steps decode steps (under
+    speculation, verify steps: ``tokens_per_step`` = the acceptance length sizes the generate)."""
     rng = np.random.default_rng([args.seed, batch, 1])
     timed_generate(llm, prompt_token_ids(rng, batch, args.prompt_tokens, vocab_size), SHORT_TOKENS)  # warm-up
     budget = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
-    tokens = profiled_tokens(batch, budget, args.steps, args.prompt_tokens)
+    tokens = profiled_tokens(batch, budget, args.steps, args.prompt_tokens, tokens_per_step)
     before = set(trace_dir.glob(TRACE_GLOB))
     llm.start_profile()
     run = timed_generate(llm, prompt_token_ids(rng, batch, args.prompt_tokens, vocab_size), tokens)
@@ -168,12 +179,16 @@ def main(argv: list[str] | None = None) -> int:
         record_row(args.out / "step_profile.json", row, WHAT, command, facts)
         write_markdown(args.out)
         failed |= "error" in row
-        shown = {k: row.get(k) for k in ("span_us", "kernel_us", "gap_us", "steps", "error")}
-        kinds = {k: v["us"] for k, v in row.get("kinds", {}).items()}
-        calls = {k: v["per_step"] for k, v in row.get("host_calls", {}).items()}
-        print(f"{args.variant} {args.mode} B={batch}: {json.dumps(shown)}, us per kind {json.dumps(kinds)}, "
-              f"CUDA calls per step {json.dumps(calls)}", flush=True)  # fmt: skip
+        print(profile_line(f"{args.variant} {args.mode} B={batch}", row), flush=True)
     return 1 if failed else 0
+
+
+def profile_line(label: str, row: dict[str, Any]) -> str:
+    """The log line of one profiled batch: span, kernel and gap µs, µs per kind, CUDA calls per step."""
+    shown = {k: row.get(k) for k in ("span_us", "kernel_us", "gap_us", "steps", "error")}
+    kinds = {k: v["us"] for k, v in row.get("kinds", {}).items()}
+    calls = {k: v["per_step"] for k, v in row.get("host_calls", {}).items()}
+    return f"{label}: {json.dumps(shown)}, us per kind {json.dumps(kinds)}, CUDA calls per step {json.dumps(calls)}"
 
 
 if __name__ == "__main__":

@@ -242,13 +242,21 @@ def summarise_trace(path: Path, batch: int | None = None, steps: int | None = No
     return summarise_events(load_events(path), batch, steps)
 
 
+def _label(row: dict[str, Any]) -> str:
+    """A row's variant, or its speculative-decoding arm and acceptance length (spec_step's profile rows)."""
+    if "arm" not in row:
+        return row["variant"]
+    al = row.get("acceptance_length_configured")
+    return row["arm"] if al is None else f"{row['arm']} (AL {al:g})"
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     """One table of time per kind (µs per decode step) for every summarised row, then each row's top kernels."""
     head = ["variant", "mode", "batch", "steps", "span µs", *KIND_NAMES, "gap µs", "host µs"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         kinds = [f"{r['kinds'][k]['us']:.1f}" for k in KIND_NAMES]
-        cells = [r["variant"], r["mode"], r["batch"], r["steps"], f"{r['span_us']:.1f}", *kinds,
+        cells = [_label(r), r["mode"], r["batch"], r["steps"], f"{r['span_us']:.1f}", *kinds,
                  f"{r['gap_us']:.1f}", f"{r['host_us']:.1f}"]  # fmt: skip
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     lines += ["", "Kinds: " + "; ".join(f"{k} = {KIND_LABELS[k]}" for k in KIND_NAMES) + "."]
@@ -258,9 +266,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         tally = r.get("host_calls") or {}  # rows summarised before the tally existed have none
         cells = [f"{tally[c]['per_step']} ({tally[c]['us']:.1f})" if c in tally else "–" for c in calls]
-        lines.append("| " + " | ".join(map(str, [r["variant"], r["mode"], r["batch"], *cells])) + " |")
+        lines.append("| " + " | ".join(map(str, [_label(r), r["mode"], r["batch"], *cells])) + " |")
     for r in rows:
-        lines += ["", f"Top kernels, {r['variant']} {r['mode']} batch {r['batch']} (µs and calls per step):", ""]
+        lines += ["", f"Top kernels, {_label(r)} {r['mode']} batch {r['batch']} (µs and calls per step):", ""]
         lines += ["| kernel | kind | µs | calls |", "|---|---|---|---|"]
         lines += [f"| `{k['name']}` | {k['kind']} | {k['us']} | {k['calls']} |" for k in r["top_kernels"]]
     return "\n".join(lines) + "\n"

@@ -32,7 +32,9 @@
 #   spec:ARM         issue 17: speculative decoding on the engine (spec_step.py) of ARM (native_standard native_spec
 #                    replayssm_standard replayssm_spec) on /tmp/model-mtp at batch 64, 128, 256, k = SPEC_TOKENS [3];
 #                    a spec arm at AL 3.0, or one engine per AL of SWEEP_AL, none started in the call's last 120 s;
-#                    SPEC_BATCHES=64,128,256,fit MAX_NUM_SEQS=768 adds the largest batch the arm holds
+#                    SPEC_BATCHES=64,128,256,fit MAX_NUM_SEQS=768 adds the largest batch the arm holds;
+#                    SPEC_PROFILE_BATCHES=128 then profiles the arm's verify steps at 128 in the same engine
+#                    (-> profile-spec/; ~40 s more: both spec arms on one host account for each other's step)
 #   onegpu:STAGE     a stage of onegpu.sh with what is left of the call: agree (greedy cross-arm agreement, both
 #                    servers at 0.45), moe (qwen3.5-35b-a3b served with the plugin, a replay with exact lengths)
 # e.g. replayssm.sh setup kernels engine:replayssm_fp32 gdn:baseline gdn:replayssm_fp32 floor:baseline \

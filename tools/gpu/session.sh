@@ -19,7 +19,9 @@
 #   spec ARM GPU [BATCHES]          engine-side speculative decoding (replayssm_patch/gpu/spec_step.py) of ARM
 #                                   (native_standard native_spec replayssm_standard replayssm_spec) on /tmp/model-mtp,
 #                                   MTP k = SPEC_TOKENS [3], synthetic AL 3.0 or the list SWEEP_AL (one engine each,
-#                                   SPEC_BUDGET_S seconds at most) -> rows merged into spec_step-h200.json
+#                                   SPEC_BUDGET_S seconds at most) -> rows merged into spec_step-h200.json; with
+#                                   SPEC_PROFILE_BATCHES the same engine then profiles its verify steps there
+#                                   (step_profile.py's summary) -> profile-spec/
 #   pace PORT VARIANT [STREAMS]     client-seen decode pace of the server on PORT through `replaybench replay`
 #                                   (bench/decode_pace.py: 1 and 4 workers, prompt 1024, exactly 256 tokens; default
 #                                   streams 64,256) against engine_step-h200.json -> rows merged into decode_pace-h200.json
@@ -147,6 +149,7 @@ spec() {  # ARM GPU [BATCHES]: spec_step.py on the MTP model (see the stage list
   [ -f "$MODEL_MTP/config.json" ] || { echo "no $MODEL_MTP: carry .device/model-mtp/config.json, run setup"; return 1; }
   case $arm in *_spec) [ -n "${SWEEP_AL:-}" ] && extra+=(--sweep-al "$SWEEP_AL") ;; esac
   [ -n "${SPEC_BUDGET_S:-}" ] && extra+=(--budget-s "$SPEC_BUDGET_S")
+  [ -n "${SPEC_PROFILE_BATCHES:-}" ] && extra+=(--profile-batches "$SPEC_PROFILE_BATCHES" --profile-out "$RES/profile-spec")
   ENGINE_MODEL=$MODEL_MTP on_gpu spec_step "$arm" "$gpu" "$batches" "$SPECS" \
     "tok/s \(spread|maximum concurrency|^skipped" "${extra[@]}"
 }

@@ -201,6 +201,10 @@ def test_a_spent_budget_starts_no_engine(tmp_path, capsys):
         (["--arm", "replayssm_spec"], "declares no MTP layer", "nemotron_h_8b"),
         (["--arm", "native_spec", "--batches", "512"], "--max-num-seqs", "nemotron_h_8b_mtp"),
         (["--arm", "native_spec", "--repeats", "0"], "--repeats must be at least 1", "nemotron_h_8b_mtp"),
+        (["--arm", "native_spec", "--profile-batches", "64"], "--profile-batches and --profile-out go together",
+         "nemotron_h_8b_mtp"),
+        (["--arm", "native_spec", "--profile-batches", "64", "--profile-out", ".", "--steps", "0"],
+         "--steps must be at least 1", "nemotron_h_8b_mtp"),
     ],
 )  # fmt: skip
 def test_bad_settings_are_one_line_and_exit_2(tmp_path, capsys, extra, needle, config):

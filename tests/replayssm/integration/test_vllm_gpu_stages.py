@@ -131,7 +131,7 @@ def test_spec_step_reads_vllms_own_counters_into_rows_per_arm(spec_flow):
     tokens and engine steps come out exactly as emulated (AL 3: 6 and 92 steps for 16 and 272 tokens; standard:
     16 and 272), the capacity as vLLM's front end holds it, and the arm's keywords reach vllm.LLM."""
     assert spec_flow["exits"] == {"replayssm_spec": 0, "native_spec": 0, "native_standard": 0,
-                                  "replayssm_spec_2.5": 1}  # fmt: skip
+                                  "replayssm_spec_2.5": 1, "profiled": 0}  # fmt: skip
     kwargs = spec_flow["kwargs"]
     assert "'synthetic_acceptance_length': 3.0" in kwargs["replayssm_spec"]["speculative_config"]
     assert "'enable': True" in kwargs["replayssm_spec"]["additional_config"]
@@ -164,6 +164,19 @@ def test_spec_step_invalidates_an_acceptance_off_its_configuration_and_summarise
     batch4 = next(line for line in summary.split("AL 3 configured")[1].splitlines() if line.startswith("| 4 |"))
     assert batch4.endswith("| 24.0 → 96.0 (4.00×) |") and "AL 3.00" in batch4 and batch4.count("×") == 3
     assert "- replayssm_spec default, k 3, AL 2.5, batch 4: measured acceptance length 2.000" in summary
+
+
+def test_spec_step_profiles_the_arm_after_its_rows_in_the_same_engine(spec_flow):
+    """--profile-batches: the torch profiler configured at start-up, the rows first, then one profiled generate
+    sized for 16 + 8 verify steps of AL 3 tokens after the prefill, summarised into a row keyed as spec rows are."""
+    assert "'profiler': 'torch'" in spec_flow["kwargs"]["profiled"]["profiler_config"]
+    prefill_steps = -(-4 * 1024 // spec_flow["token_budget"])
+    profiled = [(c["max_tokens"], c["profiling"]) for c in spec_flow["calls"]["profiled"] if c["profiling"]]
+    assert profiled == [(prefill_steps + (16 + 8) * 3, True)]
+    (row,) = spec_flow["profile_file"]["rows"]
+    assert (row["arm"], row["variant"], row["acceptance_length_configured"], row["batch"], row["steps"]) == (
+        "replayssm_spec", "replayssm_fp32", 3.0, 4, 16)  # fmt: skip
+    assert "| replayssm_spec (AL 3) | default | 4 | 16 |" in spec_flow["profile_md"]
 
 
 @pytest.fixture(scope="module")

@@ -94,11 +94,20 @@ def main(model: Path, result_file: Path) -> None:
         "native_standard": [*common, "--arm", "native_standard", "--batches", "4"],
         "replayssm_spec_2.5": [*common, "--arm", "replayssm_spec", "--acceptance-length", "2.5", "--batches", "4"],
     }
-    result: dict = {"exits": {}, "kwargs": {}}
+    profiled = result_file.parent / "profile"
+    runs["profiled"] = [
+        *common[:-1], str(result_file.parent / "profiled_rows.json"), "--arm", "replayssm_spec", "--batches", "4",
+        "--repeats", "1", "--profile-batches", "4", "--profile-out", str(profiled),
+    ]  # fmt: skip
+    result: dict = {"exits": {}, "kwargs": {}, "calls": {}}
     for name, argv in runs.items():
         CountingStandIn.made.clear()
         result["exits"][name] = spec_step.main(argv)
         result["kwargs"][name] = {k: str(v) for k, v in CountingStandIn.made[0].kwargs.items()}
+        result["calls"][name] = CountingStandIn.made[0].calls
+    result["profile_file"] = json.loads((profiled / "step_profile.json").read_text())
+    result["profile_md"] = (profiled / "step_profile.md").read_text()
+    result["token_budget"] = CountingStandIn.config.scheduler_config.max_num_batched_tokens
     summary = io.StringIO()
     with contextlib.redirect_stdout(summary):
         result["summarise_exit"] = spec_step.main(["--summarise", str(out)])
