@@ -512,7 +512,6 @@ def _equivalence_markdown(eq: dict[str, Any]) -> list[str]:
 
 
 def _sweep_markdown(sweep: dict[str, Any]) -> list[str]:
-
     skipped = [name for name, spilled in sweep["spill_bytes"].items() if spilled]
     return [
         f"Decode step (1/L rows flushing) at batch {sweep['batch']}, block_v x num_warps, us. "

@@ -79,9 +79,8 @@ from replayssm_patch.gpu.engine_step import (
 )
 from replayssm_patch.gpu.row_file import read_row_file, record_row
 from replayssm_patch.gpu.spec_summary import summary_markdown
-from replayssm_patch.gpu.step_profile import STEPS, profile_batch, profile_line, profiler_config, with_batches
+from replayssm_patch.gpu.step_profile import STEPS, profile_batch, profiler_config, record_profile, with_batches
 from replayssm_patch.gpu.step_profile import WHAT as PROFILE_WHAT
-from replayssm_patch.gpu.step_profile import write_markdown as write_profile_markdown
 from replayssm_patch.gpu.variants import ACCEPTANCE_LENGTH, SPEC_ARMS, SPEC_TOKENS, speculative_config
 
 MODULE = "replayssm_patch.gpu.spec_step"
@@ -173,6 +172,12 @@ def _median_and_spread(values: Sequence[float], digits: int) -> tuple[float | No
     return round(statistics.median(values), digits), round(max(values) - min(values), digits)
 
 
+def speculation_key(args: argparse.Namespace) -> dict[str, Any]:
+    """The arm's speculation fields of SPEC_KEY: k and the configured AL, 0 and None for a standard arm."""
+    return {"spec_tokens": args.spec_tokens if args.speculative else 0,
+            "acceptance_length_configured": args.acceptance_length if args.speculative else None}  # fmt: skip
+
+
 def make_row(
     args: argparse.Namespace, batch: int, repeats: Sequence[SpecRepeat], counted: Sequence[SpecDecodeRun], **facts: Any
 ) -> dict[str, Any]:
@@ -180,7 +185,7 @@ def make_row(
     `facts` holds run_checks' validity facts, extended here by the acceptance and step-count checks."""
     rates, rate_spread = _median_and_spread([tokens_per_s(batch, r.t_short_s, r.t_long_s) for r in repeats], 1)
     steps, step_spread = _median_and_spread([s for s in map(engine_step_ms, repeats) if s is not None], 3)
-    configured = args.acceptance_length if args.speculative else None
+    configured = speculation_key(args)["acceptance_length_configured"]
     measured = pooled_acceptance_length(list(counted))
     problems = [*facts.pop("problems", [])]
     problems += [p for p in [acceptance_problem(configured, measured)] if p]
@@ -192,8 +197,7 @@ def make_row(
         "mode": args.mode,
         "batch": batch,
         "prompt_tokens": args.prompt_tokens,
-        "spec_tokens": args.spec_tokens if args.speculative else 0,
-        "acceptance_length_configured": configured,
+        **speculation_key(args),
         "acceptance_length_measured": None if measured is None else round(measured, 4),
         "drafts": drafts,
         "tokens_per_s": rates,
@@ -428,14 +432,9 @@ def profile_rows(llm: Any, args: argparse.Namespace, vocab_size: int, facts: dic
     trace_dir, failed = args.profile_out / "traces", 0
     per_step = args.acceptance_length if args.speculative else 1.0
     for batch in engine_batches(llm, args, args.profile_batches):
-        row = profile_batch(llm, args, batch, vocab_size, trace_dir, per_step)
-        row |= {"arm": args.arm, "spec_tokens": args.spec_tokens if args.speculative else 0,
-                "acceptance_length_configured": args.acceptance_length if args.speculative else None,
-                **{k: facts[k] for k in ("replayssm_layers", "gpu", "vllm", "date")}}  # fmt: skip
-        record_row(args.profile_out / "step_profile.json", row, PROFILE_WHAT, command, facts, SPEC_KEY)
-        write_profile_markdown(args.profile_out)
-        failed += "error" in row
-        print(profile_line(f"{args.arm} {args.mode} B={batch}", row), flush=True)
+        row = profile_batch(llm, args, batch, vocab_size, trace_dir, per_step) | {"arm": args.arm}
+        label = f"{args.arm} {args.mode} B={batch}"
+        failed += not record_profile(args.profile_out, row | speculation_key(args), facts, command, label, SPEC_KEY)
     return failed
 
 

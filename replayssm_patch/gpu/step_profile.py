@@ -43,7 +43,7 @@ from replayssm_patch.gpu.engine_step import (
     timed_generate,
 )
 from replayssm_patch.gpu.engine_step import WHAT as STEP_WHAT
-from replayssm_patch.gpu.row_file import read_row_file, record_row
+from replayssm_patch.gpu.row_file import ROW_KEY, read_row_file, record_row
 from replayssm_patch.gpu.trace_summary import TraceError, markdown, summarise_trace
 
 STEPS = 16
@@ -175,12 +175,20 @@ def main(argv: list[str] | None = None) -> int:
         failed |= measure_rows(llm, args, steps, args.steps_out, command, facts, began) > 0
     for batch in engine_batches(llm, args):
         row = profile_batch(llm, args, batch, vocab_size, trace_dir)
-        row |= {k: facts[k] for k in ("replayssm_layers", "gpu", "vllm", "date")}
-        record_row(args.out / "step_profile.json", row, WHAT, command, facts)
-        write_markdown(args.out)
-        failed |= "error" in row
-        print(profile_line(f"{args.variant} {args.mode} B={batch}", row), flush=True)
+        failed |= not record_profile(args.out, row, facts, command, f"{args.variant} {args.mode} B={batch}")
     return 1 if failed else 0
+
+
+def record_profile(
+    out: Path, row: dict[str, Any], facts: dict[str, Any], command: str, label: str, key: tuple[str, ...] = ROW_KEY
+) -> bool:
+    """Stamp a profiled batch's row with the engine's facts, merge it into out/step_profile.json (by ``key``),
+    rewrite the Markdown and log it; False if its trace could not be summarised."""
+    row |= {k: facts[k] for k in ("replayssm_layers", "gpu", "vllm", "date")}
+    record_row(out / "step_profile.json", row, WHAT, command, facts, key)
+    write_markdown(out)
+    print(profile_line(label, row), flush=True)
+    return "error" not in row
 
 
 def profile_line(label: str, row: dict[str, Any]) -> str:
