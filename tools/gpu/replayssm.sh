@@ -21,6 +21,10 @@
 #                    step ratio of the MoE shape) -> engine_step-h200-qwen3.5-35b-a3b.json
 #   floor:VARIANT    the host floor: Nemotron-H-8B's layers at toy widths (replayssm_patch/gpu/host_floor.py) at batch
 #                    1, 8, 64, 256 -> engine_step-h200-floor.json
+#   churn:VARIANT    engine-side step under churn (churn_step.py) of Nemotron-H-8B at CHURN_BATCHES [64,128]: B
+#                    requests decoding while finished ones are replaced by fresh 1,024-token prompts, mixed steps
+#                    (a prefill beside the decodes) timed apart from decode-only ones -> churn_step-h200.json
+#   gdnchurn:VARIANT the same for Qwen3.5-4B -> churn_step-h200-qwen3.5-4b.json
 #   gdnfloor:VARIANT the same for Qwen3.5-4B -> engine_step-h200-qwen3.5-4b-floor.json
 #   profile:VARIANT  the step profile at batch 64 and 256 (PROFILE_BATCHES) -> profile/
 #   gdnprofile:VARIANT  the same for Qwen3.5-4B -> profile-qwen3.5-4b/
@@ -49,10 +53,11 @@ export PYTHONPATH=/tmp/site:/tmp/rb-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_H
 CALL_S=${CALL_S:-585}
 TUNED=$RES/launch_config.json  # the launch table the engine jobs run: the kernel benches' fastest shapes
 ALL_BATCHES=${ALL_BATCHES:-1,8,32,64,128,256}  # the engine jobs' batches (e.g. 1,8,16,32,64 for the small ones)
+CHURN_BATCHES=${CHURN_BATCHES:-64,128}  # the churn jobs' batches (decode rows beside arriving prompts' prefill)
 PROFILE_BATCHES=${PROFILE_BATCHES:-64,256}  # the profile jobs' batches (e.g. 8,32 where GDN loses 0.5-0.9 ms per step)
 # measured 2026-12-01: install 40 s, kernel bench 53 s, a floor run of four batches 173-175 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
-declare -A JOB_S=([setup]=90 [kernels]=110 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [onegpu]=420)
+declare -A JOB_S=([setup]=90 [kernels]=110 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [churn]=330 [gdnchurn]=330 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [onegpu]=420)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
@@ -64,8 +69,8 @@ WARM_START_SAVES_S=120
 
 engine_model() {  # JOB: the model its engine runs (none: the job starts no engine)
   case ${1%%:*} in
-    engine | engprof | profile) echo nemotron ;;
-    gdn | gdnengprof | gdnprofile) echo qwen35 ;;
+    engine | engprof | profile | churn) echo nemotron ;;
+    gdn | gdnengprof | gdnprofile | gdnchurn) echo qwen35 ;;
     floor | hostprof) echo floor ;;
     gdnfloor) echo qwen35floor ;;
     moe) echo qwen35moe ;;
@@ -129,6 +134,9 @@ run_job() {
         --out "$RES/gdn_layer_check" 2>&1 | tee "$RES/gdn_layer_check.log" | tail -5 ;;
     engine) engine_job nemotron "$variant" $ALL_BATCHES ;;
     gdn) engine_job qwen35 "$variant" $ALL_BATCHES ;;
+    churn | gdnchurn)
+      local model=nemotron; [ "$kind" = gdnchurn ] && model=qwen35
+      MODEL=$model ENGINE_TIMEOUT_S=$(($(left) - 25)) $S churn "$variant" 0 "$CHURN_BATCHES" ;;
     moe) engine_job qwen35moe "$variant" 1,8,64,256 ;;
     floor) floor_model && engine_job floor "$variant" 1,8,64,256 ;;
     gdnfloor) floor_model /tmp/model-qwen35 && engine_job qwen35floor "$variant" 1,8,64,256 ;;
@@ -149,7 +157,7 @@ run_job() {
   esac
 }
 
-[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V moe:V floor:V gdnfloor:V hostprof:V profile:V gdnprofile:V engprof:V gdnengprof:V spec:ARM onegpu:STAGE)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V churn:V gdnchurn:V moe:V floor:V gdnfloor:V hostprof:V profile:V gdnprofile:V engprof:V gdnengprof:V spec:ARM onegpu:STAGE)"; exit 2; }
 pending=0
 order=()  # a job that exited 75 in the last call goes first, before an engine job could stop its server
 for job in "$@"; do [ -f "$DONE/$job.continues" ] && order+=("$job"); done

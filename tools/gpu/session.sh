@@ -14,6 +14,10 @@
 #                                   HTTP; default batches 64,256; REPEATS [3]) -> rows merged into engine_step-h200.json
 #   profile VARIANT GPU [BATCHES]   kernel time per layer kind of a decode step (step_profile.py) -> profile/;
 #                                   with STEP_BATCHES the same engine first measures the engine rows (as engine)
+#   churn VARIANT GPU [BATCHES]     engine-side step under churn (replayssm_patch/gpu/churn_step.py): B requests
+#                                   decoding while each finished one is replaced by a fresh prompt, so prefills
+#                                   land in decode steps as in a served load; mixed vs decode-only steps (default
+#                                   batches 64,128; REPEATS [3]) -> rows merged into churn_step-h200.json
 #   hostprof VARIANT GPU [BATCHES]  host time per decode step by function (host_profile.py: the engine in-process
 #                                   under cProfile) -> rows merged into host_profile-h200.json (+ .md)
 #   spec ARM GPU [BATCHES]          engine-side speculative decoding (replayssm_patch/gpu/spec_step.py) of ARM
@@ -182,6 +186,8 @@ case $cmd in
   wait) wait_ready "$@" ;;
   stop) stop "$@" ;;
   engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" --variant "$1" --repeats "${REPEATS:-3}" ;;
+  churn) on_gpu churn_step "$1" "$2" "${3:-64,128}" "$RES/churn_step-h200$SUFFIX.json" "churn: step|^skipped" --variant "$1" \
+    --repeats "${REPEATS:-3}" ;;
   hostprof) on_gpu host_profile "$1" "$2" "${3:-64,256}" "$RES/host_profile-h200$SUFFIX.json" "in-process| µs  " --variant "$1" ;;
   profile)  # STEP_BATCHES=B,...: the same engine measures engine_step's rows at those batches first (one start-up)
     steps=(); [ -n "${STEP_BATCHES:-}" ] && steps=(--step-batches "$STEP_BATCHES" --steps-out "$STEPS" --repeats "${REPEATS:-3}")

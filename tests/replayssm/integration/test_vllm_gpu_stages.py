@@ -281,3 +281,22 @@ def test_engine_step_fit_runs_the_largest_batch_the_engine_holds(engine_flow):
     assert {c["batch"] for c in fit["calls"]} == {6}
     (row,) = engine_flow["fit_steps_file"]["rows"]
     assert (row["batch"], row["max_concurrency"], row["valid"], row["window_steps"]) == (6, 6.5, True, 269)
+
+
+def test_churn_step_keeps_the_batch_whole_and_splits_mixed_from_decode_steps(engine_flow):
+    """churn_step.main against the stand-in engine, whose clock takes 40 ms for a step that admits a prefill and
+    5 ms for one that only decodes: with 4 requests of 8 tokens each replaced as it finishes, every measured step
+    serves all 4, the mixed and decode-only means read those clocks exactly, and the mean step is their mix."""
+    churn = engine_flow["churn"]
+    assert churn["exit"] == 0
+    assert all(c["min_tokens"] == c["max_tokens"] and c["ignore_eos"] for c in churn["calls"])
+    (row,) = engine_flow["churn_file"]["rows"]
+    assert (row["variant"], row["batch"], row["prompt_tokens"], row["output_tokens"]) == ("replayssm_fp32", 4, 1024, 8)
+    assert row["valid"] and row["problems"] == [] and row["steps"] == 40 and len(row["repeats"]) == 2
+    assert (row["mixed_step_ms"], row["decode_step_ms"]) == (40.0, 5.0)
+    assert 0 < row["mixed_share"] < 1
+    assert row["step_ms"] == pytest.approx(row["mixed_share"] * 40 + (1 - row["mixed_share"]) * 5, abs=0.01)
+    # 4 tokens per step (one per request) over the mean step
+    assert row["tokens_per_s"] == pytest.approx(4 / row["step_ms"] * 1e3, rel=1e-3)
+    assert all(r["fewest_rows"] == 4 for r in row["repeats"])
+    assert "churn_step" in engine_flow["churn_file"]["command"]

@@ -24,7 +24,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.metrics.reader import Counter
 from vllm.v1.metrics.stats import RequestStateStats
 
-from replayssm_patch.gpu import engine_step, step_profile
+from replayssm_patch.gpu import churn_step, engine_step, step_profile
 from tests.replayssm.integration.trace_fixture import decode_trace
 
 VOCAB = 5000
@@ -67,6 +67,10 @@ class StandInEngine:
         self.llm.last_batch = self.call["batch"]
         self.waiting.append({"id": request_id, "params": params, "made": 0, "stats": RequestStateStats()})
         return request_id
+
+    def abort_request(self, request_ids):
+        self.waiting = [r for r in self.waiting if r["id"] not in request_ids]
+        self.running = [r for r in self.running if r["id"] not in request_ids]
 
     def has_unfinished_requests(self):
         return bool(self.waiting or self.running)
@@ -169,7 +173,11 @@ def main(model: Path, result_file: Path) -> None:
     fit = [*model_args, "--batches", "fit", "--repeats", "1", "--out", str(out / "fit_steps.json")]
     both = [*model_args, "--variant", "replayssm_fp32", "--batches", "4", "--out", str(out / "both"),
             "--step-batches", "4,8", "--steps-out", str(out / "both_steps.json"), "--repeats", "1"]  # fmt: skip
+    churn = [*model_args, "--variant", "replayssm_fp32", "--batches", "4", "--output-tokens", "8", "--steps", "40",
+             "--repeats", "2", "--out", str(out / "churn.json")]  # fmt: skip
     result = {
+        "churn": run(churn_step.main, churn),
+        "churn_file": json.loads((out / "churn.json").read_text()),
         "split": run(engine_step.main, split),
         "baseline": run(engine_step.main, baseline),
         "profile": run(step_profile.main, profile),

@@ -1,0 +1,262 @@
+"""Engine-side step under churn: B requests decode while finished ones are replaced by fresh prompts, so prefill
+chunks land in decode steps as they do in a served load (vLLM's engine stepped directly, no HTTP).
+
+    python3 -m replayssm_patch.gpu.churn_step --model MODEL_DIR --variant replayssm_fp32 --mode default \
+        --batches 64,128 --out replayssm_patch/gpu/results/churn_step-h200.json
+
+Why: engine_step.py measures closed batches, whose decode window holds no prefill, but a served replay's steps are
+mostly mixed. On the H200 (2026-12-03, qwen3.5-4b, Azure conversations at ~65 % of the baseline's capacity, 5.3
+prompt tokens per output token) ReplaySSM's served TPOT p50 was 18 % worse and its engine steps/s (server metrics)
+21 % lower, while its closed-batch decode steps at 16-64 were 0.95-1.13x the baseline's: the mixed steps are
+where the served loss is, and they need an engine-side figure of their own.
+
+Method: B requests are started with staggered output lengths (request i gets (i + 1) / B of --output-tokens), so
+finishes, and with them new prompts, spread evenly: in steady state B / output_tokens new prompts of
+--prompt-tokens random ids per step. Each request that finishes is replaced at once (exact lengths: ignore_eos,
+min_tokens = max_tokens, greedy). After a warm-up of --output-tokens steps (every first-wave request has
+finished), the engine core's timestamps of the next --steps steps give each step's period; a step that put out
+some request's first token held that request's prefill (a "mixed" step). Per repeat: the mean period of all
+steps, of the mixed ones and of the decode-only ones, the share of mixed steps and the output tokens per second
+over the window; the row holds the medians over repeats and the spread of the means. The requests still running
+at the end are aborted. Prefix caching is off and every prompt is fresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replayssm_patch.gpu.decode_window import EngineStep
+from replayssm_patch.gpu.engine_step import (
+    ROW_FACTS,
+    command_line,
+    engine_batches,
+    engine_options,
+    engine_problem,
+    preemptions,
+    prompt_token_ids,
+    sampling_kwargs,
+    start_engine,
+    within_budget,
+)
+from replayssm_patch.gpu.row_file import ROW_KEY, RowFileError, read_row_file, record_row
+
+OUTPUT_TOKENS = 192  # with 1,024-token prompts: 5.3 prompt tokens per output token, the served A/B's mix
+STEPS = 512
+REPEATS = 3
+ROW_KEY_CHURN = (*ROW_KEY, "prompt_tokens", "output_tokens")
+WHAT = (
+    "Engine-side step under churn (vLLM's engine stepped directly, no HTTP): B requests decode at all times, each "
+    "finished one replaced at once by a fresh prompt of prompt_tokens random ids (first wave's output lengths "
+    "staggered over output_tokens, then exactly output_tokens each), so B / output_tokens prefills per step land "
+    "beside the decode rows. After output_tokens warm-up steps, the engine core's timestamps of `steps` steps: "
+    "step_ms = median over repeats of the mean period, spread_ms = max - min of those means; mixed_step_ms / "
+    "decode_step_ms the same over steps that did / did not put out a request's first token (its prefill); "
+    "mixed_share = share of mixed steps; tokens_per_s = output tokens over the window. Written by "
+    "replayssm_patch/gpu/churn_step.py."
+)
+
+
+@dataclass(frozen=True)
+class ChurnWindow:
+    """One repeat's measured steps (milliseconds; None where no step of that kind was seen)."""
+
+    steps: int
+    mean_ms: float
+    mixed_ms: float | None
+    decode_ms: float | None
+    mixed_share: float
+    tokens_per_s: float
+    fewest_rows: int  # the smallest number of requests a measured step served: B unless the KV cache ran short
+
+
+def first_wave_lengths(batch: int, output_tokens: int) -> list[int]:
+    """Output lengths of the first B requests, spread evenly up to output_tokens so that their finishes (and the
+    prompts replacing them) do not come together."""
+    return [max(1, round(output_tokens * (i + 1) / batch)) for i in range(batch)]
+
+
+def churn_window(steps: Sequence[EngineStep]) -> ChurnWindow | None:
+    """The periods between consecutive steps, each belonging to the later step, split by whether that step held a
+    prefill; None with fewer than two stamped steps."""
+    if len(steps) < 2 or any(s.stamp_s <= 0 for s in steps):
+        return None
+    periods_ms = np.diff([s.stamp_s for s in steps]) * 1e3
+    mixed = np.array([s.started > 0 for s in steps[1:]])
+
+    def mean_of(chosen: np.ndarray) -> float | None:
+        return round(float(chosen.mean()), 4) if chosen.size else None
+
+    return ChurnWindow(
+        steps=len(periods_ms),
+        mean_ms=round(float(periods_ms.mean()), 4),
+        mixed_ms=mean_of(periods_ms[mixed]),
+        decode_ms=mean_of(periods_ms[~mixed]),
+        mixed_share=round(float(mixed.mean()), 4),
+        tokens_per_s=round(sum(s.tokens for s in steps[1:]) * 1e3 / float(periods_ms.sum()), 1),
+        fewest_rows=min(s.rows for s in steps[1:]),
+    )
+
+
+class Churn:
+    """Keeps B requests in vLLM's engine, replacing each finished one by a fresh prompt, and records each step."""
+
+    def __init__(self, engine: Any, args: argparse.Namespace, batch: int, rng: np.random.Generator, vocab: int):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        self.engine, self.args, self.rng, self.vocab = engine, args, rng, vocab
+        self.params = lambda tokens: SamplingParams(**sampling_kwargs(tokens), output_kind=RequestOutputKind.DELTA)
+        self.live: set[str] = set()
+        self.seen: set[str] = set()
+        self.added = 0
+        for tokens in first_wave_lengths(batch, args.output_tokens):
+            self.add(tokens)
+
+    def add(self, tokens: int) -> None:
+        from vllm.inputs import TokensPrompt
+
+        ids = prompt_token_ids(self.rng, 1, self.args.prompt_tokens, self.vocab)[0]
+        request_id = f"churn-{id(self)}-{self.added}"
+        self.added += 1
+        self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=ids), self.params(tokens))
+        self.live.add(request_id)
+
+    def step(self) -> EngineStep | None:
+        """One engine step; finished requests are replaced before the next. None when it put nothing out."""
+        outputs = self.engine.step()
+        if not outputs:
+            return None
+        started = sum(o.request_id not in self.seen for o in outputs)
+        self.seen.update(o.request_id for o in outputs)
+        finished = [o.request_id for o in outputs if o.finished]
+        stamp = getattr(outputs[0].metrics, "last_token_ts", 0.0)
+        emitted = sum(len(o.outputs[0].token_ids) for o in outputs)
+        for request_id in finished:
+            self.live.discard(request_id)
+            self.add(self.args.output_tokens)
+        return EngineStep(stamp, len(outputs), emitted, started, len(finished))
+
+    def run(self, warmup: int, steps: int) -> list[EngineStep]:
+        """`warmup` steps unrecorded, then `steps` measured ones (each a period from the step before: one stamp
+        more); every request left is aborted after."""
+        recorded: list[EngineStep] = []
+        while len(recorded) <= steps:
+            step = self.step()
+            if step is None:
+                continue
+            if warmup:
+                warmup -= 1
+            else:
+                recorded.append(step)
+        self.engine.abort_request(sorted(self.live))
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+        return recorded
+
+
+def make_row(args: argparse.Namespace, batch: int, windows: Sequence[ChurnWindow | None], lost: int | None) -> dict:
+    """The row of one batch: medians over repeats, the spread of the repeats' mean steps, and why it is invalid."""
+    seen = [w for w in windows if w is not None]
+    problems = [f"{len(windows) - len(seen)} repeat(s) without engine timestamps"] if len(seen) < len(windows) else []
+    short = [w.fewest_rows for w in seen if w.fewest_rows < batch]
+    if short:
+        problems.append(f"a measured step served only {min(short)} of {batch} requests: the KV cache ran short")
+    if lost:
+        problems.append(f"{lost} preemption(s)")
+
+    def median(field: str) -> float | None:
+        values = [getattr(w, field) for w in seen if getattr(w, field) is not None]
+        return round(statistics.median(values), 3) if values else None
+
+    means = [w.mean_ms for w in seen]
+    return {
+        "variant": args.variant,
+        "mode": args.mode,
+        "batch": batch,
+        "prompt_tokens": args.prompt_tokens,
+        "output_tokens": args.output_tokens,
+        "step_ms": median("mean_ms"),
+        "spread_ms": round(max(means) - min(means), 3) if means else None,
+        "mixed_step_ms": median("mixed_ms"),
+        "decode_step_ms": median("decode_ms"),
+        "mixed_share": median("mixed_share"),
+        "tokens_per_s": median("tokens_per_s"),
+        "steps": min((w.steps for w in seen), default=0),
+        "repeats": [None if w is None else asdict(w) for w in windows],
+        "preemptions": lost,
+        "valid": not problems and bool(seen),
+        "problems": problems,
+    }
+
+
+def row_line(row: dict[str, Any]) -> str:
+    return (
+        f"{row['variant']} {row['mode']} B={row['batch']} churn: step {row['step_ms']} ms (spread {row['spread_ms']}), "
+        f"mixed {row['mixed_step_ms']} ms, decode-only {row['decode_step_ms']} ms, mixed share {row['mixed_share']}, "
+        f"{row['tokens_per_s']} tok/s over {row['steps']} steps"
+        + ("" if row["valid"] else " INVALID: " + "; ".join(row["problems"]))
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = engine_options(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
+    p.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS,
+                   help=f"tokens per replacing request [{OUTPUT_TOKENS}]: B / this many prefills per step")  # fmt: skip
+    p.add_argument("--steps", type=int, default=STEPS, help=f"measured steps per repeat [{STEPS}]")
+    p.add_argument("--repeats", type=int, default=REPEATS)
+    p.add_argument("--budget-s", type=float, default=None, help="start no new batch after this many seconds")
+    p.add_argument("--out", type=Path, required=True, help="JSON file to merge the rows into")
+    return p
+
+
+def out_problem(path: Path) -> str | None:
+    """Why rows cannot be merged into ``path`` (not a results file), or None; prompt and output lengths are in the
+    row key, so rows of other lengths stay beside these."""
+    try:
+        read_row_file(path, WHAT)
+    except RowFileError as exc:
+        return str(exc)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    small = [f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})"
+             for name in ("output_tokens", "steps", "repeats") if getattr(args, name) < 1]  # fmt: skip
+    problem = engine_problem(args) or (small[0] if small else None) or out_problem(args.out)
+    if problem:
+        print(f"error: {problem}")
+        return 2
+    began = time.monotonic()
+    started = start_engine(args)
+    if started is None:
+        return 1
+    llm, facts = started
+    command = command_line("replayssm_patch.gpu.churn_step", argv)
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    invalid = 0
+    for batch in within_budget(engine_batches(llm, args), args.budget_s, began):
+        rng = np.random.default_rng([args.seed, batch])
+        before = preemptions(llm)
+        windows = [churn_window(Churn(llm.llm_engine, args, batch, rng, vocab).run(args.output_tokens, args.steps))
+                   for _ in range(args.repeats)]  # fmt: skip
+        after = preemptions(llm)
+        lost = after - before if before is not None and after is not None else None
+        row = make_row(args, batch, windows, lost) | {k: facts[k] for k in ROW_FACTS}
+        record_row(args.out, row, WHAT, command, facts, key=ROW_KEY_CHURN)
+        print(row_line(row), flush=True)
+        invalid += not row["valid"]
+    return 1 if invalid else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
