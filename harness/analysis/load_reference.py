@@ -43,6 +43,17 @@ SPREAD_FACTOR = 2.0  # a spread this many times the floor counts as amplified no
 # rerun (99-102 %). Below zero the arms no longer move together.
 CORRELATION_FLOOR = 0.0
 CORRELATION_MIN_REPEATS = 5  # with fewer, a correlation is almost uniformly spread whatever the truth
+# Drift: the change of the baseline's log TPOT p50 from the first repeat to the last along its Theil-Sen line.
+# 4x the A/A floor (0.14, x1.15): noise at the floor gives a fitted first-to-last change of sd 4 / sqrt(10) x the
+# floor = 0.044 over 5 repeats, so this is ~3 sd of it; a linear drift this large alone spreads 5 repeats by
+# ~1.6x the floor and moves TPOT p50 by 15 %, three times the target's default 5 % margin.
+DRIFT_FACTOR = 4.0
+DRIFT_LOG_CHANGE = DRIFT_FACTOR * AA_SPREAD_FLOOR
+# ... and only when the least-squares slope's 95 % t interval excludes zero. Theil-Sen's own interval is from
+# Kendall's tau: at 5 repeats it spans every pairwise slope, so it excludes zero only for a strictly monotone
+# series (exact p 0.017; 0.083 with one adjacent pair swapped). The H200 qwen3.5-4b A/B's baseline rose x2.0
+# over 5 repeats with a 4 % dip at the last (least squares p = 0.026) and would never fire on it.
+DRIFT_MIN_REPEATS = 3  # a t interval needs a residual degree of freedom
 
 
 def tpot_p50_elasticity(load: float) -> float:

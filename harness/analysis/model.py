@@ -100,7 +100,7 @@ class Detector(_Record):
     threshold: float
     fires_below: bool  # True: fires when value < threshold
     fired: bool
-    means: LoadClass | Literal["noise amplified"]  # what a firing detector says
+    means: LoadClass | Literal["noise amplified", "drift"]  # what a firing detector says
     source: str
 
 
@@ -117,6 +117,27 @@ class RunStability(_Record):
     load_share: float | None  # `replaybench.load_share` of the result file, if it carries one
 
 
+class Trend(_Record):
+    """A TPOT p50 trend over the repeats in run order, as the ratio of its value at the last repeat to the first."""
+
+    ratio: float  # along the Theil-Sen line: one odd repeat cannot make it
+    ci_low: float  # 95 % interval of the ratio, from the least-squares slope (t, repeats - 2 df)
+    ci_high: float
+
+    @property
+    def steady(self) -> bool:
+        """The interval holds no change: the trend may be noise."""
+        return self.ci_low <= 1 <= self.ci_high
+
+
+class Drift(_Record):
+    """Did the servers slow down or speed up over the experiment? Trends of each arm and of their ratio."""
+
+    baseline: Trend
+    candidate: Trend | None  # None: the candidate's TPOT p50 is not positive in every repeat
+    paired: Trend | None  # candidate / baseline: steady when the arms drifted alike (pairing cancels that)
+
+
 class Stability(_Record):
     """Is the baseline near or past its capacity, where noise and effects are amplified? (summary.json)"""
 
@@ -131,7 +152,19 @@ class Stability(_Record):
     suggested_time_scale: float | None
     detectors: list[Detector]
     runs: list[RunStability]
-    banner: str | None  # the warning shown in the report; None when nothing points at capacity
+    banner: str | None  # the warning shown in the report; None when nothing points at capacity or drift
+    # The load the runs' own completion share points at, by the review's table (None: not judged, or lighter
+    # than its lightest row); `at_least`: only a lower bound. Set beside a declared load it may contradict.
+    runs_load_share: float | None = None
+    runs_load_at_least: bool = False
+    drift: Drift | None = None  # None: fewer than DRIFT_MIN_REPEATS repeats with a TPOT p50
+
+    @property
+    def headline(self) -> str:
+        """The banner's title: the load class when it points at capacity, and the drift when that fired."""
+        parts = [self.load_class] if self.load_class in ("near capacity", "past capacity") else []
+        parts += ["servers drifted"] if any(d.fired and d.means == "drift" for d in self.detectors) else []
+        return "; ".join(parts).capitalize()
 
 
 # The values a server cross-check puts side by side (client-measured / the server's own), in this order.
