@@ -160,10 +160,14 @@ class Stability(_Record):
     drift: Drift | None = None  # None: fewer than DRIFT_MIN_REPEATS repeats with a TPOT p50
 
     @property
+    def drifted(self) -> bool:
+        return any(d.fired and d.means == "drift" for d in self.detectors)
+
+    @property
     def headline(self) -> str:
         """The banner's title: the load class when it points at capacity, and the drift when that fired."""
         parts = [self.load_class] if self.load_class in ("near capacity", "past capacity") else []
-        parts += ["servers drifted"] if any(d.fired and d.means == "drift" for d in self.detectors) else []
+        parts += ["servers drifted"] if self.drifted else []
         return "; ".join(parts).capitalize()
 
 

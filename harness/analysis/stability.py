@@ -7,6 +7,9 @@ see this; the server side can: how many requests finish before the last arrival,
 flight (Little's law from send and end times) keeps growing, how much the baseline varies between repeats
 against an A/A floor, and whether the arms still move together. Thresholds and the elasticities that turn
 a load into an amplification are in `load_reference` with their sources.
+
+A drift (the servers slowing or speeding up over the experiment) is no load class but widens every interval
+too; it is checked beside them, from the baseline's TPOT p50 against the repeat index (run order).
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import math
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from scipy import stats
 
 from harness.analysis import load_reference as ref
-from harness.analysis.model import CapacityEntry, Detector, LoadClass, RunStability, Stability
+from harness.analysis.model import CapacityEntry, Detector, Drift, LoadClass, RunStability, Stability, Trend
 from harness.analysis.run_metrics import RunMetrics
 from harness.records.result_schema import META_LOAD_SHARE
 
@@ -84,15 +88,39 @@ def _log_tpot(runs: list[RunMetrics]) -> np.ndarray | None:
     return np.log(values) if len(values) and np.all(values > 0) else None
 
 
-def _spread_and_correlation(pairs: list[tuple[RunMetrics, RunMetrics]]) -> tuple[float | None, float | None]:
+def _spread_and_correlation(base: np.ndarray | None, cand: np.ndarray | None) -> tuple[float | None, float | None]:
     """Between-repeat sd of the baseline's log TPOT p50, and the arms' correlation of it across repeats."""
-    base, cand = _log_tpot([b for b, _ in pairs]), _log_tpot([c for _, c in pairs])
     spread = float(np.std(base, ddof=1)) if base is not None and len(base) >= 3 else None
     correlation = None
     enough = base is not None and cand is not None and len(base) >= ref.CORRELATION_MIN_REPEATS
     if enough and np.std(base) > 0 and np.std(cand) > 0:
         correlation = float(np.corrcoef(base, cand)[0, 1])
     return spread, correlation
+
+
+def _trend(repeats: np.ndarray, logs: np.ndarray) -> Trend:
+    """First-to-last change of a log series as a ratio: Theil-Sen's, which one odd repeat cannot make, with the
+    least-squares slope's 95 % interval, which can exclude zero at a handful of repeats where Theil-Sen's cannot."""
+    span = repeats.max() - repeats.min()
+    fit = stats.linregress(repeats, logs)
+    half = stats.t.ppf(0.975, len(logs) - 2) * fit.stderr
+    return Trend(
+        ratio=math.exp(stats.theilslopes(logs, repeats).slope * span),
+        ci_low=math.exp((fit.slope - half) * span),
+        ci_high=math.exp((fit.slope + half) * span),
+    )
+
+
+def _drift(repeats: list[int], base: np.ndarray | None, cand: np.ndarray | None) -> Drift | None:
+    """Trends of each arm's log TPOT p50 and of their difference against the repeat index, which is run order."""
+    if base is None or len(base) < ref.DRIFT_MIN_REPEATS:
+        return None
+    x = np.array(repeats, float)
+    return Drift(
+        baseline=_trend(x, base),
+        candidate=_trend(x, cand) if cand is not None else None,
+        paired=_trend(x, cand - base) if cand is not None else None,
+    )
 
 
 def _measured_load(
@@ -132,17 +160,22 @@ def _specs(load_source: str) -> list[tuple[str, str, float, bool, str, str]]:
          f"~92 % load x0.35 for 65 %; {ref.REVIEW}, §2 and §4)"),
         ("correlation", "correlation of the arms' log TPOT p50 across repeats", ref.CORRELATION_FLOOR, True,
          "noise amplified", f"{ref.REVIEW}, §2: +0.84 in the H200 A/A, -0.48 in the rerun at 99-102 % load"),
+        ("drift", "change of the baseline's log TPOT p50 from the first repeat to the last (Theil-Sen, absolute)",
+         ref.DRIFT_LOG_CHANGE, False, "drift", f"{ref.DRIFT_FACTOR:g}x the A/A floor {ref.AA_SPREAD_FLOOR}; fires "
+         "only when the least-squares slope's 95 % interval excludes zero too (Theil-Sen's cannot at 5 repeats)"),
     ]  # fmt: skip
 
 
-def _detectors(measured: dict[str, float | None], load_source: str) -> list[Detector]:
-    """Every detector with its value; the load share ones only when the load is known."""
+def _detectors(measured: dict[str, float | None], load_source: str, confirmed: dict[str, bool]) -> list[Detector]:
+    """Every detector with its value; the load share ones only when the load is known. A detector whose measure
+    `confirmed` names fires only where that also holds (the drift: where its interval excludes no change)."""
     out = []
     for measure, name, threshold, below, means, source in _specs(load_source):
         value = measured[measure]
         if measure == "load" and value is None:
             continue
-        fired = value is not None and (value < threshold if below else value >= threshold)
+        crossed = value is not None and (value < threshold if below else value >= threshold)
+        fired = crossed and confirmed.get(measure, True)
         out.append(
             Detector(
                 name=name, value=value, threshold=threshold, fires_below=below, fired=fired, means=means, source=source
@@ -161,20 +194,19 @@ def _load_class(detectors: list[Detector], known: bool) -> LoadClass:
     return "below capacity" if known else "unknown"
 
 
-def _banner(stability: Stability, candidate_past: bool) -> str | None:
-    s = stability
-    if s.load_class not in ("near capacity", "past capacity"):
-        return None
+def _scale_text(s: Stability, more: str) -> str:
+    """The suggested time scale change, e.g. "time scale x1.44 (time_scale = 0.459)"."""
+    scale = f" (time_scale = {s.suggested_time_scale:.3g}{more})" if s.suggested_time_scale else ""
+    return f"time scale x{s.suggested_time_scale_factor:.2f}{more}{scale}"
+
+
+def _capacity_advice(s: Stability) -> str:
+    """Where the baseline ran, what that amplifies there, and how far to lower the load to get to the suggested one."""
     about = "≥" if s.load_at_least else "~"
     where = (
         f"the baseline ran at {about}{s.load_share:.0%} of its capacity ({s.load_source})"
         if s.load_share is not None
         else "the baseline's own results point at its capacity"
-    )
-    fired = "; ".join(
-        f"{d.name} {d.value:.3g} {'<' if d.fires_below else '>='} {d.threshold:g}"
-        for d in s.detectors
-        if d.fired and d.value is not None
     )
     if s.tpot_p50_elasticity is not None:
         amplification = (
@@ -185,16 +217,83 @@ def _banner(stability: Stability, candidate_past: bool) -> str | None:
         amplification = "Near capacity a 1% step-time change moves TPOT p50 up to ~6%"
     more = " or more" if s.load_at_least else ""
     advice = (
-        f"run at ~{s.suggested_load:.0%} of capacity: time scale x{s.suggested_time_scale_factor:.2f}{more}"
-        + (f" (time_scale = {s.suggested_time_scale:.3g}{more})" if s.suggested_time_scale else "")
+        f"run at ~{s.suggested_load:.0%} of capacity: {_scale_text(s, more)}"
         if s.suggested_time_scale_factor
         else f"run at ~{s.suggested_load:.0%} of capacity (measure it with `replaybench capacity`)"
     )
-    candidate = " The candidate's backlog grew too: it was past its capacity." if candidate_past else ""
     return (
         f"{where[0].upper()}{where[1:]}. {amplification} (review elasticity table), so effects are "
-        f"amplified and repeats disagree; {advice}.{candidate} Fired: {fired}."
+        f"amplified and repeats disagree; {advice}."
     )
+
+
+def _disagreement(s: Stability) -> str:
+    """The declared load is light but the runs point at capacity: "run at the suggested load" would repeat the
+    run, so say that the two disagree and how to settle it (a better capacity, or the runs' own estimate)."""
+    if s.runs_load_share is not None:
+        about = "≥" if s.runs_load_at_least else "~"
+        runs = (
+            f"by the review's table their share of requests completed before the last arrival puts the load at "
+            f"{about}{s.runs_load_share:.0%}, where a 1% step-time change moves TPOT p50 "
+            f"~{ref.tpot_p50_elasticity(s.runs_load_share):.1f}%"
+        )
+    else:
+        runs = "their detectors point at capacity"
+    more = " or more" if s.runs_load_at_least else ""
+    lower = (
+        f", or lower the load to ~{s.suggested_load:.0%} of capacity as the runs estimate it (only an estimate: "
+        f"the table comes from 45-70 s replays): {_scale_text(s, more)}"
+        if s.suggested_time_scale_factor
+        else ""
+    )
+    return (
+        f"The baseline was set to ~{s.load_share:.0%} of its capacity ({s.load_source}), but its own runs "
+        f"disagree: {runs}. The capacity was likely over-estimated, or the servers slowed during the experiment. "
+        "Re-measure it with more replays per probe and a tighter bracket (`replaybench capacity --repeats 3 "
+        f"--tolerance 0.05`){lower}."
+    )
+
+
+def _ratio_interval(trend: Trend) -> str:
+    return f"95% CI x{trend.ci_low:.2f}-x{trend.ci_high:.2f}"
+
+
+def _drift_text(drift: Drift) -> str:
+    """How far each arm moved over the experiment, whether alike, and what to do about it."""
+    base, cand, paired = drift.baseline, drift.candidate, drift.paired
+    candidate = f", the candidate's x{cand.ratio:.2f}" if cand is not None else ""
+    if paired is not None:
+        candidate += (
+            " (alike: their ratio shows no trend)"
+            if paired.steady
+            else f" (not alike: their ratio moved x{paired.ratio:.2f}, {_ratio_interval(paired)}, which pairing "
+            "does not cancel)"
+        )
+    return (
+        f"The servers drifted: the baseline's TPOT p50 {'rose' if base.ratio > 1 else 'fell'} x{base.ratio:.2f} "
+        f"from the first repeat to the last (Theil-Sen; {_ratio_interval(base)} by least squares){candidate}. "
+        "Pairing cancels a drift both arms share within a pair, but the drift widens every interval: restart the "
+        "servers between repeats (`restart_per_repeat = true` in experiment.toml) or find its cause (server logs, "
+        "host load) before trusting a verdict."
+    )
+
+
+def _banner(s: Stability, candidate_past: bool, disagree: bool) -> str | None:
+    """The report's warning: capacity advice, the drift, then every detector that fired; None when neither."""
+    parts = []
+    if s.load_class in ("near capacity", "past capacity"):
+        parts.append(_disagreement(s) if disagree else _capacity_advice(s))
+        parts += ["The candidate's backlog grew too: it was past its capacity."] if candidate_past else []
+    if s.drifted and s.drift is not None:
+        parts.append(_drift_text(s.drift))
+    if not parts:
+        return None
+    fired = "; ".join(
+        f"{d.name} {d.value:.3g} {'<' if d.fires_below else '>='} {d.threshold:g}"
+        for d in s.detectors
+        if d.fired and d.value is not None
+    )
+    return " ".join(parts) + f" Fired: {fired}."
 
 
 def assess_stability(pairs: list[tuple[RunMetrics, RunMetrics]], capacity: dict[str, CapacityEntry]) -> Stability:
@@ -207,17 +306,31 @@ def assess_stability(pairs: list[tuple[RunMetrics, RunMetrics]], capacity: dict[
     long_enough = [r for r in judged if r.arm == "baseline"]
     completion = _median([r.completed_before_last_arrival for r in long_enough])
     growth = _median([r.backlog_growth for r in long_enough])
-    spread, correlation = _spread_and_correlation(pairs)
-    load, source = _measured_load(baseline, [b for b, _ in pairs], capacity)
-    measured = {"load": load, "completion": completion, "growth": growth, "spread": spread, "correlation": correlation}
-    detectors = _detectors(measured, source)
-    load_class = _load_class(detectors, known=any(v is not None for v in (load, completion, growth)))
-    at_least = False
-    if load is None and completion is not None and load_class != "below capacity":
-        load, at_least = ref.load_from_completion_share(completion)
+    base, cand = _log_tpot([b for b, _ in pairs]), _log_tpot([c for _, c in pairs])
+    spread, correlation = _spread_and_correlation(base, cand)
+    drift = _drift([b.repeat for b, _ in pairs], base, cand)
+    declared, source = _measured_load(baseline, [b for b, _ in pairs], capacity)
+    measured = {
+        "load": declared,
+        "completion": completion,
+        "growth": growth,
+        "spread": spread,
+        "correlation": correlation,
+        "drift": abs(math.log(drift.baseline.ratio)) if drift is not None else None,
+    }
+    detectors = _detectors(measured, source, {"drift": drift is not None and not drift.baseline.steady})
+    load_class = _load_class(detectors, known=any(v is not None for v in (declared, completion, growth)))
+    runs_load, runs_at_least = ref.load_from_completion_share(completion) if completion is not None else (None, False)
+    near = load_class in ("near capacity", "past capacity")
+    # The runs fired while the declared load is too light for its own detectors to: the two disagree.
+    disagree = near and declared is not None and declared < ref.NEAR_CAPACITY_LOAD
+    load, at_least = declared, False
+    if declared is None and near:
+        load, at_least = runs_load, runs_at_least
         source = "estimated from the share of requests completed before the last arrival, by the review's table"
+    aim = runs_load if disagree else load  # the load to lower from
     scales = [b.time_scale for b, _ in pairs if b.time_scale]
-    factor = load / ref.SUGGESTED_LOAD if load is not None else None
+    factor = aim / ref.SUGGESTED_LOAD if aim is not None else None
     candidate_growth = _median([r.backlog_growth for r in judged if r.arm == "candidate"])
     stability = Stability(
         load_class=load_class,
@@ -232,6 +345,9 @@ def assess_stability(pairs: list[tuple[RunMetrics, RunMetrics]], capacity: dict[
         detectors=detectors,
         runs=runs,
         banner=None,
+        runs_load_share=runs_load,
+        runs_load_at_least=runs_at_least,
+        drift=drift,
     )
     candidate_past = candidate_growth is not None and candidate_growth >= ref.BACKLOG_GROWTH_PAST
-    return stability.model_copy(update={"banner": _banner(stability, candidate_past)})
+    return stability.model_copy(update={"banner": _banner(stability, candidate_past, disagree)})

@@ -49,7 +49,7 @@ def summary_markdown(summary: Summary) -> str:
         "",
     ]
     if summary.stability.banner:
-        lines += [f"> ⚠️ **{summary.stability.load_class.capitalize()}.** {summary.stability.banner}", ""]
+        lines += [f"> ⚠️ **{summary.stability.headline}.** {summary.stability.banner}", ""]
     if summary.simulated:
         lines += ["> Results come from the **simulated engine**, not real servers.", ""]
     if summary.mode == "A/A":

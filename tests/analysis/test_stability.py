@@ -1,5 +1,6 @@
 """Stability detectors: overloaded vs light runs of the embedded engine, a backlog of known growth, the load
-read from result metadata or capacity.json, and the report's near-capacity banner."""
+read from result metadata or capacity.json, a declared load the runs contradict, drift over the repeats, and the
+report's banner."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import tomli_w
 
 from harness.analysis.analyse import analyse_run_dir, time_blocks
+from harness.analysis.load_reference import load_from_completion_share
 from harness.analysis.run_metrics import load_run
 from harness.analysis.stability import run_stability
 from harness.records.decision_config import AnalysisConfig
@@ -19,6 +21,7 @@ from harness.records.result_io import read_results, write_results
 from harness.records.result_schema import META_ARM, META_LOAD_SHARE, META_REPEAT
 from harness.records.run_dir import RunDir
 from harness.report.build import build_report
+from harness.report.text_outputs import summary_markdown
 from tests.support.synthetic_results import Scenario, write_run_dir
 from tests.trace.support import REPO, replaybench
 
@@ -127,6 +130,33 @@ def test_load_share_comes_from_result_metadata_and_sets_the_amplification(
     assert stability.tpot_p50_elasticity == pytest.approx(5.6 + 0.3 * 2 / 6)  # review table, 93 % -> 99 %
     assert stability.suggested_time_scale == pytest.approx(LIGHT * 0.95 / 0.65)
     assert "~95% of its capacity" in stability.banner and "TPOT p50 ~5.7%" in stability.banner
+    # above the suggested load the advice is to lower it there, by the declared load
+    assert "run at ~65% of capacity: time scale x1.46 (time_scale = 0.658)" in stability.banner
+    assert "its own runs disagree" not in stability.banner
+
+
+@pytest.mark.parametrize("declared", ["0.65", "0.7"])
+def test_a_light_declared_load_that_the_runs_contradict_is_named_not_repeated(
+    simulated: dict[float, Path], tmp_path: Path, declared: str
+) -> None:
+    # The overloaded replay (~119 % of capacity) labelled as a light one: the declared load fires nothing, the
+    # runs' own detectors do. "Run at ~65 %: x1.00" would repeat the run; the runs' own estimate is the way out.
+    run = simulated_run_dir(tmp_path / "run", simulated[OVERLOADED], {META_LOAD_SHARE: declared})
+    stability = analyse_run_dir(run.root).summary.stability
+    assert stability.load_class == "past capacity" and stability.load_share == pytest.approx(float(declared))
+    assert not any(d.fired for d in stability.detectors if d.name == "load share of capacity")
+    completion = next(d.value for d in stability.detectors if d.name.startswith("share of requests completed"))
+    runs_load, at_least = load_from_completion_share(completion)
+    assert stability.runs_load_share == pytest.approx(runs_load) and runs_load > 1.0
+    assert stability.suggested_time_scale_factor == pytest.approx(runs_load / 0.65)
+    assert stability.suggested_time_scale == pytest.approx(OVERLOADED * runs_load / 0.65)
+    banner = stability.banner
+    assert f"set to ~{float(declared):.0%} of its capacity" in banner and "its own runs disagree" in banner
+    assert f"puts the load at {'≥' if at_least else '~'}{runs_load:.0%}" in banner
+    assert "capacity was likely over-estimated, or the servers slowed" in banner
+    assert "`replaybench capacity --repeats 3 --tolerance 0.05`" in banner
+    assert "as the runs estimate it (only an estimate" in banner and f"x{runs_load / 0.65:.2f}" in banner
+    assert "x1.00" not in banner and "run at ~65% of capacity" not in banner
 
 
 def test_load_share_comes_from_capacity_json_when_the_results_carry_none(
@@ -160,3 +190,36 @@ def test_amplified_spread_with_arms_apart_points_at_capacity(tmp_path: Path, see
     assert summary.stability.load_class == expected
     if expected == "near capacity":
         assert "measure it with `replaybench capacity`" in summary.stability.banner
+
+
+DRIFT = "change of the baseline's log TPOT p50 from the first repeat to the last (Theil-Sen, absolute)"
+
+
+def test_a_drift_like_the_h200_runs_fires_as_its_own_sentence(tmp_path: Path) -> None:
+    # The H200 qwen3.5-4b A/B's baseline TPOT p50 by repeat, 13.85 / 15.49 / 25.07 / 28.86 / 27.66 ms, on both
+    # arms: a server slowing down, not a load class.
+    rise = (1.0, 1.12, 1.81, 2.08, 2.0)
+    scenario = Scenario(repeats=5, requests=700, shared_noise=0.03, run_noise=0.03, drift=rise)
+    summary = analyse_run_dir(write_run_dir(tmp_path, scenario).root).summary
+    stability = summary.stability
+    detector = next(d for d in stability.detectors if d.name == DRIFT)
+    assert detector.fired and detector.means == "drift" and stability.drifted
+    assert stability.drift.baseline.ratio == pytest.approx(2.0, rel=0.15) and stability.drift.baseline.ci_low > 1
+    assert stability.drift.candidate.ratio == pytest.approx(2.0, rel=0.15) and stability.drift.paired.steady
+    assert stability.load_class == "below capacity"  # drift is no load class
+    banner = stability.banner
+    assert banner.startswith("The servers drifted: the baseline's TPOT p50 rose x")
+    assert "the candidate's x" in banner and "(alike: their ratio shows no trend)" in banner
+    assert "`restart_per_repeat = true`" in banner and f"{DRIFT} {detector.value:.3g} >= 0.14" in banner
+    assert stability.headline == "Servers drifted"
+    assert f"> ⚠️ **Servers drifted.** {banner}" in summary_markdown(summary)
+
+
+def test_a_flat_noisy_series_does_not_drift_even_past_the_threshold(tmp_path: Path) -> None:
+    # Shared per-repeat noise ~2.3x the A/A floor; with this seed the Theil-Sen change of the flat series
+    # passes the threshold, but its interval holds no change, so nothing fires.
+    scenario = Scenario(repeats=5, requests=700, shared_noise=0.08, run_noise=0.02, seed=12)
+    stability = analyse_run_dir(write_run_dir(tmp_path, scenario).root).summary.stability
+    detector = next(d for d in stability.detectors if d.name == DRIFT)
+    assert detector.value >= detector.threshold and stability.drift.baseline.steady
+    assert not detector.fired and not stability.drifted and stability.banner is None

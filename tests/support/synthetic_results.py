@@ -41,6 +41,7 @@ class Scenario:
     itl_factor: float = 1.0
     shared_noise: float = 0.05  # sigma of the per-repeat load factor (both arms)
     run_noise: float = 0.01  # sigma of each run's own factor
+    drift: tuple[float, ...] = ()  # a factor per repeat on both arms, in run order (servers slowing); () none
     failure_rate: float = 0.002
     mean_output_tokens: float = 48.0
     lag_s: float = 0.0003  # typical client send lag
@@ -113,7 +114,7 @@ def write_run_dir(root: Path, scenario: Scenario) -> RunDir:
     output = np.maximum(1, rng.lognormal(np.log(scenario.mean_output_tokens), 0.6, n)).astype(np.int64)
     attempts = []
     for repeat in range(scenario.repeats):
-        shared = rng.lognormal(0, scenario.shared_noise)
+        shared = rng.lognormal(0, scenario.shared_noise) * (scenario.drift[repeat] if scenario.drift else 1.0)
         for arm in ARMS:
             factor = shared * rng.lognormal(0, scenario.run_noise)
             table = _run_table(scenario, arm, repeat, arrivals, prompt, output, rng, factor)
