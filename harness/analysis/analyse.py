@@ -17,10 +17,11 @@ from harness.analysis.compare import compare_metrics
 from harness.analysis.cost import summarise_cost
 from harness.analysis.decision import decide
 from harness.analysis.inputs import ARMS, RunInputs, final_attempt, read_inputs
-from harness.analysis.model import ExcludedRepeat, RunRow, ServerCheck, SpecDecodeRun, Summary
+from harness.analysis.model import ExcludedRepeat, RunConditions, RunRow, ServerCheck, SpecDecodeRun, Summary
 from harness.analysis.planning import plan_next_run
 from harness.analysis.quality import summarise_quality
 from harness.analysis.review import review_tables
+from harness.analysis.run_conditions import run_conditions
 from harness.analysis.run_metrics import RunMetrics, TimeBlocks, load_run
 from harness.analysis.server_check import arm_means, server_check
 from harness.analysis.server_metrics import read_snapshots
@@ -114,7 +115,9 @@ def _pairs(
     return used, excluded
 
 
-def _run_row(run: RunMetrics, check: ServerCheck, spec_decode: SpecDecodeRun) -> RunRow:
+def _run_row(
+    run: RunMetrics, check: ServerCheck, spec_decode: SpecDecodeRun, conditions: RunConditions | None = None
+) -> RunRow:
     f = run.fidelity
     busiest = f.busiest_worker
     shares = [w.cpu_share for w in f.worker_loads or () if w.cpu_share is not None]
@@ -149,6 +152,7 @@ def _run_row(run: RunMetrics, check: ServerCheck, spec_decode: SpecDecodeRun) ->
         receive_lag_p99_ms=ms(busiest.receive_lag_p99_s) if busiest else None,
         receive_lag_max_ms=ms(busiest.receive_lag_max_s) if busiest else None,
         client_cpu_share=max(shares) if shares else None,
+        conditions=conditions,
     )
 
 
@@ -229,6 +233,7 @@ def _row(run: RunMetrics, inputs: RunInputs) -> RunRow:
         run,
         server_check(run, snapshots, inputs.config.decision.server_tpot_tolerance),
         spec_decode_run(snapshots, run.duration_s, configured),
+        run_conditions(inputs.run.telemetry(run.arm, run.repeat)),
     )
 
 

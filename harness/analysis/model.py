@@ -244,6 +244,22 @@ class AcceptanceCheck(_Record):
     line: str  # one sentence for the report; "" when neither arm speculates
 
 
+class RunConditions(_Record):
+    """What the machine did while one run replayed (experiment/telemetry.py), over its samples; None: not sampled."""
+
+    samples: int  # host samples, one a second
+    cpu_busy_mean_pct: float | None  # the host's CPU busy share, all cores, iowait not counted as busy
+    cpu_steal_max_pct: float | None  # time a virtual machine's CPUs waited for the hypervisor: a noisy neighbour
+    load1_max: float | None
+    gpu_sm_mhz_mean: float | None  # the arm's GPUs, every sample
+    gpu_sm_mhz_min: float | None
+    gpu_max_sm_mhz: float | None  # the GPUs' own maximum SM clock
+    gpu_power_w_mean: float | None
+    gpu_temperature_c_max: float | None
+    gpu_utilization_mean_pct: float | None
+    gpu_error: str | None  # why the GPUs were not sampled, if they were not
+
+
 class RunRow(_Record):
     """One (arm, repeat) run for the per-repeat table."""
 
@@ -275,6 +291,7 @@ class RunRow(_Record):
     receive_lag_p99_ms: float | None = None
     receive_lag_max_ms: float | None = None
     client_cpu_share: float | None = None
+    conditions: RunConditions | None = None  # host and GPU while it replayed; None: not sampled (older run dirs)
 
 
 class Attempt(BaseModel):

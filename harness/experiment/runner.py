@@ -25,6 +25,7 @@ from harness.experiment.placement import placement
 from harness.experiment.quality import compare_outputs, load_tasks
 from harness.experiment.replay_settings import replay_options
 from harness.experiment.simultaneous import ReplayJob, replay_together
+from harness.experiment.telemetry import RunTelemetry
 from harness.records.result_schema import META_GPUS, META_LOAD_SHARE, META_SIMULATED
 from harness.records.run_dir import RunDir
 from harness.replay import ReplayOptions, ReplayOutcome
@@ -126,7 +127,8 @@ class ExperimentRunner:
         if started is not None:
             return started, None
         scrape_metrics(server.base_url, self.run.metrics(arm, repeat, "before"))
-        outcome = self._replay(arm, repeat, attempt, output)
+        with self._telemetry(arm, repeat):
+            outcome = self._replay(arm, repeat, attempt, output)
         scrape_metrics(server.base_url, self.run.metrics(arm, repeat, "after"))
         verdict = self._judge(arm, outcome)
         if self.config.restart_per_repeat or verdict.status == "crashed":
@@ -171,7 +173,8 @@ class ExperimentRunner:
             )
             for arm in ARMS
         ]
-        outcomes = replay_together(self.trace, jobs)
+        with self._telemetry(ARMS[0], repeat), self._telemetry(ARMS[1], repeat):
+            outcomes = replay_together(self.trace, jobs)
         verdicts = {}
         for arm in ARMS:
             scrape_metrics(self.servers[arm].base_url, self.run.metrics(arm, repeat, "after"))
@@ -249,6 +252,10 @@ class ExperimentRunner:
         if self.config.trace.load is not None:
             metadata[META_LOAD_SHARE] = repr(self.config.trace.load)
         return replay_options(self.config, arm, self._models.get(arm), metadata)
+
+    def _telemetry(self, arm: str, repeat: int) -> RunTelemetry:
+        """Host and the arm's GPUs sampled while it replays (a retried attempt's file is replaced by the next)."""
+        return RunTelemetry(self.run.telemetry(arm, repeat), gpus=self._placement.gpus[arm])
 
     def _replay(self, arm: str, repeat: int, attempt: int, output: Path) -> ReplayOutcome:
         from harness.replay import run_replay

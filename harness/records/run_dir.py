@@ -39,6 +39,10 @@ class RunDir:
         """Scraped Prometheus text; `when` is "before" or "after" the replay."""
         return self.root / "metrics" / f"{arm}-r{repeat}.{when}.prom"
 
+    def telemetry(self, arm: str, repeat: int) -> Path:
+        """Host and GPU samples taken while the run replayed (experiment/telemetry.py); the last attempt's."""
+        return self.root / "telemetry" / f"{arm}-r{repeat}.json"
+
     @property
     def attempts_json(self) -> Path:
         """Every attempt (accepted, retried, crashed, invalid) with its reason."""

@@ -7,6 +7,7 @@ from xml.etree import ElementTree as ET
 
 from harness.analysis.decision import describe_change, pct, pct_interval
 from harness.analysis.model import Estimator, Stability, Summary
+from harness.report.conditions_text import conditions_line
 
 OUTCOME_ICONS = {"KEEP": "✅", "REJECT": "❌", "INCONCLUSIVE": "⚠️", "INVALID": "⛔"}
 
@@ -74,6 +75,7 @@ def summary_markdown(summary: Summary) -> str:
         f"Cost: {summary.cost.line}",
         *_server_check_lines(summary),
         *_acceptance_lines(summary),
+        *filter(None, [conditions_line(summary.runs)]),
     ]
     if summary.quality.measured:
         q = summary.quality

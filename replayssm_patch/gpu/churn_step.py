@@ -27,7 +27,7 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,9 +48,12 @@ from replayssm_patch.gpu.engine_step import (
     within_budget,
 )
 from replayssm_patch.gpu.row_file import ROW_KEY, RowFileError, read_row_file, record_row
+from replayssm_patch.gpu.step_profile import TRACE_GLOB, newest_trace, profiler_config, record_profile
+from replayssm_patch.gpu.trace_summary import TraceError, summarise_trace
 
 OUTPUT_TOKENS = 192  # with 1,024-token prompts: 5.3 prompt tokens per output token, the served A/B's mix
 STEPS = 512
+PROFILED_STEPS = 64  # the profiled churn run's measured steps: enough of both kinds, a trace of tens of MB
 REPEATS = 3
 ROW_KEY_CHURN = (*ROW_KEY, "prompt_tokens", "output_tokens")
 WHAT = (
@@ -145,9 +148,9 @@ class Churn:
             self.add(self.args.output_tokens)
         return EngineStep(stamp, len(outputs), emitted, started, len(finished))
 
-    def run(self, warmup: int, steps: int) -> list[EngineStep]:
-        """`warmup` steps unrecorded, then `steps` measured ones (each a period from the step before: one stamp
-        more); every request left is aborted after."""
+    def run(self, warmup: int, steps: int, on_measure: Callable[[], object] | None = None) -> list[EngineStep]:
+        """`warmup` steps unrecorded, then (after ``on_measure``, e.g. starting the profiler) `steps` measured ones
+        (each a period from the step before: one stamp more); every request left is aborted after."""
         recorded: list[EngineStep] = []
         while len(recorded) <= steps:
             step = self.step()
@@ -155,6 +158,8 @@ class Churn:
                 continue
             if warmup:
                 warmup -= 1
+                if not warmup and on_measure is not None:
+                    on_measure()
             else:
                 recorded.append(step)
         self.engine.abort_request(sorted(self.live))
@@ -214,8 +219,38 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=STEPS, help=f"measured steps per repeat [{STEPS}]")
     p.add_argument("--repeats", type=int, default=REPEATS)
     p.add_argument("--budget-s", type=float, default=None, help="start no new batch after this many seconds")
+    p.add_argument("--profile-out", type=Path, default=None,
+                   help="after a batch's rows, one more churn run under the torch profiler; its decode-only and "
+                   "mixed steps summarised apart (kernel µs per kind, CUDA calls per step) into "
+                   "DIR/step_profile.json")  # fmt: skip
+    p.add_argument("--keep-traces", action="store_true", help="keep the profiler's trace files")
     p.add_argument("--out", type=Path, required=True, help="JSON file to merge the rows into")
     return p
+
+
+def profile_churn(llm: Any, args: argparse.Namespace, batch: int, vocab: int, trace_dir: Path) -> list[dict]:
+    """One more churn run with the profiler on over its measured steps, summarised twice: the decode-only steps
+    at the batch and the mixed ones (a prefill beside the decodes, whose mixers run eagerly)."""
+    rng = np.random.default_rng([args.seed, batch, 1])
+    before = set(trace_dir.glob(TRACE_GLOB))
+    churn = Churn(llm.llm_engine, args, batch, rng, vocab)
+    churn.run(args.output_tokens, min(args.steps, PROFILED_STEPS), on_measure=llm.start_profile)
+    llm.stop_profile()
+    trace = newest_trace(trace_dir, before)
+    rows = []
+    for kind in ("decode", "mixed"):
+        row = {"variant": args.variant, "mode": args.mode, "batch": batch, "prompt_tokens": args.prompt_tokens,
+               "output_tokens": args.output_tokens, "step_kind": kind}  # fmt: skip
+        try:
+            if trace is None:
+                raise TraceError(f"no {TRACE_GLOB} written to {trace_dir}")
+            row |= summarise_trace(trace, batch, mixed=kind == "mixed")
+        except TraceError as exc:
+            row["error"] = str(exc)
+        rows.append(row)
+    if trace is not None and not args.keep_traces:
+        trace.unlink()
+    return rows
 
 
 def out_problem(path: Path) -> str | None:
@@ -237,7 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem}")
         return 2
     began = time.monotonic()
-    started = start_engine(args)
+    trace_dir = args.profile_out / "traces" if args.profile_out else None
+    if trace_dir is not None:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+    started = start_engine(args, **({"profiler_config": profiler_config(trace_dir)} if trace_dir else {}))
     if started is None:
         return 1
     llm, facts = started
@@ -255,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
         record_row(args.out, row, WHAT, command, facts, key=ROW_KEY_CHURN)
         print(row_line(row), flush=True)
         invalid += not row["valid"]
+        if trace_dir is not None:
+            for profiled in profile_churn(llm, args, batch, vocab, trace_dir):
+                label = f"{args.variant} {args.mode} B={batch} churn {profiled['step_kind']} steps"
+                key = (*ROW_KEY_CHURN, "step_kind")
+                invalid += not record_profile(args.profile_out, profiled, facts, command, label, key)
     return 1 if invalid else 0
 
 

@@ -166,9 +166,13 @@ def _device_starts(ranges: list[StepRange], ops: list[DeviceOp], launches: dict[
     return starts
 
 
-def summarise_events(events: list[dict[str, Any]], batch: int | None = None, steps: int | None = None) -> dict:
+def summarise_events(
+    events: list[dict[str, Any]], batch: int | None = None, steps: int | None = None, mixed: bool = False
+) -> dict:
     """Per decode step at `batch` (default: the largest generation batch seen): span, host time, time per kind
-    and the top kernels. `steps` keeps only the last that many decode steps (e.g. one ring length)."""
+    and the top kernels. `steps` keeps only the last that many decode steps (e.g. one ring length). With `mixed`,
+    the steps that prefilled some requests beside decoding others instead (churn_step.py), whatever their split:
+    those run their mixers eagerly (piecewise graphs), where a plugin's extra launches cost host time."""
     trace = _parse(events)
     ranges = trace.ranges
     if not ranges:
@@ -178,12 +182,16 @@ def summarise_events(events: list[dict[str, Any]], batch: int | None = None, ste
     # (range, gpu start, gpu end) of every range that the next launching range bounds
     spans = [(rng, start, end) for (rng, start), (_, end) in itertools.pairwise(launched)]
     batch = batch or max((r.generation_reqs for r in ranges if r.context_reqs == 0), default=0)
-    decode = [s for s in spans if s[0].context_reqs == 0 and s[0].generation_reqs == batch]
+    if mixed:
+        decode = [s for s in spans if s[0].context_reqs > 0 and s[0].generation_reqs > 0]
+    else:
+        decode = [s for s in spans if s[0].context_reqs == 0 and s[0].generation_reqs == batch]
     if steps:
         decode = decode[-steps:]
     if not decode:
         seen = sorted({(r.context_reqs, r.generation_reqs) for r in ranges})
-        raise TraceError(f"no bounded decode step at batch {batch}; (context, generation) requests seen: {seen}")
+        what = "mixed step (prefill beside decode)" if mixed else f"decode step at batch {batch}"
+        raise TraceError(f"no bounded {what}; (context, generation) requests seen: {seen}")
     return {**_tabulate(decode, trace.ops, batch), "host_calls": _host_calls(decode, trace.host_calls)}
 
 
@@ -238,14 +246,15 @@ def _tabulate(decode: list[tuple[StepRange, float, float]], ops: list[DeviceOp],
     }
 
 
-def summarise_trace(path: Path, batch: int | None = None, steps: int | None = None) -> dict:
-    return summarise_events(load_events(path), batch, steps)
+def summarise_trace(path: Path, batch: int | None = None, steps: int | None = None, mixed: bool = False) -> dict:
+    return summarise_events(load_events(path), batch, steps, mixed)
 
 
 def _label(row: dict[str, Any]) -> str:
-    """A row's variant, or its speculative-decoding arm and acceptance length (spec_step's profile rows)."""
+    """A row's variant (and churn_step's step kind), or its speculative-decoding arm and acceptance length (spec_step's
+    profile rows)."""
     if "arm" not in row:
-        return row["variant"]
+        return row["variant"] + (f" ({row['step_kind']} steps)" if "step_kind" in row else "")
     al = row.get("acceptance_length_configured")
     return row["arm"] if al is None else f"{row['arm']} (AL {al:g})"
 

@@ -40,4 +40,12 @@ def test_run_summary_holds_server_means_that_agree_with_the_client(tmp_path) -> 
         means = summary.server_check[arm]
         assert means.runs == 2 and means.flagged == 0
         assert means.server["tpot_mean_s"] == pytest.approx(means.client["tpot_mean_s"], rel=0.05)
-    assert "Server cross-check, mean TPOT client / server: baseline " in (run / "summary.md").read_text()
+    markdown = (run / "summary.md").read_text()
+    assert "Server cross-check, mean TPOT client / server: baseline " in markdown
+    # what the machine did during each run (experiment/telemetry.py): the host always, GPUs where nvidia-smi is
+    for row in summary.runs:
+        assert row.conditions is not None and row.conditions.samples >= 1, (row.arm, row.repeat)
+        assert 0 <= row.conditions.cpu_busy_mean_pct <= 100
+        assert (run / "telemetry" / f"{row.arm}-r{row.repeat}.json").exists()
+    assert "Machine during the runs (1-s samples, 4 runs): host CPU busy " in markdown
+    assert "host CPU busy / steal max" in (run / "index.html").read_text()

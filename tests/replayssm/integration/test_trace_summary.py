@@ -112,3 +112,13 @@ def test_profiled_generate_leaves_the_asked_decode_steps_after_the_chunked_prefi
     assert profiled_tokens(batch=256, max_num_batched_tokens=16384, steps=16, prompt_tokens=1024) == 16 + 16 + 8
     assert profiled_tokens(batch=64, max_num_batched_tokens=8192, steps=16, prompt_tokens=1024) == 8 + 16 + 8
     assert profiled_tokens(batch=256, max_num_batched_tokens=16384, steps=16, prompt_tokens=256) == 4 + 16 + 8
+
+
+def test_mixed_steps_are_the_ones_prefilling_beside_decoding_whatever_their_split():
+    """churn_step's selection: every bounded step with both prefilling and decoding requests; none is one line."""
+    got = summarise_events(decode_trace(batch=4, mixed_steps=3), batch=4, mixed=True)
+    assert got["steps"] == 3 and got["batch"] == 4
+    decode = summarise_events(decode_trace(batch=4, mixed_steps=3), batch=4)
+    assert decode["steps"] == 3  # the decode-only selection is unchanged by the mixed steps after it
+    with pytest.raises(TraceError, match=r"no bounded mixed step \(prefill beside decode\); \(context, generation\)"):
+        summarise_events(decode_trace(batch=4), mixed=True)

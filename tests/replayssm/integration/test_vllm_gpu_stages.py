@@ -300,3 +300,15 @@ def test_churn_step_keeps_the_batch_whole_and_splits_mixed_from_decode_steps(eng
     assert row["tokens_per_s"] == pytest.approx(4 / row["step_ms"] * 1e3, rel=1e-3)
     assert all(r["fewest_rows"] == 4 for r in row["repeats"])
     assert "churn_step" in engine_flow["churn_file"]["command"]
+
+
+def test_churn_step_profiles_its_decode_only_and_mixed_steps_apart(engine_flow):
+    """--profile-out: one more churn run under the profiler, started once the warm-up is over (the trace's batch
+    is the churn's 4), summarised twice into step_profile.json: the decode-only steps at 4 and the mixed ones."""
+    rows = {r["step_kind"]: r for r in engine_flow["churn_profile_file"]["rows"]}
+    assert set(rows) == {"decode", "mixed"}
+    assert (rows["decode"]["batch"], rows["decode"]["steps"], rows["mixed"]["steps"]) == (4, 20, 5)
+    assert "error" not in rows["decode"] and "error" not in rows["mixed"]
+    assert rows["mixed"]["host_calls"]["graph_launches"]["per_step"] == 1.0
+    assert "replayssm_fp32 (mixed steps)" in engine_flow["churn_profile_md"]
+    assert engine_flow["churn_traces_left"] == []  # traces are removed once summarised

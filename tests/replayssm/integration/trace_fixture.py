@@ -46,9 +46,10 @@ class TraceBuilder:
         self.device("void at::native::reduce_kernel<ArgMaxOps>", gpu_ts + 300, 4.0, self.launch(host_ts + 80))
 
 
-def decode_trace(batch: int = 2, decode_steps: int = 3):
+def decode_trace(batch: int = 2, decode_steps: int = 3, mixed_steps: int = 0):
     """A prefill, `decode_steps` decode steps at `batch` (the second one flushes and its host blocks in a 9-µs
-    sync), and a step after one request ended."""
+    sync), and a step after one request ended; with `mixed_steps`, that many steps prefilling one request beside
+    batch - 1 decoding ones follow (churn_step.py's), then a last step that bounds them."""
     t = TraceBuilder()
     t.step(0.0, 100.0, context=batch, generation=0)
     for k in range(decode_steps):
@@ -56,4 +57,8 @@ def decode_trace(batch: int = 2, decode_steps: int = 3):
             1000.0 * (k + 1), 1100.0 + STEP_US * k, context=0, generation=batch, flush=k == 1, sync_us=9.0 * (k == 1)
         )
     t.step(1000.0 * (decode_steps + 1), 1100.0 + STEP_US * decode_steps, context=0, generation=batch - 1)
+    first = decode_steps + 2
+    for k in range(mixed_steps + (mixed_steps > 0)):
+        context = 1 if k < mixed_steps else 0
+        t.step(1000.0 * (first + k), 1100.0 + STEP_US * (first - 1 + k), context=context, generation=batch - 1)
     return t.events

@@ -145,13 +145,17 @@ class StandInLLM:
 
     def start_profile(self, profile_prefix=None):
         self.profiling = True
+        # churn_step starts the profiler with its requests in flight: the trace's batch is theirs
+        engine = self.llm_engine
+        self.profile_batch = len(engine.running) + len(engine.waiting) or None
 
     def stop_profile(self):
         self.profiling = False
         out = Path(self.kwargs["profiler_config"]["torch_profiler_dir"])
         trace = out / f"rank0.{time.time_ns()}.pt.trace.json.gz"
         with gzip.open(trace, "wt") as handle:
-            json.dump({"traceEvents": decode_trace(batch=self.last_batch, decode_steps=20)}, handle)
+            batch = self.profile_batch or self.last_batch
+            json.dump({"traceEvents": decode_trace(batch=batch, decode_steps=20, mixed_steps=5)}, handle)
 
 
 def run(main, argv: list[str]) -> dict:
@@ -174,10 +178,14 @@ def main(model: Path, result_file: Path) -> None:
     both = [*model_args, "--variant", "replayssm_fp32", "--batches", "4", "--out", str(out / "both"),
             "--step-batches", "4,8", "--steps-out", str(out / "both_steps.json"), "--repeats", "1"]  # fmt: skip
     churn = [*model_args, "--variant", "replayssm_fp32", "--batches", "4", "--output-tokens", "8", "--steps", "40",
-             "--repeats", "2", "--out", str(out / "churn.json")]  # fmt: skip
+             "--repeats", "2", "--out", str(out / "churn.json"),
+             "--profile-out", str(out / "churn_profile")]  # fmt: skip
     result = {
         "churn": run(churn_step.main, churn),
         "churn_file": json.loads((out / "churn.json").read_text()),
+        "churn_profile_file": json.loads((out / "churn_profile" / "step_profile.json").read_text()),
+        "churn_profile_md": (out / "churn_profile" / "step_profile.md").read_text(),
+        "churn_traces_left": sorted(p.name for p in (out / "churn_profile" / "traces").iterdir()),
         "split": run(engine_step.main, split),
         "baseline": run(engine_step.main, baseline),
         "profile": run(step_profile.main, profile),

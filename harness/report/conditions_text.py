@@ -1,0 +1,64 @@
+"""The machine during the runs in one line (summary.md): what to check before blaming an arm for a slow repeat."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from harness.analysis.model import RunConditions, RunRow
+from harness.analysis.run_conditions import clock_share
+
+THROTTLE_SHARE = 0.9  # a run whose mean SM clock stays below this share of the maximum while busy: throttled
+BUSY_GPU_PCT = 50.0  # the clock only says something while the GPU works (an idle one clocks down by design)
+STEAL_PCT = 2.0  # CPU steal from this on: the virtual machine's host took cores from the replay or the server
+
+
+def _span(values: Sequence[float | None], unit: str, digits: int = 0) -> str | None:
+    seen = [v for v in values if v is not None]
+    if not seen:
+        return None
+    low, high = min(seen), max(seen)
+    return f"{low:,.{digits}f}{unit}" if low == high else f"{low:,.{digits}f}-{high:,.{digits}f}{unit}"
+
+
+def _throttled(runs: Sequence[RunRow]) -> list[str]:
+    """The runs whose GPUs ran below THROTTLE_SHARE of their maximum clock while busy."""
+    names = []
+    for run in runs:
+        c = run.conditions
+        share = clock_share(c) if c else None
+        if c and share is not None and share < THROTTLE_SHARE and (c.gpu_utilization_mean_pct or 0) >= BUSY_GPU_PCT:
+            names.append(f"{run.arm} r{run.repeat} ({share:.0%})")
+    return names
+
+
+def conditions_line(runs: Sequence[RunRow]) -> str | None:
+    """'Machine during the runs: ...' over every run that was sampled; None when none was."""
+    sampled: list[tuple[RunRow, RunConditions]] = [(r, r.conditions) for r in runs if r.conditions is not None]
+    if not sampled:
+        return None
+    every = [c for _, c in sampled]
+    host = (f"host CPU busy {_span([c.cpu_busy_mean_pct for c in every], ' %')} (run means), steal ≤ "
+            f"{max((c.cpu_steal_max_pct or 0.0) for c in every):.1f} %, load ≤ "
+            f"{max((c.load1_max or 0.0) for c in every):.1f}")  # fmt: skip
+    parts = [host]
+    clocks = _span([c.gpu_sm_mhz_mean for c in every], " MHz")
+    if clocks:
+        top = max((c.gpu_max_sm_mhz or 0.0) for c in every)
+        lowest = min(c.gpu_sm_mhz_min for c in every if c.gpu_sm_mhz_min is not None)
+        gpu = f"GPU SM clock {clocks} (run means; lowest sample {lowest:,.0f}, maximum {top:,.0f})"
+        power, temperature = (
+            _span([c.gpu_power_w_mean for c in every], " W"),
+            max((c.gpu_temperature_c_max or 0.0) for c in every),
+        )
+        parts.append(f"{gpu}, {power} mean power, ≤ {temperature:.0f} °C")
+    else:
+        parts.append(next((c.gpu_error for c in every if c.gpu_error), "GPUs not sampled"))
+    warnings = []
+    throttled = _throttled([r for r, _ in sampled])
+    if throttled:
+        warnings.append(f"GPU clock below {THROTTLE_SHARE:.0%} of its maximum while busy in {', '.join(throttled)}")
+    stolen = [f"{r.arm} r{r.repeat}" for r, c in sampled if (c.cpu_steal_max_pct or 0.0) >= STEAL_PCT]
+    if stolen:
+        warnings.append(f"CPU steal ≥ {STEAL_PCT:g} % in {', '.join(stolen)}")
+    line = f"Machine during the runs (1-s samples, {len(sampled)} runs): " + "; ".join(parts)
+    return line + (". ⚠️ " + "; ".join(warnings) if warnings else "")

@@ -1,0 +1,138 @@
+"""Host and GPU sampling while a run replays (experiment/telemetry.py), its reduction per run
+(analysis/run_conditions.py) and its line in summary.md (report/conditions_text.py).
+
+The GPU side runs a stand-in `nvidia-smi` put first on PATH: an executable that answers the query as the real
+one does (CSV lines every --loop-ms until terminated) and records its arguments."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.analysis.model import RunConditions
+from harness.analysis.run_conditions import run_conditions
+from harness.experiment.telemetry import RunTelemetry, parse_gpu_line
+from harness.report.conditions_text import conditions_line
+
+STAND_IN = """#!{python}
+import sys, time
+open({args!r}, "w").write(" ".join(sys.argv[1:]))
+lines = {lines!r}
+loop_ms = next(int(a.split("=")[1]) for a in sys.argv if a.startswith("--loop-ms="))
+for line in lines:
+    print(line, flush=True)
+    time.sleep(loop_ms / 1000)
+time.sleep(30)
+"""
+
+
+def stand_in_nvidia_smi(folder: Path, lines: list[str], monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An `nvidia-smi` on PATH printing `lines`, one per --loop-ms; returns the file its arguments go to."""
+    folder.mkdir()
+    args = folder / "args.txt"
+    script = folder / "nvidia-smi"
+    script.write_text(STAND_IN.format(python=sys.executable, args=str(args), lines=lines))
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", str(folder))
+    return args
+
+
+def test_a_query_line_becomes_a_sample_and_unreported_fields_are_none():
+    assert parse_gpu_line("0, 1980, 1980, 412.35, 51, 97\n", 1.5) == {
+        "t_s": 1.5, "index": 0.0, "sm_mhz": 1980.0, "max_sm_mhz": 1980.0, "power_w": 412.35, "temperature_c": 51.0,
+        "utilization_pct": 97.0,
+    }  # fmt: skip
+    assert parse_gpu_line("1, 1755, 1980, [N/A], 60, 40", 0.0)["power_w"] is None
+    assert parse_gpu_line('Field "clocks.max.sm" is not a valid field to query.', 0.0) is None
+    assert parse_gpu_line("[N/A], 1755, 1980, 300, 60, 40", 0.0) is None  # no GPU index: not a sample
+
+
+def test_host_and_gpus_are_sampled_for_the_arms_gpus_and_written_on_exit(tmp_path, monkeypatch):
+    lines = ["0, 1980, 1980, 400.5, 50, 95", "0, 1755, 1980, 410.0, 52, 96", "0, 1980, 1980, 405.0, 53, 94"]
+    args = stand_in_nvidia_smi(tmp_path / "bin", lines, monkeypatch)
+    out = tmp_path / "telemetry" / "baseline-r0.json"
+    with RunTelemetry(out, gpus=[0], interval_s=0.1):
+        sum(i * i for i in range(3_000_000))  # some CPU work to see
+        time.sleep(0.5)
+    payload = json.loads(out.read_text())
+    assert args.read_text().split() == [
+        "--query-gpu=index,clocks.sm,clocks.max.sm,power.draw,temperature.gpu,utilization.gpu",
+        "--format=csv,noheader,nounits", "--loop-ms=100", "--id=0",
+    ]  # fmt: skip
+    assert [s["sm_mhz"] for s in payload["gpu"]] == [1980.0, 1755.0, 1980.0] and payload["gpu_error"] is None
+    assert len(payload["host"]) >= 4 and all(0 <= s["cpu_busy_pct"] <= 100 for s in payload["host"])
+    assert max(s["cpu_busy_pct"] for s in payload["host"]) > 0
+    conditions = run_conditions(out)
+    assert conditions is not None and conditions.samples == len(payload["host"])
+    assert (conditions.gpu_sm_mhz_min, conditions.gpu_max_sm_mhz, conditions.gpu_temperature_c_max) == (
+        1755.0, 1980.0, 53.0,
+    )  # fmt: skip
+    assert conditions.gpu_sm_mhz_mean == pytest.approx((1980 * 2 + 1755) / 3, abs=0.01)
+
+
+def test_without_nvidia_smi_only_the_host_is_sampled_and_a_short_run_still_gets_a_sample(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi anywhere
+    out = tmp_path / "r.json"
+    with RunTelemetry(out, interval_s=10):
+        pass
+    payload = json.loads(out.read_text())
+    assert payload["gpu"] == [] and payload["gpu_error"] == "nvidia-smi not found: GPUs not sampled"
+    assert len(payload["host"]) == 1  # the tail sample taken on exit
+    conditions = run_conditions(out)
+    assert conditions is not None and conditions.gpu_sm_mhz_mean is None and conditions.gpu_error
+
+
+def test_an_nvidia_smi_that_refuses_the_query_is_named_not_raised(tmp_path, monkeypatch):
+    stand_in_nvidia_smi(tmp_path / "bin", ['Field "clocks.max.sm" is not a valid field to query.'], monkeypatch)
+    out = tmp_path / "r.json"
+    with RunTelemetry(out, interval_s=0.05):
+        time.sleep(0.3)
+    payload = json.loads(out.read_text())
+    assert (
+        payload["gpu"] == []
+        and payload["gpu_error"] == 'nvidia-smi: Field "clocks.max.sm" is not a valid field to query.'
+    )
+
+
+def test_a_missing_or_broken_file_is_no_conditions(tmp_path):
+    assert run_conditions(tmp_path / "absent.json") is None
+    (tmp_path / "bad.json").write_text("{not json")
+    assert run_conditions(tmp_path / "bad.json") is None
+
+
+def _conditions(busy: float, steal: float, sm_mean: float | None, utilization: float = 95.0) -> RunConditions:
+    gpu = sm_mean is not None
+    return RunConditions(
+        samples=40, cpu_busy_mean_pct=busy, cpu_steal_max_pct=steal, load1_max=2.5,
+        gpu_sm_mhz_mean=sm_mean, gpu_sm_mhz_min=sm_mean - 100 if gpu else None, gpu_max_sm_mhz=1980.0 if gpu else None,
+        gpu_power_w_mean=400.0 if gpu else None, gpu_temperature_c_max=55.0 if gpu else None,
+        gpu_utilization_mean_pct=utilization if gpu else None,
+        gpu_error=None if gpu else "nvidia-smi not found: GPUs not sampled",
+    )  # fmt: skip
+
+
+class _Run:
+    """The three fields of a RunRow that the line reads."""
+
+    def __init__(self, arm: str, repeat: int, conditions: RunConditions | None):
+        self.arm, self.repeat, self.conditions = arm, repeat, conditions
+
+
+def test_the_summary_line_spans_the_runs_and_warns_of_throttling_and_steal():
+    runs = [_Run("baseline", 0, _conditions(10, 0.0, 1980)), _Run("candidate", 0, _conditions(30, 3.5, 1700)),
+            _Run("baseline", 1, _conditions(20, 0.0, 1500, utilization=10)), _Run("candidate", 1, None)]  # fmt: skip
+    line = conditions_line(runs)
+    assert line == (
+        "Machine during the runs (1-s samples, 3 runs): host CPU busy 10-30 % (run means), steal ≤ 3.5 %, load ≤ 2.5; "
+        "GPU SM clock 1,500-1,980 MHz (run means; lowest sample 1,400, maximum 1,980), 400 W mean power, ≤ 55 °C. "
+        "⚠️ GPU clock below 90% of its maximum while busy in candidate r0 (86%); CPU steal ≥ 2 % in candidate r0"
+    )  # baseline r1 ran at 1,500 MHz but its GPU was idle: not throttling
+    assert conditions_line([_Run("baseline", 0, None)]) is None
+    host_only = conditions_line([_Run("baseline", 0, _conditions(5, 0.0, None))])
+    assert host_only.endswith(
+        "host CPU busy 5 % (run means), steal ≤ 0.0 %, load ≤ 2.5; nvidia-smi not found: GPUs not sampled"
+    )
