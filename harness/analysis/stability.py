@@ -273,8 +273,8 @@ def _drift_text(drift: Drift) -> str:
         f"The servers drifted: the baseline's TPOT p50 {'rose' if base.ratio > 1 else 'fell'} x{base.ratio:.2f} "
         f"from the first repeat to the last (Theil-Sen; {_ratio_interval(base)} by least squares){candidate}. "
         "Pairing cancels a drift both arms share within a pair, but the drift widens every interval: restart the "
-        "servers between repeats (`restart_per_repeat = true` in experiment.toml) or find its cause (server logs, "
-        "host load) before trusting a verdict."
+        "servers between repeats (`restart_per_repeat = true` in experiment.toml) or find its cause (server logs; the "
+        "host's and GPUs' conditions per run in telemetry/ and the report's run table) before trusting a verdict."
     )
 
 
