@@ -41,6 +41,7 @@ from replayssm_patch.gpu.engine_step import (
     engine_batches,
     engine_options,
     engine_problem,
+    invalid_suffix,
     preemptions,
     prompt_token_ids,
     sampling_kwargs,
@@ -207,8 +208,7 @@ def row_line(row: dict[str, Any]) -> str:
     return (
         f"{row['variant']} {row['mode']} B={row['batch']} churn: step {row['step_ms']} ms (spread {row['spread_ms']}), "
         f"mixed {row['mixed_step_ms']} ms, decode-only {row['decode_step_ms']} ms, mixed share {row['mixed_share']}, "
-        f"{row['tokens_per_s']} tok/s over {row['steps']} steps"
-        + ("" if row["valid"] else " INVALID: " + "; ".join(row["problems"]))
+        f"{row['tokens_per_s']} tok/s over {row['steps']} steps" + invalid_suffix(row)
     )
 
 

@@ -256,9 +256,13 @@ def row_line(row: dict[str, Any]) -> str:
         f"{row['variant']} {row['mode']} B={row['batch']}: step {row['step_ms']:.3f} ms (spread "
         f"{row['spread_ms']:.3f}), window step {row.get('window_step_ms')} ms (spread {row.get('window_spread_ms')}, "
         f"{row.get('window_steps')} steps), t{SHORT_TOKENS} {row[f't{SHORT_TOKENS}_s']:.2f} s, t{LONG_TOKENS} "
-        f"{row[f't{LONG_TOKENS}_s']:.2f} s, engine TPOT {row.get('engine_tpot_ms')} ms"
-        + ("" if row.get("valid", True) else " INVALID: " + "; ".join(row.get("problems", [])))
+        f"{row[f't{LONG_TOKENS}_s']:.2f} s, engine TPOT {row.get('engine_tpot_ms')} ms" + invalid_suffix(row)
     )
+
+
+def invalid_suffix(row: dict[str, Any]) -> str:
+    """What a printed row line ends with: nothing when the row is valid, else its problems."""
+    return "" if row.get("valid", True) else " INVALID: " + "; ".join(row.get("problems", []))
 
 
 def engine_options(p: argparse.ArgumentParser, variant: bool = True) -> argparse.ArgumentParser:

@@ -66,6 +66,7 @@ from replayssm_patch.gpu.engine_step import (
     engine_batches,
     engine_options,
     engine_problem,
+    invalid_suffix,
     out_problem,
     parse_engine_batches,
     repeat_record,
@@ -222,8 +223,7 @@ def row_line(row: dict[str, Any]) -> str:
     return (
         f"{row['arm']} {row['mode']}{setting} B={row['batch']}: {row['tokens_per_s']} tok/s (spread "
         f"{row['tokens_per_s_spread']}), step {row['step_ms']} ms, AL measured {row['acceptance_length_measured']}, "
-        f"max concurrency {row.get('max_concurrency')}"
-        + ("" if row["valid"] else " INVALID: " + "; ".join(row["problems"]))
+        f"max concurrency {row.get('max_concurrency')}" + invalid_suffix(row)
     )
 
 

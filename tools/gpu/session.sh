@@ -17,7 +17,8 @@
 #   churn VARIANT GPU [BATCHES]     engine-side step under churn (replayssm_patch/gpu/churn_step.py): B requests
 #                                   decoding while each finished one is replaced by a fresh prompt, so prefills
 #                                   land in decode steps as in a served load; mixed vs decode-only steps (default
-#                                   batches 64,128; REPEATS [3]) -> rows merged into churn_step-h200.json
+#                                   batches 64,128; REPEATS [3]) -> rows merged into churn_step-h200.json; with
+#                                   CHURN_PROFILE=1 each batch's two kinds of step are then profiled -> profile-churn/
 #   hostprof VARIANT GPU [BATCHES]  host time per decode step by function (host_profile.py: the engine in-process
 #                                   under cProfile) -> rows merged into host_profile-h200.json (+ .md)
 #   spec ARM GPU [BATCHES]          engine-side speculative decoding (replayssm_patch/gpu/spec_step.py) of ARM
@@ -186,8 +187,10 @@ case $cmd in
   wait) wait_ready "$@" ;;
   stop) stop "$@" ;;
   engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" --variant "$1" --repeats "${REPEATS:-3}" ;;
-  churn) on_gpu churn_step "$1" "$2" "${3:-64,128}" "$RES/churn_step-h200$SUFFIX.json" "churn: step|^skipped" --variant "$1" \
-    --repeats "${REPEATS:-3}" ;;
+  churn)  # CHURN_PROFILE=1: then one profiled churn run per batch, decode-only and mixed steps apart -> profile-churn/
+    profiled=(); [ -n "${CHURN_PROFILE:-}" ] && profiled=(--profile-out "$RES/profile-churn$SUFFIX")
+    on_gpu churn_step "$1" "$2" "${3:-64,128}" "$RES/churn_step-h200$SUFFIX.json" "churn|^skipped" --variant "$1" \
+      --repeats "${REPEATS:-3}" "${profiled[@]}" ;;
   hostprof) on_gpu host_profile "$1" "$2" "${3:-64,256}" "$RES/host_profile-h200$SUFFIX.json" "in-process| µs  " --variant "$1" ;;
   profile)  # STEP_BATCHES=B,...: the same engine measures engine_step's rows at those batches first (one start-up)
     steps=(); [ -n "${STEP_BATCHES:-}" ] && steps=(--step-batches "$STEP_BATCHES" --steps-out "$STEPS" --repeats "${REPEATS:-3}")
