@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(PY) -m harness.demo
 
+# pytest-xdist, one worker per core (TEST_WORKERS=0: serial, in one process). --dist loadscope keeps a module's tests on
+# one worker, so each module-scoped fixture (a vLLM check run, a simulated experiment) is still built once.
+TEST_WORKERS ?= auto
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 bench: setup
 	$(PY) -m bench

@@ -135,6 +135,7 @@ def test_probe_count_bound() -> None:
 REPLAYBENCH = str(Path(sys.executable).with_name("replaybench"))
 
 
+@pytest.mark.timing
 def test_capacity_end_to_end_replayssm_holds_more_load(tmp_path: Path) -> None:
     trace = tiny_trace(tmp_path / "trace.parquet", requests=80, spacing_s=0.2, output_tokens=64)
     document = config_dict(
@@ -231,6 +232,7 @@ def test_capacity_refuses_bad_options_in_one_line() -> None:
     assert result.returncode == 2 and "give --config" in result.stderr
 
 
+@pytest.mark.timing
 def test_searching_only_the_baseline_needs_no_candidate_server_and_ignores_the_load(tmp_path: Path) -> None:
     # How a one-GPU run measures the capacity its `load` is a share of while the candidate is still starting.
     from tests.replay.support import free_port_without_listener

@@ -13,6 +13,7 @@ OUTPUT_TOKENS = 48  # long enough that one late socket write moves a request's T
 REQUESTS = 6
 
 
+@pytest.mark.timing
 def test_run_summary_holds_server_means_that_agree_with_the_client(tmp_path) -> None:
     trace = tiny_trace(tmp_path / "trace.parquet", requests=REQUESTS, spacing_s=0.05, output_tokens=OUTPUT_TOKENS)
     document = config_dict(trace, repeats=2, restart_per_repeat=False)

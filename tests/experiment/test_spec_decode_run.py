@@ -34,6 +34,7 @@ def _run(tmp_path: Path, baseline_al: str, candidate_al: str) -> Path:
     return only_run_dir(tmp_path / "out")
 
 
+@pytest.mark.timing
 def test_equal_acceptance_passes_the_gate_and_the_report_shows_it(tmp_path: Path) -> None:
     run = _run(tmp_path, "3", "3")
     summary = Summary.model_validate_json((run / "summary.json").read_text())

@@ -14,6 +14,7 @@ from tests.support.openai_server import REPO_ROOT
 PACE_S = 0.02
 
 
+@pytest.mark.timing
 def test_run_summary_reports_the_servers_per_token_pace(tmp_path: Path) -> None:
     command = ["{python}", "-m", "tests.support.openai_server", "--port", "{port}", "--token-delay", str(PACE_S)]
     command += ["--chunk-tokens", "1,3,2,4", "--empty-every", "3"]

@@ -38,6 +38,7 @@ def lateness_us(path: Path) -> list[int]:
     return [v for line in path.read_text().splitlines() for v in json.loads(line)["lateness_us"]]
 
 
+@pytest.mark.timing
 def test_a_stall_is_recorded_for_every_tick_that_fell_due_in_it(tmp_path: Path) -> None:
     path = probe_path(tmp_path, 0)
     run_probe_with_a_stall(path)

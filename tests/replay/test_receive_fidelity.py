@@ -45,6 +45,7 @@ def test_a_worker_flooded_with_chunks_is_client_bound(tmp_path: Path) -> None:
     assert loads_from_meta(meta) == outcome.fidelity.worker_loads  # stored per worker, to be re-judged later
 
 
+@pytest.mark.timing
 def test_a_light_load_is_valid_and_measures_the_servers_pace(tmp_path: Path) -> None:
     with upstream("ok", token_delay=PACE_S) as url:
         outcome, table, meta = replay(

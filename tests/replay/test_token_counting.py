@@ -83,6 +83,7 @@ def paced_url() -> str:
         yield url
 
 
+@pytest.mark.timing
 def test_replay_measures_the_per_token_pace_of_multi_token_chunks(paced_url: str, tmp_path: Path) -> None:
     outcome, table, _ = replay(make_trace(n=6, gap_s=0.05, output_tokens=31), paced_url, tmp_path / "r.parquet")
     assert outcome.errors == {} and outcome.fidelity.output_mismatches == 0
@@ -96,6 +97,7 @@ def test_replay_measures_the_per_token_pace_of_multi_token_chunks(paced_url: str
     assert metrics["_sources"] == {"continuous_usage": 6}
 
 
+@pytest.mark.timing
 def test_final_usage_still_gives_the_per_token_tpot(paced_url: str, tmp_path: Path) -> None:
     trace = make_trace(n=4, gap_s=0.05, output_tokens=31)
     outcome, table, _ = replay(trace, paced_url, tmp_path / "r.parquet", usage_per_chunk=False)
