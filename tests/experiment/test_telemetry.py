@@ -30,6 +30,14 @@ time.sleep(30)
 """
 
 
+def wait_for(condition, timeout_s: float = 30.0) -> None:
+    """Poll until `condition()` holds (a loaded machine may start the stand-in slowly); fail past the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the sampler"
+        time.sleep(0.02)
+
+
 def stand_in_nvidia_smi(folder: Path, lines: list[str], monkeypatch: pytest.MonkeyPatch) -> Path:
     """An `nvidia-smi` on PATH printing `lines`, one per --loop-ms; returns the file its arguments go to."""
     folder.mkdir()
@@ -55,9 +63,9 @@ def test_host_and_gpus_are_sampled_for_the_arms_gpus_and_written_on_exit(tmp_pat
     lines = ["0, 1980, 1980, 400.5, 50, 95", "0, 1755, 1980, 410.0, 52, 96", "0, 1980, 1980, 405.0, 53, 94"]
     args = stand_in_nvidia_smi(tmp_path / "bin", lines, monkeypatch)
     out = tmp_path / "telemetry" / "baseline-r0.json"
-    with RunTelemetry(out, gpus=[0], interval_s=0.1):
+    with RunTelemetry(out, gpus=[0], interval_s=0.1) as telemetry:
         sum(i * i for i in range(3_000_000))  # some CPU work to see
-        time.sleep(0.5)
+        wait_for(lambda: len(telemetry.gpu) == 3 and len(telemetry.host) >= 3)
     payload = json.loads(out.read_text())
     assert args.read_text().split() == [
         "--query-gpu=index,clocks.sm,clocks.max.sm,power.draw,temperature.gpu,utilization.gpu",
@@ -89,8 +97,8 @@ def test_without_nvidia_smi_only_the_host_is_sampled_and_a_short_run_still_gets_
 def test_an_nvidia_smi_that_refuses_the_query_is_named_not_raised(tmp_path, monkeypatch):
     stand_in_nvidia_smi(tmp_path / "bin", ['Field "clocks.max.sm" is not a valid field to query.'], monkeypatch)
     out = tmp_path / "r.json"
-    with RunTelemetry(out, interval_s=0.05):
-        time.sleep(0.3)
+    with RunTelemetry(out, interval_s=0.05) as telemetry:
+        wait_for(lambda: telemetry.gpu_error is not None)
     payload = json.loads(out.read_text())
     assert (
         payload["gpu"] == []
