@@ -116,7 +116,7 @@ def _pairs(
 
 
 def _run_row(
-    run: RunMetrics, check: ServerCheck, spec_decode: SpecDecodeRun, conditions: RunConditions | None = None
+    run: RunMetrics, check: ServerCheck, spec_decode: SpecDecodeRun, conditions: RunConditions | None
 ) -> RunRow:
     f = run.fidelity
     busiest = f.busiest_worker

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -44,4 +43,4 @@ def run_conditions(path: Path) -> RunConditions | None:
 def clock_share(conditions: RunConditions) -> float | None:
     """The run's mean SM clock as a share of the GPUs' maximum (below ~0.9 under load: throttled), or None."""
     mean, top = conditions.gpu_sm_mhz_mean, conditions.gpu_max_sm_mhz
-    return mean / top if mean is not None and top and not math.isnan(mean) else None
+    return mean / top if mean is not None and top else None  # _stat keeps only finite samples

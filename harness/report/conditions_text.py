@@ -12,21 +12,21 @@ BUSY_GPU_PCT = 50.0  # the clock only says something while the GPU works (an idl
 STEAL_PCT = 2.0  # CPU steal from this on: the virtual machine's host took cores from the replay or the server
 
 
-def _span(values: Sequence[float | None], unit: str, digits: int = 0) -> str | None:
+def _span(values: Sequence[float | None], unit: str) -> str | None:
+    """'10-30 %' over the values given, one number when they agree; None when there are none."""
     seen = [v for v in values if v is not None]
     if not seen:
         return None
     low, high = min(seen), max(seen)
-    return f"{low:,.{digits}f}{unit}" if low == high else f"{low:,.{digits}f}-{high:,.{digits}f}{unit}"
+    return f"{low:,.0f}{unit}" if low == high else f"{low:,.0f}-{high:,.0f}{unit}"
 
 
-def _throttled(runs: Sequence[RunRow]) -> list[str]:
+def _throttled(runs: Sequence[tuple[RunRow, RunConditions]]) -> list[str]:
     """The runs whose GPUs ran below THROTTLE_SHARE of their maximum clock while busy."""
     names = []
-    for run in runs:
-        c = run.conditions
-        share = clock_share(c) if c else None
-        if c and share is not None and share < THROTTLE_SHARE and (c.gpu_utilization_mean_pct or 0) >= BUSY_GPU_PCT:
+    for run, c in runs:
+        share = clock_share(c)
+        if share is not None and share < THROTTLE_SHARE and (c.gpu_utilization_mean_pct or 0) >= BUSY_GPU_PCT:
             names.append(f"{run.arm} r{run.repeat} ({share:.0%})")
     return names
 
@@ -46,15 +46,13 @@ def conditions_line(runs: Sequence[RunRow]) -> str | None:
         top = max((c.gpu_max_sm_mhz or 0.0) for c in every)
         lowest = min(c.gpu_sm_mhz_min for c in every if c.gpu_sm_mhz_min is not None)
         gpu = f"GPU SM clock {clocks} (run means; lowest sample {lowest:,.0f}, maximum {top:,.0f})"
-        power, temperature = (
-            _span([c.gpu_power_w_mean for c in every], " W"),
-            max((c.gpu_temperature_c_max or 0.0) for c in every),
-        )
+        power = _span([c.gpu_power_w_mean for c in every], " W")
+        temperature = max((c.gpu_temperature_c_max or 0.0) for c in every)
         parts.append(f"{gpu}, {power} mean power, ≤ {temperature:.0f} °C")
     else:
         parts.append(next((c.gpu_error for c in every if c.gpu_error), "GPUs not sampled"))
     warnings = []
-    throttled = _throttled([r for r, _ in sampled])
+    throttled = _throttled(sampled)
     if throttled:
         warnings.append(f"GPU clock below {THROTTLE_SHARE:.0%} of its maximum while busy in {', '.join(throttled)}")
     stolen = [f"{r.arm} r{r.repeat}" for r, c in sampled if (c.cpu_steal_max_pct or 0.0) >= STEAL_PCT]

@@ -34,17 +34,17 @@ from typing import Any
 
 import numpy as np
 
-from replayssm_patch.gpu.decode_window import EngineStep
+from replayssm_patch.gpu.decode_window import EngineStep, observed_step
 from replayssm_patch.gpu.engine_step import (
     ROW_FACTS,
     command_line,
+    delta_params,
     engine_batches,
     engine_options,
     engine_problem,
     invalid_suffix,
     preemptions,
     prompt_token_ids,
-    sampling_kwargs,
     start_engine,
     within_budget,
 )
@@ -114,11 +114,7 @@ class Churn:
     """Keeps B requests in vLLM's engine, replacing each finished one by a fresh prompt, and records each step."""
 
     def __init__(self, engine: Any, args: argparse.Namespace, batch: int, rng: np.random.Generator, vocab: int):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         self.engine, self.args, self.rng, self.vocab = engine, args, rng, vocab
-        self.params = lambda tokens: SamplingParams(**sampling_kwargs(tokens), output_kind=RequestOutputKind.DELTA)
         self.live: set[str] = set()
         self.seen: set[str] = set()
         self.added = 0
@@ -131,38 +127,28 @@ class Churn:
         ids = prompt_token_ids(self.rng, 1, self.args.prompt_tokens, self.vocab)[0]
         request_id = f"churn-{id(self)}-{self.added}"
         self.added += 1
-        self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=ids), self.params(tokens))
+        self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=ids), delta_params(tokens))
         self.live.add(request_id)
 
-    def step(self) -> EngineStep | None:
-        """One engine step; finished requests are replaced before the next. None when it put nothing out."""
+    def step(self) -> EngineStep:
+        """The next engine step that put tokens out; its finished requests are replaced before the one after."""
         outputs = self.engine.step()
-        if not outputs:
-            return None
-        started = sum(o.request_id not in self.seen for o in outputs)
-        self.seen.update(o.request_id for o in outputs)
-        finished = [o.request_id for o in outputs if o.finished]
-        stamp = getattr(outputs[0].metrics, "last_token_ts", 0.0)
-        emitted = sum(len(o.outputs[0].token_ids) for o in outputs)
-        for request_id in finished:
-            self.live.discard(request_id)
+        while not outputs:
+            outputs = self.engine.step()
+        step = observed_step(outputs, self.seen)
+        for finished in (o.request_id for o in outputs if o.finished):
+            self.live.discard(finished)
             self.add(self.args.output_tokens)
-        return EngineStep(stamp, len(outputs), emitted, started, len(finished))
+        return step
 
     def run(self, warmup: int, steps: int, on_measure: Callable[[], object] | None = None) -> list[EngineStep]:
         """`warmup` steps unrecorded, then (after ``on_measure``, e.g. starting the profiler) `steps` measured ones
         (each a period from the step before: one stamp more); every request left is aborted after."""
-        recorded: list[EngineStep] = []
-        while len(recorded) <= steps:
-            step = self.step()
-            if step is None:
-                continue
-            if warmup:
-                warmup -= 1
-                if not warmup and on_measure is not None:
-                    on_measure()
-            else:
-                recorded.append(step)
+        for _ in range(warmup):
+            self.step()
+        if on_measure is not None:
+            on_measure()
+        recorded = [self.step() for _ in range(steps + 1)]
         self.engine.abort_request(sorted(self.live))
         while self.engine.has_unfinished_requests():
             self.engine.step()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +29,20 @@ class EngineStep:
     tokens: int  # new tokens, all requests together (under speculation up to 1 + k per request)
     started: int  # of them, requests whose first token it holds
     finished: int  # of them, requests whose last token it holds
+
+
+def observed_step(outputs: Sequence[Any], seen: set[str]) -> EngineStep:
+    """One step's DELTA outputs (vLLM RequestOutputs) as an EngineStep; ``seen`` holds the request ids that had put
+    out a token before, and gains this step's. The stamp is read now: the stats object is live."""
+    started = sum(o.request_id not in seen for o in outputs)
+    seen.update(o.request_id for o in outputs)
+    return EngineStep(
+        stamp_s=getattr(outputs[0].metrics, "last_token_ts", 0.0),
+        rows=len(outputs),
+        tokens=sum(len(o.outputs[0].token_ids) for o in outputs),
+        started=started,
+        finished=sum(bool(o.finished) for o in outputs),
+    )
 
 
 @dataclass(frozen=True)

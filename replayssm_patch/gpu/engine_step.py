@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from replayssm_patch.gpu.decode_window import DecodeWindow, EngineStep, decode_window
+from replayssm_patch.gpu.decode_window import DecodeWindow, decode_window, observed_step
 from replayssm_patch.gpu.row_file import RowFileError, read_row_file, record_row
 from replayssm_patch.gpu.variants import MODES, VARIANTS, model_family_kwargs
 
@@ -478,14 +478,13 @@ def stepped_generate(llm: Any, prompts: list[list[int]], tokens: int) -> Generat
     Only with the engine core in its own process (vLLM's default): the extra per-step outputs are built in this
     one, off the engine's clock. host_profile.py, which runs the core in-process, keeps ``timed_generate``.
     """
-    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
-    from vllm.sampling_params import RequestOutputKind
 
     engine = llm.llm_engine
-    params = SamplingParams(**sampling_kwargs(tokens), output_kind=RequestOutputKind.DELTA)
+    params = delta_params(tokens)
     counts: dict[str, int] = {}
     stats: dict[str, Any] = {}
+    seen: set[str] = set()
     steps = []
     began = time.perf_counter()
     for ids in prompts:
@@ -494,14 +493,10 @@ def stepped_generate(llm: Any, prompts: list[list[int]], tokens: int) -> Generat
         outputs = engine.step()
         if not outputs:
             continue
-        started = emitted = 0
+        steps.append(observed_step(outputs, seen))
         for o in outputs:
-            new = len(o.outputs[0].token_ids)
-            started += o.request_id not in counts
-            counts[o.request_id] = counts.get(o.request_id, 0) + new
-            stats[o.request_id], emitted = o.metrics, emitted + new
-        stamp = getattr(outputs[0].metrics, "last_token_ts", 0.0)  # read now: the stats object is live
-        steps.append(EngineStep(stamp, len(outputs), emitted, started, sum(bool(o.finished) for o in outputs)))
+            counts[o.request_id] = counts.get(o.request_id, 0) + len(o.outputs[0].token_ids)
+            stats[o.request_id] = o.metrics
     elapsed = time.perf_counter() - began
     final = list(stats.values())
     return Generated(
@@ -511,6 +506,15 @@ def stepped_generate(llm: Any, prompts: list[list[int]], tokens: int) -> Generat
         together=batch_ran_together(final),
         window=decode_window(steps, len(prompts)),
     )
+
+
+def delta_params(tokens: int) -> Any:
+    """SamplingParams of exactly ``tokens`` greedy tokens, each step's new ones returned (DELTA): the stepped
+    generates read every step's engine timestamp from them."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(**sampling_kwargs(tokens), output_kind=RequestOutputKind.DELTA)
 
 
 _request_ids = itertools.count()  # stepped_generate's ids: unique in the process, as LLM's own counter keeps them
