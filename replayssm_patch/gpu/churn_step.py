@@ -16,9 +16,10 @@ finishes, and with them new prompts, spread evenly: in steady state B / output_t
 min_tokens = max_tokens, greedy). After a warm-up of --output-tokens steps (every first-wave request has
 finished), the engine core's timestamps of the next --steps steps give each step's period; a step that put out
 some request's first token held that request's prefill (a "mixed" step). Per repeat: the mean period of all
-steps, of the mixed ones and of the decode-only ones, the share of mixed steps and the output tokens per second
-over the window; the row holds the medians over repeats and the spread of the means. The requests still running
-at the end are aborted. Prefix caching is off and every prompt is fresh.
+steps, of the decode-only and of the mixed ones (``churn_window`` says how async scheduling is accounted for), the
+share of mixed steps and the output tokens per second over the window; the row holds the medians over repeats
+and the spread of the means. The requests still running at the end are aborted. Prefix caching is off and every
+prompt is fresh.
 """
 
 from __future__ import annotations
@@ -62,16 +63,19 @@ WHAT = (
     "finished one replaced at once by a fresh prompt of prompt_tokens random ids (first wave's output lengths "
     "staggered over output_tokens, then exactly output_tokens each), so B / output_tokens prefills per step land "
     "beside the decode rows. After output_tokens warm-up steps, the engine core's timestamps of `steps` steps: "
-    "step_ms = median over repeats of the mean period, spread_ms = max - min of those means; mixed_step_ms / "
-    "decode_step_ms the same over steps that did / did not put out a request's first token (its prefill); "
-    "mixed_share = share of mixed steps; tokens_per_s = output tokens over the window. Written by "
+    "step_ms = median over repeats of the mean period, spread_ms = max - min of those means; decode_step_ms the "
+    "same of the periods whose step and the next one only decode (under async scheduling a period holds its "
+    "step's GPU work and the next step's launches), mixed_step_ms that plus the window's time beyond it shared "
+    "over the steps that put out a request's first token (its prefill); mixed_share = share of mixed steps; "
+    "tokens_per_s = output tokens over the window; mean_rows = requests per step (a replacement joins a step or "
+    "two after its predecessor ends); a KV cache that runs short shows as preemptions. Written by "
     "replayssm_patch/gpu/churn_step.py."
 )
 
 
 @dataclass(frozen=True)
 class ChurnWindow:
-    """One repeat's measured steps (milliseconds; None where no step of that kind was seen)."""
+    """One repeat's measured steps (milliseconds; None where no step of that kind could be measured)."""
 
     steps: int
     mean_ms: float
@@ -79,7 +83,14 @@ class ChurnWindow:
     decode_ms: float | None
     mixed_share: float
     tokens_per_s: float
-    fewest_rows: int  # the smallest number of requests a measured step served: B unless the KV cache ran short
+    mean_rows: float  # requests per measured step: a replacement joins a step or two after its predecessor ends
+    fewest_rows: int
+
+
+def replacement_gap(batch: int) -> int:
+    """How many requests short of B a decode-only step may run and still count as one at B (replacements join a step
+    or two after the requests they replace end): B / 16, at least 2."""
+    return max(2, batch // 16)
 
 
 def first_wave_lengths(batch: int, output_tokens: int) -> list[int]:
@@ -89,24 +100,32 @@ def first_wave_lengths(batch: int, output_tokens: int) -> list[int]:
 
 
 def churn_window(steps: Sequence[EngineStep]) -> ChurnWindow | None:
-    """The periods between consecutive steps, each belonging to the later step, split by whether that step held a
-    prefill; None with fewer than two stamped steps."""
+    """The periods between consecutive steps' outputs, and from them the decode-only and the mixed step; None with
+    fewer than two stamped steps.
+
+    Under vLLM's async scheduling (its default) the period that ends with step n's outputs holds step n's GPU work
+    and the host's scheduling and launching of step n + 1, so a mixed step's cost spills into the period before
+    it. The decode-only step is therefore the mean period whose step and successor both only decode, and the mixed
+    step is that plus the window's time beyond it shared over its mixed steps: exact under either scheduling."""
     if len(steps) < 2 or any(s.stamp_s <= 0 for s in steps):
         return None
     periods_ms = np.diff([s.stamp_s for s in steps]) * 1e3
     mixed = np.array([s.started > 0 for s in steps[1:]])
-
-    def mean_of(chosen: np.ndarray) -> float | None:
-        return round(float(chosen.mean()), 4) if chosen.size else None
-
+    clean = ~mixed & ~np.append(mixed[1:], True)  # the last period's successor is unknown: never clean
+    decode_ms = float(periods_ms[clean].mean()) if clean.any() else None
+    mixed_ms = None
+    if decode_ms is not None and mixed.any():
+        mixed_ms = decode_ms + (float(periods_ms.sum()) - decode_ms * len(periods_ms)) / int(mixed.sum())
+    rows = [s.rows for s in steps[1:]]
     return ChurnWindow(
         steps=len(periods_ms),
         mean_ms=round(float(periods_ms.mean()), 4),
-        mixed_ms=mean_of(periods_ms[mixed]),
-        decode_ms=mean_of(periods_ms[~mixed]),
+        mixed_ms=None if mixed_ms is None else round(mixed_ms, 4),
+        decode_ms=None if decode_ms is None else round(decode_ms, 4),
         mixed_share=round(float(mixed.mean()), 4),
         tokens_per_s=round(sum(s.tokens for s in steps[1:]) * 1e3 / float(periods_ms.sum()), 1),
-        fewest_rows=min(s.rows for s in steps[1:]),
+        mean_rows=round(statistics.fmean(rows), 2),
+        fewest_rows=min(rows),
     )
 
 
@@ -159,11 +178,8 @@ def make_row(args: argparse.Namespace, batch: int, windows: Sequence[ChurnWindow
     """The row of one batch: medians over repeats, the spread of the repeats' mean steps, and why it is invalid."""
     seen = [w for w in windows if w is not None]
     problems = [f"{len(windows) - len(seen)} repeat(s) without engine timestamps"] if len(seen) < len(windows) else []
-    short = [w.fewest_rows for w in seen if w.fewest_rows < batch]
-    if short:
-        problems.append(f"a measured step served only {min(short)} of {batch} requests: the KV cache ran short")
     if lost:
-        problems.append(f"{lost} preemption(s)")
+        problems.append(f"{lost} preemption(s): the KV cache ran short")
 
     def median(field: str) -> float | None:
         values = [getattr(w, field) for w in seen if getattr(w, field) is not None]
@@ -182,6 +198,7 @@ def make_row(args: argparse.Namespace, batch: int, windows: Sequence[ChurnWindow
         "decode_step_ms": median("decode_ms"),
         "mixed_share": median("mixed_share"),
         "tokens_per_s": median("tokens_per_s"),
+        "mean_rows": median("mean_rows"),
         "steps": min((w.steps for w in seen), default=0),
         "repeats": [None if w is None else asdict(w) for w in windows],
         "preemptions": lost,
@@ -230,7 +247,7 @@ def profile_churn(llm: Any, args: argparse.Namespace, batch: int, vocab: int, tr
         try:
             if trace is None:
                 raise TraceError(f"no {TRACE_GLOB} written to {trace_dir}")
-            row |= summarise_trace(trace, batch, mixed=kind == "mixed")
+            row |= summarise_trace(trace, batch, mixed=kind == "mixed", rows_from=batch - replacement_gap(batch))
         except TraceError as exc:
             row["error"] = str(exc)
         rows.append(row)

@@ -167,12 +167,17 @@ def _device_starts(ranges: list[StepRange], ops: list[DeviceOp], launches: dict[
 
 
 def summarise_events(
-    events: list[dict[str, Any]], batch: int | None = None, steps: int | None = None, mixed: bool = False
+    events: list[dict[str, Any]],
+    batch: int | None = None,
+    steps: int | None = None,
+    mixed: bool = False,
+    rows_from: int | None = None,
 ) -> dict:
     """Per decode step at `batch` (default: the largest generation batch seen): span, host time, time per kind
-    and the top kernels. `steps` keeps only the last that many decode steps (e.g. one ring length). With `mixed`,
-    the steps that prefilled some requests beside decoding others instead (churn_step.py), whatever their split:
-    those run their mixers eagerly (piecewise graphs), where a plugin's extra launches cost host time."""
+    and the top kernels. `steps` keeps only the last that many decode steps (e.g. one ring length). `rows_from`
+    takes decode steps of rows_from..batch requests (under churn a replacement joins a step or two late). With
+    `mixed`, the steps that prefilled some requests beside decoding others instead (churn_step.py), whatever their
+    split: those run their mixers eagerly (piecewise graphs), where a plugin's extra launches cost host time."""
     trace = _parse(events)
     ranges = trace.ranges
     if not ranges:
@@ -185,7 +190,8 @@ def summarise_events(
     if mixed:
         decode = [s for s in spans if s[0].context_reqs > 0 and s[0].generation_reqs > 0]
     else:
-        decode = [s for s in spans if s[0].context_reqs == 0 and s[0].generation_reqs == batch]
+        fewest = batch if rows_from is None else rows_from
+        decode = [s for s in spans if s[0].context_reqs == 0 and fewest <= s[0].generation_reqs <= batch]
     if steps:
         decode = decode[-steps:]
     if not decode:
@@ -246,8 +252,10 @@ def _tabulate(decode: list[tuple[StepRange, float, float]], ops: list[DeviceOp],
     }
 
 
-def summarise_trace(path: Path, batch: int | None = None, steps: int | None = None, mixed: bool = False) -> dict:
-    return summarise_events(load_events(path), batch, steps, mixed)
+def summarise_trace(
+    path: Path, batch: int | None = None, steps: int | None = None, mixed: bool = False, rows_from: int | None = None
+) -> dict:
+    return summarise_events(load_events(path), batch, steps, mixed, rows_from)
 
 
 def _label(row: dict[str, Any]) -> str:

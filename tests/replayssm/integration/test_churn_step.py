@@ -17,41 +17,45 @@ def test_first_wave_finishes_spread_evenly_up_to_the_output_length():
     assert first_wave_lengths(8, 2)[0] == 1  # never a zero-token request
 
 
-def _step(stamp_s, started=0, rows=4, tokens=4):
+def _step(stamp_s, started=0, rows=4, tokens=None):
+    tokens = rows if tokens is None else tokens
     return EngineStep(stamp_s=stamp_s, rows=rows, tokens=tokens, started=started, finished=0)
 
 
-def test_each_period_belongs_to_the_later_step_and_is_split_by_its_prefill():
-    steps = [_step(10.000), _step(10.005), _step(10.045, started=1), _step(10.050), _step(10.090, started=2)]
+def test_decode_periods_are_those_without_a_prefill_beside_them_and_mixed_steps_take_the_rest():
+    """Async scheduling: a mixed step's launches land in the period before it (here 5 + 30 ms), its GPU work in its
+    own (5 + 5 ms); the decode step is read from periods clear of both, the mixed step from the window's excess."""
+    stamps_ms = [0, 5, 10, 45, 55, 60, 65, 100, 110]
+    prefills = [0, 0, 0, 0, 1, 0, 0, 0, 1]
+    steps = [_step(10 + ms / 1e3, started=p, rows=4 - p) for ms, p in zip(stamps_ms, prefills, strict=True)]
     window = churn_window(steps)
-    assert window == ChurnWindow(steps=4, mean_ms=22.5, mixed_ms=40.0, decode_ms=5.0, mixed_share=0.5,
-                                 tokens_per_s=round(16 / 0.090, 1), fewest_rows=4)  # fmt: skip
+    # clean: steps 1, 2, 5, 6 (each and its successor decode-only) -> 5 ms; excess 110 - 8 * 5 = 70 over 2 mixed
+    assert window == ChurnWindow(steps=8, mean_ms=13.75, mixed_ms=40.0, decode_ms=5.0, mixed_share=0.25,
+                                 tokens_per_s=round(30 / 0.110, 1), mean_rows=3.75, fewest_rows=3)  # fmt: skip
 
 
 def test_a_window_needs_two_stamped_steps():
     assert churn_window([_step(1.0)]) is None
     assert churn_window([_step(1.0), _step(0.0)]) is None
-    only_decode = churn_window([_step(1.0), _step(1.005)])
-    assert only_decode is not None and only_decode.mixed_ms is None and only_decode.decode_ms == 5.0
+    two = churn_window([_step(1.0), _step(1.005), _step(1.010)])
+    assert two is not None and two.mixed_ms is None and two.decode_ms == 5.0
+    only_mixed = churn_window([_step(1.0), _step(1.040, started=1)])
+    assert only_mixed is not None and only_mixed.decode_ms is None and only_mixed.mixed_ms is None
 
 
-def _window(mean_ms, fewest_rows=64):
+def _window(mean_ms):
     return ChurnWindow(steps=100, mean_ms=mean_ms, mixed_ms=mean_ms * 2, decode_ms=mean_ms / 2, mixed_share=0.25,
-                       tokens_per_s=1000.0, fewest_rows=fewest_rows)  # fmt: skip
+                       tokens_per_s=1000.0, mean_rows=63.5, fewest_rows=62)  # fmt: skip
 
 
 def test_row_holds_medians_and_spread_and_says_why_it_is_invalid():
     args = SimpleNamespace(variant="baseline", mode="default", prompt_tokens=1024, output_tokens=192)
     row = make_row(args, 64, [_window(10.0), _window(12.0), _window(11.0)], lost=0)
     assert (row["step_ms"], row["spread_ms"], row["mixed_step_ms"], row["decode_step_ms"]) == (11.0, 2.0, 22.0, 5.5)
-    assert row["valid"] and row["problems"] == [] and row["steps"] == 100
-    short = make_row(args, 64, [_window(10.0, fewest_rows=60), None], lost=2)
+    assert row["valid"] and row["problems"] == [] and row["steps"] == 100 and row["mean_rows"] == 63.5
+    short = make_row(args, 64, [_window(10.0), None], lost=2)
     assert not short["valid"]
-    assert short["problems"] == [
-        "1 repeat(s) without engine timestamps",
-        "a measured step served only 60 of 64 requests: the KV cache ran short",
-        "2 preemption(s)",
-    ]
+    assert short["problems"] == ["1 repeat(s) without engine timestamps", "2 preemption(s): the KV cache ran short"]
 
 
 @pytest.mark.parametrize("flag", ["--output-tokens", "--steps", "--repeats"])

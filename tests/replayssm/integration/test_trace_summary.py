@@ -120,5 +120,7 @@ def test_mixed_steps_are_the_ones_prefilling_beside_decoding_whatever_their_spli
     assert got["steps"] == 3 and got["batch"] == 4
     decode = summarise_events(decode_trace(batch=4, mixed_steps=3), batch=4)
     assert decode["steps"] == 3  # the decode-only selection is unchanged by the mixed steps after it
+    # churn: a decode-only step a request short of the batch (its replacement not yet in) counts from rows_from
+    assert summarise_events(decode_trace(batch=4, mixed_steps=3), batch=4, rows_from=3)["steps"] == 4
     with pytest.raises(TraceError, match=r"no bounded mixed step \(prefill beside decode\); \(context, generation\)"):
         summarise_events(decode_trace(batch=4), mixed=True)

@@ -307,7 +307,8 @@ def test_churn_step_profiles_its_decode_only_and_mixed_steps_apart(engine_flow):
     is the churn's 4), summarised twice into step_profile.json: the decode-only steps at 4 and the mixed ones."""
     rows = {r["step_kind"]: r for r in engine_flow["churn_profile_file"]["rows"]}
     assert set(rows) == {"decode", "mixed"}
-    assert (rows["decode"]["batch"], rows["decode"]["steps"], rows["mixed"]["steps"]) == (4, 20, 5)
+    # decode-only steps at 4 and the one at 3 whose replacement had not joined yet (within replacement_gap)
+    assert (rows["decode"]["batch"], rows["decode"]["steps"], rows["mixed"]["steps"]) == (4, 21, 5)
     assert "error" not in rows["decode"] and "error" not in rows["mixed"]
     assert rows["mixed"]["host_calls"]["graph_launches"]["per_step"] == 1.0
     assert "replayssm_fp32 (mixed steps)" in engine_flow["churn_profile_md"]
