@@ -63,7 +63,8 @@ WHAT = (
     "finished one replaced at once by a fresh prompt of prompt_tokens random ids (first wave's output lengths "
     "staggered over output_tokens, then exactly output_tokens each), so B / output_tokens prefills per step land "
     "beside the decode rows. After output_tokens warm-up steps, the engine core's timestamps of `steps` steps: "
-    "step_ms = median over repeats of the mean period, spread_ms = max - min of those means; decode_step_ms the "
+    "step_ms = median over repeats of the mean period, spread_ms = max - min of those means, last_over_first = the "
+    "last repeat's mean over the first's (the engine's drift as it serves); decode_step_ms the "
     "same of the periods whose step and the next one only decode (under async scheduling a period holds its "
     "step's GPU work and the next step's launches), mixed_step_ms that plus the window's time beyond it shared "
     "over the steps that put out a request's first token (its prefill); mixed_share = share of mixed steps; "
@@ -194,6 +195,9 @@ def make_row(args: argparse.Namespace, batch: int, windows: Sequence[ChurnWindow
         "output_tokens": args.output_tokens,
         "step_ms": median("mean_ms"),
         "spread_ms": round(max(means) - min(means), 3) if means else None,
+        # the engine slows as it serves (H200: +23 % from the first repeat to the second, both arms): compare arms
+        # repeat by repeat, each from a fresh engine
+        "last_over_first": round(means[-1] / means[0], 4) if len(means) > 1 else None,
         "mixed_step_ms": median("mixed_ms"),
         "decode_step_ms": median("decode_ms"),
         "mixed_share": median("mixed_share"),
@@ -211,7 +215,8 @@ def row_line(row: dict[str, Any]) -> str:
     return (
         f"{row['variant']} {row['mode']} B={row['batch']} churn: step {row['step_ms']} ms (spread {row['spread_ms']}), "
         f"mixed {row['mixed_step_ms']} ms, decode-only {row['decode_step_ms']} ms, mixed share {row['mixed_share']}, "
-        f"{row['tokens_per_s']} tok/s over {row['steps']} steps" + invalid_suffix(row)
+        f"{row['tokens_per_s']} tok/s over {row['steps']} steps, last/first repeat {row['last_over_first']}"
+        + invalid_suffix(row)
     )
 
 
