@@ -66,6 +66,7 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
 
         knobs = replayssm_config_of(vllm_config)
         self.buffer_len, self.stagger_windows = knobs.buffer_len, knobs.stagger_windows
+        self.native_mixed_steps = knobs.native_mixed_steps
         # no speculation and no split precision to rule out here: the plugin refuses both for GDN
         self.native_max_batch = gdn_native_max_batch(device)
         self.ring_may_hold = False  # rings may hold entries a native step must fold first (CPU only)
@@ -113,7 +114,7 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
         metadata = plan_gdn_ring(
             metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing,
             native_max_batch=self.native_max_batch, ring_may_hold=self.ring_may_hold,
-            fresh=prefills_all_fresh(m, metadata.num_prefills),
+            fresh=prefills_all_fresh(m, metadata.num_prefills), native_mixed=self.native_mixed_steps,
         )  # fmt: skip
         transition = metadata.replay_transition_pending
         if transition is not None:
@@ -151,6 +152,7 @@ def plan_gdn_ring(
     native_max_batch: int = 0,
     ring_may_hold: bool = False,
     fresh: bool = False,
+    native_mixed: bool = False,
 ) -> ReplayGDNAttentionMetadata:
     """Attach this step's ring plan (``cursor_table`` is called only when cursors move).
 
@@ -164,12 +166,14 @@ def plan_gdn_ring(
     cursor; with ``ring_may_hold`` their pending entries are taken first (``replay_transition_pending``, restarting
     their rings). Only this step's rows, as in ``backend.plan_ring``: vLLM shares each KV-cache tensor between
     one layer of every group, so a finished sequence's stale cursor would fold into a block another group holds.
+    ``native_mixed`` (the ``native_mixed_steps`` knob) puts every step with prefills in the native regime too: such
+    steps run eagerly, where the fold's one launch per layer costs less host time than the replay's.
     """
     indices = metadata.non_spec_state_indices_tensor
     rows = 0 if indices is None or not metadata.num_decodes else metadata.num_decodes
     if rows and not metadata.num_prefills:
         rows = indices.shape[0]
-    native = 0 < rows <= native_max_batch
+    native = 0 < rows <= native_max_batch or (native_mixed and rows > 0 and bool(metadata.num_prefills))
     transition = None
     write_pos, flush_len, flush_rows = buffers.write_pos[:rows], buffers.flush_len[:rows], buffers.flush_rows[:rows]
     if native:  # nothing to plan and no cursor to move: no launch

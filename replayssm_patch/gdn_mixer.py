@@ -7,8 +7,8 @@ step, the first rows of a mixed one, and new one-token prompts, which vLLM count
 causal-conv update, then the ReplaySSM step: append (k̂, u, g) to the ring, answer from checkpoint + ring,
 and fold the ring into the fp32 checkpoint on the step that fills it. Prefill rows first fold what their
 ring still holds, then run vLLM's own path on a prefill-only view of the step's metadata. At the builder's native
-batches (``gdn_backend.plan_gdn_ring``) the whole step is vLLM's own path on the checkpoint, which the builder made
-current; the ring is not used.
+batches (``gdn_backend.plan_gdn_ring``), and at every step with prefills under ``native_mixed_steps``, the whole
+step is vLLM's own path on the checkpoint, which the builder made current; the ring is not used.
 """
 
 from __future__ import annotations

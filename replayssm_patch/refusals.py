@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from replayssm_patch.config import SPLIT_PRECISION_REFUSED
+from replayssm_patch.config import SPLIT_PRECISION_REFUSED, replayssm_config_of
 
 logger = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: the refusal shows like its own lines
 
@@ -83,6 +83,8 @@ def unsupported_settings(vllm_config: Any, split_precision: bool) -> list[str]:
         reasons.append(
             "split_precision keeps an fp32 master beside a bf16 copy; start with --mamba-ssm-cache-dtype float32"
         )
+    if replayssm_config_of(vllm_config).native_mixed_steps:
+        reasons.append("native_mixed_steps is implemented for Gated DeltaNet layers only; drop it for this model")
     return reasons
 
 

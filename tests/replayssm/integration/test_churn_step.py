@@ -53,8 +53,9 @@ def test_row_holds_medians_and_spread_and_says_why_it_is_invalid():
     row = make_row(args, 64, [_window(10.0), _window(12.0), _window(11.0)], lost=0)
     assert (row["step_ms"], row["spread_ms"], row["mixed_step_ms"], row["decode_step_ms"]) == (11.0, 2.0, 22.0, 5.5)
     assert row["valid"] and row["problems"] == [] and row["steps"] == 100 and row["mean_rows"] == 63.5
+    assert row["last_over_first"] == 1.1  # 11 / 10: the engine's drift over the repeats
     short = make_row(args, 64, [_window(10.0), None], lost=2)
-    assert not short["valid"]
+    assert not short["valid"] and short["last_over_first"] is None  # one repeat measured: no drift to read
     assert short["problems"] == ["1 repeat(s) without engine timestamps", "2 preemption(s): the KV cache ran short"]
 
 

@@ -31,6 +31,7 @@ def test_absent_or_empty_config_is_disabled():
 def test_full_config_parses():
     got = parse_replayssm_config({"replayssm": {"enable": True, "buffer_len": 8, "split_precision": True}})
     assert got == ReplaySSMConfig(enable=True, buffer_len=8, split_precision=True)
+    assert parse_replayssm_config({"replayssm": {"native_mixed_steps": True}}).native_mixed_steps is True
 
 
 @pytest.mark.parametrize(
@@ -104,6 +105,8 @@ def test_supported_config_passes():
          "drop --speculative-config for this model"),
         ({"cache_config": SimpleNamespace(mamba_cache_mode="none", mamba_ssm_cache_dtype="bfloat16")}, True,
          "--mamba-ssm-cache-dtype float32"),
+        ({"additional_config": {"replayssm": {"enable": True, "native_mixed_steps": True}}}, False,
+         "native_mixed_steps is implemented for Gated DeltaNet layers only"),
     ],
 )  # fmt: skip
 def test_each_unsupported_setting_is_refused_with_one_line(overrides, split, needle, caplog):

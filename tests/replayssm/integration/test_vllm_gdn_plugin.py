@@ -91,6 +91,17 @@ def test_gdn_unsupported_settings_are_refused_from_real_configs(gdn_checks, case
 
 def test_gdn_fp32_state_on_cuda_is_accepted(gdn_checks):
     assert gdn_checks["refused"]["fp32_supported"] is None
+    assert gdn_checks["refused"]["native_mixed_steps"] is None  # the knob is Gated DeltaNet's
+
+
+def test_gdn_native_mixed_steps_fold_decode_rows_and_run_vllms_own_path(gdn_checks):
+    """native_mixed_steps: after two decode steps (two ring entries per row) a step with a prefill is native: the
+    builder folds both decode rows' entries into the checkpoint and restarts their cursors, the layer gets no
+    prefill-only view (vLLM's path takes the whole step); the next decode-only step replays from write position 0."""
+    got = gdn_checks["native_mixed"]
+    assert (got["mixed_native"], got["transition"], got["prefill_view"]) == (True, [2, 2], False)
+    assert got["cursors_after_mixed"][3] == 0 and got["cursors_after_mixed"][5] == 0 and got["checkpoint_folded"]
+    assert (got["decode_native"], got["decode_write_pos"]) == (False, [0, 0])
 
 
 def test_gdn_native_regime_runs_vllms_own_decode_between_replay_steps(gdn_checks):

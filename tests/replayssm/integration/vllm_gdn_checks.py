@@ -39,6 +39,7 @@ from vllm_checks import (  # noqa: E402
 
 from replayssm_patch.config import replayssm_config_of  # noqa: E402
 from replayssm_patch.gdn_mixer import install_replay_gdn  # noqa: E402
+from replayssm_patch.gdn_state_layout import RING_K, RING_U  # noqa: E402
 from replayssm_patch.gpu.gdn_layer_check import core_inputs, realistic_gates  # noqa: E402
 from replayssm_patch.gpu.layer_check import common_metadata, paged_state_tensors, relative_error, vllm_config  # noqa: E402
 
@@ -136,6 +137,30 @@ def builder_steps(tiny: Path) -> dict:
     fresh_only = type(builder)(spec, [layer.prefix], config, torch.device("cpu"))
     m = fresh_only.build(0, common_metadata([1, 9], [12, 9], [3, 7], [False, True]))
     return {"steps": steps, "fresh_prompt_fold_pending": m.replay_fold_pending}
+
+
+def native_mixed(tiny: Path) -> dict:
+    """``native_mixed_steps``: two decode steps fill two ring entries per row; the mixed step after them is native
+    (its decode rows' rings folded into the checkpoint by the builder, cursors restarted) and the decode-only step
+    after that replays again from an empty ring."""
+    knobs = {"replayssm": {**ALIGNED_L4["replayssm"], "native_mixed_steps": True}}
+    config = vllm_config(knobs, tiny, max_model_len=512, dtype="float32")
+    layer = make_gdn_layer(config, "mixed_native.layers.0.linear_attn")
+    spec = layer.get_kv_cache_spec(config)
+    layer.kv_cache = paged_state_tensors(spec, 8)
+    builder = layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device("cpu"))
+    for step in range(2):
+        builder.build(0, common_metadata([1, 1], [10 + step, 20 + step], [3, 5], [False, False]))
+    for ring in (RING_K, RING_U):  # no forward ran, so the rings are empty: fill two entries the fold must apply
+        layer.kv_cache[ring][3].normal_()
+    before = layer.kv_cache[1][3].clone()
+    mixed = builder.build(0, common_metadata([1, 1, 6], [12, 22, 6], [3, 5, 6], [False, False, False]))
+    after_mixed = builder.cursors.positions.tolist()
+    decode = builder.build(0, common_metadata([1, 1], [13, 23], [3, 5], [False, False]))
+    return {"mixed_native": mixed.replay_native, "transition": mixed.replay_transition_pending.tolist(),
+            "prefill_view": mixed.prefill_view is not None, "cursors_after_mixed": after_mixed,
+            "checkpoint_folded": not torch.equal(before, layer.kv_cache[1][3]),
+            "decode_native": decode.replay_native, "decode_write_pos": decode.replay_write_pos.tolist()}  # fmt: skip
 
 
 def native_scenario(tiny: Path) -> dict:
@@ -241,10 +266,12 @@ def main(model_dir: Path, tiny: Path, result_file: Path) -> None:
         "bf16_state": refusal(model_dir, {}, mamba_ssm_cache_dtype="bfloat16"),
         "split_precision": refusal(model_dir, {"split_precision": True}),
         "prefix_caching": refusal(model_dir, {}, enable_prefix_caching=True),
+        "native_mixed_steps": refusal(model_dir, {"native_mixed_steps": True}),
         "fp32_supported": refusal(model_dir, {}),
     }
     out["builder"] = builder_steps(tiny)
     out["native"] = native_scenario(tiny)
+    out["native_mixed"] = native_mixed(tiny)
     out["stock_path"] = stock_path(tiny)
     out["whole_model"] = whole_model(tiny)
     result_file.write_text(json.dumps(out))
