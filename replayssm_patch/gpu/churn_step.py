@@ -18,13 +18,17 @@ finished), the engine core's timestamps of the next --steps steps give each step
 some request's first token held that request's prefill (a "mixed" step). Per repeat: the mean period of all
 steps, of the decode-only and of the mixed ones (``churn_window`` says how async scheduling is accounted for), the
 share of mixed steps and the output tokens per second over the window; the row holds the medians over repeats
-and the spread of the means. The requests still running at the end are aborted. Prefix caching is off and every
-prompt is fresh.
+and the spread of the means, and each repeat what the machine did meanwhile (``repeats[].conditions``: host CPU and
+the GPU's SM clock against its maximum, sampled once a second into churn-telemetry/ beside --out), since an engine
+under churn slows from one repeat to the next. The requests still running at the end are aborted. Prefix caching
+is off and every prompt is fresh.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
 import statistics
 import sys
 import time
@@ -35,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.analysis.run_conditions import clock_share, run_conditions
+from harness.experiment.telemetry import RunTelemetry
 from replayssm_patch.gpu.decode_window import EngineStep, observed_step
 from replayssm_patch.gpu.engine_step import (
     ROW_FACTS,
@@ -175,8 +181,15 @@ class Churn:
         return recorded
 
 
-def make_row(args: argparse.Namespace, batch: int, windows: Sequence[ChurnWindow | None], lost: int | None) -> dict:
-    """The row of one batch: medians over repeats, the spread of the repeats' mean steps, and why it is invalid."""
+def make_row(
+    args: argparse.Namespace,
+    batch: int,
+    windows: Sequence[ChurnWindow | None],
+    lost: int | None,
+    conditions: Sequence[dict[str, Any] | None] = (),
+) -> dict:
+    """The row of one batch: medians over repeats, the spread of the repeats' mean steps, and why it is invalid.
+    ``conditions``: per repeat, what the machine did meanwhile (``repeat_conditions``), kept beside its timings."""
     seen = [w for w in windows if w is not None]
     problems = [f"{len(windows) - len(seen)} repeat(s) without engine timestamps"] if len(seen) < len(windows) else []
     if lost:
@@ -204,11 +217,30 @@ def make_row(args: argparse.Namespace, batch: int, windows: Sequence[ChurnWindow
         "tokens_per_s": median("tokens_per_s"),
         "mean_rows": median("mean_rows"),
         "steps": min((w.steps for w in seen), default=0),
-        "repeats": [None if w is None else asdict(w) for w in windows],
+        "repeats": [
+            None if w is None else asdict(w) | {"conditions": c}
+            for w, c in itertools.zip_longest(windows, conditions[: len(windows)])
+        ],
         "preemptions": lost,
         "valid": not problems and bool(seen),
         "problems": problems,
     }
+
+
+def visible_gpus() -> list[int]:
+    """The physical GPUs this engine runs on, as nvidia-smi numbers them (CUDA_VISIBLE_DEVICES; unset: GPU 0)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")
+    return [int(gpu) for gpu in listed if gpu.strip().isdigit()]
+
+
+def repeat_conditions(path: Path) -> dict[str, Any] | None:
+    """The telemetry of one repeat as the row keeps it (run_conditions' figures, the SM clock as a share of its
+    maximum): evidence whether a repeat's drift was the GPU's clock or the host."""
+    conditions = run_conditions(path)
+    if conditions is None:
+        return None
+    share = clock_share(conditions)
+    return conditions.model_dump() | {"gpu_clock_share": None if share is None else round(share, 3)}
 
 
 def row_line(row: dict[str, Any]) -> str:
@@ -293,11 +325,16 @@ def main(argv: list[str] | None = None) -> int:
     for batch in within_budget(engine_batches(llm, args), args.budget_s, began):
         rng = np.random.default_rng([args.seed, batch])
         before = preemptions(llm)
-        windows = [churn_window(Churn(llm.llm_engine, args, batch, rng, vocab).run(args.output_tokens, args.steps))
-                   for _ in range(args.repeats)]  # fmt: skip
+        windows, conditions = [], []
+        for repeat in range(args.repeats):
+            sampled = args.out.parent / "churn-telemetry" / f"{args.variant}-{args.mode}-b{batch}-r{repeat}.json"
+            with RunTelemetry(sampled, gpus=visible_gpus()):
+                steps = Churn(llm.llm_engine, args, batch, rng, vocab).run(args.output_tokens, args.steps)
+            windows.append(churn_window(steps))
+            conditions.append(repeat_conditions(sampled))
         after = preemptions(llm)
         lost = after - before if before is not None and after is not None else None
-        row = make_row(args, batch, windows, lost) | {k: facts[k] for k in ROW_FACTS}
+        row = make_row(args, batch, windows, lost, conditions) | {k: facts[k] for k in ROW_FACTS}
         record_row(args.out, row, WHAT, command, facts, key=ROW_KEY_CHURN)
         print(row_line(row), flush=True)
         invalid += not row["valid"]

@@ -299,6 +299,12 @@ def test_churn_step_keeps_the_batch_whole_and_splits_mixed_from_decode_steps(eng
     # 4 tokens per step (one per request) over the mean step
     assert row["tokens_per_s"] == pytest.approx(4 / row["step_ms"] * 1e3, rel=1e-3)
     assert all(r["fewest_rows"] == 4 for r in row["repeats"])
+    # each repeat keeps what the machine did meanwhile (no nvidia-smi here: the host alone, and why)
+    assert engine_flow["churn_telemetry"] == [f"replayssm_fp32-O0-b4-r{k}.json" for k in (0, 1)]
+    for repeat in row["repeats"]:
+        conditions = repeat["conditions"]
+        assert conditions["samples"] >= 1 and conditions["cpu_busy_mean_pct"] is not None
+        assert conditions["gpu_error"] and conditions["gpu_clock_share"] is None
     assert "churn_step" in engine_flow["churn_file"]["command"]
 
 

@@ -186,6 +186,7 @@ def main(model: Path, result_file: Path) -> None:
         "churn_profile_file": json.loads((out / "churn_profile" / "step_profile.json").read_text()),
         "churn_profile_md": (out / "churn_profile" / "step_profile.md").read_text(),
         "churn_traces_left": sorted(p.name for p in (out / "churn_profile" / "traces").iterdir()),
+        "churn_telemetry": sorted(p.name for p in (out / "churn-telemetry").iterdir()),
         "split": run(engine_step.main, split),
         "baseline": run(engine_step.main, baseline),
         "profile": run(step_profile.main, profile),
