@@ -2,10 +2,13 @@
 steps, the row and its problems, and bad arguments as one line. Its flow against vLLM's engine interface runs in
 test_vllm_gpu_stages.py."""
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from replayssm_patch.gpu import churn_summary
 from replayssm_patch.gpu.churn_step import ChurnWindow, churn_window, first_wave_lengths, main, make_row
 from replayssm_patch.gpu.decode_window import EngineStep
 
@@ -72,3 +75,45 @@ def test_an_out_file_that_is_not_a_results_file_is_refused_before_the_engine_sta
     assert main(["--model", str(tmp_path), "--out", str(tmp_path / "o.json")]) == 2
     out = capsys.readouterr().out.strip()
     assert out.startswith("error: ") and "not a results file" in out and out.count("\n") == 0
+
+
+RESULTS = Path(__file__).parents[3] / "replayssm_patch" / "gpu" / "results" / "churn_step-h200-qwen3.5-4b.json"
+
+
+def test_summary_pairs_each_variant_with_the_baselines_same_repeat(capsys):
+    """The H200 rows of session 12: ReplaySSM's k-th repeat over the baseline's k-th (the engine slows between
+    repeats, so the rows' medians would mix the drift into the ratio)."""
+    assert churn_summary.main([str(RESULTS)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "| default | 64 | 1024 / 192 | replayssm_fp32 | 1 | 1.059 | 1.072 | 0.978 | 0.945 | — / — |"
+    assert lines[3] == "| default | 64 | 1024 / 192 | replayssm_fp32 | 2 | 1.064 | 1.074 | 1.001 | 0.940 | — / — |"
+    assert len(lines) == 4
+
+
+def test_summary_shows_each_repeats_gpu_clock_share():
+    rows = json.loads(RESULTS.read_text())["rows"]
+    for row, share in zip(rows, (0.98, 0.71), strict=True):
+        row["repeats"][0]["conditions"] = {"gpu_clock_share": share}
+    assert "| 0.71 / 0.98 |" in churn_summary.paired_table(rows).splitlines()[2]
+
+
+@pytest.mark.parametrize(
+    ("make_args", "needle"),
+    [
+        (lambda tmp: [], "give one churn_step results file"),
+        (lambda tmp: [str(tmp / "absent.json")], "does not exist"),
+        (lambda tmp: [str(RESULTS), "extra"], "give one churn_step results file"),
+        (lambda tmp: [str(_rows_file(tmp, [{"variant": "replayssm_fp32"}]))], "holds no baseline row"),
+        (lambda tmp: [str(_rows_file(tmp, None))], "not a results file"),
+    ],
+)
+def test_summary_refuses_bad_input_in_one_line(tmp_path, capsys, make_args, needle):
+    assert churn_summary.main(make_args(tmp_path)) == 2
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("error: ") and needle in out and "\n" not in out
+
+
+def _rows_file(tmp: Path, rows: list | None) -> Path:
+    path = tmp / "rows.json"
+    path.write_text(json.dumps({"rows": rows} if rows is not None else [1, 2]))
+    return path

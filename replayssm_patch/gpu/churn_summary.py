@@ -1,0 +1,76 @@
+"""Each variant's churn rows against the baseline's, repeat by repeat (churn_step.py's results file).
+
+    python3 -m replayssm_patch.gpu.churn_summary replayssm_patch/gpu/results/churn_step-h200-qwen3.5-4b.json
+
+Why repeat by repeat: an engine under churn slows from one repeat to the next (H200, 2026-12-03: +23 % from the
+first to the second, in both arms), so each arm's k-th repeat, both from a fresh engine, is the fair pair; the
+medians of the rows would mix the drift into the ratio.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from replayssm_patch.gpu.churn_step import WHAT
+from replayssm_patch.gpu.row_file import RowFileError, read_row_file
+
+SETTING = ("mode", "batch", "prompt_tokens", "output_tokens")
+RATIOS = (("mean_ms", "mean step"), ("mixed_ms", "mixed step"), ("decode_ms", "decode-only step"),
+          ("tokens_per_s", "output tok/s"))  # fmt: skip
+
+
+def _ratio(over: dict[str, Any] | None, under: dict[str, Any] | None, field: str) -> str:
+    if over is None or under is None or not over.get(field) or not under.get(field):
+        return "—"
+    return f"{over[field] / under[field]:.3f}"
+
+
+def _clock(repeat: dict[str, Any] | None) -> str:
+    share = ((repeat or {}).get("conditions") or {}).get("gpu_clock_share")
+    return "—" if share is None else f"{share:.2f}"
+
+
+def paired_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A markdown table: per setting, variant and repeat index, the variant's figures over the baseline's."""
+    baselines = {tuple(r[k] for k in SETTING): r for r in rows if r["variant"] == "baseline"}
+    head = ["mode", "batch", "prompt / output", "variant", "repeat", *(label for _, label in RATIOS),
+            "GPU clock share (variant / baseline)"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        base = baselines.get(tuple(row[k] for k in SETTING))
+        if row["variant"] == "baseline" or base is None:
+            continue
+        for k, (mine, theirs) in enumerate(zip(row["repeats"], base["repeats"], strict=False)):
+            cells = [row["mode"], row["batch"], f"{row['prompt_tokens']} / {row['output_tokens']}", row["variant"],
+                     k + 1, *(_ratio(mine, theirs, field) for field, _ in RATIOS),
+                     f"{_clock(mine)} / {_clock(theirs)}"]  # fmt: skip
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("error: give one churn_step results file, e.g. replayssm_patch/gpu/results/churn_step-h200.json")
+        return 2
+    path = Path(args[0])
+    if not path.is_file():
+        print(f"error: {path} does not exist; give the file churn_step wrote with --out")
+        return 2
+    try:
+        rows = read_row_file(path, WHAT)["rows"]
+    except RowFileError as exc:
+        print(f"error: {exc}")
+        return 2
+    if not any(r.get("variant") == "baseline" for r in rows):
+        print(f"error: {args[0]} holds no baseline row to pair with; run churn_step --variant baseline into it")
+        return 2
+    print(paired_table(rows), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
