@@ -113,6 +113,7 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         # off under speculation (verify rows are not vLLM's decode rows) and with split precision (vLLM's path would
         # leave the bf16 copy stale)
         self.native_max_batch = 0 if self.verify_len or knobs.split_precision else native_max_batch(device)
+        self.native_mixed_steps = knobs.native_mixed_steps  # refused with speculation and split precision
         self.ring_may_hold = False  # rings may hold entries a native step must fold first (CPU only)
         self._capturing = False
         self.prefill_fold_warmed = False
@@ -163,6 +164,7 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
             metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing, fresh=fresh,
             verify=bool(self.verify_len), num_accepted=kwargs.get("num_accepted_tokens"),
             native_max_batch=self.native_max_batch, ring_may_hold=self.ring_may_hold,
+            native_mixed=self.native_mixed_steps,
         )  # fmt: skip
         self._fold_transition(metadata)
         self.ring_may_hold = ring_may_hold_after(metadata, self.ring_may_hold, self._capturing)
@@ -234,6 +236,7 @@ def plan_ring(
     num_accepted: torch.Tensor | None = None,
     native_max_batch: int = 0,
     ring_may_hold: bool = False,
+    native_mixed: bool = False,
 ) -> ReplayMamba2AttentionMetadata:
     """Attach this step's ring plan to ``metadata`` (``cursor_table`` is called only when cursors move).
 
@@ -251,10 +254,11 @@ def plan_ring(
     are taken first, restarting their rings, as ``replay_transition_pending`` for every group's layers to fold.
     Only this step's rows: vLLM shares each KV-cache tensor between one layer of every group and hands freed blocks
     to any group, so a finished sequence's stale cursor would fold into a block another group or an attention layer
-    now holds.
+    now holds. ``native_mixed`` (the ``native_mixed_steps`` knob) puts every step with prefills in the native regime
+    too: such steps run eagerly, where the fold's one launch per layer costs less host time than the replay's.
     """
     rows = 0 if metadata.state_indices_tensor_d is None else metadata.state_indices_tensor_d.shape[0]
-    native = 0 < rows <= native_max_batch
+    native = 0 < rows <= native_max_batch or (native_mixed and rows > 0 and bool(metadata.num_prefills))
     transition = None
     write_pos, lengths, flush_rows = buffers.write_pos[:rows], buffers.flush_len[:rows], buffers.flush_rows[:rows]
     if native:  # nothing to plan and no cursor to move: no launch

@@ -35,9 +35,9 @@ class ReplaySSMConfig:
     # A sequence's first window ends at L-1 - (hash(slot) mod L), so a cohort admitted together does not flush in
     # one step (off: every window is L steps, aligned to the prefill; for tests that follow exact cursors).
     stagger_windows: bool = True
-    # Gated DeltaNet: a step with prefills runs vLLM's own path for its decode rows too, after folding their rings.
-    # Why: such steps run eagerly, and on the H200 the replay's per-layer launches made them 7 % longer in host
-    # time (gpu/results/churn_step-h200-qwen3.5-4b.json); the fold is one launch per layer instead.
+    # A step with prefills runs vLLM's own path for its decode rows too, after folding their rings. Why: such steps
+    # run eagerly, and on the H200 the GDN replay's per-layer launches made them 7 % longer in host time
+    # (gpu/results/churn_step-h200-qwen3.5-4b.json); the fold is one launch per layer instead.
     native_mixed_steps: bool = False
 
 

@@ -84,7 +84,13 @@ def unsupported_settings(vllm_config: Any, split_precision: bool) -> list[str]:
             "split_precision keeps an fp32 master beside a bf16 copy; start with --mamba-ssm-cache-dtype float32"
         )
     if replayssm_config_of(vllm_config).native_mixed_steps:
-        reasons.append("native_mixed_steps is implemented for Gated DeltaNet layers only; drop it for this model")
+        if split_precision:
+            reasons.append(
+                "native_mixed_steps runs vLLM's own path, which leaves split_precision's bf16 copy stale; "
+                "drop one of the two"
+            )
+        if getattr(vllm_config, "speculative_config", None) is not None:
+            reasons.append("native_mixed_steps is not implemented for speculative verify rows; drop one of the two")
     return reasons
 
 

@@ -28,7 +28,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from replayssm_patch.gpu.variants import GDN_ONLY_VARIANTS, MODES, VARIANTS, server_flags
+from replayssm_patch.gpu.variants import MODES, VARIANTS, server_flags
 from replayssm_patch.plugin_site import plugin_pythonpath
 
 STREAMS = (64,)
@@ -166,9 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, required=True, help="dir with config.json and tokenizer.json")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--port", type=int, default=8011)
-    parser.add_argument(
-        "--variants", nargs="+", default=[v for v in VARIANTS if v not in GDN_ONLY_VARIANTS], choices=list(VARIANTS)
-    )
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--mode", choices=list(MODES), default="O0", help="O0: -O0 + FULL_DECODE_ONLY; default: vLLM's")
     parser.add_argument("--streams", type=int, nargs="+", default=list(STREAMS))
     parser.add_argument("--startup-timeout-s", type=float, default=200)

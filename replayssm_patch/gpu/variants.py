@@ -24,10 +24,9 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "baseline": None,
     "replayssm_fp32": {"replayssm": {"enable": True, "buffer_len": 16, "split_precision": False}},
     "replayssm_split": {"replayssm": {"enable": True, "buffer_len": 16, "split_precision": True}},
-    # Gated DeltaNet only: steps with prefills run vLLM's own path after a fold (config.native_mixed_steps)
+    # steps with prefills run vLLM's own path after a fold (config.native_mixed_steps)
     "replayssm_fp32_native_mixed": {"replayssm": {"enable": True, "buffer_len": 16, "native_mixed_steps": True}},
 }
-GDN_ONLY_VARIANTS = frozenset({"replayssm_fp32_native_mixed"})  # a Mamba-2 model refuses these at start-up
 
 # The speculative-decoding benchmark's four arms (gpu/spec_step.py): a variant above, with or without speculation
 # (MTP with synthetic acceptance), so native and ReplaySSM speculate with the same drafter and knobs.

@@ -75,6 +75,8 @@ def _spec(**overrides):
 
 def test_supported_config_passes():
     assert unsupported_settings(_vllm_config(), split_precision=True) == []
+    mixed = _vllm_config(additional_config={"replayssm": {"enable": True, "native_mixed_steps": True}})
+    assert unsupported_settings(mixed, split_precision=False) == []
     refuse_unsupported(_vllm_config(), split_precision=False)
 
 
@@ -105,8 +107,10 @@ def test_supported_config_passes():
          "drop --speculative-config for this model"),
         ({"cache_config": SimpleNamespace(mamba_cache_mode="none", mamba_ssm_cache_dtype="bfloat16")}, True,
          "--mamba-ssm-cache-dtype float32"),
-        ({"additional_config": {"replayssm": {"enable": True, "native_mixed_steps": True}}}, False,
-         "native_mixed_steps is implemented for Gated DeltaNet layers only"),
+        ({"additional_config": {"replayssm": {"enable": True, "native_mixed_steps": True}}}, True,
+         "native_mixed_steps runs vLLM's own path, which leaves split_precision's bf16 copy stale"),
+        ({"additional_config": {"replayssm": {"enable": True, "native_mixed_steps": True}},
+          "speculative_config": _spec()}, False, "native_mixed_steps is not implemented for speculative verify rows"),
     ],
 )  # fmt: skip
 def test_each_unsupported_setting_is_refused_with_one_line(overrides, split, needle, caplog):

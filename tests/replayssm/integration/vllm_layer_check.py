@@ -219,6 +219,25 @@ def native_flag_steps(tiny: Path) -> list[dict]:
     return steps
 
 
+def native_mixed_flag_steps(tiny: Path) -> list[dict]:
+    """native_mixed_steps, no native batch limit: two replay steps of blocks 1 and 2, then a step with a fresh
+    prompt beside them (native: their two entries each folded, cursors restarted), then decode-only again (replay
+    from write position 0)."""
+    knobs = {"enable": True, "buffer_len": BUFFER_LEN, "stagger_windows": False, "native_mixed_steps": True}
+    config = vllm_config({"replayssm": knobs}, tiny, max_model_len=512)
+    with launch_table(tiny.parent / "mixed_table.json", {"native_max_batch": {"fp32": 0}}):
+        builder = with_cache_and_builder(make_layer(config, "mixed_native.mixer"), config)
+    mixed = common_metadata([1, 1, 7], [13, 23, 7], [1, 2, 5], [False, False, True])
+    schedule = [decode_rows([1, 2], [11, 21]), decode_rows([1, 2], [12, 22]), mixed, decode_rows([1, 2], [14, 24])]
+    steps = []
+    for step in schedule:
+        m = builder.build(0, step)
+        transition = m.replay_transition_pending
+        steps.append({"native": m.replay_native, "transition": None if transition is None else transition.tolist(),
+                      "write_pos": None if m.replay_native else m.replay_write_pos.tolist()})  # fmt: skip
+    return steps
+
+
 def logged_by(action, logger_name: str) -> list[str]:
     """Messages ``action`` logs at INFO or above on ``logger_name`` (the test env quiets vLLM to WARNING)."""
     records: list[logging.LogRecord] = []
@@ -248,7 +267,8 @@ def main(tiny: Path, result_file: Path) -> None:
     torch.set_grad_enabled(False)
     gen = torch.Generator().manual_seed(0)
     result = {"fp32": scenario(tiny, False, gen), "split": scenario(tiny, True, gen), "install_log": logged,
-              "native": native_scenario(tiny, gen), "native_flags": native_flag_steps(tiny)}  # fmt: skip
+              "native": native_scenario(tiny, gen), "native_flags": native_flag_steps(tiny),
+              "native_mixed_flags": native_mixed_flag_steps(tiny)}  # fmt: skip
     result_file.write_text(json.dumps(result))
 
 
