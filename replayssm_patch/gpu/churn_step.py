@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import statistics
 import sys
 import time
@@ -39,8 +38,6 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.run_conditions import clock_share, run_conditions
-from harness.experiment.telemetry import RunTelemetry
 from replayssm_patch.gpu.decode_window import EngineStep, observed_step
 from replayssm_patch.gpu.engine_step import (
     ROW_FACTS,
@@ -55,6 +52,7 @@ from replayssm_patch.gpu.engine_step import (
     start_engine,
     within_budget,
 )
+from replayssm_patch.gpu.machine_sampling import sampled_conditions, sampling
 from replayssm_patch.gpu.row_file import ROW_KEY, RowFileError, read_row_file, record_row
 from replayssm_patch.gpu.step_profile import TRACE_GLOB, newest_trace, profiler_config, record_profile
 from replayssm_patch.gpu.trace_summary import TraceError, summarise_trace
@@ -189,7 +187,7 @@ def make_row(
     conditions: Sequence[dict[str, Any] | None] = (),
 ) -> dict:
     """The row of one batch: medians over repeats, the spread of the repeats' mean steps, and why it is invalid.
-    ``conditions``: per repeat, what the machine did meanwhile (``repeat_conditions``), kept beside its timings."""
+    ``conditions``: per repeat, what the machine did meanwhile (``sampled_conditions``), kept beside its timings."""
     seen = [w for w in windows if w is not None]
     problems = [f"{len(windows) - len(seen)} repeat(s) without engine timestamps"] if len(seen) < len(windows) else []
     if lost:
@@ -225,22 +223,6 @@ def make_row(
         "valid": not problems and bool(seen),
         "problems": problems,
     }
-
-
-def visible_gpus() -> list[int]:
-    """The physical GPUs this engine runs on, as nvidia-smi numbers them (CUDA_VISIBLE_DEVICES; unset: GPU 0)."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")
-    return [int(gpu) for gpu in listed if gpu.strip().isdigit()]
-
-
-def repeat_conditions(path: Path) -> dict[str, Any] | None:
-    """The telemetry of one repeat as the row keeps it (run_conditions' figures, the SM clock as a share of its
-    maximum): evidence whether a repeat's drift was the GPU's clock or the host."""
-    conditions = run_conditions(path)
-    if conditions is None:
-        return None
-    share = clock_share(conditions)
-    return conditions.model_dump() | {"gpu_clock_share": None if share is None else round(share, 3)}
 
 
 def row_line(row: dict[str, Any]) -> str:
@@ -328,10 +310,10 @@ def main(argv: list[str] | None = None) -> int:
         windows, conditions = [], []
         for repeat in range(args.repeats):
             sampled = args.out.parent / "churn-telemetry" / f"{args.variant}-{args.mode}-b{batch}-r{repeat}.json"
-            with RunTelemetry(sampled, gpus=visible_gpus()):
+            with sampling(sampled):
                 steps = Churn(llm.llm_engine, args, batch, rng, vocab).run(args.output_tokens, args.steps)
             windows.append(churn_window(steps))
-            conditions.append(repeat_conditions(sampled))
+            conditions.append(sampled_conditions(sampled))
         after = preemptions(llm)
         lost = after - before if before is not None and after is not None else None
         row = make_row(args, batch, windows, lost, conditions) | {k: facts[k] for k in ROW_FACTS}

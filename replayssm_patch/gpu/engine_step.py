@@ -22,7 +22,8 @@ window_tokens_per_s, window_steps beside it). At large batches the prefill's jit
 here. And engine_tpot_ms, the mean per-request TPOT of the 272-token generates from vLLM's engine-core
 timestamps. Unlike the step, it includes the steps that early requests decode beside later ones' chunked
 prefill; it is the figure that a client's TPOT of the same load compares with. Every generate has fresh
-prompts and prefix caching is off, so no call reuses another's prefill.
+prompts and prefix caching is off, so no call reuses another's prefill. Each row also keeps what the machine did
+while its batch ran (``conditions``, machine_sampling.py: host CPU, the GPU's SM clock against its maximum).
 
 One variant (replayssm_patch/gpu/variants.py) and one compile mode per run: O0 is `-O0` with cudagraph_mode
 FULL_DECODE_ONLY (the calibration's), default is vLLM's own (torch.compile, FULL_AND_PIECEWISE). Rows merge
@@ -48,6 +49,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from replayssm_patch.gpu.decode_window import DecodeWindow, decode_window, observed_step
+from replayssm_patch.gpu.machine_sampling import sampled_conditions, sampling
 from replayssm_patch.gpu.row_file import RowFileError, read_row_file, record_row
 from replayssm_patch.gpu.variants import MODES, VARIANTS, model_family_kwargs
 
@@ -600,8 +602,10 @@ def measure_rows(
     vocab_size = llm.llm_engine.model_config.get_vocab_size()
     invalid = 0
     for batch in within_budget(batches, budget_s, began):
-        row = measure_batch(llm, args, batch, vocab_size)
-        row |= {k: facts[k] for k in ROW_FACTS}
+        sampled = out.parent / "engine-telemetry" / f"{args.variant}-{args.mode}-b{batch}.json"
+        with sampling(sampled):
+            row = measure_batch(llm, args, batch, vocab_size)
+        row |= {k: facts[k] for k in ROW_FACTS} | {"conditions": sampled_conditions(sampled)}
         record_row(out, row, WHAT, command, facts)
         print(row_line(row), flush=True)
         invalid += not row["valid"]

@@ -220,6 +220,12 @@ def test_engine_step_rows_read_the_decode_window_off_the_engine_clock(engine_flo
         == [{"steps": 270, "mean_ms": 5.0, "p50_ms": 5.0, "p90_ms": 5.0, "max_ms": 5.0, "tokens_per_s": 800.0}] * 3
     )
     assert rows[2]["window_tokens_per_s"] == 1600.0  # 8 requests a token every 5 ms
+    # every batch keeps what the machine did meanwhile (no nvidia-smi here: the host alone, and why)
+    wanted = {"baseline-O0-b4.json", "replayssm_split-default-b4.json", "replayssm_split-default-b8.json"}
+    assert wanted <= set(engine_flow["engine_telemetry"])  # one file per variant, mode and batch
+    for row in rows:
+        assert row["conditions"]["samples"] >= 1 and row["conditions"]["cpu_busy_mean_pct"] is not None
+        assert row["conditions"]["gpu_error"] and row["conditions"]["gpu_clock_share"] is None
 
 
 def test_engine_step_rows_merge_from_two_runs_into_one_valid_file(engine_flow):

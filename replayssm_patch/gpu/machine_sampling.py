@@ -1,0 +1,37 @@
+"""What the machine did while an engine-side measurement ran: the harness's run telemetry, kept beside the row.
+
+Why: on the H200 (2026-12-03) an engine under churn slowed 23 % from one repeat to the next, in both arms, and
+nothing said whether the GPU's clock or the host had changed. Every churn repeat and every engine_step batch now
+samples the host's CPU and the engine's GPUs (SM clock against its maximum) once a second
+(``harness.experiment.telemetry``) and keeps ``run_conditions``' figures in its row.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from harness.analysis.run_conditions import clock_share, run_conditions
+from harness.experiment.telemetry import RunTelemetry
+
+
+def visible_gpus() -> list[int]:
+    """The physical GPUs this engine runs on, as nvidia-smi numbers them (CUDA_VISIBLE_DEVICES; unset: GPU 0)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")
+    return [int(gpu) for gpu in listed if gpu.strip().isdigit()]
+
+
+def sampling(path: Path) -> RunTelemetry:
+    """Samples host and this engine's GPUs from entry to exit into ``path``."""
+    return RunTelemetry(path, gpus=visible_gpus())
+
+
+def sampled_conditions(path: Path) -> dict[str, Any] | None:
+    """The samples at ``path`` as a row keeps them (run_conditions' figures and the SM clock as a share of its
+    maximum), or None when nothing was written."""
+    conditions = run_conditions(path)
+    if conditions is None:
+        return None
+    share = clock_share(conditions)
+    return conditions.model_dump() | {"gpu_clock_share": None if share is None else round(share, 3)}

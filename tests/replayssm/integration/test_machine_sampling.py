@@ -1,0 +1,29 @@
+"""machine_sampling: which GPUs an engine's telemetry samples, and a sampled file reduced to the row's figures."""
+
+import json
+
+import pytest
+
+from replayssm_patch.gpu.machine_sampling import sampled_conditions, visible_gpus
+
+
+@pytest.mark.parametrize(("listed", "gpus"), [(None, [0]), ("3", [3]), ("2,5", [2, 5]), ("GPU-1a2b", []), ("", [])])
+def test_visible_gpus_follow_cuda_visible_devices(monkeypatch, listed, gpus):
+    if listed is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
+    assert visible_gpus() == gpus
+
+
+def test_sampled_conditions_keep_the_clock_share_beside_run_conditions(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({
+        "host": [{"t_s": 1.0, "cpu_busy_pct": 40.0, "cpu_steal_pct": 0.0, "load1": 3.0}],
+        "gpu": [{"t_s": 1.0, "index": 0, "sm_mhz": 1485.0, "max_sm_mhz": 1980.0, "power_w": 300.0,
+                 "temperature_c": 50.0, "utilization_pct": 90.0}],
+        "gpu_error": None,
+    }))  # fmt: skip
+    got = sampled_conditions(path)
+    assert got is not None and got["gpu_clock_share"] == 0.75 and got["cpu_busy_mean_pct"] == 40.0
+    assert sampled_conditions(tmp_path / "absent.json") is None
