@@ -1,9 +1,10 @@
 """What the machine did while an engine-side measurement ran: the harness's run telemetry, kept beside the row.
 
 Why: on the H200 (2026-12-03) an engine under churn slowed 23 % from one repeat to the next, in both arms, and
-nothing said whether the GPU's clock or the host had changed. Every churn repeat and every engine_step batch now
-samples the host's CPU and the engine's GPUs (SM clock against its maximum) once a second
-(``harness.experiment.telemetry``) and keeps ``run_conditions``' figures in its row.
+nothing said whether the GPU's clock, the host or the engine's memory had changed. Every churn repeat and every
+engine_step batch now samples the host's CPU and the engine's GPUs (SM clock against its maximum) once a second
+(``harness.experiment.telemetry``) and keeps ``run_conditions``' figures in its row, with the engine process's
+resident memory at its end.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from harness.analysis.run_conditions import clock_share, run_conditions
 from harness.experiment.telemetry import RunTelemetry
@@ -27,11 +30,27 @@ def sampling(path: Path) -> RunTelemetry:
     return RunTelemetry(path, gpus=visible_gpus())
 
 
+def engine_rss_mib() -> float | None:
+    """Resident memory of this process's children (vLLM's engine core runs in one), in MiB; None without children.
+    Read after each repeat: a figure that grows from repeat to repeat points the engine's drift at a leak."""
+    total = 0
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:  # a child that ended meanwhile
+            continue
+    return round(total / 2**20, 1) if children else None
+
+
 def sampled_conditions(path: Path) -> dict[str, Any] | None:
-    """The samples at ``path`` as a row keeps them (run_conditions' figures and the SM clock as a share of its
-    maximum), or None when nothing was written."""
+    """The samples at ``path`` as a row keeps them (run_conditions' figures, the SM clock as a share of its
+    maximum and the engine's resident memory now), or None when nothing was written."""
     conditions = run_conditions(path)
     if conditions is None:
         return None
     share = clock_share(conditions)
-    return conditions.model_dump() | {"gpu_clock_share": None if share is None else round(share, 3)}
+    return conditions.model_dump() | {
+        "gpu_clock_share": None if share is None else round(share, 3),
+        "engine_rss_mib": engine_rss_mib(),
+    }

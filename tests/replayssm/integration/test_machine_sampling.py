@@ -1,6 +1,8 @@
 """machine_sampling: which GPUs an engine's telemetry samples, and a sampled file reduced to the row's figures."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -27,3 +29,24 @@ def test_sampled_conditions_keep_the_clock_share_beside_run_conditions(tmp_path)
     got = sampled_conditions(path)
     assert got is not None and got["gpu_clock_share"] == 0.75 and got["cpu_busy_mean_pct"] == 40.0
     assert sampled_conditions(tmp_path / "absent.json") is None
+
+
+def test_engine_memory_is_the_childrens_resident_memory():
+    """vLLM's engine core is a child process: its resident memory is summed; no child, no figure. Run in a fresh
+    interpreter each, whose only children are the ones named here."""
+    probe = "from replayssm_patch.gpu.machine_sampling import engine_rss_mib; print(engine_rss_mib())"
+    alone = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert alone.stdout.strip() == "None"
+    with_child = (
+        "import subprocess, sys, time\n"
+        "hold = \"b = bytearray(64 * 2**20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(30)\"\n"
+        "child = subprocess.Popen([sys.executable, '-c', hold])\n"
+        "from replayssm_patch.gpu.machine_sampling import engine_rss_mib\n"
+        "for _ in range(200):\n"
+        "    rss = engine_rss_mib()\n"
+        "    if rss and rss >= 64: break\n"
+        "    time.sleep(0.05)\n"
+        "child.kill(); print(rss)\n"
+    )
+    held = subprocess.run([sys.executable, "-c", with_child], capture_output=True, text=True, check=True)
+    assert 64 <= float(held.stdout.strip()) < 512
