@@ -113,7 +113,9 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         # off under speculation (verify rows are not vLLM's decode rows) and with split precision (vLLM's path would
         # leave the bf16 copy stale)
         self.native_max_batch = 0 if self.verify_len or knobs.split_precision else native_max_batch(device)
-        self.native_mixed_steps = knobs.native_mixed_steps  # refused with speculation and split precision
+        # refused with speculation and split precision; never for a step of one-token rows, which may replay the decode
+        # graph captured in the replay regime (see warn_single_token_prompts)
+        self.native_mixed_steps = knobs.native_mixed_steps
         self.ring_may_hold = False  # rings may hold entries a native step must fold first (CPU only)
         self._capturing = False
         self.prefill_fold_warmed = False
@@ -164,7 +166,7 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
             metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing, fresh=fresh,
             verify=bool(self.verify_len), num_accepted=kwargs.get("num_accepted_tokens"),
             native_max_batch=self.native_max_batch, ring_may_hold=self.ring_may_hold,
-            native_mixed=self.native_mixed_steps,
+            native_mixed=self.native_mixed_steps and common_attn_metadata.max_query_len > 1,
         )  # fmt: skip
         self._fold_transition(metadata)
         self.ring_may_hold = ring_may_hold_after(metadata, self.ring_may_hold, self._capturing)

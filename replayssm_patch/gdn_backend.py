@@ -114,7 +114,8 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
         metadata = plan_gdn_ring(
             metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing,
             native_max_batch=self.native_max_batch, ring_may_hold=self.ring_may_hold,
-            fresh=prefills_all_fresh(m, metadata.num_prefills), native_mixed=self.native_mixed_steps,
+            fresh=prefills_all_fresh(m, metadata.num_prefills),
+            native_mixed=self.native_mixed_steps and m.max_query_len > 1,  # one-token rows: maybe a decode graph
         )  # fmt: skip
         transition = metadata.replay_transition_pending
         if transition is not None:

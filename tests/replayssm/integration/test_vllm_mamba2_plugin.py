@@ -138,12 +138,14 @@ def test_a_native_step_beside_a_prefill_keeps_folding_until_a_decode_only_step(l
 def test_native_mixed_steps_fold_decode_rows_and_hand_the_step_to_vllm(layer_check):
     """native_mixed_steps with no native batch limit: decode-only steps replay; the step with a prefill is native,
     its decode rows' two ring entries each folded by the builder (their cursors restart), so the next decode-only
-    step replays from write position 0."""
+    step replays from write position 0; a step of one-token rows (a new one-token prompt among them) may replay the
+    decode graph, so it stays in the replay regime."""
     assert layer_check["native_mixed_flags"] == [
         {"native": False, "transition": None, "write_pos": [0, 0]},
         {"native": False, "transition": None, "write_pos": [1, 1]},
         {"native": True, "transition": [2, 2], "write_pos": None},
         {"native": False, "transition": None, "write_pos": [0, 0]},
+        {"native": False, "transition": None, "write_pos": [1, 1]},  # one-token rows: the replay regime's graph
     ]
 
 

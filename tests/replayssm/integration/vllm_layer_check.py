@@ -222,13 +222,16 @@ def native_flag_steps(tiny: Path) -> list[dict]:
 def native_mixed_flag_steps(tiny: Path) -> list[dict]:
     """native_mixed_steps, no native batch limit: two replay steps of blocks 1 and 2, then a step with a fresh
     prompt beside them (native: their two entries each folded, cursors restarted), then decode-only again (replay
-    from write position 0)."""
+    from write position 0), then a new one-token prompt beside them: one-token rows only, which vLLM may run as a
+    decode graph captured in the replay regime, so it stays a replay step."""
     knobs = {"enable": True, "buffer_len": BUFFER_LEN, "stagger_windows": False, "native_mixed_steps": True}
     config = vllm_config({"replayssm": knobs}, tiny, max_model_len=512)
     with launch_table(tiny.parent / "mixed_table.json", {"native_max_batch": {"fp32": 0}}):
         builder = with_cache_and_builder(make_layer(config, "mixed_native.mixer"), config)
     mixed = common_metadata([1, 1, 7], [13, 23, 7], [1, 2, 5], [False, False, True])
-    schedule = [decode_rows([1, 2], [11, 21]), decode_rows([1, 2], [12, 22]), mixed, decode_rows([1, 2], [14, 24])]
+    one_token_prompt = common_metadata([1, 1, 1], [15, 25, 1], [1, 2, 3], [False, False, True])
+    schedule = [decode_rows([1, 2], [11, 21]), decode_rows([1, 2], [12, 22]), mixed, decode_rows([1, 2], [14, 24]),
+                one_token_prompt]  # fmt: skip
     steps = []
     for step in schedule:
         m = builder.build(0, step)
