@@ -113,9 +113,7 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         # off under speculation (verify rows are not vLLM's decode rows) and with split precision (vLLM's path would
         # leave the bf16 copy stale)
         self.native_max_batch = 0 if self.verify_len or knobs.split_precision else native_max_batch(device)
-        # refused with speculation and split precision; never for a step of one-token rows, which may replay the decode
-        # graph captured in the replay regime (see warn_single_token_prompts)
-        self.native_mixed_steps = knobs.native_mixed_steps
+        self.native_mixed_steps = knobs.native_mixed_steps  # refused with speculation and split precision
         self.ring_may_hold = False  # rings may hold entries a native step must fold first (CPU only)
         self._capturing = False
         self.prefill_fold_warmed = False
@@ -166,7 +164,7 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
             metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing, fresh=fresh,
             verify=bool(self.verify_len), num_accepted=kwargs.get("num_accepted_tokens"),
             native_max_batch=self.native_max_batch, ring_may_hold=self.ring_may_hold,
-            native_mixed=self.native_mixed_steps and common_attn_metadata.max_query_len > 1,
+            native_mixed=mixed_steps_native(self.native_mixed_steps, common_attn_metadata),
         )  # fmt: skip
         self._fold_transition(metadata)
         self.ring_may_hold = ring_may_hold_after(metadata, self.ring_may_hold, self._capturing)
@@ -189,6 +187,20 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         slots = metadata.state_indices_tensor_d[:, 0].to(torch.int32).contiguous()
         for layer in self._layers():
             layer.materialise(slots, metadata.replay_transition_pending)
+
+
+def native_regime(rows: int, num_prefills: int, native_max_batch: int, native_mixed: bool) -> bool:
+    """Whether a step's decode rows run vLLM's own path on the checkpoint (both families): a decode batch of at most
+    ``native_max_batch`` rows, graph padding included, or with ``native_mixed`` any step with prefills. Such steps
+    run eagerly, where the fold's one launch per layer costs less host time than the replay's launches."""
+    return 0 < rows <= native_max_batch or (native_mixed and rows > 0 and num_prefills > 0)
+
+
+def mixed_steps_native(knob: bool, common_attn_metadata: Any) -> bool:
+    """The ``native_mixed_steps`` knob for this step: never for a step of one-token rows, which vLLM may run as the
+    decode graph captured in the replay regime (see ``warn_single_token_prompts``); its launches would read a plan
+    that the native regime does not write."""
+    return knob and common_attn_metadata.max_query_len > 1
 
 
 def ring_may_hold_after(metadata: Any, before: bool, capturing: bool) -> bool:
@@ -256,11 +268,10 @@ def plan_ring(
     are taken first, restarting their rings, as ``replay_transition_pending`` for every group's layers to fold.
     Only this step's rows: vLLM shares each KV-cache tensor between one layer of every group and hands freed blocks
     to any group, so a finished sequence's stale cursor would fold into a block another group or an attention layer
-    now holds. ``native_mixed`` (the ``native_mixed_steps`` knob) puts every step with prefills in the native regime
-    too: such steps run eagerly, where the fold's one launch per layer costs less host time than the replay's.
+    now holds. ``native_mixed``: see ``native_regime``.
     """
     rows = 0 if metadata.state_indices_tensor_d is None else metadata.state_indices_tensor_d.shape[0]
-    native = 0 < rows <= native_max_batch or (native_mixed and rows > 0 and bool(metadata.num_prefills))
+    native = native_regime(rows, metadata.num_prefills, native_max_batch, native_mixed)
     transition = None
     write_pos, lengths, flush_rows = buffers.write_pos[:rows], buffers.flush_len[:rows], buffers.flush_rows[:rows]
     if native:  # nothing to plan and no cursor to move: no launch

@@ -30,7 +30,13 @@ from vllm.v1.attention.backends.gdn_attn import (
 )
 from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
 
-from replayssm_patch.backend import RingPlanBuffers, prefills_all_fresh, ring_may_hold_after
+from replayssm_patch.backend import (
+    RingPlanBuffers,
+    mixed_steps_native,
+    native_regime,
+    prefills_all_fresh,
+    ring_may_hold_after,
+)
 from replayssm_patch.config import replayssm_config_of
 from replayssm_patch.cursors import NULL_BLOCK_ID, CursorTable
 
@@ -115,7 +121,7 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
             metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing,
             native_max_batch=self.native_max_batch, ring_may_hold=self.ring_may_hold,
             fresh=prefills_all_fresh(m, metadata.num_prefills),
-            native_mixed=self.native_mixed_steps and m.max_query_len > 1,  # one-token rows: maybe a decode graph
+            native_mixed=mixed_steps_native(self.native_mixed_steps, m),
         )  # fmt: skip
         transition = metadata.replay_transition_pending
         if transition is not None:
@@ -167,14 +173,13 @@ def plan_gdn_ring(
     cursor; with ``ring_may_hold`` their pending entries are taken first (``replay_transition_pending``, restarting
     their rings). Only this step's rows, as in ``backend.plan_ring``: vLLM shares each KV-cache tensor between
     one layer of every group, so a finished sequence's stale cursor would fold into a block another group holds.
-    ``native_mixed`` (the ``native_mixed_steps`` knob) puts every step with prefills in the native regime too: such
-    steps run eagerly, where the fold's one launch per layer costs less host time than the replay's.
+    ``native_mixed``: see ``backend.native_regime``.
     """
     indices = metadata.non_spec_state_indices_tensor
     rows = 0 if indices is None or not metadata.num_decodes else metadata.num_decodes
     if rows and not metadata.num_prefills:
         rows = indices.shape[0]
-    native = 0 < rows <= native_max_batch or (native_mixed and rows > 0 and bool(metadata.num_prefills))
+    native = native_regime(rows, metadata.num_prefills, native_max_batch, native_mixed)
     transition = None
     write_pos, flush_len, flush_rows = buffers.write_pos[:rows], buffers.flush_len[:rows], buffers.flush_rows[:rows]
     if native:  # nothing to plan and no cursor to move: no launch
