@@ -52,7 +52,7 @@ from replayssm_patch.gpu.engine_step import (
     start_engine,
     within_budget,
 )
-from replayssm_patch.gpu.machine_sampling import sampled_conditions, sampling
+from replayssm_patch.gpu.machine_sampling import sampled_conditions, sampling, telemetry_path
 from replayssm_patch.gpu.row_file import ROW_KEY, RowFileError, read_row_file, record_row
 from replayssm_patch.gpu.step_profile import TRACE_GLOB, newest_trace, profiler_config, record_profile
 from replayssm_patch.gpu.trace_summary import TraceError, summarise_trace
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         before = preemptions(llm)
         windows, conditions = [], []
         for repeat in range(args.repeats):
-            sampled = args.out.parent / "churn-telemetry" / f"{args.variant}-{args.mode}-b{batch}-r{repeat}.json"
+            sampled = telemetry_path(args.out, "churn", args, batch, repeat)
             with sampling(sampled):
                 steps = Churn(llm.llm_engine, args, batch, rng, vocab).run(args.output_tokens, args.steps)
             windows.append(churn_window(steps))

@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from replayssm_patch.gpu.decode_window import DecodeWindow, decode_window, observed_step
-from replayssm_patch.gpu.machine_sampling import sampled_conditions, sampling
+from replayssm_patch.gpu.machine_sampling import sampled_conditions, sampling, telemetry_path
 from replayssm_patch.gpu.row_file import RowFileError, read_row_file, record_row
 from replayssm_patch.gpu.variants import MODES, VARIANTS, model_family_kwargs
 
@@ -602,7 +602,7 @@ def measure_rows(
     vocab_size = llm.llm_engine.model_config.get_vocab_size()
     invalid = 0
     for batch in within_budget(batches, budget_s, began):
-        sampled = out.parent / "engine-telemetry" / f"{args.variant}-{args.mode}-b{batch}.json"
+        sampled = telemetry_path(out, "engine", args, batch)
         with sampling(sampled):
             row = measure_batch(llm, args, batch, vocab_size)
         row |= {k: facts[k] for k in ROW_FACTS} | {"conditions": sampled_conditions(sampled)}

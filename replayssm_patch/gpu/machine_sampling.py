@@ -25,6 +25,13 @@ def visible_gpus() -> list[int]:
     return [int(gpu) for gpu in listed if gpu.strip().isdigit()]
 
 
+def telemetry_path(out: Path, kind: str, args: Any, batch: int, repeat: int | None = None) -> Path:
+    """Where a measurement's samples go: ``<kind>-telemetry/`` beside its results file ``out``, a file per variant,
+    mode and batch (and repeat)."""
+    name = f"{args.variant}-{args.mode}-b{batch}" + ("" if repeat is None else f"-r{repeat}")
+    return out.parent / f"{kind}-telemetry" / f"{name}.json"
+
+
 def sampling(path: Path) -> RunTelemetry:
     """Samples host and this engine's GPUs from entry to exit into ``path``."""
     return RunTelemetry(path, gpus=visible_gpus())
