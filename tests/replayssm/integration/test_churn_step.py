@@ -77,7 +77,7 @@ def test_an_out_file_that_is_not_a_results_file_is_refused_before_the_engine_sta
     assert out.startswith("error: ") and "not a results file" in out and out.count("\n") == 0
 
 
-RESULTS = Path(__file__).parents[3] / "replayssm_patch" / "gpu" / "results" / "churn_step-h200-qwen3.5-4b.json"
+RESULTS = Path(__file__).parents[3] / "replayssm_patch" / "gpu" / "results" / "churn_step-h200-qwen3.5-4b-run1.json"
 
 
 def test_summary_pairs_each_variant_with_the_baselines_same_repeat(capsys):
