@@ -165,14 +165,23 @@ class Churn:
             self.add(self.args.output_tokens)
         return step
 
-    def run(self, warmup: int, steps: int, on_measure: Callable[[], object] | None = None) -> list[EngineStep]:
-        """`warmup` steps unrecorded, then (after ``on_measure``, e.g. starting the profiler) `steps` measured ones
-        (each a period from the step before: one stamp more); every request left is aborted after."""
+    def run(
+        self,
+        warmup: int,
+        steps: int,
+        on_measure: Callable[[], object] | None = None,
+        after_measure: Callable[[], object] | None = None,
+    ) -> list[EngineStep]:
+        """`warmup` steps unrecorded, then (between ``on_measure`` and ``after_measure``, e.g. starting and stopping a
+        profiler) `steps` measured ones (each a period from the step before: one stamp more); every request left is
+        aborted after."""
         for _ in range(warmup):
             self.step()
         if on_measure is not None:
             on_measure()
         recorded = [self.step() for _ in range(steps + 1)]
+        if after_measure is not None:
+            after_measure()
         self.engine.abort_request(sorted(self.live))
         while self.engine.has_unfinished_requests():
             self.engine.step()
@@ -275,6 +284,12 @@ def profile_churn(llm: Any, args: argparse.Namespace, batch: int, vocab: int, tr
     return rows
 
 
+def count_problem(args: argparse.Namespace, names: Sequence[str]) -> str | None:
+    """The first of the options ``names`` below 1, as one line, or None."""
+    small = [name for name in names if getattr(args, name) < 1]
+    return f"--{small[0].replace('_', '-')} must be at least 1 (got {getattr(args, small[0])})" if small else None
+
+
 def out_problem(path: Path) -> str | None:
     """Why rows cannot be merged into ``path`` (not a results file), or None; prompt and output lengths are in the
     row key, so rows of other lengths stay beside these."""
@@ -287,9 +302,8 @@ def out_problem(path: Path) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    small = [f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})"
-             for name in ("output_tokens", "steps", "repeats") if getattr(args, name) < 1]  # fmt: skip
-    problem = engine_problem(args) or (small[0] if small else None) or out_problem(args.out)
+    counts = count_problem(args, ("output_tokens", "steps", "repeats"))
+    problem = engine_problem(args) or counts or out_problem(args.out)
     if problem:
         print(f"error: {problem}")
         return 2

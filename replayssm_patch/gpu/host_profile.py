@@ -44,6 +44,8 @@ from replayssm_patch.gpu.engine_step import (
 from replayssm_patch.gpu.row_file import record_row
 
 TOP = 30  # functions kept per list
+FUNCTION_FLOOR_US = 1.0  # functions kept for comparing arms: at least this many µs per step, inclusive
+DIFF_TOP = 15  # functions shown per arm difference
 WHAT = (
     "Host time per decode step of vLLM 0.24 by function: the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), "
     f"cProfile of a {SHORT_TOKENS}- and a {LONG_TOKENS}-token generate of B prompts of prompt_tokens random ids; "
@@ -93,6 +95,33 @@ def top(costs: Iterable[FunctionCost], field: str, count: int = TOP) -> list[dic
     return [asdict(c) for c in sorted(costs, key=lambda c: getattr(c, field), reverse=True)[:count]]
 
 
+def cost_fields(costs: list[FunctionCost]) -> dict[str, Any]:
+    """A row's function costs: the top lists it shows, and every function of at least FUNCTION_FLOOR_US per step as
+    [function, self µs, total µs, calls], from which two arms' rows are compared (``arm_difference``)."""
+    kept = [[c.function, c.self_us, c.total_us, c.calls] for c in costs if c.total_us >= FUNCTION_FLOOR_US]
+    return {"by_self": top(costs, "self_us"), "by_total": top(costs, "total_us"), "functions": kept}
+
+
+def arm_difference(row: dict[str, Any], baseline: dict[str, Any], field: str, count: int = DIFF_TOP) -> list[dict]:
+    """The functions on which ``row`` spends the most host time per step beyond ``baseline`` (``field``: self_us or
+    total_us), largest first; a function one row lacks counts 0 there."""
+    index = 1 if field == "self_us" else 2
+    theirs = {f[0]: f for f in baseline["functions"]}
+    mine = {f[0]: f for f in row["functions"]}
+    extra = {name: mine.get(name, [name, 0.0, 0.0, 0.0])[index] - theirs.get(name, [name, 0.0, 0.0, 0.0])[index]
+             for name in mine.keys() | theirs.keys()}  # fmt: skip
+    ranked = sorted(extra.items(), key=lambda item: -item[1])[:count]
+    return [{"function": name, "extra_us": round(us, 2), "calls": mine[name][3] if name in mine else 0.0}
+            for name, us in ranked]  # fmt: skip
+
+
+def baseline_of(row: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The baseline row measured like ``row`` (same mode, batch and workload lengths), if any, with function costs."""
+    same = ("mode", "batch", "prompt_tokens", "output_tokens")
+    return next((r for r in rows if r["variant"] == "baseline" and "functions" in r
+                 and all(r.get(k) == row.get(k) for k in same)), None)  # fmt: skip
+
+
 def profiled_generate(llm: Any, prompts: list[list[int]], tokens: int) -> tuple[float, dict[FunctionKey, tuple]]:
     """One generate under cProfile: its seconds and the raw per-function stats."""
     profile = cProfile.Profile()
@@ -118,12 +147,15 @@ def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: in
     return {"variant": args.variant, "mode": args.mode, "batch": batch, "prompt_tokens": args.prompt_tokens,
             "step_ms": round(step_ms(t_short, t_long), 3),
             "profiled_step_ms": round(step_ms(profiled_short, profiled_long), 3),
-            "by_self": top(costs, "self_us"), "by_total": top(costs, "total_us")}  # fmt: skip
+            **cost_fields(costs)}  # fmt: skip
 
 
-def summary_markdown(rows: list[dict[str, Any]], count: int = 15) -> str:
-    """The top functions of every row, inclusive and self, as Markdown."""
-    parts = ["# Host time per decode step (cProfile, engine in-process)", "", WHAT, ""]
+def summary_markdown(
+    rows: list[dict[str, Any]], count: int = 15, title: str = "Host time per decode step", what: str = WHAT
+) -> str:
+    """The top functions of every row, inclusive and self, then each ReplaySSM row's extra host time over the baseline
+    row measured like it, by function, as Markdown."""
+    parts = [f"# {title} (cProfile, engine in-process)", "", what, ""]
     for row in rows:
         parts += [f"## {row['variant']} {row['mode']} batch {row['batch']}: step {row['step_ms']} ms in-process "
                   f"({row['profiled_step_ms']} ms profiled)", ""]  # fmt: skip
@@ -131,6 +163,16 @@ def summary_markdown(rows: list[dict[str, Any]], count: int = 15) -> str:
             key = "total_us" if field == "by_total" else "self_us"
             parts += [f"| function ({label}) | µs per step | calls per step |", "|---|---|---|"]
             parts += [f"| `{f['function']}` | {f[key]} | {f['calls']} |" for f in row[field][:count]] + [""]
+    for row in rows:
+        baseline = None if row["variant"] == "baseline" or "functions" not in row else baseline_of(row, rows)
+        if baseline is None:
+            continue
+        parts += [f"## {row['variant']} over the baseline, {row['mode']} batch {row['batch']}: "
+                  f"{row['step_ms']} vs {baseline['step_ms']} ms per step in-process", ""]  # fmt: skip
+        for field, label in (("total_us", "inclusive"), ("self_us", "self")):
+            parts += [f"| function ({label}) | extra µs per step | calls per step |", "|---|---|---|"]
+            parts += [f"| `{f['function']}` | {f['extra_us']} | {f['calls']} |"
+                      for f in arm_difference(row, baseline, field)] + [""]  # fmt: skip
     return "\n".join(parts)
 
 

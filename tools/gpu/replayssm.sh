@@ -33,6 +33,10 @@
 #   hostprof:VARIANT where vLLM's host time per decode step goes (host_profile.py: the engine in-process under
 #                    cProfile) on the host-floor model at batch 64 and 256, -O0 with full decode graphs (fast
 #                    start-up; a decode step replays a full graph in both modes) -> host_profile-h200-floor.json
+#   hostchurn:VARIANT  where the host time of steps under churn goes (churn_host_profile.py: churn_step's workload
+#                    at CHURN_BATCHES, the engine in-process under cProfile, default mode); run the baseline first:
+#                    a ReplaySSM row then lists its extra host time per function -> host_profile_churn-h200.json
+#   gdnhostchurn:VARIANT  the same for Qwen3.5-4B -> host_profile_churn-h200-qwen3.5-4b.json
 #   spec:ARM         issue 17: speculative decoding on the engine (spec_step.py) of ARM (native_standard native_spec
 #                    replayssm_standard replayssm_spec) on /tmp/model-mtp at batch 64, 128, 256, k = SPEC_TOKENS [3];
 #                    a spec arm at AL 3.0, or one engine per AL of SWEEP_AL, none started in the call's last 120 s;
@@ -57,7 +61,7 @@ CHURN_BATCHES=${CHURN_BATCHES:-64,128}  # the churn jobs' batches (decode rows b
 PROFILE_BATCHES=${PROFILE_BATCHES:-64,256}  # the profile jobs' batches (e.g. 8,32 where GDN loses 0.5-0.9 ms per step)
 # measured 2026-12-01: install 40 s, kernel bench 53 s, a floor run of four batches 173-175 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
-declare -A JOB_S=([setup]=90 [kernels]=110 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [churn]=330 [gdnchurn]=330 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [onegpu]=420)
+declare -A JOB_S=([setup]=90 [kernels]=110 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [churn]=330 [gdnchurn]=330 [hostchurn]=300 [gdnhostchurn]=300 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [onegpu]=420)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
@@ -69,8 +73,8 @@ WARM_START_SAVES_S=120
 
 engine_model() {  # JOB: the model its engine runs (none: the job starts no engine)
   case ${1%%:*} in
-    engine | engprof | profile | churn) echo nemotron ;;
-    gdn | gdnengprof | gdnprofile | gdnchurn) echo qwen35 ;;
+    engine | engprof | profile | churn | hostchurn) echo nemotron ;;
+    gdn | gdnengprof | gdnprofile | gdnchurn | gdnhostchurn) echo qwen35 ;;
     floor | hostprof) echo floor ;;
     gdnfloor) echo qwen35floor ;;
     moe) echo qwen35moe ;;
@@ -135,8 +139,9 @@ run_job() {
     engine) engine_job nemotron "$variant" $ALL_BATCHES ;;
     gdn) engine_job qwen35 "$variant" $ALL_BATCHES ;;
     churn | gdnchurn)
-      local model=nemotron; [ "$kind" = gdnchurn ] && model=qwen35
-      MODEL=$model ENGINE_TIMEOUT_S=$(($(left) - 25)) $S churn "$variant" 0 "$CHURN_BATCHES" ;;
+      MODEL=$(engine_model "$1") ENGINE_TIMEOUT_S=$(($(left) - 25)) $S churn "$variant" 0 "$CHURN_BATCHES" ;;
+    hostchurn | gdnhostchurn)
+      MODEL=$(engine_model "$1") ENGINE_TIMEOUT_S=$(($(left) - 25)) $S hostchurn "$variant" 0 "$CHURN_BATCHES" ;;
     moe) engine_job qwen35moe "$variant" 1,8,64,256 ;;
     floor) floor_model && engine_job floor "$variant" 1,8,64,256 ;;
     gdnfloor) floor_model /tmp/model-qwen35 && engine_job qwen35floor "$variant" 1,8,64,256 ;;
@@ -146,8 +151,7 @@ run_job() {
     gdnprofile)
       MODEL=qwen35 ENGINE_TIMEOUT_S=$(($(left) - 25)) $S profile "$variant" 0 "$PROFILE_BATCHES" ;;
     engprof | gdnengprof)
-      local model=nemotron; [ "$kind" = gdnengprof ] && model=qwen35
-      MODEL=$model STEP_BATCHES=$ALL_BATCHES REPEATS=${REPEATS:-5} ENGINE_TIMEOUT_S=$(($(left) - 25)) \
+      MODEL=$(engine_model "$1") STEP_BATCHES=$ALL_BATCHES REPEATS=${REPEATS:-5} ENGINE_TIMEOUT_S=$(($(left) - 25)) \
         $S profile "$variant" 0 "$PROFILE_BATCHES" ;;
     spec)
       SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} ENGINE_TIMEOUT_S=$(($(left) - 25)) \
@@ -157,7 +161,7 @@ run_job() {
   esac
 }
 
-[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V churn:V gdnchurn:V moe:V floor:V gdnfloor:V hostprof:V profile:V gdnprofile:V engprof:V gdnengprof:V spec:ARM onegpu:STAGE)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V churn:V gdnchurn:V moe:V floor:V gdnfloor:V hostprof:V profile:V gdnprofile:V engprof:V gdnengprof:V hostchurn:V gdnhostchurn:V spec:ARM onegpu:STAGE)"; exit 2; }
 pending=0
 order=()  # a job that exited 75 in the last call goes first, before an engine job could stop its server
 for job in "$@"; do [ -f "$DONE/$job.continues" ] && order+=("$job"); done

@@ -21,6 +21,9 @@
 #                                   CHURN_PROFILE=1 each batch's two kinds of step are then profiled -> profile-churn/
 #   hostprof VARIANT GPU [BATCHES]  host time per decode step by function (host_profile.py: the engine in-process
 #                                   under cProfile) -> rows merged into host_profile-h200.json (+ .md)
+#   hostchurn VARIANT GPU [BATCHES] host time per step under churn by function (churn_host_profile.py: churn_step's
+#                                   workload, the engine in-process under cProfile; a ReplaySSM row also lists its
+#                                   extra over the baseline's row) -> rows merged into host_profile_churn-h200.json
 #   spec ARM GPU [BATCHES]          engine-side speculative decoding (replayssm_patch/gpu/spec_step.py) of ARM
 #                                   (native_standard native_spec replayssm_standard replayssm_spec) on /tmp/model-mtp,
 #                                   MTP k = SPEC_TOKENS [3], synthetic AL 3.0 or the list SWEEP_AL (one engine each,
@@ -192,6 +195,8 @@ case $cmd in
     on_gpu churn_step "$1" "$2" "${3:-64,128}" "$RES/churn_step-h200$SUFFIX.json" "churn|^skipped" --variant "$1" \
       --repeats "${REPEATS:-3}" "${profiled[@]}" ;;
   hostprof) on_gpu host_profile "$1" "$2" "${3:-64,256}" "$RES/host_profile-h200$SUFFIX.json" "in-process| µs  " --variant "$1" ;;
+  hostchurn) on_gpu churn_host_profile "$1" "$2" "${3:-64}" "$RES/host_profile_churn-h200$SUFFIX.json" "in-process|µs  " \
+    --variant "$1" ;;
   profile)  # STEP_BATCHES=B,...: the same engine measures engine_step's rows at those batches first (one start-up)
     steps=(); [ -n "${STEP_BATCHES:-}" ] && steps=(--step-batches "$STEP_BATCHES" --steps-out "$STEPS" --repeats "${REPEATS:-3}")
     on_gpu step_profile "$1" "$2" "${3:-64,256}" "$RES/profile$SUFFIX" "B=[0-9]+: |step .* ms \(spread" --variant "$1" "${steps[@]}" ;;

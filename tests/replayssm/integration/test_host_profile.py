@@ -5,7 +5,17 @@ from __future__ import annotations
 import cProfile
 import pstats
 
-from replayssm_patch.gpu.host_profile import function_name, main, per_step_costs, short_path, summary_markdown, top
+from replayssm_patch.gpu.host_profile import (
+    arm_difference,
+    baseline_of,
+    cost_fields,
+    function_name,
+    main,
+    per_step_costs,
+    short_path,
+    summary_markdown,
+    top,
+)
 
 
 def busy(n: int) -> int:
@@ -56,3 +66,57 @@ def test_missing_model_is_one_error_line(tmp_path, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [f"error: {tmp_path / 'config.json'} missing; give --model a dir holding the model's config.json"]
     assert not (tmp_path / "p.json").exists()
+
+
+def extra(n: int) -> int:
+    return sum(i * i for i in range(n))
+
+
+def arm_stats(steps: int, candidate: bool) -> dict:
+    """Raw pstats of `steps` busy() calls; the candidate also calls extra() on every step."""
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(steps):
+        busy(5_000)
+        if candidate:
+            extra(20_000)
+    profile.disable()
+    return pstats.Stats(profile).stats
+
+
+def _row(variant: str, stats: dict, steps: int = 10, **fields) -> dict:
+    costs = per_step_costs({}, stats, steps)
+    return {"variant": variant, "mode": "default", "batch": 64, "prompt_tokens": 1024, "output_tokens": 192,
+            "step_ms": 1.0, "profiled_step_ms": 2.0, **cost_fields(costs), **fields}  # fmt: skip
+
+
+def test_arm_difference_names_the_function_only_the_candidate_runs():
+    baseline, candidate = _row("baseline", arm_stats(10, False)), _row("replayssm_fp32", arm_stats(10, True))
+    by_self = arm_difference(candidate, baseline, "self_us")
+    assert any(f["function"].endswith(("(extra)", "(<genexpr>)")) for f in by_self[:3]), "its own frames lead"
+    assert by_self[0]["extra_us"] > 0
+    by_total = {f["function"]: f for f in arm_difference(candidate, baseline, "total_us")}
+    (name,) = [n for n in by_total if n.endswith("(extra)")]
+    mine = {f[0]: f for f in candidate["functions"]}
+    assert by_total[name]["extra_us"] == mine[name][2] > 0, "absent from the baseline: all of it is extra"
+    assert by_total[name]["calls"] == 1.0
+    assert all(f[2] >= 1.0 for f in candidate["functions"]), "functions under FUNCTION_FLOOR_US are left out"
+
+
+def test_baseline_of_matches_mode_batch_and_lengths():
+    baseline = _row("baseline", arm_stats(2, False))
+    other_batch = _row("baseline", arm_stats(2, False), batch=128)
+    candidate = _row("replayssm_fp32", arm_stats(2, True))
+    assert baseline_of(candidate, [other_batch, candidate, baseline]) is baseline
+    assert baseline_of(candidate, [other_batch, candidate]) is None
+    no_functions = {k: v for k, v in baseline.items() if k != "functions"}  # rows written before the field
+    assert baseline_of(candidate, [no_functions]) is None
+
+
+def test_summary_adds_the_candidates_extra_over_its_baseline():
+    baseline, candidate = _row("baseline", arm_stats(10, False)), _row("replayssm_fp32", arm_stats(10, True))
+    text = summary_markdown([baseline, candidate], title="Host time per step under churn", what="w")
+    assert text.startswith("# Host time per step under churn (cProfile, engine in-process)")
+    assert "## replayssm_fp32 over the baseline, default batch 64: 1.0 vs 1.0 ms per step in-process" in text
+    assert text.count("| function (inclusive) | extra µs per step |") == 1
+    assert "over the baseline" not in summary_markdown([candidate])

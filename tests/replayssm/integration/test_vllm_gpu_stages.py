@@ -2,15 +2,17 @@
 
 engine_step's, step_profile's, spec_step's and host_floor's `vllm.LLM(...)` keywords go through vLLM's own
 constructor up to the engine config (vllm_llm_args_check.py); tools/gpu's server flags and `replaybench agree`'s
-request body through vLLM's OpenAI server parsers (vllm_server_args_check.py); engine_step, step_profile and
-spec_step run end to end against a stand-in for `vllm.LLM` with vLLM's real inputs, stats and Prometheus logger
-(vllm_engine_flow_check.py, vllm_spec_step_flow_check.py). Their CPU parts: test_engine_step.py, test_spec_step.py.
+request body through vLLM's OpenAI server parsers (vllm_server_args_check.py); engine_step, step_profile,
+churn_step, churn_host_profile and spec_step run end to end against a stand-in for `vllm.LLM` with vLLM's real
+inputs, stats and Prometheus logger (vllm_engine_flow_check.py, vllm_spec_step_flow_check.py). Their CPU parts:
+test_engine_step.py, test_spec_step.py.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from replayssm_patch.gpu.host_profile import arm_difference
 from tests.replayssm.integration.check_runner import VLLM_VENV_MARKS, run_check
 
 pytestmark = VLLM_VENV_MARKS
@@ -312,6 +314,34 @@ def test_churn_step_keeps_the_batch_whole_and_splits_mixed_from_decode_steps(eng
         assert conditions["samples"] >= 1 and conditions["cpu_busy_mean_pct"] is not None
         assert conditions["gpu_error"] and conditions["gpu_clock_share"] is None and "engine_rss_mib" in conditions
     assert "churn_step" in engine_flow["churn_file"]["command"]
+
+
+def test_churn_host_profile_names_the_candidates_extra_host_work_in_mixed_steps(engine_flow):
+    """churn_host_profile.main for the baseline, then the candidate, on the stand-in engine whose plugin-on arm sleeps
+    2 ms in every mixed step: both rows read the stand-in clock's steps, and the candidate's extra host time is that
+    function, called once per mixed step."""
+    assert engine_flow["host_churn_baseline"]["exit"] == engine_flow["host_churn_candidate"]["exit"] == 0
+    rows = {r["variant"]: r for r in engine_flow["host_churn_file"]["rows"]}
+    assert set(rows) == {"baseline", "replayssm_fp32"}
+    for row in rows.values():
+        assert (row["batch"], row["steps"], row["output_tokens"]) == (4, 40, 8)
+        assert (row["decode_step_ms"], row["mixed_step_ms"]) == (5.0, 40.0)
+        assert row["profiled_step_ms"] == row["step_ms"]  # the stand-in's clock does not slow under cProfile
+    candidate, baseline = rows["replayssm_fp32"], rows["baseline"]
+    names = [f[0] for f in candidate["functions"]]
+    (work,) = [n for n in names if n.endswith("(candidate_mixed_step_work)")]
+    assert not any(f[0] == work for f in baseline["functions"])
+    share = candidate["mixed_share"]
+    (calls,) = [f[3] for f in candidate["functions"] if f[0] == work]
+    assert calls == pytest.approx(share, abs=0.03), "one call per mixed step"
+    by_self = arm_difference(candidate, baseline, "self_us")
+    assert "time.sleep" in by_self[0]["function"], "the candidate's own extra: its sleep"
+    expected = 2000 * share  # µs per step: a sleep may overrun on a loaded machine, never fall short
+    assert expected * 0.95 <= by_self[0]["extra_us"] <= expected * 2.5
+    by_total = {f["function"]: f["extra_us"] for f in arm_difference(candidate, baseline, "total_us")}
+    assert expected * 0.95 <= by_total[work] <= expected * 2.5
+    md = engine_flow["host_churn_md"]
+    assert "## replayssm_fp32 over the baseline, O0 batch 4: " in md and md.count("over the baseline") == 1
 
 
 def test_churn_step_profiles_its_decode_only_and_mixed_steps_apart(engine_flow):

@@ -24,7 +24,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.metrics.reader import Counter
 from vllm.v1.metrics.stats import RequestStateStats
 
-from replayssm_patch.gpu import churn_step, engine_step, step_profile
+from replayssm_patch.gpu import churn_host_profile, churn_step, engine_step, step_profile
 from tests.replayssm.integration.trace_fixture import decode_trace
 
 VOCAB = 5000
@@ -37,6 +37,12 @@ class ReplayMambaMixer2(torch.nn.Module):
 PREFILL_ROWS_PER_STEP = 2  # 2048 batched tokens of 1024-token prompts
 CONCURRENCY = 6.5  # vLLM's maximum concurrency the stand-in engine reports: `--batches fit` runs 6 requests
 PREFILL_STEP_S, DECODE_STEP_S = 0.040, 0.005  # the stand-in engine core's clock: what the decode window must read
+CANDIDATE_MIXED_WORK_S = 0.002  # host work the stand-in does only with the plugin on, only in steps that admit
+
+
+def candidate_mixed_step_work() -> None:
+    """What churn_host_profile must find as the candidate's extra host time: its mixed steps only."""
+    time.sleep(CANDIDATE_MIXED_WORK_S)
 
 
 class StandInEngine:
@@ -79,6 +85,8 @@ class StandInEngine:
         admitted = self.waiting[: self.admit_per_step]
         del self.waiting[: self.admit_per_step]
         self.clock += PREFILL_STEP_S if admitted else DECODE_STEP_S
+        if admitted and self.running and "additional_config" in self.llm.kwargs:
+            candidate_mixed_step_work()
         outputs = []
         for request in self.running + admitted:
             new = (
@@ -180,7 +188,13 @@ def main(model: Path, result_file: Path) -> None:
     churn = [*model_args, "--variant", "replayssm_fp32", "--batches", "4", "--output-tokens", "8", "--steps", "40",
              "--repeats", "2", "--out", str(out / "churn.json"),
              "--profile-out", str(out / "churn_profile")]  # fmt: skip
+    host_churn = [*model_args, "--batches", "4", "--output-tokens", "8", "--steps", "40",
+                  "--out", str(out / "host_churn.json")]  # fmt: skip
     result = {
+        "host_churn_baseline": run(churn_host_profile.main, host_churn),
+        "host_churn_candidate": run(churn_host_profile.main, [*host_churn, "--variant", "replayssm_fp32"]),
+        "host_churn_file": json.loads((out / "host_churn.json").read_text()),
+        "host_churn_md": (out / "host_churn.md").read_text(),
         "churn": run(churn_step.main, churn),
         "churn_file": json.loads((out / "churn.json").read_text()),
         "churn_profile_file": json.loads((out / "churn_profile" / "step_profile.json").read_text()),

@@ -1,0 +1,131 @@
+"""Where the host time of steps under churn goes: churn_step.py's workload, the engine in this process under cProfile.
+
+    python3 -m replayssm_patch.gpu.churn_host_profile --model /tmp/model-qwen35 --variant replayssm_fp32 \
+        --mode default --batches 64 --out /tmp/gpu/out/host_profile_churn-h200-qwen3.5-4b.json
+
+Why: on the H200 (2026-12-03, qwen3.5-4b, B = 64 under churn, one host) a step that prefilled beside the decodes took
+49.7 ms with ReplaySSM fp32 and 48.3 ms with native_mixed_steps against the baseline's 39.1 ms, with 19-22 ms of
+kernels in each and 936-1,071 kernel launches: the extra time is host work that the profiler's CUDA-call tally does
+not show. This names it by Python function. Method: the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0: one
+thread runs engine core, scheduler, worker and output processing, see host_profile.py); per batch one churn run
+without the profiler (its window gives the in-process step, mixed and decode-only, as churn_step.py reads them),
+then one with cProfile on over its measured steps only. A function's cost is its time over those steps per step;
+decode-only steps replay a CUDA graph, so a difference between arms is mostly in the mixed steps (per mixed step:
+the difference over mixed_share). cProfile slows Python calls: compare arms, not absolute figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replayssm_patch.gpu.churn_step import (
+    OUTPUT_TOKENS,
+    ROW_KEY_CHURN,
+    Churn,
+    ChurnWindow,
+    churn_window,
+    count_problem,
+)
+from replayssm_patch.gpu.engine_step import (
+    ROW_FACTS,
+    command_line,
+    engine_batches,
+    engine_options,
+    engine_problem,
+    start_engine,
+)
+from replayssm_patch.gpu.host_profile import arm_difference, baseline_of, cost_fields, per_step_costs, summary_markdown
+from replayssm_patch.gpu.row_file import RowFileError, read_row_file, record_row
+
+STEPS = 256  # measured steps per run: ~85 mixed ones at B = 64 with 192-token outputs
+TITLE = "Host time per step under churn"
+WHAT = (
+    "Host time per step of vLLM 0.24 under churn by function (churn_step.py's workload: B requests decoding, each "
+    "finished one replaced by a fresh prompt of prompt_tokens random ids, output_tokens each): the engine in-process "
+    "(VLLM_ENABLE_V1_MULTIPROCESSING=0), cProfile over `steps` measured steps after output_tokens warm-up steps; per "
+    "function its time over those steps per step in microseconds, self (tottime) and inclusive (cumtime). step_ms, "
+    "mixed_step_ms, decode_step_ms, mixed_share: an unprofiled churn run before it (churn_step.churn_window); "
+    "profiled_step_ms: the profiled run's mean step. Written by replayssm_patch/gpu/churn_host_profile.py."
+)
+
+
+def window_fields(window: ChurnWindow | None, prefix: str = "") -> dict[str, Any]:
+    """A run's steps as row fields (None where the run had no engine timestamps)."""
+    if window is None:
+        return {f"{prefix}step_ms": None}
+    if prefix:
+        return {f"{prefix}step_ms": window.mean_ms}
+    return {"step_ms": window.mean_ms, "mixed_step_ms": window.mixed_ms, "decode_step_ms": window.decode_ms,
+            "mixed_share": window.mixed_share, "mean_rows": window.mean_rows}  # fmt: skip
+
+
+def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab: int) -> dict[str, Any]:
+    """One unprofiled churn run (also the warm-up of this batch's shapes), then one under cProfile."""
+    rng = np.random.default_rng([args.seed, batch])
+    plain = churn_window(Churn(llm.llm_engine, args, batch, rng, vocab).run(args.output_tokens, args.steps))
+    profile = cProfile.Profile()
+    profiled = churn_window(
+        Churn(llm.llm_engine, args, batch, rng, vocab).run(
+            args.output_tokens, args.steps, on_measure=profile.enable, after_measure=profile.disable
+        )
+    )
+    costs = per_step_costs({}, pstats.Stats(profile).stats, args.steps)  # type: ignore[attr-defined]
+    return {"variant": args.variant, "mode": args.mode, "batch": batch, "prompt_tokens": args.prompt_tokens,
+            "output_tokens": args.output_tokens, "steps": args.steps, **window_fields(plain),
+            **window_fields(profiled, "profiled_"), **cost_fields(costs)}  # fmt: skip
+
+
+def parser() -> argparse.ArgumentParser:
+    p = engine_options(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
+    p.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS,
+                   help=f"tokens per replacing request [{OUTPUT_TOKENS}]: B / this many prefills per step")  # fmt: skip
+    p.add_argument("--steps", type=int, default=STEPS, help=f"measured steps per run [{STEPS}]")
+    p.add_argument("--out", type=Path, required=True, help="JSON file to merge the rows into (+ a .md beside it)")
+    return p
+
+
+def out_problem(path: Path) -> str | None:
+    try:
+        read_row_file(path, WHAT)
+    except RowFileError as exc:
+        return str(exc)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    problem = engine_problem(args) or count_problem(args, ("output_tokens", "steps")) or out_problem(args.out)
+    if problem:
+        print(f"error: {problem}")
+        return 2
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before vLLM is imported: one thread runs everything
+    started = start_engine(args)
+    if started is None:
+        return 1
+    llm, facts = started
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    command = command_line("replayssm_patch.gpu.churn_host_profile", argv)
+    for batch in engine_batches(llm, args):
+        row = measure_batch(llm, args, batch, vocab) | {k: facts[k] for k in ROW_FACTS}
+        rows = record_row(args.out, row, WHAT, command, facts, key=ROW_KEY_CHURN)["rows"]
+        args.out.with_suffix(".md").write_text(summary_markdown(rows, title=TITLE, what=WHAT))
+        print(f"{args.variant} {args.mode} B={batch}: step {row['step_ms']} ms in-process (mixed "
+              f"{row['mixed_step_ms']}, decode-only {row['decode_step_ms']}), {row['profiled_step_ms']} ms profiled",
+              flush=True)  # fmt: skip
+        baseline = None if args.variant == "baseline" else baseline_of(row, rows)
+        if baseline is not None:  # the baseline ran first on this host: say at once where the extra time is
+            for f in arm_difference(row, baseline, "total_us", 12):
+                print(f"  {f['extra_us']:+10.1f} µs  {f['function']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
