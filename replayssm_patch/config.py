@@ -37,7 +37,9 @@ class ReplaySSMConfig:
     stagger_windows: bool = True
     # A step with prefills runs vLLM's own path for its decode rows too, after folding their rings. Why: such steps
     # run eagerly, and on the H200 the GDN replay's per-layer launches made them 7 % longer in host time
-    # (gpu/results/churn_step-h200-qwen3.5-4b-run1.json); the fold is one launch per layer instead.
+    # (gpu/results/churn_step-h200-qwen3.5-4b-run1.json); the fold is one launch per layer instead. Measured in
+    # session 13 (gpu/results/churn_step-h200-qwen3.5-4b.json): it does not recover that time (mixed steps 1.22-1.25x
+    # the baseline's against the replay's 1.25-1.29x), so it stays off by default.
     native_mixed_steps: bool = False
 
 
