@@ -42,7 +42,14 @@ from replayssm_patch.gpu.engine_step import (
     engine_problem,
     start_engine,
 )
-from replayssm_patch.gpu.host_profile import arm_difference, baseline_of, cost_fields, per_step_costs, summary_markdown
+from replayssm_patch.gpu.host_profile import (
+    GcPauses,
+    arm_difference,
+    baseline_of,
+    cost_fields,
+    per_step_costs,
+    summary_markdown,
+)
 from replayssm_patch.gpu.row_file import RowFileError, read_row_file, record_row
 
 STEPS = 256  # measured steps per run: ~85 mixed ones at B = 64 with 192-token outputs
@@ -53,7 +60,8 @@ WHAT = (
     "(VLLM_ENABLE_V1_MULTIPROCESSING=0), cProfile over `steps` measured steps after output_tokens warm-up steps; per "
     "function its time over those steps per step in microseconds, self (tottime) and inclusive (cumtime). step_ms, "
     "mixed_step_ms, decode_step_ms, mixed_share: an unprofiled churn run before it (churn_step.churn_window); "
-    "profiled_step_ms: the profiled run's mean step. Written by replayssm_patch/gpu/churn_host_profile.py."
+    "gc_per_step: Python's garbage collections and their pause ms per step of that run (warm-up included), by "
+    "generation; profiled_step_ms: the profiled run's mean step. Written by replayssm_patch/gpu/churn_host_profile.py."
 )
 
 
@@ -70,7 +78,8 @@ def window_fields(window: ChurnWindow | None, prefix: str = "") -> dict[str, Any
 def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab: int) -> dict[str, Any]:
     """One unprofiled churn run (also the warm-up of this batch's shapes), then one under cProfile."""
     rng = np.random.default_rng([args.seed, batch])
-    plain = churn_window(Churn(llm.llm_engine, args, batch, rng, vocab).run(args.output_tokens, args.steps))
+    with GcPauses() as pauses:  # only the unprofiled run: cProfile slows what allocates, and so the collections
+        plain = churn_window(Churn(llm.llm_engine, args, batch, rng, vocab).run(args.output_tokens, args.steps))
     profile = cProfile.Profile()
     profiled = churn_window(
         Churn(llm.llm_engine, args, batch, rng, vocab).run(
@@ -80,6 +89,7 @@ def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab: int) ->
     costs = per_step_costs({}, pstats.Stats(profile).stats, args.steps)  # type: ignore[attr-defined]
     return {"variant": args.variant, "mode": args.mode, "batch": batch, "prompt_tokens": args.prompt_tokens,
             "output_tokens": args.output_tokens, "steps": args.steps, **window_fields(plain),
+            "gc_per_step": pauses.per_step(args.output_tokens + args.steps),
             **window_fields(profiled, "profiled_"), **cost_fields(costs)}  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import os
 import pstats
 import sys
@@ -120,6 +121,36 @@ def baseline_of(row: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, An
     same = ("mode", "batch", "prompt_tokens", "output_tokens")
     return next((r for r in rows if r["variant"] == "baseline" and "functions" in r
                  and all(r.get(k) == row.get(k) for k in same)), None)  # fmt: skip
+
+
+class GcPauses:
+    """Python's garbage-collector pauses while active, per generation: cProfile spreads a collection's time over
+    whichever function allocated last, so an arm that allocates more objects per step would show its extra host time
+    everywhere and nowhere. ``gc.callbacks`` times each collection instead."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._began = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.count[info["generation"]] += 1
+            self.seconds[info["generation"]] += time.perf_counter() - self._began
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def per_step(self, steps: int) -> dict[str, Any]:
+        """Collections and pause milliseconds per step, by generation (0, 1, 2)."""
+        return {"collections": [round(c / steps, 3) for c in self.count],
+                "ms": [round(t * 1e3 / steps, 3) for t in self.seconds]}  # fmt: skip
 
 
 def profiled_generate(llm: Any, prompts: list[list[int]], tokens: int) -> tuple[float, dict[FunctionKey, tuple]]:
