@@ -7,7 +7,9 @@ the range to the first one launched by the next range, so kernels launched outsi
 under async scheduling) and the gaps between kernels count too: every microsecond of the span is in the table,
 as kernel time of one kind or as gap. Kinds come from kernel-name patterns (`KINDS`, first match wins).
 The host side of a step is tallied too: the CUDA runtime and driver calls inside its range (`HOST_CALLS`), so a
-blocking sync or an eager launch one arm adds per step shows as a count and as host microseconds.
+blocking sync or an eager launch one arm adds per step shows as a count and as host microseconds; every call there
+is also listed by exact name (`top_host_calls`), so host time in calls no kind covers (allocations, event queries)
+shows too.
 
 No torch or vLLM needed: it reads the JSON (plain or .gz) that `torch.profiler.tensorboard_trace_handler` writes.
 """
@@ -22,6 +24,7 @@ import json
 import re
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +83,7 @@ HOST_CALLS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("kernel_launches", re.compile(r"^(cudaLaunchKernel|cuLaunchKernel)")),
     ("graph_launches", re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)")),
 )
+TOP_HOST_CALLS = 12
 
 
 class TraceError(ValueError):
@@ -198,22 +202,48 @@ def summarise_events(
         seen = sorted({(r.context_reqs, r.generation_reqs) for r in ranges})
         what = "mixed step (prefill beside decode)" if mixed else f"decode step at batch {batch}"
         raise TraceError(f"no bounded {what}; (context, generation) requests seen: {seen}")
-    return {**_tabulate(decode, trace.ops, batch), "host_calls": _host_calls(decode, trace.host_calls)}
+    host = _calls_in_steps(decode, trace.host_calls)
+    top_host = _heaviest(host, len(decode), TOP_HOST_CALLS)
+    return {
+        **_tabulate(decode, trace.ops, batch),
+        "host_calls": _host_calls(host, len(decode)),
+        "top_host_calls": [{"name": name, "calls": calls, "us": us} for name, us, calls in top_host],
+    }
 
 
-def _host_calls(decode: list[tuple[StepRange, float, float]], calls: list[HostCall]) -> dict[str, dict[str, float]]:
-    """Per decode step: how many calls of each HOST_CALLS kind its host range made, and their host µs."""
+def _calls_in_steps(decode: list[tuple[StepRange, float, float]], calls: list[HostCall]) -> list[HostCall]:
+    """The CUDA calls made inside the steps' host ranges: the host work the steps are charged with (the sampler's
+    launch after a range closes is not)."""
     starts = [c.ts for c in calls]
+    return [
+        call
+        for step, _, _ in decode
+        for call in calls[bisect.bisect_left(starts, step.ts) : bisect.bisect_right(starts, step.ts + step.dur)]
+    ]
+
+
+def _host_calls(calls: list[HostCall], n: int) -> dict[str, dict[str, float]]:
+    """Per step of `n`: how many of the steps' calls are of each HOST_CALLS kind, and their host µs."""
     count: dict[str, int] = defaultdict(int)
     host_us: dict[str, float] = defaultdict(float)
-    for step, _, _ in decode:
-        for call in calls[bisect.bisect_left(starts, step.ts) : bisect.bisect_right(starts, step.ts + step.dur)]:
-            kind = next((name for name, pattern in HOST_CALLS if pattern.search(call.name)), None)
-            if kind is not None:
-                count[kind] += 1
-                host_us[kind] += call.dur
-    n = len(decode)
+    for call in calls:
+        kind = next((name for name, pattern in HOST_CALLS if pattern.search(call.name)), None)
+        if kind is not None:
+            count[kind] += 1
+            host_us[kind] += call.dur
     return {name: {"per_step": round(count[name] / n, 2), "us": round(host_us[name] / n, 2)} for name, _ in HOST_CALLS}
+
+
+def _heaviest(events: Iterable[HostCall | DeviceOp], n: int, limit: int) -> list[tuple[str, float, float]]:
+    """(name, µs, count) per step of `n` of the `limit` names that took the most time: one ranking for the GPU's
+    kernels and the host's CUDA calls."""
+    total: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for e in events:
+        total[e.name] += e.dur
+        count[e.name] += 1
+    top = sorted(total, key=total.__getitem__, reverse=True)[:limit]
+    return [(name, round(total[name] / n, 2), round(count[name] / n, 2)) for name in top]
 
 
 def _tabulate(decode: list[tuple[StepRange, float, float]], ops: list[DeviceOp], batch: int) -> dict:
@@ -221,14 +251,15 @@ def _tabulate(decode: list[tuple[StepRange, float, float]], ops: list[DeviceOp],
     op_starts = [o.ts for o in ops]
     per_kind: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
-    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for _, start, end in decode:
-        for op in ops[bisect.bisect_left(op_starts, start) : bisect.bisect_left(op_starts, end)]:
-            kind = kind_of(op.name)
-            per_kind[kind] += op.dur
-            calls[kind] += 1
-            per_kernel[op.name][0] += op.dur
-            per_kernel[op.name][1] += 1
+    spanned = [
+        op
+        for _, start, end in decode
+        for op in ops[bisect.bisect_left(op_starts, start) : bisect.bisect_left(op_starts, end)]
+    ]
+    for op in spanned:
+        kind = kind_of(op.name)
+        per_kind[kind] += op.dur
+        calls[kind] += 1
     span_us = statistics.fmean(end - start for _, start, end in decode)
     busy_us = sum(per_kind.values()) / n
     kinds = {
@@ -236,7 +267,6 @@ def _tabulate(decode: list[tuple[StepRange, float, float]], ops: list[DeviceOp],
             "share": round(per_kind[k] / n / span_us, 4) if span_us else None}
         for k in KIND_NAMES
     }  # fmt: skip
-    top = sorted(per_kernel.items(), key=lambda item: -item[1][0])[:TOP_KERNELS]
     return {
         "batch": batch,
         "steps": n,
@@ -246,8 +276,8 @@ def _tabulate(decode: list[tuple[StepRange, float, float]], ops: list[DeviceOp],
         "host_us": round(statistics.fmean(r.dur for r, _, _ in decode), 2),
         "kinds": kinds,
         "top_kernels": [
-            {"name": name[:160], "kind": kind_of(name), "us": round(t / n, 2), "calls": round(c / n, 2)}
-            for name, (t, c) in top
+            {"name": name[:160], "kind": kind_of(name), "us": us, "calls": c}
+            for name, us, c in _heaviest(spanned, n, TOP_KERNELS)
         ],
     }
 
@@ -268,7 +298,8 @@ def _label(row: dict[str, Any]) -> str:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    """One table of time per kind (µs per decode step) for every summarised row, then each row's top kernels."""
+    """One table of time per kind (µs per decode step) for every summarised row, the CUDA calls per step by kind,
+    then each row's CUDA calls by name and its top kernels."""
     head = ["variant", "mode", "batch", "steps", "span µs", *KIND_NAMES, "gap µs", "host µs"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -284,6 +315,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         tally = r.get("host_calls") or {}  # rows summarised before the tally existed have none
         cells = [f"{tally[c]['per_step']} ({tally[c]['us']:.1f})" if c in tally else "–" for c in calls]
         lines.append("| " + " | ".join(map(str, [_label(r), r["mode"], r["batch"], *cells])) + " |")
+    for r in [r for r in rows if "top_host_calls" in r]:  # rows summarised before the list existed have none
+        lines += ["", f"Host CUDA calls, {_label(r)} {r['mode']} batch {r['batch']} (per step):", ""]
+        lines += ["| call | calls | µs |", "|---|---|---|"]
+        lines += [f"| `{c['name']}` | {c['calls']} | {c['us']} |" for c in r["top_host_calls"]]
     for r in rows:
         lines += ["", f"Top kernels, {_label(r)} {r['mode']} batch {r['batch']} (µs and calls per step):", ""]
         lines += ["| kernel | kind | µs | calls |", "|---|---|---|---|"]

@@ -46,6 +46,53 @@ def test_host_calls_inside_a_decode_steps_range_are_counted_by_what_they_cost_th
     assert summarise_events(decode_trace(), steps=1)["host_calls"]["syncs"] == {"per_step": 0.0, "us": 0.0}
 
 
+def _host_call(name, ts, dur, cat="cuda_runtime"):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {}}
+
+
+def _allocating_trace():
+    """decode_trace with, in each decode step's 50-µs host range, two more launches, an allocation and a free and a
+    driver-level wait; and the same calls, far heavier, in the prefill's range and between two ranges."""
+    events = decode_trace()
+    for t in (1000.0, 2000.0, 3000.0):  # the three batch-2 decode steps' ranges
+        events += [_host_call("cudaLaunchKernel", t + 24, 2), _host_call("cudaLaunchKernel", t + 26, 2),
+                   _host_call("cudaMalloc", t + 28, 8), _host_call("cudaFree", t + 36, 12),
+                   _host_call("cuStreamWaitEvent", t + 48, 1, cat="cuda_driver")]  # fmt: skip
+    events += [_host_call("cudaMalloc", 30.0, 900), _host_call("cudaFree", 1500.0, 900)]  # prefill; no step's range
+    return events
+
+
+def test_top_host_calls_name_every_cuda_call_inside_the_steps_host_ranges_heaviest_first():
+    """Host time in calls no HOST_CALLS kind covers (cudaFree, cudaMalloc) shows by name, per step; the sampler's
+    launches after each range closed, the prefill's allocation and a free between ranges are not the steps'."""
+    got = summarise_events(_allocating_trace())
+    assert got["top_host_calls"][:3] == [
+        {"name": "cudaFree", "calls": 1.0, "us": 12.0},
+        {"name": "cudaMalloc", "calls": 1.0, "us": 8.0},
+        {"name": "cudaLaunchKernel", "calls": 2.0, "us": 4.0},
+    ]
+    assert sorted((c["name"], c["calls"], c["us"]) for c in got["top_host_calls"][3:]) == [
+        ("cuStreamWaitEvent", 1.0, 1.0),
+        ("cudaGraphLaunch", 1.0, 3.0),
+        ("cudaMemcpyAsync", 1.0, 3.0),
+        ("cudaStreamSynchronize", 0.33, 3.0),  # the flush step's 9-µs sync, once in three
+    ]
+    assert got["host_calls"]["kernel_launches"] == {"per_step": 2.0, "us": 4.0}  # the kind agrees with the name
+    many = _allocating_trace() + [_host_call(f"cuEventQuery{i}", 1040.0 + i, 0.5) for i in range(8)]
+    top = summarise_events(many)["top_host_calls"]
+    assert len(top) == 12 and top[:7] == got["top_host_calls"] and top[7]["us"] == pytest.approx(0.17)
+
+
+def test_markdown_lists_host_calls_by_name_for_rows_that_have_them():
+    row = {"variant": "replayssm_fp32", "mode": "O0", **summarise_events(_allocating_trace())}
+    older = {k: v for k, v in {**row, "variant": "baseline"}.items() if k != "top_host_calls"}
+    md = markdown([row, older])
+    table = "Host CUDA calls, replayssm_fp32 O0 batch 2 (per step):\n\n| call | calls | µs |\n|---|---|---|\n"
+    assert table + "| `cudaFree` | 1.0 | 12.0 |\n| `cudaMalloc` | 1.0 | 8.0 |\n| `cudaLaunchKernel` | 2.0 | 4.0 |" in md
+    assert md.count("Host CUDA calls, ") == 1 and "| baseline | O0 | 2 | 0.33 (3.0) | 1.0 (3.0) | 2.0 (4.0) |" in md
+    assert md.index("CUDA calls per decode step") < md.index("Host CUDA calls, ") < md.index("Top kernels, ")
+
+
 def test_steps_keeps_the_last_decode_steps_and_batch_picks_the_rows():
     last_two = summarise_events(decode_trace(), batch=2, steps=2)
     assert last_two["steps"] == 2 and last_two["kinds"]["replayssm"]["us"] == pytest.approx(50.0)  # (30+40+30)/2
