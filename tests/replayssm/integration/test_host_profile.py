@@ -6,6 +6,7 @@ import cProfile
 import pstats
 
 from replayssm_patch.gpu.host_profile import (
+    GcPauses,
     arm_difference,
     baseline_of,
     cost_fields,
@@ -120,3 +121,16 @@ def test_summary_adds_the_candidates_extra_over_its_baseline():
     assert "## replayssm_fp32 over the baseline, default batch 64: 1.0 vs 1.0 ms per step in-process" in text
     assert text.count("| function (inclusive) | extra µs per step |") == 1
     assert "over the baseline" not in summary_markdown([candidate])
+
+
+def test_gc_pauses_counts_each_generations_collections_while_active():
+    import gc
+
+    with GcPauses() as pauses:
+        gc.collect(0)
+        gc.collect(2)
+        gc.collect(2)
+    gc.collect(2)  # after the block: not counted
+    per_step = pauses.per_step(2)
+    assert per_step["collections"][0] >= 0.5 and per_step["collections"][2] == 1.0
+    assert all(ms >= 0 for ms in per_step["ms"]) and sum(per_step["ms"]) > 0
