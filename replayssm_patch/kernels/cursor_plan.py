@@ -194,7 +194,9 @@ def plan_verify_rows_reference(
     window_end[slot] = torch.where(fold, buffer_len - 1, window_end[slot]).to(window_end.dtype)
 
 
-@triton.jit(do_not_specialize=["rows"])
+# The prefill rows' indices are a slice at the decode rows' offset, whose alignment changes with the batch: never
+# specialise on it, or a new batch composition compiles a new kernel while serving (as gdn_flush's comment says).
+@triton.jit(do_not_specialize=["rows"], do_not_specialize_on_alignment=["slot_ptr", "has_state_ptr", "accepted_ptr"])
 def _take_pending_kernel(
     slot_ptr, slot_stride, has_state_ptr, has_state_stride, accepted_ptr, accepted_stride, positions_ptr, pending_ptr,
     window_end_ptr, out_ptr, rows, buffer_len, null_block,
