@@ -4,8 +4,8 @@ Why a table on the device: under CUDA graphs the decode step replays captured ke
 position and flush length of every row must sit in GPU buffers the graph reads. The metadata builder
 calls these methods before each step (outside the graph) with the step's state indices; the table is
 indexed by vLLM block id (one block per sequence in mamba_cache_mode 'none'). Block 0 is vLLM's null
-block, used for padded rows: its cursor never moves. On CUDA a decode step's plan is one launch
-(``kernels.cursor_plan``); elsewhere its PyTorch twin runs (the CPU vLLM tests).
+block, used for padded rows: its cursor never moves. On CUDA a decode step's plan, and the take before a
+prefill, are one launch each (``kernels.cursor_plan``); elsewhere their PyTorch twins run (the CPU vLLM tests).
 
 Staggered windows: a sequence's first window after a prefill ends at L-1 - (hash(slot) mod L) and later ones at
 L-1, so a cohort admitted in one step (consecutive slots) spreads its flushes over L steps instead of
@@ -48,10 +48,11 @@ class CursorTable:
         # imported here, not at module level, and chosen once: one launch on CUDA, the PyTorch twins elsewhere
         from replayssm_patch.kernels import cursor_plan as plans
 
-        if self.positions.device.type == "cuda":
-            self._plan_decode, self._plan_verify = plans.plan_decode_rows, plans.plan_verify_rows
-        else:
-            self._plan_decode, self._plan_verify = plans.plan_decode_rows_reference, plans.plan_verify_rows_reference
+        kernels = plans.plan_decode_rows, plans.plan_verify_rows, plans.plan_take_pending
+        twins = plans.plan_decode_rows_reference, plans.plan_verify_rows_reference, plans.plan_take_pending_reference
+        self._plan_decode, self._plan_verify, self._take_pending = (
+            kernels if self.positions.device.type == "cuda" else twins
+        )
         self.pending = torch.zeros(num_blocks, dtype=torch.int32, device=device) if verify_len else None
 
     def decode_step(
@@ -108,17 +109,7 @@ class CursorTable:
         sequence in a reused slot gets 0 so the previous owner's ring is never read. Under speculation
         ``num_accepted`` (the rows' vLLM counts) commits the accepted prefix of a row's last verify first.
         """
-        slots = slots.long()
-        real = slots != NULL_BLOCK_ID
-        continuing = real if has_state is None else real & has_state
-        committed = self.positions[slots]
-        if self.pending is not None:
-            accepted = torch.zeros_like(committed) if num_accepted is None else num_accepted.to(committed.dtype)
-            committed = committed + torch.minimum(accepted.clamp(min=0), self.pending[slots])
-            self.pending[slots] = torch.where(real, 0, self.pending[slots])
-        pending = torch.where(continuing, committed, 0).to(torch.int32)
-        self.positions[slots] = torch.where(real, 0, self.positions[slots])
-        self.window_end[slots] = torch.where(
-            real, first_window_end(slots, self.buffer_len, self.stagger), self.window_end[slots]
-        )
-        return pending
+        return self._take_pending(
+            slots, has_state, num_accepted, self.positions, self.pending, self.window_end, self.buffer_len,
+            self.stagger, NULL_BLOCK_ID,
+        )  # fmt: skip

@@ -48,6 +48,7 @@ PyTorch with the same signature):
                             the layer runs vLLM's one-kernel decode on the checkpoint instead.
     flush_ring(...)         fold flush_len entries into ssm_state (fp32 master) and refresh state_bf16.
     plan_decode_rows(...)   the builder's per-step cursor plan in one launch (``cursors.CursorTable``).
+    plan_take_pending(...)  the ring entries a prefill row folds first, restarting its cursor (one launch).
     replay_verify_step(...) speculative decoding: fold rows whose history would overflow the ring (fold_len > 0),
                             then answer all T = 1+k query tokens of every row from one checkpoint read, appending
                             them at write_pos.. (ring of L + T entries; ``verify``'s docstring has the math).
@@ -72,6 +73,8 @@ any machine; ``python -m replayssm_patch.gpu.kernel_bench --out DIR`` measures t
 from replayssm_patch.kernels.cursor_plan import (
     plan_decode_rows,
     plan_decode_rows_reference,
+    plan_take_pending,
+    plan_take_pending_reference,
     plan_verify_rows,
     plan_verify_rows_reference,
 )
@@ -113,6 +116,8 @@ __all__ = [
     "gdn_ring_shapes",
     "plan_decode_rows",
     "plan_decode_rows_reference",
+    "plan_take_pending",
+    "plan_take_pending_reference",
     "plan_verify_rows",
     "plan_verify_rows_reference",
     "replay_decode",

@@ -5,9 +5,9 @@
 Triton's interpreter runs kernels as NumPy code and accepts things the real compiler rejects (tl.dot shape
 limits, type mixing, control flow); this drives the real compiler (Triton -> PTX -> ptxas cubin) for the
 variants vLLM uses, with the registers ptxas gives each (they decide how many programs an SM holds):
-bf16 activations, fp32 or bf16 checkpoint, Nemotron-H block sizes, the speculative verify and its plan at
-T = 4 (MTP k = 3, ring L + T = 20), and the GDN kernels
-(fp32 checkpoint and ring) at Qwen3.5 block sizes. Run it with TRITON_INTERPRET unset.
+bf16 activations, fp32 or bf16 checkpoint, Nemotron-H block sizes, the cursor plans (the take before a prefill
+with every flag on), the speculative verify and its plan at T = 4 (MTP k = 3, ring L + T = 20), and the GDN
+kernels (fp32 checkpoint and ring) at Qwen3.5 block sizes. Run it with TRITON_INTERPRET unset.
 """
 
 from __future__ import annotations
@@ -148,7 +148,12 @@ def ptxas_usage(ptx: str) -> tuple[int, int]:
 
 def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, object], int]]:
     """(label, kernel, pointer types, constexprs, num_warps) for the default launch of each variant."""
-    from replayssm_patch.kernels.cursor_plan import PLAN_BLOCK, _cursor_plan_kernel, _verify_plan_kernel
+    from replayssm_patch.kernels.cursor_plan import (
+        PLAN_BLOCK,
+        _cursor_plan_kernel,
+        _take_pending_kernel,
+        _verify_plan_kernel,
+    )
     from replayssm_patch.kernels.decode_fold import FOLD_BLOCK_N, FOLD_BLOCK_P, FOLD_NUM_WARPS, _decode_fold_kernel
     from replayssm_patch.kernels.flush import _flush_kernel
     from replayssm_patch.kernels.gdn_coefficients import COEF_NUM_WARPS as GDN_COEF_NUM_WARPS
@@ -195,6 +200,10 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     verify_plan_pointers = {**plan_pointers, "qsl_ptr": "*i32", "accepted_ptr": "*i32", "pending_ptr": "*i32",
                             "fold_ptr": "*i32"}  # fmt: skip
     found.append(("verify plan", _verify_plan_kernel, verify_plan_pointers, {"BLOCK": PLAN_BLOCK}, 4))
+    take_pointers = {**plan_pointers, "has_state_ptr": "*i1", "accepted_ptr": "*i32", "pending_ptr": "*i32",
+                     "out_ptr": "*i32"}  # fmt: skip
+    take_flags = {"HAS_STATE": True, "SPECULATIVE": True, "HAS_ACCEPTED": True, "STAGGER": True, "BLOCK": PLAN_BLOCK}
+    found.append(("take pending", _take_pending_kernel, take_pointers, take_flags, 4))  # every branch compiled
     # MTP k = 3 (T = 4) on the L = 16 ring plus T: BLOCK_L 32
     verify_coef = {**coef, "BLOCK_T": 4, "BLOCK_L": 32, "HEAD_CHUNK": VERIFY_HEAD_CHUNK}
     found.append(("verify coefficients, T=4", _verify_coefficients_kernel, _VERIFY_COEF_POINTERS, verify_coef,

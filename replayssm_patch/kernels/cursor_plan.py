@@ -7,6 +7,10 @@ admitted together (consecutive slots) flush on different steps instead of all in
 
 Speculative decoding plans verify steps instead (``plan_verify_rows``): the cursor commits the accepted prefix of
 the row's last verify first, and a row whose history would overflow the ring folds it before appending.
+
+A prefill row (or a decode row leaving the replay regime) takes its ring's entries for the fold and restarts its
+cursor (``plan_take_pending``), also in one launch: steps with prefills run eagerly, and the ~15 small torch ops it
+replaces each cost host time there, once or twice per KV-cache group and step.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_patch.cursors import first_window_end
 from replayssm_patch.kernels.common import check_launchable
 
 PLAN_BLOCK = 256
@@ -187,3 +192,95 @@ def plan_verify_rows_reference(
     positions[slot] = write.to(positions.dtype)
     pending[slot] = count
     window_end[slot] = torch.where(fold, buffer_len - 1, window_end[slot]).to(window_end.dtype)
+
+
+# The prefill rows' indices are a slice at the decode rows' offset, whose alignment changes with the batch: never
+# specialise on it, or a new batch composition compiles a new kernel while serving (as gdn_flush's comment says).
+@triton.jit(do_not_specialize=["rows"], do_not_specialize_on_alignment=["slot_ptr", "has_state_ptr", "accepted_ptr"])
+def _take_pending_kernel(
+    slot_ptr, slot_stride, has_state_ptr, has_state_stride, accepted_ptr, accepted_stride, positions_ptr, pending_ptr,
+    window_end_ptr, out_ptr, rows, buffer_len, null_block,
+    HAS_STATE: tl.constexpr, SPECULATIVE: tl.constexpr, HAS_ACCEPTED: tl.constexpr, STAGGER: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_batch = offs < rows
+    slot = tl.load(slot_ptr + offs * slot_stride, mask=in_batch, other=null_block)
+    real = in_batch & (slot != null_block)
+    continuing = real
+    if HAS_STATE:
+        continuing = real & (tl.load(has_state_ptr + offs * has_state_stride, mask=real, other=0) != 0)
+    committed = tl.load(positions_ptr + slot, mask=real, other=0)
+    if SPECULATIVE:
+        accepted = tl.zeros_like(committed)
+        if HAS_ACCEPTED:
+            accepted = tl.load(accepted_ptr + offs * accepted_stride, mask=real, other=0).to(tl.int32)
+        committed += tl.minimum(tl.maximum(accepted, 0), tl.load(pending_ptr + slot, mask=real, other=0))
+        tl.store(pending_ptr + slot, 0, mask=real)
+    tl.store(out_ptr + offs, tl.where(continuing, committed, 0), mask=in_batch)
+    tl.store(positions_ptr + slot, 0, mask=real)
+    offset = tl.zeros_like(slot).to(tl.int64)
+    if STAGGER:  # cursors.first_window_end's hash, in int64 as there: (slot * 2654435761 mod 2**32) >> 16
+        offset = (slot.to(tl.int64) * 2654435761 % 4294967296) >> 16
+    tl.store(window_end_ptr + slot, (buffer_len - 1 - offset % buffer_len).to(tl.int32), mask=real)
+
+
+def plan_take_pending(
+    slots: torch.Tensor,
+    has_state: torch.Tensor | None,
+    num_accepted: torch.Tensor | None,
+    positions: torch.Tensor,
+    pending: torch.Tensor | None,
+    window_end: torch.Tensor,
+    buffer_len: int,
+    stagger: bool,
+    null_block: int,
+) -> torch.Tensor:
+    """``CursorTable.take_pending`` in one launch: return each row's ring entries to fold (int32 [rows]) and restart
+    the rows' cursors.
+
+    A row continuing its sequence (``has_state``, bool [rows]; default every row) gets its committed count: the
+    cursor ``positions``, plus under speculation (``pending`` given) min(max(num_accepted, 0), pending) of its last
+    verify (num_accepted absent: 0); any other row gets 0. Every non-null-block row then restarts: positions (and
+    pending) 0, window_end its first window's end (``cursors.first_window_end``); null-block rows move nothing."""
+    check_launchable(slots, positions)
+    rows = slots.shape[0]
+    taken = torch.empty(rows, dtype=torch.int32, device=slots.device)
+    if rows == 0:
+        return taken
+    # an absent tensor's flag compiles its loads out: any pointer stands in for it
+    _take_pending_kernel[(triton.cdiv(rows, PLAN_BLOCK),)](
+        slots, slots.stride(0),
+        slots if has_state is None else has_state, 0 if has_state is None else has_state.stride(0),
+        slots if num_accepted is None else num_accepted, 0 if num_accepted is None else num_accepted.stride(0),
+        positions, positions if pending is None else pending, window_end, taken, rows, buffer_len, null_block,
+        HAS_STATE=has_state is not None, SPECULATIVE=pending is not None, HAS_ACCEPTED=num_accepted is not None,
+        STAGGER=stagger, BLOCK=PLAN_BLOCK,
+    )  # fmt: skip
+    return taken
+
+
+def plan_take_pending_reference(
+    slots: torch.Tensor,
+    has_state: torch.Tensor | None,
+    num_accepted: torch.Tensor | None,
+    positions: torch.Tensor,
+    pending: torch.Tensor | None,
+    window_end: torch.Tensor,
+    buffer_len: int,
+    stagger: bool,
+    null_block: int,
+) -> torch.Tensor:
+    """Plain-PyTorch twin of ``plan_take_pending`` (same arguments)."""
+    slots = slots.long()
+    real = slots != null_block
+    continuing = real if has_state is None else real & has_state
+    committed = positions[slots]
+    if pending is not None:
+        accepted = torch.zeros_like(committed) if num_accepted is None else num_accepted.to(committed.dtype)
+        committed = committed + torch.minimum(accepted.clamp(min=0), pending[slots])
+        pending[slots] = torch.where(real, 0, pending[slots])
+    taken = torch.where(continuing, committed, 0).to(torch.int32)
+    positions[slots] = torch.where(real, 0, positions[slots])
+    window_end[slots] = torch.where(real, first_window_end(slots, buffer_len, stagger), window_end[slots])
+    return taken
