@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import pstats
 import sys
 from pathlib import Path
@@ -40,17 +39,17 @@ from replayssm_patch.gpu.engine_step import (
     engine_batches,
     engine_options,
     engine_problem,
-    start_engine,
 )
 from replayssm_patch.gpu.host_profile import (
     GcPauses,
     arm_difference,
     baseline_of,
     cost_fields,
+    in_process_engine,
     per_step_costs,
     summary_markdown,
 )
-from replayssm_patch.gpu.row_file import RowFileError, read_row_file, record_row
+from replayssm_patch.gpu.row_file import record_row, row_file_problem
 
 STEPS = 256  # measured steps per run: ~85 mixed ones at B = 64 with 192-token outputs
 TITLE = "Host time per step under churn"
@@ -102,26 +101,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def out_problem(path: Path) -> str | None:
-    try:
-        read_row_file(path, WHAT)
-    except RowFileError as exc:
-        return str(exc)
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    problem = engine_problem(args) or count_problem(args, ("output_tokens", "steps")) or out_problem(args.out)
-    if problem:
-        print(f"error: {problem}")
-        return 2
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before vLLM is imported: one thread runs everything
-    started = start_engine(args)
-    if started is None:
-        return 1
-    llm, facts = started
-    vocab = llm.llm_engine.model_config.get_vocab_size()
+    counts = count_problem(args, ("output_tokens", "steps"))
+    engine = in_process_engine(args, engine_problem(args) or counts or row_file_problem(args.out, WHAT))
+    if isinstance(engine, int):
+        return engine
+    llm, facts, vocab = engine
     command = command_line("replayssm_patch.gpu.churn_host_profile", argv)
     for batch in engine_batches(llm, args):
         row = measure_batch(llm, args, batch, vocab) | {k: facts[k] for k in ROW_FACTS}

@@ -53,7 +53,7 @@ from replayssm_patch.gpu.engine_step import (
     within_budget,
 )
 from replayssm_patch.gpu.machine_sampling import sampled_conditions, sampling, telemetry_path
-from replayssm_patch.gpu.row_file import ROW_KEY, RowFileError, read_row_file, record_row
+from replayssm_patch.gpu.row_file import ROW_KEY, record_row, row_file_problem
 from replayssm_patch.gpu.step_profile import TRACE_GLOB, newest_trace, profiler_config, record_profile
 from replayssm_patch.gpu.trace_summary import TraceError, summarise_trace
 
@@ -290,20 +290,11 @@ def count_problem(args: argparse.Namespace, names: Sequence[str]) -> str | None:
     return f"--{small[0].replace('_', '-')} must be at least 1 (got {getattr(args, small[0])})" if small else None
 
 
-def out_problem(path: Path) -> str | None:
-    """Why rows cannot be merged into ``path`` (not a results file), or None; prompt and output lengths are in the
-    row key, so rows of other lengths stay beside these."""
-    try:
-        read_row_file(path, WHAT)
-    except RowFileError as exc:
-        return str(exc)
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     counts = count_problem(args, ("output_tokens", "steps", "repeats"))
-    problem = engine_problem(args) or counts or out_problem(args.out)
+    # prompt and output lengths are in the row key, so rows of other lengths stay beside these
+    problem = engine_problem(args) or counts or row_file_problem(args.out, WHAT)
     if problem:
         print(f"error: {problem}")
         return 2

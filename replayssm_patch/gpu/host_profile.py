@@ -213,18 +213,26 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    problem = engine_problem(args) or out_problem(args.out, WHAT, args.prompt_tokens)
+def in_process_engine(args: argparse.Namespace, problem: str | None) -> tuple[Any, dict[str, Any], int] | int:
+    """The engine, its facts and vocabulary size, run in this process (one thread runs everything, so one cProfile
+    sees every host microsecond); or the exit code after one error line: 2 for ``problem``, 1 for wrong layers."""
     if problem:
         print(f"error: {problem}")
         return 2
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before vLLM is imported: one thread runs everything
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before vLLM is imported
     started = start_engine(args)
     if started is None:
         return 1
     llm, facts = started
-    vocab_size = llm.llm_engine.model_config.get_vocab_size()
+    return llm, facts, llm.llm_engine.model_config.get_vocab_size()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    engine = in_process_engine(args, engine_problem(args) or out_problem(args.out, WHAT, args.prompt_tokens))
+    if isinstance(engine, int):
+        return engine
+    llm, facts, vocab_size = engine
     for batch in engine_batches(llm, args):
         row = measure_batch(llm, args, batch, vocab_size) | {k: facts[k] for k in ("gpu", "vllm", "date")}
         payload = record_row(args.out, row, WHAT, command_line("replayssm_patch.gpu.host_profile", argv), facts)

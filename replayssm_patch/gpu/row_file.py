@@ -45,6 +45,15 @@ def merge_rows(rows: Sequence[dict[str, Any]], new: dict[str, Any], key: tuple[s
     return sorted([*kept, new], key=lambda r: _row_order(r, key))
 
 
+def row_file_problem(path: Path, what: str) -> str | None:
+    """Why rows cannot be merged into ``path`` (not a results file), as one line, or None."""
+    try:
+        read_row_file(path, what)
+    except RowFileError as exc:
+        return str(exc)
+    return None
+
+
 def read_row_file(path: Path, what: str) -> dict[str, Any]:
     """The file to merge into; a fresh payload saying `what` when it does not exist yet."""
     if not path.exists():
