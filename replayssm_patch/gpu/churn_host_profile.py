@@ -64,14 +64,15 @@ WHAT = (
 )
 
 
+WINDOW_FIELDS = {"step_ms": "mean_ms", "mixed_step_ms": "mixed_ms", "decode_step_ms": "decode_ms",
+                 "mixed_share": "mixed_share", "mean_rows": "mean_rows"}  # fmt: skip
+
+
 def window_fields(window: ChurnWindow | None, prefix: str = "") -> dict[str, Any]:
-    """A run's steps as row fields (None where the run had no engine timestamps)."""
-    if window is None:
-        return {f"{prefix}step_ms": None}
-    if prefix:
-        return {f"{prefix}step_ms": window.mean_ms}
-    return {"step_ms": window.mean_ms, "mixed_step_ms": window.mixed_ms, "decode_step_ms": window.decode_ms,
-            "mixed_share": window.mixed_share, "mean_rows": window.mean_rows}  # fmt: skip
+    """A run's steps as row fields, all of them (``prefix``: the mean step alone); None where the run had no engine
+    timestamps."""
+    names = {"step_ms": "mean_ms"} if prefix else WINDOW_FIELDS
+    return {prefix + field: None if window is None else getattr(window, attr) for field, attr in names.items()}
 
 
 def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab: int) -> dict[str, Any]:

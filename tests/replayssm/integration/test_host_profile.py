@@ -134,3 +134,27 @@ def test_gc_pauses_counts_each_generations_collections_while_active():
     per_step = pauses.per_step(2)
     assert per_step["collections"][0] >= 0.5 and per_step["collections"][2] == 1.0
     assert all(ms >= 0 for ms in per_step["ms"]) and sum(per_step["ms"]) > 0
+
+
+def test_churn_host_profile_refuses_bad_input_in_one_line(tmp_path, capsys):
+    from replayssm_patch.gpu import churn_host_profile
+
+    assert churn_host_profile.main(["--model", str(tmp_path), "--out", str(tmp_path / "p.json")]) == 2
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    assert line.startswith("error: ") and "config.json missing" in line
+    (tmp_path / "config.json").write_text("{}")
+    assert churn_host_profile.main(["--model", str(tmp_path), "--steps", "0", "--out", str(tmp_path / "p.json")]) == 2
+    assert capsys.readouterr().out.strip() == "error: --steps must be at least 1 (got 0)"
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    assert churn_host_profile.main(["--model", str(tmp_path), "--out", str(bad)]) == 2
+    assert "not a results file" in capsys.readouterr().out and bad.read_text() == "[1, 2]"
+
+
+def test_window_fields_name_every_field_even_without_timestamps():
+    from replayssm_patch.gpu.churn_host_profile import window_fields
+
+    assert window_fields(None) == dict.fromkeys(
+        ("step_ms", "mixed_step_ms", "decode_step_ms", "mixed_share", "mean_rows")
+    )
+    assert window_fields(None, "profiled_") == {"profiled_step_ms": None}
