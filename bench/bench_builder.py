@@ -1,0 +1,47 @@
+"""Host time of one GDN metadata build per step, vLLM's builder against ReplaySSM's, on this machine's CPU.
+
+The builders are vLLM 0.24's own (its CPU venv, tools/vllm_venv.sh), over a paged cache of Qwen3.5-4B's shapes:
+64 decode rows, and every third step a fresh 1,024-token prefill beside them (the churn rows' mix). The timing
+script is bench/builder_host_cost.py; why it matters is in its docstring.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from bench.report import write_results
+from replayssm_patch.plugin_site import plugin_pythonpath
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "tests" / "replayssm" / "integration" / "qwen3_5_4b_config.json"  # the H200 runs' shape
+
+
+def vllm_python() -> Path:
+    built = subprocess.run(["bash", str(REPO / "tools" / "vllm_venv.sh")], capture_output=True, text=True, check=True)
+    return Path(built.stdout.strip().splitlines()[-1]) / "bin" / "python"
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        model, out = Path(tmp) / "qwen3.5-4b", Path(tmp) / "rows.json"
+        model.mkdir()
+        shutil.copy(CONFIG, model / "config.json")
+        env = {**os.environ, "PYTHONPATH": plugin_pythonpath(Path(tmp) / "site"),
+               "VLLM_CACHE_ROOT": str(Path(tmp) / "cache"), "VLLM_LOGGING_LEVEL": "ERROR"}  # fmt: skip
+        env.pop("VLLM_PLUGINS", None)
+        script = REPO / "bench" / "builder_host_cost.py"
+        subprocess.run([str(vllm_python()), str(script), str(model), str(out)], env=env, check=True, timeout=900)
+        rows = json.loads(out.read_text())
+    notes = (
+        "µs per `build()` call of one GDN KV-cache group's metadata builder (Qwen3.5-4B has 3 such groups, each "
+        "building every step), median of 5 rounds of 300 steps (every third mixed: 64 decode rows and a fresh "
+        "1,024-token prefill; the others 64 decode rows). vLLM's real builders on the CPU: ReplaySSM's cursor plans "
+        "run their PyTorch twins here, one Triton launch each on a GPU, so these are this CPU's figures for "
+        "comparing the builders, not the H200's. Single-threaded torch."
+    )
+    write_results("bench_builder", "GDN metadata build: host µs per step, vLLM vs ReplaySSM", rows, notes)

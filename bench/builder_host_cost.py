@@ -1,0 +1,84 @@
+"""Host time of one GDN metadata build, vLLM's builder against ReplaySSM's, run inside the vLLM 0.24 CPU venv by
+bench_builder.py. Args: a dir with the model's config.json, the JSON file to write.
+
+Why: steps that prefill beside decodes run eagerly on the H200, and there ReplaySSM's Qwen3.5-4B steps spent ~10 ms
+more host time than vLLM's (BENCHMARKS.md, "Churn on one host"). The metadata builder runs once per GDN KV-cache
+group on every step, outside any CUDA graph; this times it alone, with the real builders over a paged cache of the
+model's shapes. On the CPU the plugin's cursor plans run their PyTorch twins (one Triton launch each on a GPU), so
+the figures are this machine's, for comparing the two builders, not the H200's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from replayssm_patch.gpu.gdn_layer_check import init_single_rank, make_gdn_layer, prepare_cpu
+
+prepare_cpu()
+from vllm.config import set_current_vllm_config  # noqa: E402
+from vllm.plugins import load_general_plugins  # noqa: E402
+
+from replayssm_patch.config import replayssm_config_of  # noqa: E402
+from replayssm_patch.gdn_mixer import install_replay_gdn  # noqa: E402
+from replayssm_patch.gpu.layer_check import common_metadata, paged_state_tensors, vllm_config  # noqa: E402
+
+BATCH = 64  # decode rows, as in the churn rows
+PROMPT = 1024  # the prefill beside them in a mixed step
+STEPS = 300  # every third one mixed, as under churn at 64 rows and 192-token outputs
+ROUNDS = 5
+ARMS = {"vLLM GDN builder": None, "ReplaySSM fp32": {"replayssm": {"enable": True, "buffer_len": 16}}}
+
+
+def step_metadata(mixed: bool) -> object:
+    """BATCH decode rows in blocks 1..BATCH; a mixed step adds a fresh PROMPT-token prefill in the next block."""
+    query = [1] * BATCH + [PROMPT] * mixed
+    seq = [500 + i for i in range(BATCH)] + [PROMPT] * mixed
+    blocks = list(range(1, BATCH + 1)) + [BATCH + 1] * mixed
+    return common_metadata(query, seq, blocks, [False] * BATCH + [True] * mixed)
+
+
+def time_builds(builder: object) -> dict[str, float]:
+    """Median over ROUNDS of the mean µs per build, decode-only and mixed steps apart."""
+    steps = [step_metadata(k % 3 == 0) for k in range(STEPS)]
+    for m in steps[:30]:  # warm-up: the cursor table is sized at the first real build
+        builder.build(0, m)
+    means: dict[str, list[float]] = {"decode": [], "mixed": []}
+    for _ in range(ROUNDS):
+        spent = {"decode": 0.0, "mixed": 0.0}
+        for k, m in enumerate(steps):
+            began = time.perf_counter()
+            builder.build(0, m)
+            spent["mixed" if k % 3 == 0 else "decode"] += time.perf_counter() - began
+        means["mixed"].append(spent["mixed"] / len(steps[::3]) * 1e6)
+        means["decode"].append(spent["decode"] / (len(steps) - len(steps[::3])) * 1e6)
+    return {kind: round(statistics.median(values), 1) for kind, values in means.items()}
+
+
+def main(model: Path, out: Path) -> None:
+    load_general_plugins()
+    init_single_rank(model, "gloo")
+    rows = []
+    for arm, knobs in ARMS.items():
+        config = vllm_config(knobs, model, max_model_len=2048)
+        if knobs:
+            install_replay_gdn(replayssm_config_of(config))
+        layer = make_gdn_layer(config, f"{arm.split()[0].lower()}.layers.0.linear_attn")
+        spec = layer.get_kv_cache_spec(config)
+        layer.kv_cache = paged_state_tensors(spec, BATCH + 2)
+        config.compilation_config.static_forward_context[layer.prefix] = layer  # where the builder finds its layers
+        with set_current_vllm_config(config):
+            builder = layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device("cpu"))
+            timed = time_builds(builder)
+        rows.append({"builder": arm, "decode step µs": timed["decode"], "mixed step µs": timed["mixed"]})
+    out.write_text(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
