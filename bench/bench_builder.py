@@ -15,18 +15,17 @@ import tempfile
 from pathlib import Path
 
 from bench.report import write_results
+from bench.vllm_venv import vllm_python
 from replayssm_patch.plugin_site import plugin_pythonpath
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "tests" / "replayssm" / "integration" / "qwen3_5_4b_config.json"  # the H200 runs' shape
 
 
-def vllm_python() -> Path:
-    built = subprocess.run(["bash", str(REPO / "tools" / "vllm_venv.sh")], capture_output=True, text=True, check=True)
-    return Path(built.stdout.strip().splitlines()[-1]) / "bin" / "python"
-
-
 def main() -> None:
+    python, why = vllm_python()
+    if python is None:
+        raise SystemExit(f"error: bench_builder needs vLLM's CPU venv: {why}")
     with tempfile.TemporaryDirectory() as tmp:
         model, out = Path(tmp) / "qwen3.5-4b", Path(tmp) / "rows.json"
         model.mkdir()
@@ -35,7 +34,7 @@ def main() -> None:
                "VLLM_CACHE_ROOT": str(Path(tmp) / "cache"), "VLLM_LOGGING_LEVEL": "ERROR"}  # fmt: skip
         env.pop("VLLM_PLUGINS", None)
         script = REPO / "bench" / "builder_host_cost.py"
-        subprocess.run([str(vllm_python()), str(script), str(model), str(out)], env=env, check=True, timeout=900)
+        subprocess.run([str(python), str(script), str(model), str(out)], env=env, check=True, timeout=900)
         rows = json.loads(out.read_text())
     notes = (
         "µs per `build()` call of one GDN KV-cache group's metadata builder (Qwen3.5-4B has 3 such groups, each "

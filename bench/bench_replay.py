@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.report import write_results
+from bench.vllm_venv import vllm_python
 from harness.records.result_io import read_results
 from harness.replay import ReplayOptions, run_replay
 from harness.replay.finalize import META_T0_MONOTONIC
@@ -128,18 +129,6 @@ tok.decoder = decoders.WordPiece(prefix="##")
 PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(sys.argv[1])
 """
 REPLAYBENCH_CLI = [sys.executable, "-c", "import sys; from harness.cli import app; sys.argv[0] = 'replaybench'; app()"]
-
-
-def vllm_python() -> tuple[Path | None, str]:
-    """The vLLM venv's python (built by tools/vllm_venv.sh), or None and why not."""
-    script = REPO / "tools" / "vllm_venv.sh"
-    if not script.exists():
-        return None, "tools/vllm_venv.sh does not exist"
-    built = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=1800)
-    lines = built.stdout.strip().splitlines()
-    if built.returncode != 0 or not lines:
-        return None, f"tools/vllm_venv.sh failed: {built.stderr.strip()[-300:]}"
-    return Path(lines[-1]) / "bin" / "python", ""
 
 
 def server_jitter(log: Path, intended: list[float]) -> list[float]:
