@@ -41,6 +41,7 @@ from replayssm_patch.gpu.engine_step import (
     engine_problem,
 )
 from replayssm_patch.gpu.host_profile import (
+    AllocatorCounts,
     GcPauses,
     arm_difference,
     baseline_of,
@@ -60,7 +61,9 @@ WHAT = (
     "function its time over those steps per step in microseconds, self (tottime) and inclusive (cumtime). step_ms, "
     "mixed_step_ms, decode_step_ms, mixed_share: an unprofiled churn run before it (churn_step.churn_window); "
     "gc_per_step: Python's garbage collections and their pause ms per step of that run (warm-up included), by "
-    "generation; profiled_step_ms: the profiled run's mean step. Written by replayssm_patch/gpu/churn_host_profile.py."
+    "generation; allocator_per_step: the CUDA caching allocator's cudaMalloc and cudaFree calls, free-all-and-retry "
+    "events and all-stream syncs per step of that run (None without CUDA); profiled_step_ms: the profiled run's mean "
+    "step. Written by replayssm_patch/gpu/churn_host_profile.py."
 )
 
 
@@ -78,7 +81,8 @@ def window_fields(window: ChurnWindow | None, prefix: str = "") -> dict[str, Any
 def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab: int) -> dict[str, Any]:
     """One unprofiled churn run (also the warm-up of this batch's shapes), then one under cProfile."""
     rng = np.random.default_rng([args.seed, batch])
-    with GcPauses() as pauses:  # only the unprofiled run: cProfile slows what allocates, and so the collections
+    # only the unprofiled run: cProfile slows what allocates, and so the collections
+    with GcPauses() as pauses, AllocatorCounts() as allocator:
         plain = churn_window(Churn(llm.llm_engine, args, batch, rng, vocab).run(args.output_tokens, args.steps))
     profile = cProfile.Profile()
     profiled = churn_window(
@@ -90,6 +94,7 @@ def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab: int) ->
     return {"variant": args.variant, "mode": args.mode, "batch": batch, "prompt_tokens": args.prompt_tokens,
             "output_tokens": args.output_tokens, "steps": args.steps, **window_fields(plain),
             "gc_per_step": pauses.per_step(args.output_tokens + args.steps),
+            "allocator_per_step": allocator.per_step(args.output_tokens + args.steps),
             **window_fields(profiled, "profiled_"), **cost_fields(costs)}  # fmt: skip
 
 
@@ -115,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = record_row(args.out, row, WHAT, command, facts, key=ROW_KEY_CHURN)["rows"]
         args.out.with_suffix(".md").write_text(summary_markdown(rows, title=TITLE, what=WHAT))
         print(f"{args.variant} {args.mode} B={batch}: step {row['step_ms']} ms in-process (mixed "
-              f"{row['mixed_step_ms']}, decode-only {row['decode_step_ms']}), {row['profiled_step_ms']} ms profiled",
-              flush=True)  # fmt: skip
+              f"{row['mixed_step_ms']}, decode-only {row['decode_step_ms']}), {row['profiled_step_ms']} ms profiled; "
+              f"GC {row['gc_per_step']}; allocator {row['allocator_per_step']}", flush=True)  # fmt: skip
         baseline = None if args.variant == "baseline" else baseline_of(row, rows)
         if baseline is not None:  # the baseline ran first on this host: say at once where the extra time is
             for f in arm_difference(row, baseline, "total_us", 12):

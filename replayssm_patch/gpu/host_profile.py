@@ -153,6 +153,42 @@ class GcPauses:
                 "ms": [round(t * 1e3 / steps, 3) for t in self.seconds]}  # fmt: skip
 
 
+ALLOCATOR_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+
+
+class AllocatorCounts:
+    """The CUDA caching allocator's cudaMalloc / cudaFree calls and its free-all-and-retry events while active: a
+    step that misses the cache waits in cudaFree for the device, host time that neither cProfile (it lands in
+    whichever op allocated) nor a tally of launches and copies names. None without CUDA."""
+
+    def __init__(self) -> None:
+        self._before: dict[str, int] | None = None
+        self._after: dict[str, int] | None = None
+
+    @staticmethod
+    def _read() -> dict[str, int] | None:
+        import torch
+
+        return torch.cuda.memory_stats() if torch.cuda.is_available() else None
+
+    def __enter__(self) -> AllocatorCounts:
+        self._before = self._read()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._after = self._read()
+
+    def per_step(self, steps: int) -> dict[str, float] | None:
+        return allocator_per_step(self._before, self._after, steps)
+
+
+def allocator_per_step(before: dict[str, int] | None, after: dict[str, int] | None, steps: int) -> dict | None:
+    """Each of ``ALLOCATOR_COUNTERS`` over the run, per step (counters absent from the stats count 0)."""
+    if before is None or after is None:
+        return None
+    return {name: round((after.get(name, 0) - before.get(name, 0)) / steps, 3) for name in ALLOCATOR_COUNTERS}
+
+
 def profiled_generate(llm: Any, prompts: list[list[int]], tokens: int) -> tuple[float, dict[FunctionKey, tuple]]:
     """One generate under cProfile: its seconds and the raw per-function stats."""
     profile = cProfile.Profile()
@@ -181,6 +217,18 @@ def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: in
             **cost_fields(costs)}  # fmt: skip
 
 
+def pause_lines(row: dict[str, Any]) -> list[str]:
+    """What a row knows of host time no function owns: GC pauses and the allocator's device calls, per step."""
+    lines = []
+    if row.get("gc_per_step"):
+        gc_ms = row["gc_per_step"]["ms"]
+        lines.append(f"- GC pauses per step: {sum(gc_ms):.3f} ms (generations 0/1/2: {'/'.join(map(str, gc_ms))})")
+    if row.get("allocator_per_step"):
+        counts = ", ".join(f"{name} {value}" for name, value in row["allocator_per_step"].items())
+        lines.append(f"- CUDA allocator per step: {counts}")
+    return [*lines, ""] if lines else []
+
+
 def summary_markdown(
     rows: list[dict[str, Any]], count: int = 15, title: str = "Host time per decode step", what: str = WHAT
 ) -> str:
@@ -189,7 +237,7 @@ def summary_markdown(
     parts = [f"# {title} (cProfile, engine in-process)", "", what, ""]
     for row in rows:
         parts += [f"## {row['variant']} {row['mode']} batch {row['batch']}: step {row['step_ms']} ms in-process "
-                  f"({row['profiled_step_ms']} ms profiled)", ""]  # fmt: skip
+                  f"({row['profiled_step_ms']} ms profiled)", "", *pause_lines(row)]  # fmt: skip
         for field, label in (("by_total", "inclusive"), ("by_self", "self")):
             key = "total_us" if field == "by_total" else "self_us"
             parts += [f"| function ({label}) | µs per step | calls per step |", "|---|---|---|"]

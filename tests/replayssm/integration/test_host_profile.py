@@ -6,12 +6,15 @@ import cProfile
 import pstats
 
 from replayssm_patch.gpu.host_profile import (
+    AllocatorCounts,
     GcPauses,
+    allocator_per_step,
     arm_difference,
     baseline_of,
     cost_fields,
     function_name,
     main,
+    pause_lines,
     per_step_costs,
     short_path,
     summary_markdown,
@@ -158,3 +161,31 @@ def test_window_fields_name_every_field_even_without_timestamps():
         ("step_ms", "mixed_step_ms", "decode_step_ms", "mixed_share", "mean_rows")
     )
     assert window_fields(None, "profiled_") == {"profiled_step_ms": None}
+
+
+def test_allocator_per_step_is_each_counters_growth_over_the_steps():
+    before = {"num_device_alloc": 10, "num_device_free": 4, "num_alloc_retries": 0}
+    after = {"num_device_alloc": 30, "num_device_free": 24, "num_alloc_retries": 5, "num_sync_all_streams": 3}
+    assert allocator_per_step(before, after, 10) == {
+        "num_device_alloc": 2.0, "num_device_free": 2.0, "num_alloc_retries": 0.5, "num_sync_all_streams": 0.3
+    }  # fmt: skip
+    assert allocator_per_step(None, after, 10) is None
+
+
+def test_allocator_counts_are_none_without_cuda():
+    import torch
+
+    with AllocatorCounts() as counts:
+        torch.zeros(4)
+    assert (counts.per_step(1) is None) == (not torch.cuda.is_available())
+
+
+def test_summary_names_gc_pauses_and_allocator_calls_of_a_row():
+    row = {"gc_per_step": {"collections": [1, 0, 0.1], "ms": [0.1, 0.0, 2.0]},
+           "allocator_per_step": {"num_device_alloc": 0.5, "num_device_free": 0.5}}  # fmt: skip
+    assert pause_lines(row) == [
+        "- GC pauses per step: 2.100 ms (generations 0/1/2: 0.1/0.0/2.0)",
+        "- CUDA allocator per step: num_device_alloc 0.5, num_device_free 0.5",
+        "",
+    ]
+    assert pause_lines({"gc_per_step": None, "allocator_per_step": None}) == []

@@ -328,6 +328,7 @@ def test_churn_host_profile_names_the_candidates_extra_host_work_in_mixed_steps(
         assert (row["decode_step_ms"], row["mixed_step_ms"]) == (5.0, 40.0)
         assert row["profiled_step_ms"] == row["step_ms"]  # the stand-in's clock does not slow under cProfile
         assert len(row["gc_per_step"]["collections"]) == len(row["gc_per_step"]["ms"]) == 3
+        assert row["allocator_per_step"] is None  # the stand-in engine runs on the CPU
     candidate, baseline = rows["replayssm_fp32"], rows["baseline"]
     names = [f[0] for f in candidate["functions"]]
     (work,) = [n for n in names if n.endswith("(candidate_mixed_step_work)")]
