@@ -105,9 +105,31 @@ def test_gdn_native_mixed_steps_fold_decode_rows_and_run_vllms_own_path(gdn_chec
 
 
 def test_gdn_native_regime_runs_vllms_own_decode_between_replay_steps(gdn_checks):
-    """gdn_native_max_batch 2, the GDN layer against vLLM's packed decode (interpreted); the second layer of the
-    group is folded by the same builder at each transition, so it answers exactly as the first."""
+    """gdn_native_max_batch 2, the GDN layer against vLLM's packed decode (interpreted); a layer of a second
+    KV-cache group, at other blocks, takes the first group's metadata through update_block_table and is folded
+    at each transition by its own builder, so it answers exactly as the first."""
     assert_native_regime(gdn_checks["native"], output_tolerance=1e-5, state_tolerance=1e-6)
+
+
+def test_gdn_later_groups_take_the_first_groups_plan_at_their_own_blocks(gdn_checks):
+    """vLLM builds the first GDN group and hands its metadata to the others (update_block_table): one cursor table
+    and one set of plan buffers; each group's decode-only indices go into its own persistent buffer (what its
+    captured graphs read), padded with the null block, at block slot + 4."""
+    got = gdn_checks["native"]
+    assert not got["twin_cursor_table"]  # the cursors moved once per step, in the first group's build
+    assert all(step["shared_plan"] and step["own_buffer"] for step in got["twin_groups"])
+    assert [step["indices"] for step in got["twin_groups"]][:4] == [[5, 6, 7], [5, 6, 7], [5, 6, 7], [5, 6]]
+
+
+def test_gdn_later_group_gets_its_own_prefill_view_and_zeroes_its_fresh_rows(gdn_checks):
+    """The mixed step of the builder checks at a second group's blocks 2, 1, 4: its prefill rows and vLLM's
+    prefill-only view name its own blocks, with the first group's pending counts; a new one-token prompt's state
+    is zeroed in the second group's layers too, and only there."""
+    got = gdn_checks["builder"]["other_group"]
+    assert got["supported"] and got["indices"] == [2, 1, 4]
+    assert got["prefill_indices"] == got["view_indices"] == [1, 4] and got["first_view_indices"] == [5, 6]
+    assert (got["pending"], got["view_tokens"]) == ([1, 0], 12)
+    assert got["fresh_state_zero"] and got["decoding_state_kept"]
 
 
 def test_gdn_builder_plans_capture_and_decode_with_its_own_cursor_table(gdn_checks):

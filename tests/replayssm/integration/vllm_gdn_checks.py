@@ -31,6 +31,7 @@ from vllm_checks import (  # noqa: E402
     NATIVE_LIMIT,
     NATIVE_SLOTS,
     built_by,
+    decode_rows,
     describe,
     drive_native_schedule,
     flush_list,
@@ -46,6 +47,7 @@ from replayssm_patch.gpu.layer_check import common_metadata, paged_state_tensors
 ENABLED = {"replayssm": {"enable": True, "buffer_len": 16}}
 # L = 4 with every window aligned to the prefill, so the checks can name exact cursors
 ALIGNED_L4 = {"replayssm": {"enable": True, "buffer_len": 4, "stagger_windows": False}}
+OTHER_GROUP_OFFSET = 4  # a second KV-cache group holds each request at block slot + 4
 
 
 class CudaReportingCpuPlatform(CpuPlatform):
@@ -116,6 +118,18 @@ def builder_steps(tiny: Path) -> dict:
         )
     m = builder.build(0, common_metadata([1, 5, 7], [16, 30, 7], [3, 5, 6], [False, True, True]))
     view = m.prefill_view
+    # a second KV-cache group holds the same requests in blocks 2, 1 and 4 and takes this step's metadata
+    other_layer = make_gdn_layer(config, "plan.layers.1.linear_attn")
+    other_layer.kv_cache = paged_state_tensors(spec, 8)
+    other = type(builder)(spec, [other_layer.prefix], config, torch.device("cpu"))
+    theirs = other.update_block_table(m, torch.tensor([[2], [1], [4]], dtype=torch.int32), torch.zeros(0))
+    other_group = {
+        "supported": other.supports_update_block_table, "indices": theirs.non_spec_state_indices_tensor.tolist(),
+        "prefill_indices": theirs.prefill_state_indices.tolist(),
+        "view_indices": theirs.prefill_view.non_spec_state_indices_tensor.tolist(),
+        "first_view_indices": view.non_spec_state_indices_tensor.tolist(),
+        "pending": theirs.replay_pending.tolist(), "view_tokens": theirs.prefill_view.num_actual_tokens,
+    }  # fmt: skip
     steps.append({
         "decodes": m.num_decodes, "prefills": m.num_prefills, "write_pos": m.replay_write_pos.tolist(),
         "pending": m.replay_pending.tolist(), "after": builder.cursors.positions.tolist(),
@@ -130,13 +144,19 @@ def builder_steps(tiny: Path) -> dict:
     layer.kv_cache[0][5] = 1.0
     layer.kv_cache[1][5] = 1.0
     m = builder.build(0, common_metadata([1, 1], [17, 1], [3, 5], [False, True]))
+    other_layer.kv_cache[0][1] = other_layer.kv_cache[1][1] = other_layer.kv_cache[1][2] = 1.0  # blocks 1 and 2
+    other.update_block_table(m, torch.tensor([[2], [1]], dtype=torch.int32), torch.zeros(0))
+    other_group["fresh_state_zero"] = bool(
+        (other_layer.kv_cache[1][1] == 0).all() and (other_layer.kv_cache[0][1] == 0).all()
+    )
+    other_group["decoding_state_kept"] = bool((other_layer.kv_cache[1][2] == 1).all())
     steps.append({"decodes": m.num_decodes, "write_pos": m.replay_write_pos.tolist(),
                   "fresh_state_zero": bool((layer.kv_cache[1][5] == 0).all() and (layer.kv_cache[0][5] == 0).all()),
                   "other_state_kept": bool((layer.kv_cache[1][3] == 0).all())})  # fmt: skip
     # a builder of its own: a decode beside a fresh 9-token prompt, which the CPU knows has no ring to fold
     fresh_only = type(builder)(spec, [layer.prefix], config, torch.device("cpu"))
     m = fresh_only.build(0, common_metadata([1, 9], [12, 9], [3, 7], [False, True]))
-    return {"steps": steps, "fresh_prompt_fold_pending": m.replay_fold_pending}
+    return {"steps": steps, "fresh_prompt_fold_pending": m.replay_fold_pending, "other_group": other_group}
 
 
 def native_mixed(tiny: Path) -> dict:
@@ -165,8 +185,10 @@ def native_mixed(tiny: Path) -> dict:
 
 def native_scenario(tiny: Path) -> dict:
     """The native regime (launch-table limit 2 rows) over ``NATIVE_SCHEDULE``: vLLM's GDN layer (its packed decode,
-    interpreted), ReplaySSM's, a second ReplaySSM layer of the same KV-cache group (its builder folds both) and
-    vLLM's layer run from ReplaySSM's state before each native step; then every ring is folded."""
+    interpreted), ReplaySSM's, a second ReplaySSM layer in another KV-cache group that holds each request at block
+    slot + 4 (its metadata is vLLM's ``update_block_table`` of the first group's, with the full-graph persistent
+    buffers on, as on a GPU) and vLLM's layer run from ReplaySSM's state before each native step; then every ring
+    is folded."""
     gen = torch.Generator().manual_seed(0)
     base_cfg = vllm_config(None, tiny, max_model_len=512, dtype="float32")
     rep_cfg = vllm_config(ALIGNED_L4, tiny, max_model_len=512, dtype="float32")
@@ -177,16 +199,19 @@ def native_scenario(tiny: Path) -> dict:
         layers[name].load_state_dict(layers["base"].state_dict())
     for name, layer in layers.items():
         layer.kv_cache = paged_state_tensors(layer.get_kv_cache_spec(configs[name]), 8)
-    group = {"base": [layers["base"].prefix], "rep": [layers["rep"].prefix, layers["twin"].prefix],
-             "witness": [layers["witness"].prefix]}  # fmt: skip
+    group = {name: [layer.prefix] for name, layer in layers.items()}
     with launch_table(tiny.parent / "gdn_native_table.json", {"gdn_native_max_batch": NATIVE_LIMIT}):
         builders = {name: layers[name].get_attn_backend().get_builder_cls()(
             layers[name].get_kv_cache_spec(configs[name]), names, configs[name], torch.device("cpu"))
             for name, names in group.items()}  # fmt: skip
+    for name in ("rep", "twin"):  # decode-only steps fill the builders' persistent buffers, as graphs need
+        builders[name].use_full_cuda_graph = True
+    slots = torch.tensor(NATIVE_SLOTS, dtype=torch.long)
     for index, scale in ((0, 1.0), (1, 0.1)):
         start = torch.randn(layers["base"].kv_cache[index].shape, generator=gen) * scale
-        for name in ("base", "rep", "twin"):
+        for name in ("base", "rep"):
             layers[name].kv_cache[index].copy_(start)
+        layers["twin"].kv_cache[index][slots + OTHER_GROUP_OFFSET] = start[slots]
     captures = {rows: common_metadata([1] * rows, [1] * rows, [0] * rows, [False] * rows) for rows in (2, 3)}
     captured = {rows: builders["rep"].build_for_cudagraph_capture(md).replay_native for rows, md in captures.items()}
     allocated = builders["rep"].cursors is not None
@@ -201,19 +226,37 @@ def native_scenario(tiny: Path) -> dict:
         return out
 
     arms = {name: (layers[name], configs[name], built_by(builders[name])) for name in ("base", "rep", "witness")}
-    arms["twin"] = (layers["twin"], rep_cfg, lambda _slots, _seq_lens, first: first)  # the same group's metadata
+    twin_indices = []
+
+    def other_group(slots, seq_lens, first):
+        blocks = [slot + OTHER_GROUP_OFFSET for slot in slots]
+        theirs = builders["twin"].update_block_table(first, decode_rows(slots, seq_lens, blocks).block_table_tensor,
+                                                     torch.zeros(0))  # fmt: skip
+        twin_indices.append(
+            {
+                "indices": theirs.non_spec_state_indices_tensor.tolist(),
+                "own_buffer": theirs.non_spec_state_indices_tensor.data_ptr()
+                == builders["twin"].non_spec_state_indices_tensor.data_ptr(),
+                "shared_plan": theirs.replay_write_pos.data_ptr() == first.replay_write_pos.data_ptr(),
+            }
+        )
+        return theirs  # fmt: skip
+
+    arms["twin"] = (layers["twin"], rep_cfg, other_group)
     run = drive_native_schedule(arms, forward, lambda rows: core_inputs(base, rows, gen, "cpu"),
                                 lambda: builders["rep"].cursors)  # fmt: skip
-    slots = torch.tensor(NATIVE_SLOTS, dtype=torch.int32)
-    pending = builders["rep"].cursors.take_pending(slots)  # what a prefill of every row would fold first
-    for name in ("rep", "twin"):
-        layers[name].materialise(slots, pending)
+    pending = builders["rep"].cursors.take_pending(slots.int())  # what a prefill of every row would fold first
+    layers["rep"].materialise(slots.int(), pending)
+    layers["twin"].materialise((slots + OTHER_GROUP_OFFSET).int(), pending)
     rep, twin = layers["rep"], layers["twin"]
+    twin_equal = all(torch.equal(twin.kv_cache[index][slots + OTHER_GROUP_OFFSET], rep.kv_cache[index][slots])
+                     for index in (0, 1))  # fmt: skip
     return {**run, "captured_native": captured, "table_allocated_by_captures": allocated,
-            "pending_at_end": pending.tolist(),
-            "state_rel_err": relative_error(rep.kv_cache[1][slots.long()], base.kv_cache[1][slots.long()]),
-            "twin_state_equal": torch.equal(twin.kv_cache[1], rep.kv_cache[1]),
-            "conv_state_equal": torch.equal(rep.kv_cache[0][slots.long()], base.kv_cache[0][slots.long()])}  # fmt: skip
+            "pending_at_end": pending.tolist(), "twin_groups": twin_indices,
+            "twin_cursor_table": builders["twin"].cursors is not None,
+            "state_rel_err": relative_error(rep.kv_cache[1][slots], base.kv_cache[1][slots]),
+            "twin_state_equal": twin_equal,
+            "conv_state_equal": torch.equal(rep.kv_cache[0][slots], base.kv_cache[0][slots])}  # fmt: skip
 
 
 def whole_model(tiny: Path) -> dict:
