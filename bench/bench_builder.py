@@ -1,4 +1,4 @@
-"""Host time of one GDN metadata build per step, vLLM's builder against ReplaySSM's, on this machine's CPU.
+"""Host time of a step's GDN metadata (every KV-cache group's), vLLM's builder against ReplaySSM's, on this CPU.
 
 The builders are vLLM 0.24's own (its CPU venv, tools/vllm_venv.sh), over a paged cache of Qwen3.5-4B's shapes:
 64 decode rows, and every third step a fresh 1,024-token prefill beside them (the churn rows' mix). The timing
@@ -37,8 +37,9 @@ def main() -> None:
         subprocess.run([str(python), str(script), str(model), str(out)], env=env, check=True, timeout=900)
         rows = json.loads(out.read_text())
     notes = (
-        "µs per `build()` call of one GDN KV-cache group's metadata builder (Qwen3.5-4B has 3 such groups, each "
-        "building every step), median of 5 rounds of 300 steps (every third mixed: 64 decode rows and a fresh "
+        "µs per step for the metadata of Qwen3.5-4B's 3 GDN KV-cache groups, made as vLLM 0.24's model runner makes "
+        "it (the first group's `build()`, then `update_block_table` for the others where the builder offers it, "
+        "else a `build()` each), median of 5 rounds of 300 steps (every third mixed: 64 decode rows and a fresh "
         "1,024-token prefill; the others 64 decode rows). vLLM's real builders on the CPU: ReplaySSM's cursor plans "
         "run their PyTorch twins here, one Triton launch each on a GPU, so these are this CPU's figures for "
         "comparing the builders, not the H200's. Single-threaded torch."

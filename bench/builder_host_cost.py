@@ -1,11 +1,12 @@
-"""Host time of one GDN metadata build, vLLM's builder against ReplaySSM's, run inside the vLLM 0.24 CPU venv by
+"""Host time of a step's GDN metadata, vLLM's builder against ReplaySSM's, run inside the vLLM 0.24 CPU venv by
 bench_builder.py. Args: a dir with the model's config.json, the JSON file to write.
 
 Why: steps that prefill beside decodes run eagerly on the H200, and there ReplaySSM's Qwen3.5-4B steps spent ~10 ms
-more host time than vLLM's (BENCHMARKS.md, "Churn on one host"). The metadata builder runs once per GDN KV-cache
-group on every step, outside any CUDA graph; this times it alone, with the real builders over a paged cache of the
-model's shapes. On the CPU the plugin's cursor plans run their PyTorch twins (one Triton launch each on a GPU), so
-the figures are this machine's, for comparing the two builders, not the H200's.
+more host time than vLLM's (BENCHMARKS.md, "Churn on one host"). The metadata of every GDN KV-cache group is made on
+every step, outside any CUDA graph; this times it alone, as vLLM's model runner makes it (the first group's build,
+then ``update_block_table`` for the others where the builder offers it, else a build each), with the real builders
+over a paged cache of the model's shapes. On the CPU the plugin's cursor plans run their PyTorch twins (one Triton
+launch each on a GPU), so the figures are this machine's, for comparing the two builders, not the H200's.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ BATCH = 64  # decode rows, as in the churn rows
 PROMPT = 1024  # the prefill beside them in a mixed step
 STEPS = 300  # every third one mixed, as under churn at 64 rows and 192-token outputs
 ROUNDS = 5
+GROUPS = 3  # Qwen3.5-4B's GDN KV-cache groups: 24 GDN layers, 8 per group
 ARMS = {"vLLM GDN builder": None, "ReplaySSM fp32": {"replayssm": {"enable": True, "buffer_len": 16}}}
 
 
@@ -43,17 +45,27 @@ def step_metadata(mixed: bool) -> object:
     return common_metadata(query, seq, blocks, [False] * BATCH + [True] * mixed)
 
 
-def time_builds(builder: object) -> dict[str, float]:
-    """Median over ROUNDS of the mean µs per build, decode-only and mixed steps apart."""
+def group_metadata(builders: list, m: object) -> None:
+    """One step's metadata of every group, as vLLM 0.24's runner makes it (``_build_attn_group_metadata``)."""
+    first = builders[0].build(0, m)
+    for builder in builders[1:]:
+        if builder.supports_update_block_table:
+            builder.update_block_table(first, m.block_table_tensor, m.slot_mapping)
+        else:
+            builder.build(0, m)
+
+
+def time_builds(builders: list) -> dict[str, float]:
+    """Median over ROUNDS of the mean µs per step over every group, decode-only and mixed steps apart."""
     steps = [step_metadata(k % 3 == 0) for k in range(STEPS)]
     for m in steps[:30]:  # warm-up: the cursor table is sized at the first real build
-        builder.build(0, m)
+        group_metadata(builders, m)
     means: dict[str, list[float]] = {"decode": [], "mixed": []}
     for _ in range(ROUNDS):
         spent = {"decode": 0.0, "mixed": 0.0}
         for k, m in enumerate(steps):
             began = time.perf_counter()
-            builder.build(0, m)
+            group_metadata(builders, m)
             spent["mixed" if k % 3 == 0 else "decode"] += time.perf_counter() - began
         means["mixed"].append(spent["mixed"] / len(steps[::3]) * 1e6)
         means["decode"].append(spent["decode"] / (len(steps) - len(steps[::3])) * 1e6)
@@ -68,14 +80,20 @@ def main(model: Path, out: Path) -> None:
         config = vllm_config(knobs, model, max_model_len=2048)
         if knobs:
             install_replay_gdn(replayssm_config_of(config))
-        layer = make_gdn_layer(config, f"{arm.split()[0].lower()}.layers.0.linear_attn")
-        spec = layer.get_kv_cache_spec(config)
-        layer.kv_cache = paged_state_tensors(spec, BATCH + 2)
-        config.compilation_config.static_forward_context[layer.prefix] = layer  # where the builder finds its layers
+        builders = []
+        for group in range(GROUPS):  # one layer per group stands for its 8: the builder's work is per group
+            layer = make_gdn_layer(config, f"{arm.split()[0].lower()}.layers.{group}.linear_attn")
+            spec = layer.get_kv_cache_spec(config)
+            layer.kv_cache = paged_state_tensors(spec, BATCH + 2)
+            config.compilation_config.static_forward_context[layer.prefix] = layer  # where a builder finds its layers
+            with set_current_vllm_config(config):
+                cls = layer.get_attn_backend().get_builder_cls()
+                builders.append(cls(spec, [layer.prefix], config, torch.device("cpu")))
         with set_current_vllm_config(config):
-            builder = layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device("cpu"))
-            timed = time_builds(builder)
-        rows.append({"builder": arm, "decode step µs": timed["decode"], "mixed step µs": timed["mixed"]})
+            timed = time_builds(builders)
+        shared = sum(b.supports_update_block_table for b in builders[1:])
+        rows.append({"builder": arm, "builds per step": GROUPS - shared, "block-table updates per step": shared,
+                     "decode step µs": timed["decode"], "mixed step µs": timed["mixed"]})  # fmt: skip
     out.write_text(json.dumps(rows))
 
 
