@@ -81,7 +81,8 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
         self.native_max_batch = gdn_native_max_batch(device)
         self.ring_may_hold = False  # rings may hold entries a native step must fold first (CPU only)
         # one block per request (the plugin refuses prefix caching): the first group's metadata serves every group
-        self.supports_update_block_table = vllm_config.cache_config.mamba_cache_mode == "none"
+        one_block = vllm_config.cache_config.mamba_cache_mode == "none"
+        self.supports_update_block_table = one_block and not knobs.per_group_builds
         self.plan_buffers = (
             RingPlanBuffers.of_engine(vllm_config, device)
             if self.supports_update_block_table

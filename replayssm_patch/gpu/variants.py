@@ -26,6 +26,8 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "replayssm_split": {"replayssm": {"enable": True, "buffer_len": 16, "split_precision": True}},
     # steps with prefills run vLLM's own path after a fold (config.native_mixed_steps)
     "replayssm_fp32_native_mixed": {"replayssm": {"enable": True, "buffer_len": 16, "native_mixed_steps": True}},
+    # GDN: every KV-cache group builds its own metadata (config.per_group_builds): the shared build's control arm
+    "replayssm_fp32_per_group": {"replayssm": {"enable": True, "buffer_len": 16, "per_group_builds": True}},
 }
 
 # The speculative-decoding benchmark's four arms (gpu/spec_step.py): a variant above, with or without speculation

@@ -32,6 +32,7 @@ def test_full_config_parses():
     got = parse_replayssm_config({"replayssm": {"enable": True, "buffer_len": 8, "split_precision": True}})
     assert got == ReplaySSMConfig(enable=True, buffer_len=8, split_precision=True)
     assert parse_replayssm_config({"replayssm": {"native_mixed_steps": True}}).native_mixed_steps is True
+    assert parse_replayssm_config({"replayssm": {"per_group_builds": True}}).per_group_builds is True
 
 
 @pytest.mark.parametrize(

@@ -130,6 +130,7 @@ def test_gdn_later_group_gets_its_own_prefill_view_and_zeroes_its_fresh_rows(gdn
     assert got["prefill_indices"] == got["view_indices"] == [1, 4] and got["first_view_indices"] == [5, 6]
     assert (got["pending"], got["view_tokens"]) == ([1, 0], 12)
     assert got["fresh_state_zero"] and got["decoding_state_kept"]
+    assert got["per_group_builds"] == {"shares": False, "own_plan": True}  # the knob: the same-host control arm
 
 
 def test_gdn_builder_plans_capture_and_decode_with_its_own_cursor_table(gdn_checks):

@@ -156,6 +156,12 @@ def builder_steps(tiny: Path) -> dict:
     # a builder of its own: a decode beside a fresh 9-token prompt, which the CPU knows has no ring to fold
     fresh_only = type(builder)(spec, [layer.prefix], config, torch.device("cpu"))
     m = fresh_only.build(0, common_metadata([1, 9], [12, 9], [3, 7], [False, True]))
+    # per_group_builds: every group builds its own (vLLM then never calls update_block_table), with its own plan
+    knobs = {"replayssm": {**ALIGNED_L4["replayssm"], "per_group_builds": True}}
+    per_group_config = vllm_config(knobs, tiny, max_model_len=512, dtype="float32")
+    per_group = type(builder)(spec, [other_layer.prefix], per_group_config, torch.device("cpu"))
+    other_group["per_group_builds"] = {"shares": per_group.supports_update_block_table,
+                                       "own_plan": per_group.plan_buffers is not builder.plan_buffers}  # fmt: skip
     return {"steps": steps, "fresh_prompt_fold_pending": m.replay_fold_pending, "other_group": other_group}
 
 
