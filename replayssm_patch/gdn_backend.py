@@ -3,10 +3,10 @@
 Why one build per step: every GDN KV-cache group holds the same requests at the same point, so vLLM's
 ``update_block_table`` hook (which its own GDN builder does not offer) lets the first group's build serve the
 others: they take its metadata and its ring plan with their own block ids, and the cursor table, indexed by the
-first group's blocks, moves once per step. On the H200 (2026-12-03, qwen3.5-4b under churn) the three builds were
-~2 ms of host time per step under cProfile beyond the baseline's. The plan (write position and flush length per decode
-row, and the list of flush rows the fold walks) goes into persistent buffers shared by every group, the addresses a
-captured CUDA graph reads; capture builds write zeros and never move a cursor.
+first group's blocks, moves once per step. On the H200 (2026-12-03, qwen3.5-4b under churn) the three builds took
+1.9 ms per step under cProfile, ~0.9 ms more than vLLM's own (BENCHMARKS.md, session 14). The plan (write position
+and flush length per decode row, and the list of flush rows the fold walks) goes into persistent buffers shared by
+every group, the addresses a captured CUDA graph reads; capture builds write zeros and never move a cursor.
 
 Two things differ from the Mamba-2 builder. vLLM counts a new one-token prompt as a GDN decode row (it does
 not look at ``is_prefilling``), and its own layer then reads the slot's previous owner's state; here such a
