@@ -20,6 +20,7 @@ import cProfile
 import gc
 import os
 import pstats
+import re
 import sys
 import time
 from collections.abc import Iterable
@@ -103,13 +104,41 @@ def cost_fields(costs: list[FunctionCost]) -> dict[str, Any]:
     return {"by_self": top(costs, "self_us"), "by_total": top(costs, "total_us"), "functions": kept}
 
 
+# vLLM functions whose work per step the plugin leaves alone (same calls, same inputs): how long they took in two runs
+# is how fast the host ran in each. On 2026-12-03 they took 1.25x as long in the baseline's profiled run as in the
+# candidate's, on one host, which hid 3 ms per step of the candidate's extra host time.
+HOST_SPEED_REFERENCE = (("vllm/v1/core/sched/scheduler.py", "schedule"),
+                        ("vllm/v1/core/sched/scheduler.py", "update_from_output"),
+                        ("vllm/v1/engine/output_processor.py", "process_outputs"))  # fmt: skip
+_NAME = re.compile(r"^(?P<path>.*):\d+\((?P<name>.*)\)$")
+
+
+def reference_us(row: dict[str, Any]) -> float:
+    """The row's inclusive µs per step in ``HOST_SPEED_REFERENCE`` (0 where it has none of them)."""
+    total = 0.0
+    for function, _, total_us, _ in row.get("functions", []):
+        match = _NAME.match(function)
+        if match and (match["path"], match["name"]) in HOST_SPEED_REFERENCE:
+            total += total_us
+    return total
+
+
+def host_slowdown(row: dict[str, Any], baseline: dict[str, Any]) -> float | None:
+    """How much slower the host ran ``row``'s profiled run than ``baseline``'s, by the reference functions (1.0:
+    as fast; None where either row lacks them)."""
+    mine, theirs = reference_us(row), reference_us(baseline)
+    return round(mine / theirs, 3) if mine > 0 and theirs > 0 else None
+
+
 def arm_difference(row: dict[str, Any], baseline: dict[str, Any], field: str, count: int = DIFF_TOP) -> list[dict]:
     """The functions on which ``row`` spends the most host time per step beyond ``baseline`` (``field``: self_us or
-    total_us), largest first; a function one row lacks counts 0 there."""
+    total_us), largest first; a function one row lacks counts 0 there. The baseline's costs are first scaled by
+    ``host_slowdown``, so a host that ran one arm slower does not hide or invent a difference."""
     index = 1 if field == "self_us" else 2
-    theirs = {f[0]: f for f in baseline["functions"]}
+    scale = host_slowdown(row, baseline) or 1.0
+    theirs = {f[0]: f[index] for f in baseline["functions"]}
     mine = {f[0]: f for f in row["functions"]}
-    extra = {name: mine.get(name, [name, 0.0, 0.0, 0.0])[index] - theirs.get(name, [name, 0.0, 0.0, 0.0])[index]
+    extra = {name: (mine[name][index] if name in mine else 0.0) - scale * theirs.get(name, 0.0)
              for name in mine.keys() | theirs.keys()}  # fmt: skip
     ranked = sorted(extra.items(), key=lambda item: -item[1])[:count]
     return [{"function": name, "extra_us": round(us, 2), "calls": mine[name][3] if name in mine else 0.0}
@@ -246,8 +275,15 @@ def summary_markdown(
         baseline = None if row["variant"] == "baseline" or "functions" not in row else baseline_of(row, rows)
         if baseline is None:
             continue
+        slowdown = host_slowdown(row, baseline)
+        scaled = (
+            f"the baseline's costs scaled by {slowdown}, the host's slowdown in this run by the scheduler's and "
+            "output processor's functions"
+            if slowdown
+            else "the host's speed in the two runs not known"
+        )
         parts += [f"## {row['variant']} over the baseline, {row['mode']} batch {row['batch']}: "
-                  f"{row['step_ms']} vs {baseline['step_ms']} ms per step in-process", ""]  # fmt: skip
+                  f"{row['step_ms']} vs {baseline['step_ms']} ms per step in-process ({scaled})", ""]  # fmt: skip
         for field, label in (("total_us", "inclusive"), ("self_us", "self")):
             parts += [f"| function ({label}) | extra µs per step | calls per step |", "|---|---|---|"]
             parts += [f"| `{f['function']}` | {f['extra_us']} | {f['calls']} |"

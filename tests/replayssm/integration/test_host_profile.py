@@ -13,6 +13,7 @@ from replayssm_patch.gpu.host_profile import (
     baseline_of,
     cost_fields,
     function_name,
+    host_slowdown,
     main,
     pause_lines,
     per_step_costs,
@@ -189,3 +190,33 @@ def test_summary_names_gc_pauses_and_allocator_calls_of_a_row():
         "",
     ]
     assert pause_lines({"gc_per_step": None, "allocator_per_step": None}) == []
+
+
+def _scaled(functions: list[list], variant: str = "replayssm_fp32") -> dict:
+    return {"variant": variant, "mode": "default", "batch": 64, "prompt_tokens": 1024, "output_tokens": 192,
+            "step_ms": 1.0, "profiled_step_ms": 2.0, "by_total": [], "by_self": [], "functions": functions}  # fmt: skip
+
+
+SCHEDULE = "vllm/v1/core/sched/scheduler.py:388(schedule)"
+OUTPUTS = "vllm/v1/engine/output_processor.py:576(process_outputs)"
+SHARED = "vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:1699(qwen_gdn_attention_core)"
+
+
+def test_arm_difference_scales_the_baseline_by_the_hosts_slowdown():
+    """The host ran the baseline's profiled run 1.25x slower (its scheduler and output processing, unchanged by the
+    plugin, took 1.25x as long): the shared op's 18.4 ms there are 14.7 ms at the candidate's pace, so the
+    candidate's 18.1 ms are 3.4 ms extra, not 0.3 ms less."""
+    baseline = _scaled([[SCHEDULE, 0, 6500.0, 1.0], [OUTPUTS, 0, 1000.0, 1.0], [SHARED, 0, 18400.0, 7.88]], "baseline")
+    candidate = _scaled([[SCHEDULE, 0, 5200.0, 1.0], [OUTPUTS, 0, 800.0, 1.0], [SHARED, 0, 18100.0, 7.88]])
+    assert host_slowdown(candidate, baseline) == 0.8
+    extra = {f["function"]: f["extra_us"] for f in arm_difference(candidate, baseline, "total_us")}
+    assert extra[SHARED] == 18100.0 - 0.8 * 18400.0
+    assert extra[SCHEDULE] == extra[OUTPUTS] == 0.0  # the reference itself differs by nothing once scaled
+
+
+def test_host_slowdown_is_unknown_without_the_reference_functions_and_nothing_is_scaled():
+    baseline = _scaled([[SHARED, 0, 100.0, 1.0]], "baseline")
+    candidate = _scaled([[SHARED, 0, 130.0, 1.0]])
+    assert host_slowdown(candidate, baseline) is None
+    assert arm_difference(candidate, baseline, "total_us")[0]["extra_us"] == 30.0
+    assert "the host's speed in the two runs not known" in summary_markdown([baseline, candidate])
