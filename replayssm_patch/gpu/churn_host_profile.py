@@ -9,9 +9,10 @@ kernels in each and 936-1,071 kernel launches: the extra time is host work that 
 not show. This names it by Python function. Method: the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0: one
 thread runs engine core, scheduler, worker and output processing, see host_profile.py); per batch one churn run
 without the profiler (its window gives the in-process step, mixed and decode-only, as churn_step.py reads them),
-then one with cProfile on over its measured steps only. A function's cost is its time over those steps per step;
-decode-only steps replay a CUDA graph, so a difference between arms is mostly in the mixed steps (per mixed step:
-the difference over mixed_share). cProfile slows Python calls: compare arms, not absolute figures.
+then one with a cProfile of each measured engine call. A function's cost is its time over those calls per call,
+over all of them and by kind ("mixed": the call or the one after it admitted a prompt, as async scheduling launches
+the next step; "decode": the rest). cProfile slows Python calls: compare arms, not absolute figures; an arm's extra
+is taken over the baseline's scaled by the host's slowdown between the two runs (host_profile.host_slowdown).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import cProfile
 import pstats
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from replayssm_patch.gpu.churn_step import (
     churn_window,
     count_problem,
 )
+from replayssm_patch.gpu.decode_window import EngineStep
 from replayssm_patch.gpu.engine_step import (
     ROW_FACTS,
     command_line,
@@ -42,6 +45,7 @@ from replayssm_patch.gpu.engine_step import (
 )
 from replayssm_patch.gpu.host_profile import (
     AllocatorCounts,
+    FunctionCost,
     GcPauses,
     arm_difference,
     baseline_of,
@@ -57,13 +61,14 @@ TITLE = "Host time per step under churn"
 WHAT = (
     "Host time per step of vLLM 0.24 under churn by function (churn_step.py's workload: B requests decoding, each "
     "finished one replaced by a fresh prompt of prompt_tokens random ids, output_tokens each): the engine in-process "
-    "(VLLM_ENABLE_V1_MULTIPROCESSING=0), cProfile over `steps` measured steps after output_tokens warm-up steps; per "
-    "function its time over those steps per step in microseconds, self (tottime) and inclusive (cumtime). step_ms, "
-    "mixed_step_ms, decode_step_ms, mixed_share: an unprofiled churn run before it (churn_step.churn_window); "
-    "gc_per_step: Python's garbage collections and their pause ms per step of that run (warm-up included), by "
-    "generation; allocator_per_step: the CUDA caching allocator's cudaMalloc and cudaFree calls, free-all-and-retry "
-    "events and all-stream syncs per step of that run (None without CUDA); profiled_step_ms: the profiled run's mean "
-    "step. Written by replayssm_patch/gpu/churn_host_profile.py."
+    "(VLLM_ENABLE_V1_MULTIPROCESSING=0), a cProfile of each of the steps + 1 measured engine calls after "
+    "output_tokens warm-up steps; per function its time per call in microseconds, self (tottime) and inclusive "
+    "(cumtime), over all calls and, in by_kind, apart for mixed calls (the call or the next admitted a prompt) and "
+    "decode-only ones, with their counts. step_ms, mixed_step_ms, decode_step_ms, mixed_share: an unprofiled churn "
+    "run before it (churn_step.churn_window); gc_per_step: Python's garbage collections and their pause ms per step "
+    "of that run (warm-up included), by generation; allocator_per_step: the CUDA caching allocator's cudaMalloc and "
+    "cudaFree calls, free-all-and-retry events and all-stream syncs per step of that run (None without CUDA); "
+    "profiled_step_ms: the profiled run's mean step. Written by replayssm_patch/gpu/churn_host_profile.py."
 )
 
 
@@ -78,24 +83,71 @@ def window_fields(window: ChurnWindow | None, prefix: str = "") -> dict[str, Any
     return {prefix + field: None if window is None else getattr(window, attr) for field, attr in names.items()}
 
 
+class StepKindProfiles:
+    """A cProfile of each measured engine call, summed by kind once the call after it has said what came next.
+
+    Why by kind: decode-only steps replay a CUDA graph and steps with a prefill run eagerly, so their host costs
+    differ in kind, and one profile over both shows neither. Under vLLM's async scheduling a call also schedules and
+    launches the step after it, so a call counts as "mixed" when it or its successor admitted a prompt, else as
+    "decode" (the last call, whose successor is not known, by itself)."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, pstats.Stats] = {}
+        self.calls = {"mixed": 0, "decode": 0}
+        self._held: tuple[cProfile.Profile, bool] | None = None
+
+    def __call__(self, step: Callable[[], EngineStep]) -> EngineStep:
+        profile = cProfile.Profile()
+        profile.enable()
+        try:
+            done = step()
+        finally:
+            profile.disable()
+        admitted = done.started > 0
+        if self._held is not None:
+            held, held_admitted = self._held
+            self._add(held, held_admitted or admitted)
+        self._held = (profile, admitted)
+        return done
+
+    def _add(self, profile: cProfile.Profile, mixed: bool) -> None:
+        kind = "mixed" if mixed else "decode"
+        self.calls[kind] += 1
+        if kind in self.stats:
+            self.stats[kind].add(profile)
+        else:
+            self.stats[kind] = pstats.Stats(profile)
+
+    def costs(self) -> tuple[list[FunctionCost], dict[str, dict[str, Any]]]:
+        """Every call's function costs per call, and each kind's (its calls and the functions to compare arms by)."""
+        if self._held is not None:
+            self._add(*self._held)
+            self._held = None
+        raw = {kind: stats.stats for kind, stats in self.stats.items()}  # type: ignore[attr-defined]
+        by_kind = {kind: {"calls": self.calls[kind], "functions": cost_fields(
+            per_step_costs({}, raw[kind], self.calls[kind]))["functions"]} for kind in raw}  # fmt: skip
+        merged = pstats.Stats()
+        for stats in self.stats.values():
+            merged.add(stats)
+        return per_step_costs({}, merged.stats, sum(self.calls.values())), by_kind  # type: ignore[attr-defined]
+
+
 def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab: int) -> dict[str, Any]:
-    """One unprofiled churn run (also the warm-up of this batch's shapes), then one under cProfile."""
+    """One unprofiled churn run (also the warm-up of this batch's shapes), then one under cProfile, call by call."""
     rng = np.random.default_rng([args.seed, batch])
     # only the unprofiled run: cProfile slows what allocates, and so the collections
     with GcPauses() as pauses, AllocatorCounts() as allocator:
         plain = churn_window(Churn(llm.llm_engine, args, batch, rng, vocab).run(args.output_tokens, args.steps))
-    profile = cProfile.Profile()
+    profiles = StepKindProfiles()
     profiled = churn_window(
-        Churn(llm.llm_engine, args, batch, rng, vocab).run(
-            args.output_tokens, args.steps, on_measure=profile.enable, after_measure=profile.disable
-        )
+        Churn(llm.llm_engine, args, batch, rng, vocab).run(args.output_tokens, args.steps, measure_step=profiles)
     )
-    costs = per_step_costs({}, pstats.Stats(profile).stats, args.steps)  # type: ignore[attr-defined]
+    costs, by_kind = profiles.costs()
     return {"variant": args.variant, "mode": args.mode, "batch": batch, "prompt_tokens": args.prompt_tokens,
             "output_tokens": args.output_tokens, "steps": args.steps, **window_fields(plain),
             "gc_per_step": pauses.per_step(args.output_tokens + args.steps),
             "allocator_per_step": allocator.per_step(args.output_tokens + args.steps),
-            **window_fields(profiled, "profiled_"), **cost_fields(costs)}  # fmt: skip
+            **window_fields(profiled, "profiled_"), **cost_fields(costs), "by_kind": by_kind}  # fmt: skip
 
 
 def parser() -> argparse.ArgumentParser:

@@ -170,18 +170,17 @@ class Churn:
         warmup: int,
         steps: int,
         on_measure: Callable[[], object] | None = None,
-        after_measure: Callable[[], object] | None = None,
+        measure_step: Callable[[Callable[[], EngineStep]], EngineStep] | None = None,
     ) -> list[EngineStep]:
-        """`warmup` steps unrecorded, then (between ``on_measure`` and ``after_measure``, e.g. starting and stopping a
-        profiler) `steps` measured ones (each a period from the step before: one stamp more); every request left is
-        aborted after."""
+        """`warmup` steps unrecorded, then (after ``on_measure``, e.g. starting a profiler) `steps` measured ones (each
+        a period from the step before: one stamp more), each through ``measure_step`` if given (it calls the step it
+        is handed, e.g. under a profiler of its own); every request left is aborted after."""
         for _ in range(warmup):
             self.step()
         if on_measure is not None:
             on_measure()
-        recorded = [self.step() for _ in range(steps + 1)]
-        if after_measure is not None:
-            after_measure()
+        measure = measure_step or (lambda step: step())
+        recorded = [measure(self.step) for _ in range(steps + 1)]
         self.engine.abort_request(sorted(self.live))
         while self.engine.has_unfinished_requests():
             self.engine.step()

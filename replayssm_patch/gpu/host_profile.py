@@ -288,7 +288,23 @@ def summary_markdown(
             parts += [f"| function ({label}) | extra µs per step | calls per step |", "|---|---|---|"]
             parts += [f"| `{f['function']}` | {f['extra_us']} | {f['calls']} |"
                       for f in arm_difference(row, baseline, field)] + [""]  # fmt: skip
+        parts += kind_differences(row, baseline)
     return "\n".join(parts)
+
+
+def kind_differences(row: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
+    """Markdown: ``row``'s extra inclusive host time per engine call of each kind (``by_kind``: calls around a
+    prefill, decode-only calls) over the baseline's calls of that kind."""
+    parts = []
+    for kind, mine in row.get("by_kind", {}).items():
+        theirs = baseline.get("by_kind", {}).get(kind)
+        if theirs is None:
+            continue
+        parts += [f"### {kind} calls ({mine['calls']} vs {theirs['calls']}): extra inclusive µs per call", "",
+                  "| function | extra µs per call | calls per call |", "|---|---|---|"]  # fmt: skip
+        parts += [f"| `{f['function']}` | {f['extra_us']} | {f['calls']} |"
+                  for f in arm_difference(mine, theirs, "total_us")] + [""]  # fmt: skip
+    return parts
 
 
 def parser() -> argparse.ArgumentParser:

@@ -346,6 +346,26 @@ def test_churn_host_profile_names_the_candidates_extra_host_work_in_mixed_steps(
     assert "## replayssm_fp32 over the baseline, O0 batch 4: " in md and md.count("over the baseline") == 1
 
 
+def test_churn_host_profile_splits_host_time_by_the_kind_of_engine_call(engine_flow):
+    """Each measured call is profiled on its own and counted as "mixed" when it or the next call admitted a prompt:
+    the stand-in's candidate-only sleep in its mixed steps lands in the mixed calls alone, at most once per call."""
+    rows = {r["variant"]: r for r in engine_flow["host_churn_file"]["rows"]}
+    candidate, baseline = rows["replayssm_fp32"], rows["baseline"]
+    for row in rows.values():
+        kinds = row["by_kind"]
+        assert set(kinds) == {"mixed", "decode"} and kinds["mixed"]["calls"] + kinds["decode"]["calls"] == 41
+        assert kinds["mixed"]["calls"] >= row["mixed_share"] * 40
+    work = "candidate_mixed_step_work"
+    mixed = {f[0]: f for f in candidate["by_kind"]["mixed"]["functions"] if f[0].endswith(f"({work})")}
+    assert not any(f[0].endswith(f"({work})") for f in candidate["by_kind"]["decode"]["functions"])
+    ((_, _, total_us, calls),) = mixed.values()
+    assert 0.3 <= calls <= 1.0 and total_us >= 2000 * calls * 0.95  # a sleep may overrun, never fall short
+    mixed_calls = (candidate["by_kind"]["mixed"], baseline["by_kind"]["mixed"])
+    extra = {f["function"]: f["extra_us"] for f in arm_difference(*mixed_calls, "total_us")}
+    assert extra[next(iter(mixed))] == total_us  # absent from the baseline's calls
+    assert "### mixed calls (" in engine_flow["host_churn_md"] and "### decode calls (" in engine_flow["host_churn_md"]
+
+
 def test_churn_step_profiles_its_decode_only_and_mixed_steps_apart(engine_flow):
     """--profile-out: one more churn run under the profiler, started once the warm-up is over (the trace's batch
     is the churn's 4), summarised twice into step_profile.json: the decode-only steps at 4 and the mixed ones."""
