@@ -84,7 +84,8 @@ def window_fields(window: ChurnWindow | None, prefix: str = "") -> dict[str, Any
 
 
 class StepKindProfiles:
-    """A cProfile of each measured engine call, summed by kind once the call after it has said what came next.
+    """A cProfile of each measured engine call, summed by kind after the run (so the summing does not land between
+    the measured steps).
 
     Why by kind: decode-only steps replay a CUDA graph and steps with a prefill run eagerly, so their host costs
     differ in kind, and one profile over both shows neither. Under vLLM's async scheduling a call also schedules and
@@ -92,9 +93,7 @@ class StepKindProfiles:
     "decode" (the last call, whose successor is not known, by itself)."""
 
     def __init__(self) -> None:
-        self.stats: dict[str, pstats.Stats] = {}
-        self.calls = {"mixed": 0, "decode": 0}
-        self._held: tuple[cProfile.Profile, bool] | None = None
+        self.profiled: list[tuple[cProfile.Profile, bool]] = []  # each call's profile, and whether it admitted one
 
     def __call__(self, step: Callable[[], EngineStep]) -> EngineStep:
         profile = cProfile.Profile()
@@ -103,33 +102,24 @@ class StepKindProfiles:
             done = step()
         finally:
             profile.disable()
-        admitted = done.started > 0
-        if self._held is not None:
-            held, held_admitted = self._held
-            self._add(held, held_admitted or admitted)
-        self._held = (profile, admitted)
+        self.profiled.append((profile, done.started > 0))
         return done
-
-    def _add(self, profile: cProfile.Profile, mixed: bool) -> None:
-        kind = "mixed" if mixed else "decode"
-        self.calls[kind] += 1
-        if kind in self.stats:
-            self.stats[kind].add(profile)
-        else:
-            self.stats[kind] = pstats.Stats(profile)
 
     def costs(self) -> tuple[list[FunctionCost], dict[str, dict[str, Any]]]:
         """Every call's function costs per call, and each kind's (its calls and the functions to compare arms by)."""
-        if self._held is not None:
-            self._add(*self._held)
-            self._held = None
-        raw = {kind: stats.stats for kind, stats in self.stats.items()}  # type: ignore[attr-defined]
-        by_kind = {kind: {"calls": self.calls[kind], "functions": cost_fields(
-            per_step_costs({}, raw[kind], self.calls[kind]))["functions"]} for kind in raw}  # fmt: skip
+        admitted = [a for _, a in self.profiled]
+        kinds = {"mixed": pstats.Stats(), "decode": pstats.Stats()}
+        calls = {"mixed": 0, "decode": 0}
+        for k, (profile, _) in enumerate(self.profiled):
+            kind = "mixed" if admitted[k] or any(admitted[k + 1 : k + 2]) else "decode"
+            kinds[kind].add(profile)
+            calls[kind] += 1
+        by_kind = {kind: {"calls": calls[kind], "functions": cost_fields(
+            per_step_costs({}, kinds[kind].stats, calls[kind]))["functions"]}  # type: ignore[attr-defined]
+            for kind in kinds if calls[kind]}  # fmt: skip
         merged = pstats.Stats()
-        for stats in self.stats.values():
-            merged.add(stats)
-        return per_step_costs({}, merged.stats, sum(self.calls.values())), by_kind  # type: ignore[attr-defined]
+        merged.add(*kinds.values())
+        return per_step_costs({}, merged.stats, len(self.profiled)), by_kind  # type: ignore[attr-defined]
 
 
 def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab: int) -> dict[str, Any]:
