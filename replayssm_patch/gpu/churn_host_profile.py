@@ -49,6 +49,7 @@ from replayssm_patch.gpu.host_profile import (
     GcPauses,
     arm_difference,
     baseline_of,
+    comparable_functions,
     cost_fields,
     in_process_engine,
     per_step_costs,
@@ -114,8 +115,8 @@ class StepKindProfiles:
             kind = "mixed" if admitted[k] or any(admitted[k + 1 : k + 2]) else "decode"
             kinds[kind].add(profile)
             calls[kind] += 1
-        by_kind = {kind: {"calls": calls[kind], "functions": cost_fields(
-            per_step_costs({}, kinds[kind].stats, calls[kind]))["functions"]}  # type: ignore[attr-defined]
+        by_kind = {kind: {"calls": calls[kind], "functions": comparable_functions(
+            per_step_costs({}, kinds[kind].stats, calls[kind]))}  # type: ignore[attr-defined]
             for kind in kinds if calls[kind]}  # fmt: skip
         merged = pstats.Stats()
         merged.add(*kinds.values())

@@ -97,11 +97,16 @@ def top(costs: Iterable[FunctionCost], field: str, count: int = TOP) -> list[dic
     return [asdict(c) for c in sorted(costs, key=lambda c: getattr(c, field), reverse=True)[:count]]
 
 
+def comparable_functions(costs: list[FunctionCost]) -> list[list]:
+    """Every function of at least FUNCTION_FLOOR_US per step as [function, self µs, total µs, calls], from which two
+    arms' rows are compared (``arm_difference``)."""
+    return [[c.function, c.self_us, c.total_us, c.calls] for c in costs if c.total_us >= FUNCTION_FLOOR_US]
+
+
 def cost_fields(costs: list[FunctionCost]) -> dict[str, Any]:
-    """A row's function costs: the top lists it shows, and every function of at least FUNCTION_FLOOR_US per step as
-    [function, self µs, total µs, calls], from which two arms' rows are compared (``arm_difference``)."""
-    kept = [[c.function, c.self_us, c.total_us, c.calls] for c in costs if c.total_us >= FUNCTION_FLOOR_US]
-    return {"by_self": top(costs, "self_us"), "by_total": top(costs, "total_us"), "functions": kept}
+    """A row's function costs: the top lists it shows, and its ``comparable_functions``."""
+    return {"by_self": top(costs, "self_us"), "by_total": top(costs, "total_us"),
+            "functions": comparable_functions(costs)}  # fmt: skip
 
 
 # vLLM functions whose work per step the plugin leaves alone (same calls, same inputs): how long they took in two runs
@@ -285,11 +290,15 @@ def summary_markdown(
         parts += [f"## {row['variant']} over the baseline, {row['mode']} batch {row['batch']}: "
                   f"{row['step_ms']} vs {baseline['step_ms']} ms per step in-process ({scaled})", ""]  # fmt: skip
         for field, label in (("total_us", "inclusive"), ("self_us", "self")):
-            parts += [f"| function ({label}) | extra µs per step | calls per step |", "|---|---|---|"]
-            parts += [f"| `{f['function']}` | {f['extra_us']} | {f['calls']} |"
-                      for f in arm_difference(row, baseline, field)] + [""]  # fmt: skip
+            parts += difference_table(row, baseline, field, f"function ({label}) | extra µs per step | calls per step")
         parts += kind_differences(row, baseline)
     return "\n".join(parts)
+
+
+def difference_table(row: dict[str, Any], baseline: dict[str, Any], field: str, header: str) -> list[str]:
+    """Markdown: ``arm_difference`` of ``row`` over ``baseline`` as a table whose columns ``header`` names."""
+    rows = [f"| `{f['function']}` | {f['extra_us']} | {f['calls']} |" for f in arm_difference(row, baseline, field)]
+    return [f"| {header} |", "|---|---|---|", *rows, ""]
 
 
 def kind_differences(row: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
@@ -298,12 +307,9 @@ def kind_differences(row: dict[str, Any], baseline: dict[str, Any]) -> list[str]
     parts = []
     for kind, mine in row.get("by_kind", {}).items():
         theirs = baseline.get("by_kind", {}).get(kind)
-        if theirs is None:
-            continue
-        parts += [f"### {kind} calls ({mine['calls']} vs {theirs['calls']}): extra inclusive µs per call", "",
-                  "| function | extra µs per call | calls per call |", "|---|---|---|"]  # fmt: skip
-        parts += [f"| `{f['function']}` | {f['extra_us']} | {f['calls']} |"
-                  for f in arm_difference(mine, theirs, "total_us")] + [""]  # fmt: skip
+        if theirs is not None:
+            parts += [f"### {kind} calls ({mine['calls']} vs {theirs['calls']}): extra inclusive µs per call", ""]
+            parts += difference_table(mine, theirs, "total_us", "function | extra µs per call | calls per call")
     return parts
 
 
