@@ -45,6 +45,12 @@ class ReplaySSMConfig:
     # the later groups taking the first's (gdn_backend's update_block_table). Off by default; it exists so the two
     # can be compared on one GPU host (session 14 measured the shared build only on a host of its own).
     per_group_builds: bool = False
+    # Gated DeltaNet: the decode rows of a step with prefills run one launch per layer (``gdn_mixed_decode``: the
+    # causal conv, coefficients and replay or fold together) instead of vLLM's conv update and the replay's three.
+    # Why: such steps run eagerly and were host-bound on the H200, with ~40 us of Python per launch; the four
+    # launches made ReplaySSM's mixed step 25-29 % longer (BENCHMARKS.md, sessions 13-14). Off: the four launches,
+    # the control arm.
+    gdn_one_launch_mixed: bool = True
 
 
 DISABLED = ReplaySSMConfig()
@@ -55,6 +61,7 @@ _FIELDS = {
     "stagger_windows": bool,
     "native_mixed_steps": bool,
     "per_group_builds": bool,
+    "gdn_one_launch_mixed": bool,
 }
 
 

@@ -5,8 +5,10 @@ changes (``_forward_core``, which vLLM's custom op ``qwen_gdn_attention_core`` d
 projections, the z gate (vLLM's gated RMSNorm) and out_proj stay vLLM's. Decode rows (all of a decode-only
 step, the first rows of a mixed one, and new one-token prompts, which vLLM counts as decodes) run vLLM's
 causal-conv update, then the ReplaySSM step: append (k̂, u, g) to the ring, answer from checkpoint + ring,
-and fold the ring into the fp32 checkpoint on the step that fills it. Prefill rows first fold what their
-ring still holds, then run vLLM's own path on a prefill-only view of the step's metadata. At the builder's native
+and fold the ring into the fp32 checkpoint on the step that fills it. In a step with prefills, which runs
+eagerly, the conv and the step are one launch (``gdn_mixed_decode``; knob ``gdn_one_launch_mixed``). Prefill
+rows first fold what their ring still holds, then run vLLM's own path on a prefill-only view of the step's
+metadata. At the builder's native
 batches (``gdn_backend.plan_gdn_ring``), and at every step with prefills under ``native_mixed_steps``, the whole
 step is vLLM's own path on the checkpoint, which the builder made current; the ring is not used.
 """
@@ -73,7 +75,10 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
             super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
             return
         if metadata.num_decodes:
-            self._replay_decode(mixed_qkv, b, a, core_attn_out, metadata)
+            decode = self._replay_decode
+            if metadata.num_prefills and self.replayssm.gdn_one_launch_mixed:
+                decode = self._replay_mixed_decode  # eager: one launch instead of four
+            decode(mixed_qkv, b, a, core_attn_out, metadata)
         if metadata.num_prefills:
             self._prefill(mixed_qkv, b, a, core_attn_out, metadata, raw)
 
@@ -126,19 +131,16 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
         core_attn_out: torch.Tensor,
         metadata: ReplayGDNAttentionMetadata,
     ) -> None:
+        """Decode rows through vLLM's conv update, then the replay step's three launches (CUDA graphs hold them in
+        decode-only steps; see ``gdn_decode``)."""
         from replayssm_patch.kernels import gdn_decode_step
 
-        assert metadata.replay_write_pos is not None and metadata.replay_flush_len is not None
         assert metadata.replay_flush_rows is not None and metadata.replay_flush_count is not None
-        assert metadata.non_spec_state_indices_tensor is not None
-        n = metadata.replay_write_pos.shape[0]
-        slots = metadata.non_spec_state_indices_tensor[:n]
+        n, slots = self._decode_rows(metadata)
         cache = self.kv_cache
-        conv_state = cache[0] if is_conv_state_dim_first() else cache[0].transpose(-1, -2)
-        conv_weights = self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
         qkv = causal_conv1d_update(
-            mixed_qkv[:n], conv_state, conv_weights, self.conv1d.bias, self.activation, conv_state_indices=slots,
-            validate_data=False,
+            mixed_qkv[:n], self._conv_state(), self._conv_weights(), self.conv1d.bias, self.activation,
+            conv_state_indices=slots, validate_data=False,
         )  # fmt: skip
         k_heads, v_heads = self.num_k_heads // self.tp_size, self.num_v_heads // self.tp_size
         q, k, v = torch.split(
@@ -152,6 +154,43 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
             flush_rows=metadata.replay_flush_rows, flush_count=metadata.replay_flush_count,
             scale=self.head_k_dim**-0.5, pad_slot_id=NULL_BLOCK_ID, out=core_attn_out[:n],
         )  # fmt: skip
+
+    def _replay_mixed_decode(
+        self,
+        mixed_qkv: torch.Tensor,
+        b: torch.Tensor,
+        a: torch.Tensor,
+        core_attn_out: torch.Tensor,
+        metadata: ReplayGDNAttentionMetadata,
+    ) -> None:
+        """Decode rows of a step with prefills: conv and replay step in one launch (``gdn_mixed_decode``), since the
+        step runs eagerly and each launch is host time."""
+        from replayssm_patch.kernels import gdn_mixed_decode
+
+        n, slots = self._decode_rows(metadata)
+        cache = self.kv_cache
+        gdn_mixed_decode(
+            mixed_qkv[:n], self._conv_state(), self._conv_weights(), self.conv1d.bias, a[:n], b[:n], self.A_log,
+            self.dt_bias, cache[1], cache[RING_K], cache[RING_U], cache[RING_G], slots, metadata.replay_write_pos,
+            metadata.replay_flush_len, num_k_heads=self.num_k_heads // self.tp_size, head_k_dim=self.head_k_dim,
+            activation=self.activation, scale=self.head_k_dim**-0.5, pad_slot_id=NULL_BLOCK_ID,
+            out=core_attn_out[:n],
+        )  # fmt: skip
+
+    def _decode_rows(self, metadata: ReplayGDNAttentionMetadata) -> tuple[int, torch.Tensor]:
+        """How many decode rows the step replays, and their state slots (they come first)."""
+        assert metadata.replay_write_pos is not None and metadata.replay_flush_len is not None
+        assert metadata.non_spec_state_indices_tensor is not None
+        n = metadata.replay_write_pos.shape[0]
+        return n, metadata.non_spec_state_indices_tensor[:n]
+
+    def _conv_state(self) -> torch.Tensor:
+        """The conv state as vLLM's conv kernels take it: [slots, dim, width - 1]."""
+        conv = self.kv_cache[0]
+        return conv if is_conv_state_dim_first() else conv.transpose(-1, -2)
+
+    def _conv_weights(self) -> torch.Tensor:
+        return self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
 
 
 def install_replay_gdn(config: ReplaySSMConfig) -> None:

@@ -28,6 +28,11 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "replayssm_fp32_native_mixed": {"replayssm": {"enable": True, "buffer_len": 16, "native_mixed_steps": True}},
     # GDN: every KV-cache group builds its own metadata (config.per_group_builds): the shared build's control arm
     "replayssm_fp32_per_group": {"replayssm": {"enable": True, "buffer_len": 16, "per_group_builds": True}},
+    # GDN: a mixed step's decode rows through vLLM's conv update and three replay launches (config.gdn_one_launch_mixed
+    # off): the one-launch kernel's control arm
+    "replayssm_fp32_four_launch_mixed": {
+        "replayssm": {"enable": True, "buffer_len": 16, "gdn_one_launch_mixed": False}
+    },
 }
 
 # The speculative-decoding benchmark's four arms (gpu/spec_step.py): a variant above, with or without speculation

@@ -62,8 +62,9 @@ precision copy is refused: u depends on the state, so the copy's rounding would 
 ``gdn_decode_step`` answers o from checkpoint + ring and folds the ring on flush rows (three launches:
 coefficients per key head, the replay, the fold over the flush-row list, as ``replay_decode_step``; vLLM's own
 decode at the native batches, ``launch_config.gdn_native_max_batch``);
-``gdn_flush_ring`` folds before a prefill. The math is in ``gdn_decode``'s docstring, the layout in
-``gdn_layout``'s; the same per-row metadata (state_indices, write_pos, flush_len) drives them.
+``gdn_mixed_decode`` is the same step for the decode rows of a step with prefills, which runs eagerly: one launch
+with the causal conv inside; ``gdn_flush_ring`` folds before a prefill. The math is in ``gdn_decode``'s
+docstring, the layout in ``gdn_layout``'s; the same per-row metadata (state_indices, write_pos, flush_len) drives them.
 
 Checks: ``python -m replayssm_patch.kernels.compile_check`` compiles every default variant for sm_90 on
 any machine; ``python -m replayssm_patch.gpu.kernel_bench --out DIR`` measures them against vLLM on a GPU
@@ -83,6 +84,7 @@ from replayssm_patch.kernels.flush import flush_ring, flush_ring_reference
 from replayssm_patch.kernels.gdn_decode import gdn_decode_step, gdn_decode_step_reference
 from replayssm_patch.kernels.gdn_flush import gdn_flush_ring, gdn_flush_ring_reference
 from replayssm_patch.kernels.gdn_layout import GdnReplayCache, GdnRingShapes, gdn_ring_shapes
+from replayssm_patch.kernels.gdn_mixed_decode import gdn_mixed_decode, gdn_mixed_decode_reference
 from replayssm_patch.kernels.layout import (
     PAD_SLOT_ID,
     ReplayCache,
@@ -113,6 +115,8 @@ __all__ = [
     "gdn_decode_step_reference",
     "gdn_flush_ring",
     "gdn_flush_ring_reference",
+    "gdn_mixed_decode",
+    "gdn_mixed_decode_reference",
     "gdn_ring_shapes",
     "plan_decode_rows",
     "plan_decode_rows_reference",

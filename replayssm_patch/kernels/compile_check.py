@@ -7,7 +7,8 @@ limits, type mixing, control flow); this drives the real compiler (Triton -> PTX
 variants vLLM uses, with the registers ptxas gives each (they decide how many programs an SM holds):
 bf16 activations, fp32 or bf16 checkpoint, Nemotron-H block sizes, the cursor plans (the take before a prefill
 with every flag on), the speculative verify and its plan at T = 4 (MTP k = 3, ring L + T = 20), and the GDN
-kernels (fp32 checkpoint and ring) at Qwen3.5 block sizes. Run it with TRITON_INTERPRET unset.
+kernels (fp32 checkpoint and ring) at Qwen3.5 block sizes, the mixed-step one with its conv of width 4. Run it
+with TRITON_INTERPRET unset.
 """
 
 from __future__ import annotations
@@ -72,8 +73,15 @@ _GDN_REPLAY_POINTERS = {
 _GDN_FOLD_POINTERS = {
     **_GDN_REPLAY_POINTERS, "ring_k_ptr": "*fp32", "rows_ptr": "*i32", "count_ptr": "*i32",
 }  # fmt: skip
-# innermost strides of the GDN tensors (the ring_g and gate tensors are [..., num_v_heads])
-_GDN_UNIT_STRIDES = {"sq_k", "sk_k", "sa_h", "sb_h", "sv_v", "ss_k", "srk_k", "sru_v", "srg_h", "so_v"}
+_GDN_MIXED_POINTERS = {
+    "x_ptr": "*bf16", "conv_ptr": "*bf16", "cw_ptr": "*bf16", "cb_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16",
+    "A_log_ptr": "*fp32", "dt_bias_ptr": "*fp32", "state_ptr": "*fp32", "ring_k_ptr": "*fp32", "ring_u_ptr": "*fp32",
+    "ring_g_ptr": "*fp32", "slot_ptr": "*i32", "pos_ptr": "*i32", "flush_ptr": "*i32", "out_ptr": "*bf16",
+    "scale": "fp32",
+}  # fmt: skip
+# innermost strides of the GDN tensors (the ring_g and gate tensors are [..., num_v_heads]; mixed_qkv's channels;
+# the conv weight's taps)
+_GDN_UNIT_STRIDES = {"sq_k", "sk_k", "sa_h", "sb_h", "sv_v", "ss_k", "srk_k", "sru_v", "srg_h", "so_v", "sx_c", "sw_t"}
 
 
 def _unit_strides(kernel: triton.JITFunction, names: set[str]) -> dict[str, int]:
@@ -160,6 +168,7 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     from replayssm_patch.kernels.gdn_coefficients import _gdn_coefficients_kernel
     from replayssm_patch.kernels.gdn_flush import _gdn_flush_kernel
     from replayssm_patch.kernels.gdn_fold import _gdn_fold_kernel
+    from replayssm_patch.kernels.gdn_mixed_decode import MIXED_BLOCK_V, MIXED_NUM_WARPS, _gdn_mixed_decode_kernel
     from replayssm_patch.kernels.launch_config import DEFAULT, GDN_DEFAULT
     from replayssm_patch.kernels.replay_decode import (
         COEF_NUM_WARPS,
@@ -220,11 +229,14 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
          {"BLOCK_V": GDN_DEFAULT.fold_block_v, "V_BLOCKS": 128 // GDN_DEFAULT.fold_block_v},
          GDN_DEFAULT.fold_num_warps),
         ("gdn flush", _gdn_flush_kernel, _GDN_FLUSH_POINTERS, {"BLOCK_V": 16}, 4),
+        ("gdn mixed-step decode", _gdn_mixed_decode_kernel, _GDN_MIXED_POINTERS,
+         {"V_PER_K": 2, "WIDTH": 4, "BLOCK_W": 4, "HAS_BIAS": False, "SILU": True, "BLOCK_V": MIXED_BLOCK_V,
+          "V_BLOCKS": 128 // MIXED_BLOCK_V}, MIXED_NUM_WARPS),
     ):  # fmt: skip
         consts = {**_GDN_BLOCKS, **blocks, **_unit_strides(kernel, _GDN_UNIT_STRIDES)}
         found.append((label, kernel, pointers, consts, num_warps))
     replay = gdn_replay_variant(GDN_DEFAULT.replay_block_v, GDN_DEFAULT.replay_num_warps)
-    found.insert(-2, replay)  # between coefficients and fold
+    found.insert(-3, replay)  # between coefficients and fold
     return found
 
 

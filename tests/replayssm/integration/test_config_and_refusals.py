@@ -33,6 +33,8 @@ def test_full_config_parses():
     assert got == ReplaySSMConfig(enable=True, buffer_len=8, split_precision=True)
     assert parse_replayssm_config({"replayssm": {"native_mixed_steps": True}}).native_mixed_steps is True
     assert parse_replayssm_config({"replayssm": {"per_group_builds": True}}).per_group_builds is True
+    assert DISABLED.gdn_one_launch_mixed is True
+    assert parse_replayssm_config({"replayssm": {"gdn_one_launch_mixed": False}}).gdn_one_launch_mixed is False
 
 
 @pytest.mark.parametrize(

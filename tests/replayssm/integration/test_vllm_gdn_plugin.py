@@ -1,9 +1,9 @@
 """The Gated DeltaNet plugin inside real vllm==0.24.0 (CPU venv from tools/vllm_venv.sh, built once and cached).
 
 The replay step against vLLM's own GDN decode kernels (vllm_gdn_kernel_check.py); disabled-is-vLLM, layer
-specs, refusals, the native regime, the real builder's plans and whole-model builds for Qwen3.5
-(vllm_gdn_checks.py); and `replayssm_patch.gpu.gdn_layer_check`, the GPU host's layer check, in its CPU smoke
-mode and without a GPU.
+specs, refusals, the native regime, the real builder's plans, mixed steps' one-launch decode rows and whole-model
+builds for Qwen3.5 (vllm_gdn_checks.py); and `replayssm_patch.gpu.gdn_layer_check`, the GPU host's layer check,
+in its CPU smoke mode and without a GPU.
 """
 
 from __future__ import annotations
@@ -152,6 +152,20 @@ def test_gdn_mixed_step_replays_decode_rows_and_hands_vllm_a_prefill_only_view(g
     assert gdn_checks["builder"]["fresh_prompt_fold_pending"] is False  # fresh prompts only: no fold launch
     assert mixed["view"] == {"decodes": 0, "actual_tokens": 12, "query_start_loc": [0, 5, 12], "state_indices": [5, 6],
                              "has_initial_state": [True, False], "conv_programs": 2}  # fmt: skip
+
+
+def test_gdn_mixed_step_decode_rows_in_one_launch_equal_the_four_launch_path(gdn_checks):
+    """Three decode-only steps, then three with a prefill beside the two decode rows (the first folds their rings):
+    the one-launch path (conv inside) answers as vLLM's conv update plus the replay's three launches (observed
+    <= 1e-7), shifts the same conv states bit for bit, appends the same ring entries and folds the same states, and
+    leaves the prefill rows' outputs to vLLM's path."""
+    steps = gdn_checks["mixed_decode_rows"]["steps"]
+    assert [step["prefills"] for step in steps] == [0, 0, 0, 1, 1, 1]
+    assert [step["flush_len"] for step in steps][3:] == [[4, 4], [0, 0], [0, 0]]
+    for step in steps:
+        assert step["rel_err"] <= 1e-6 and step["state_rel_err"] <= 1e-6
+        assert step["conv_shifted"] and step["conv_state_equal"] and step["rings_equal"]
+        assert step["prefill_rows_untouched"]
 
 
 def test_gdn_new_one_token_prompt_decodes_from_a_zero_state(gdn_checks):

@@ -265,6 +265,69 @@ def native_scenario(tiny: Path) -> dict:
             "conv_state_equal": torch.equal(rep.kv_cache[0][slots], base.kv_cache[0][slots])}  # fmt: skip
 
 
+# (query lens, seq lens, blocks, prefilling) per step: two rows decode (L = 4, aligned windows), then steps with
+# prefills beside them, the first of which folds their rings
+MIXED_SCHEDULE = [
+    ([1, 1], [21, 31], [1, 2], [False, False]),
+    ([1, 1], [22, 32], [1, 2], [False, False]),
+    ([1, 1], [23, 33], [1, 2], [False, False]),
+    ([1, 1, 6], [24, 34, 6], [1, 2, 4], [False, False, True]),
+    ([1, 1, 5], [25, 35, 5], [1, 2, 3], [False, False, True]),
+    ([1, 1, 3], [26, 36, 9], [1, 2, 4], [False, False, True]),
+]
+
+
+def mixed_decode_rows(tiny: Path) -> dict:
+    """The decode rows of steps with prefills, through the layer's one-launch path ("one") and its four-launch
+    control ("four": vLLM's conv update, then the replay's three launches, which the native-regime check holds
+    against vLLM's own decode), on the real builder's metadata and a paged cache. vLLM's GDN prefill cannot run
+    here (its chunked kernels refuse fp32 and need a GPU driver; its conv's grid function breaks Triton's
+    interpreter), so the prefill rows are left out: the GPU's served agreement runs them."""
+    gen = torch.Generator().manual_seed(11)
+    four = {"replayssm": {**ALIGNED_L4["replayssm"], "gdn_one_launch_mixed": False}}
+    configs = {name: vllm_config(knobs, tiny, max_model_len=512, dtype="float32")
+               for name, knobs in (("one", ALIGNED_L4), ("four", four))}  # fmt: skip
+    layers = {name: make_gdn_layer(config, f"mixed_{name}.layers.0.linear_attn") for name, config in configs.items()}
+    realistic_gates(layers["one"], gen)
+    layers["four"].load_state_dict(layers["one"].state_dict())
+    builders = {}
+    for name, layer in layers.items():
+        spec = layer.get_kv_cache_spec(configs[name])
+        layer.kv_cache = paged_state_tensors(spec, 6)
+        builders[name] = layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], configs[name],
+                                                                     torch.device("cpu"))  # fmt: skip
+    for index, scale in ((0, 1.0), (1, 0.1)):
+        start = torch.randn(layers["one"].kv_cache[index].shape, generator=gen) * scale
+        for layer in layers.values():
+            layer.kv_cache[index].copy_(start)
+    one = layers["one"]
+    heads, head_v_dim = one.num_v_heads // one.tp_size, one.head_v_dim
+    steps = []
+    for query_lens, seq_lens, blocks, prefilling in MIXED_SCHEDULE:
+        mixed, b, a = core_inputs(one, sum(query_lens), gen, "cpu")
+        outs, flushes, conv_before = {}, None, one.kv_cache[0].clone()
+        for name, layer in layers.items():
+            metadata = builders[name].build(0, common_metadata(query_lens, seq_lens, blocks, prefilling))
+            flushes = metadata.replay_flush_len.tolist()
+            outs[name] = torch.zeros(mixed.shape[0], heads, head_v_dim)
+            with set_forward_context({layer.prefix: metadata}, configs[name]):
+                if metadata.num_prefills:
+                    decode = layer._replay_mixed_decode if name == "one" else layer._replay_decode
+                    decode(mixed.clone(), b, a, outs[name], metadata)
+                else:
+                    layer._forward_core(mixed.clone(), b, a, outs[name])
+        rows = len(flushes)
+        steps.append({"prefills": sum(prefilling), "flush_len": flushes,
+                      "rel_err": relative_error(outs["one"][:rows], outs["four"][:rows]),
+                      "prefill_rows_untouched": bool((outs["one"][rows:] == 0).all()),
+                      "conv_shifted": not torch.equal(one.kv_cache[0][blocks[:rows]], conv_before[blocks[:rows]]),
+                      "conv_state_equal": torch.equal(one.kv_cache[0], layers["four"].kv_cache[0]),
+                      "rings_equal": all(torch.allclose(x, y, rtol=1e-6, atol=1e-7, equal_nan=True)
+                                         for x, y in zip(one.kv_cache[2:], layers["four"].kv_cache[2:], strict=True)),
+                      "state_rel_err": relative_error(one.kv_cache[1], layers["four"].kv_cache[1])})  # fmt: skip
+    return {"steps": steps}
+
+
 def whole_model(tiny: Path) -> dict:
     """Every GDN layer of a real tiny Qwen3.5 built with the knob is ReplaySSM's."""
     config = vllm_config(ALIGNED_L4, tiny, max_model_len=512, dtype="float32")
@@ -321,6 +384,7 @@ def main(model_dir: Path, tiny: Path, result_file: Path) -> None:
     out["builder"] = builder_steps(tiny)
     out["native"] = native_scenario(tiny)
     out["native_mixed"] = native_mixed(tiny)
+    out["mixed_decode_rows"] = mixed_decode_rows(tiny)
     out["stock_path"] = stock_path(tiny)
     out["whole_model"] = whole_model(tiny)
     result_file.write_text(json.dumps(out))
