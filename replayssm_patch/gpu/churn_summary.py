@@ -1,10 +1,16 @@
-"""Each variant's churn rows against the baseline's, repeat by repeat (churn_step.py's results file).
+"""Each variant's churn rows against the baseline's, repeat by repeat (churn_step.py's results file), or pooled
+over passes that ran the arms in mirrored orders.
 
     python3 -m replayssm_patch.gpu.churn_summary replayssm_patch/gpu/results/churn_step-h200-qwen3.5-4b.json
+    python3 -m replayssm_patch.gpu.churn_summary PASS1.json PASS2.json     # arms A B C, then C B A
 
 Why repeat by repeat: an engine under churn slows from one repeat to the next (H200, 2026-12-03: +23 % from the
 first to the second, in both arms), so each arm's k-th repeat, both from a fresh engine, is the fair pair; the
-medians of the rows would mix the drift into the ratio.
+medians of the rows would mix the drift into the ratio. Why pooled: a host's speed also drifts over a session
+(2026-12-03: the baseline's decode-only step 5.4 ms in its first repeats, 7.1 ms in its last, the GPU's work the
+same), so arms run one after the other differ by when they ran. With the arms of the second pass in the reverse
+order of the first, each arm's repeats sit symmetrically around the session's middle, and a linear drift cancels
+in the mean over all of them.
 """
 
 from __future__ import annotations
@@ -51,24 +57,52 @@ def paired_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pooled_table(passes: Sequence[Sequence[dict[str, Any]]]) -> str:
+    """A markdown table: per setting and variant, the mean of every repeat in every pass, and that mean over the
+    baseline's (a variant's repeats and the baseline's need not pair up: the order of the passes does the work)."""
+    pooled: dict[tuple, list[dict[str, Any]]] = {}
+    for rows in passes:
+        for row in rows:
+            pooled.setdefault((*(row[k] for k in SETTING), row["variant"]), []).extend(row["repeats"])
+    head = ["mode", "batch", "prompt / output", "variant", "repeats",
+            *(f"{label} (÷ baseline)" for _, label in RATIOS)]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (*setting, variant), repeats in pooled.items():
+        base = pooled.get((*setting, "baseline"))
+        if base is None:
+            continue
+        mine, theirs = _means(repeats), _means(base)
+        cells = [setting[0], setting[1], f"{setting[2]} / {setting[3]}", variant, len(repeats),
+                 *(f"{mine[field]:.2f} ({_ratio(mine, theirs, field)})" for field, _ in RATIOS)]  # fmt: skip
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _means(repeats: Sequence[dict[str, Any]]) -> dict[str, float]:
+    return {field: sum(r[field] for r in repeats) / len(repeats) for field, _ in RATIOS}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("error: give one churn_step results file, e.g. replayssm_patch/gpu/results/churn_step-h200.json")
+    if not args:
+        print("error: give one churn_step results file (or several passes to pool), e.g. "
+              "replayssm_patch/gpu/results/churn_step-h200.json")  # fmt: skip
         return 2
-    path = Path(args[0])
-    if not path.is_file():
-        print(f"error: {path} does not exist; give the file churn_step wrote with --out")
-        return 2
-    try:
-        rows = read_row_file(path, WHAT)["rows"]
-    except RowFileError as exc:
-        print(f"error: {exc}")
-        return 2
-    if not any(r.get("variant") == "baseline" for r in rows):
-        print(f"error: {args[0]} holds no baseline row to pair with; run churn_step --variant baseline into it")
-        return 2
-    print(paired_table(rows), end="")
+    passes = []
+    for name in args:
+        path = Path(name)
+        if not path.is_file():
+            print(f"error: {path} does not exist; give the file churn_step wrote with --out")
+            return 2
+        try:
+            passes.append(read_row_file(path, WHAT)["rows"])
+        except RowFileError as exc:
+            print(f"error: {exc}")
+            return 2
+        if not any(r.get("variant") == "baseline" for r in passes[-1]):
+            print(f"error: {name} holds no baseline row to pair with; run churn_step --variant baseline into it")
+            return 2
+    print(paired_table(passes[0]) if len(passes) == 1 else pooled_table(passes), end="")
     return 0
 
 

@@ -97,12 +97,27 @@ def test_summary_shows_each_repeats_gpu_clock_share():
     assert "| 0.71 / 0.98 |" in churn_summary.paired_table(rows).splitlines()[2]
 
 
+SESSION15 = [RESULTS.with_name(f"churn_step-h200-qwen3.5-4b-run{n}.json") for n in (4, 5)]
+
+
+def test_summary_pools_mirrored_passes_over_every_repeat(capsys):
+    """Session 15's two passes (baseline, one-launch, four-launch, per-group; then four-launch, one-launch,
+    baseline): each arm's mean over all its repeats, and over the baseline's; the per-group arm ran once."""
+    assert churn_summary.main([str(path) for path in SESSION15]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split(" | ")[3]: line for line in lines[2:]}
+    assert set(rows) == {"baseline", "replayssm_fp32", "replayssm_fp32_four_launch_mixed", "replayssm_fp32_per_group"}
+    assert rows["baseline"].endswith("| 4 | 29.26 (1.000) | 76.12 (1.000) | 6.21 (1.000) | 2198.20 (1.000) |")
+    assert "| 4 | 27.74 (0.948) | 71.37 (0.938) |" in rows["replayssm_fp32"]
+    assert "| 2 |" in rows["replayssm_fp32_per_group"]
+
+
 @pytest.mark.parametrize(
     ("make_args", "needle"),
     [
         (lambda tmp: [], "give one churn_step results file"),
         (lambda tmp: [str(tmp / "absent.json")], "does not exist"),
-        (lambda tmp: [str(RESULTS), "extra"], "give one churn_step results file"),
+        (lambda tmp: [str(RESULTS), str(tmp / "absent.json")], "does not exist"),
         (lambda tmp: [str(_rows_file(tmp, [{"variant": "replayssm_fp32"}]))], "holds no baseline row"),
         (lambda tmp: [str(_rows_file(tmp, None))], "not a results file"),
     ],
