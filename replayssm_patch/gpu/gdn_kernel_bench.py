@@ -15,7 +15,8 @@
     REPLAYSSM_LAUNCH_CONFIG=<file> makes the plugin use it; the H200's committed table holds the measured best).
 (c) timing (CUDA graphs of back-to-back calls, CUDA events) at batch 1/8/16/32/64/128/256 on paged states, slots
     scattered over a pool 4x the batch: vLLM's decode, ReplaySSM's step with 1/L of the rows flushing
-    (staggered), the replay alone (no row flushing) and all rows flushing (aligned), with bytes moved, share
+    (staggered), the replay alone (no row flushing), all rows flushing (aligned) and the one-launch step of a
+    mixed step's decode rows (``gdn_mixed_decode``, conv inside, 1/L flushing), with bytes moved, share
     of 4.3 TB/s and the speed-up; the largest batch up to which vLLM's decode was faster at every batch goes to
     gdn_launch_config.json as the plugin's native batches (``gdn_native_max_batch``).
 Writes DIR/gdn_kernel_bench.json and .md, rewritten after each section so a crash keeps the rest.
@@ -353,8 +354,9 @@ def _gdn_kernels() -> tuple[Any, ...]:
     from replayssm_patch.kernels.gdn_coefficients import _gdn_coefficients_kernel
     from replayssm_patch.kernels.gdn_decode import _gdn_replay_kernel
     from replayssm_patch.kernels.gdn_fold import _gdn_fold_kernel
+    from replayssm_patch.kernels.gdn_mixed_decode import _gdn_mixed_decode_kernel
 
-    return _gdn_coefficients_kernel, _gdn_replay_kernel, _gdn_fold_kernel
+    return _gdn_coefficients_kernel, _gdn_replay_kernel, _gdn_fold_kernel, _gdn_mixed_decode_kernel
 
 
 class KernelSetup:
@@ -385,6 +387,9 @@ class KernelSetup:
         tensors[RING_U].normal_(generator=gen)
         tensors[RING_G].uniform_(-0.1, -1e-3, generator=gen)
         self.state, self.ring_k, self.ring_u, self.ring_g = (tensors[i] for i in (1, RING_K, RING_U, RING_G))
+        self.conv_state = tensors[0].normal_(generator=gen)
+        self.conv_weight = torch.randn(self.conv_state.shape[1], CONV_WIDTH, generator=gen, device=device) * 0.5
+        self.conv_weight = self.conv_weight.to(torch.bfloat16)
         rows = torch.arange(batch, device=device)
         self.write_pos = (rows % L).to(torch.int32)  # staggered cursors: on average (L-1)/2 earlier entries
         self.aligned_pos = torch.full((batch,), L - 1, dtype=torch.int32, device=device)
@@ -407,6 +412,20 @@ class KernelSetup:
             out=self.out, launch=launch,
         )  # fmt: skip
 
+    def mixed_step(self) -> Callable[[], Any]:
+        """The decode rows of a step with prefills in one launch, the causal conv inside (``gdn_mixed_decode``),
+        1/L of the rows flushing: what each GDN layer runs eagerly in a mixed step instead of vLLM's conv update and
+        the three launches above."""
+        from replayssm_patch.kernels import gdn_mixed_decode
+
+        p = self.plan
+        return lambda: gdn_mixed_decode(
+            self.inputs.mixed, self.conv_state, self.conv_weight, None, self.inputs.a, self.inputs.b,
+            self.layer.A_log, self.layer.dt_bias, self.state, self.ring_k, self.ring_u, self.ring_g, self.indices,
+            self.write_pos, self.flush_staggered, num_k_heads=p.num_k_heads, head_k_dim=p.head_k_dim,
+            pad_slot_id=PAD, out=self.out,
+        )  # fmt: skip
+
     def sweep(self, shapes: dict[str, dict[str, int]], label: str) -> dict[str, float]:
         """µs of the decode step (1/L rows flushing) per named launch shape; a shape that fails is left out."""
         calls = {
@@ -425,11 +444,13 @@ class KernelSetup:
         measure(RING_ROW, staggered, model.replay() + model.fold(1 / self.plan.buffer_len))
         measure("replay (no row flushing)", self.step(self.write_pos, self.flush_none, launch), model.replay())
         measure("decode step (all rows flushing)", self.step(self.aligned_pos, self.flush_all, launch), model.aligned())
+        measure(MIXED_ROW, self.mixed_step(), model.replay() + model.fold(1 / self.plan.buffer_len) + model.conv())
         return timed.rows(BASELINE_ROW)
 
 
 BASELINE_ROW = "vllm gdn decode (fp32 state)"
 RING_ROW = "decode step (1/L rows flushing)"
+MIXED_ROW = "mixed-step decode rows, one launch with the conv (1/L rows flushing)"
 
 
 def paged_gdn_tensors(plan: Plan, slots: int, replay: bool, device: str) -> list[torch.Tensor]:
@@ -486,6 +507,12 @@ class TrafficModel:
     def fold(self, share: float) -> float:
         """What flushing rows add to a replay: the new checkpoint written and their ring of keys read again."""
         return share * (self._state_bytes + self.batch * self.plan.buffer_len * self._key_entry_bytes)
+
+    def conv(self) -> float:
+        """What the causal conv inside the one-launch kernel adds: each channel's conv state read and shifted (bf16)."""
+        p = self.plan
+        conv_dim = 2 * p.num_k_heads * p.head_k_dim + p.num_v_heads * p.head_v_dim
+        return self.batch * conv_dim * (CONV_WIDTH - 1) * 2 * 2
 
     def aligned(self) -> float:
         """Every row at write_pos L-1, all flushing: full rings read, the state read and written, keys read twice."""

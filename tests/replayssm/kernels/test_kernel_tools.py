@@ -236,10 +236,13 @@ def test_gdn_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     rows = {row["kernel"]: row for row in timing["rows"]}
     assert set(rows) == {
         "decode step (1/L rows flushing)", "replay (no row flushing)", "decode step (all rows flushing)",
+        "mixed-step decode rows, one launch with the conv (1/L rows flushing)",
     }  # fmt: skip
     assert all(row["batch"] == 2 and row["us"] > 0 and row["bytes"] > 0 for row in rows.values())
     replay = rows["replay (no row flushing)"]["bytes"]
-    assert replay < rows["decode step (1/L rows flushing)"]["bytes"] < rows["decode step (all rows flushing)"]["bytes"]
+    step = rows["decode step (1/L rows flushing)"]["bytes"]
+    assert replay < step < rows["decode step (all rows flushing)"]["bytes"]
+    assert rows["mixed-step decode rows, one launch with the conv (1/L rows flushing)"]["bytes"] > step, "+ the conv"
     markdown = (tmp_path / "gdn_kernel_bench.md").read_text()
     assert "| 2 | replay (no row flushing) |" in markdown and "Within target: **True**" in markdown
 
