@@ -8,7 +8,10 @@
     ``gdn_decode_step`` (fp32 checkpoint) vs vLLM's ``fused_recurrent_gated_delta_rule_packed_decode`` (fp32
     state), the kernel vLLM's layer runs on a pure-decode step; worst per-step output error and the checkpoint
     error after folding what is left in the rings (target <= 1e-4 relative: the fold runs tf32x3 on the GPU).
-    Without vLLM the fp64 recurrence (``gdn_ground_truth``) is the baseline, and the output says so.
+    Without vLLM the fp64 recurrence (``gdn_ground_truth``) is the baseline, and the output says so. Then the
+    same steps through the one-launch kernel of a mixed step's decode rows (``gdn_mixed_decode``, bf16 conv
+    inside) against vLLM's ``causal_conv1d_update`` and ``gdn_decode_step``: outputs, final checkpoints and
+    conv states.
 (b) launch-shape sweep at the largest batch, of the replay launch (block_v x num_warps, only shapes that ptxas
     compiles without spills, ``compile_check``), then of the fold launch with the fastest replay; the fastest
     pair goes to DIR/gdn_launch_config.json as the ``"gdn"`` entry of a launch table (``launch_config``:
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     report.data["meta"]["baseline"] = baseline.note
     report.log(f"device={device} baseline: {baseline.note}")
     report.section("equivalence", lambda: run_equivalence(plan, device, baseline))
+    report.section("mixed_equivalence", lambda: run_mixed_equivalence(plan, device))
     if not args.no_sweep:
         report.section("sweep", lambda: run_sweep(plan, device))
     sweep = report.data.get("sweep", {})
@@ -214,7 +218,7 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 def run_equivalence(plan: Plan, device: str, baseline: Baseline) -> dict[str, Any]:
     import torch
 
-    from replayssm_patch.kernels import GdnReplayCache, decode_flush_len, gdn_decode_step, gdn_flush_ring
+    from replayssm_patch.kernels import GdnReplayCache, gdn_decode_step, gdn_flush_ring
     from replayssm_patch.kernels import gdn_ring_shapes as ring_shapes
     from replayssm_patch.kernels.gdn_ground_truth import gdn_recurrence_step
     from replayssm_patch.kernels.gdn_synthetic import GdnLayerParams
@@ -222,9 +226,7 @@ def run_equivalence(plan: Plan, device: str, baseline: Baseline) -> dict[str, An
     L, batch = plan.buffer_len, plan.eq_batch
     gen = torch.Generator(device).manual_seed(1234)
     layer = GdnLayerParams.random(plan.num_v_heads, gen, device)
-    slots = batch + 8
-    slot_of_row = (torch.randperm(slots - 1, generator=gen, device=device)[:batch] + 1).to(torch.int32)  # not 0
-    start = torch.arange(batch, device=device) % L  # row r joins at step r % L: every cursor position occurs
+    slots, slot_of_row, start = staggered_rows(plan, gen, device)
     spec = ring_shapes(plan.num_k_heads, plan.num_v_heads, plan.head_k_dim, plan.head_v_dim, L)
     cache = GdnReplayCache.allocate(slots, spec, device=device, ring_fill=math.nan)  # stale entries: never read
     h0 = torch.randn(batch, *state_shape(plan), generator=gen, device=device)
@@ -240,9 +242,7 @@ def run_equivalence(plan: Plan, device: str, baseline: Baseline) -> dict[str, An
     errors = []
     for t in range(plan.eq_steps):
         inputs = PackedInputs.random(plan, batch, layer, gen)
-        active = start <= t
-        write_pos = ((t - start).clamp_min(0) % L).to(torch.int32)
-        flush_len = torch.where(active, decode_flush_len(write_pos, L), 0).to(torch.int32)
+        active, write_pos, flush_len = cursors_at(t, start, L)
         if use_vllm:
             baseline.step(base_state, inputs, layer, torch.where(active, slot_of_row, NULL_SLOT), base_out)
             y_base = base_out.double()
@@ -271,6 +271,90 @@ def run_equivalence(plan: Plan, device: str, baseline: Baseline) -> dict[str, An
         **error_summary(per_step),
         "final_state_rel_err": relative_error(master[slot_of_row.long()], final_base),
     }
+    result["within_target"] = max(result["max_rel_err"], result["final_state_rel_err"]) <= TARGET_REL_ERR
+    return result
+
+
+def staggered_rows(plan: Plan, gen: torch.Generator, device: str) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """The equivalence sections' layout: a pool of slots, each row's slot (never 0, vLLM's null block) and the step
+    it joins at (row r at step r % L, so every cursor position occurs)."""
+    import torch
+
+    slots = plan.eq_batch + 8
+    slot_of_row = (torch.randperm(slots - 1, generator=gen, device=device)[: plan.eq_batch] + 1).to(torch.int32)
+    return slots, slot_of_row, torch.arange(plan.eq_batch, device=device) % plan.buffer_len
+
+
+def cursors_at(t: int, start: torch.Tensor, L: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step t's active rows, write positions and flush lengths, as the builder drives them (flush at L - 1)."""
+    import torch
+
+    from replayssm_patch.kernels import decode_flush_len
+
+    active = start <= t
+    write_pos = ((t - start).clamp_min(0) % L).to(torch.int32)
+    return active, write_pos, torch.where(active, decode_flush_len(write_pos, L), 0).to(torch.int32)
+
+
+def run_mixed_equivalence(plan: Plan, device: str) -> dict[str, Any]:
+    """The one-launch kernel of a mixed step's decode rows (``gdn_mixed_decode``, conv inside) against what it
+    replaces, vLLM's ``causal_conv1d_update`` then ``gdn_decode_step``, over the same steps and rows as the
+    equivalence section, each arm on its own copy of the paged states; bf16 activations and conv state."""
+    import torch
+
+    from replayssm_patch.gdn_state_layout import RING_G, RING_K, RING_U
+    from replayssm_patch.kernels import gdn_decode_step, gdn_mixed_decode
+    from replayssm_patch.kernels.gdn_mixed_decode import causal_conv_update_reference
+    from replayssm_patch.kernels.gdn_synthetic import GdnLayerParams
+
+    conv_update, note = vllm_kernel("vllm.model_executor.layers.mamba.ops.causal_conv1d", "causal_conv1d_update",
+                                    "causal_conv1d_update")  # fmt: skip
+    if conv_update is None:
+        note = "PyTorch causal conv (vLLM's not importable) then gdn_decode_step"
+    gen = torch.Generator(device).manual_seed(4321)
+    layer = GdnLayerParams.random(plan.num_v_heads, gen, device)
+    slots, slot_of_row, start = staggered_rows(plan, gen, device)
+    arms = [paged_gdn_tensors(plan, slots, replay=True, device=device) for _ in range(2)]
+    for index, scale in ((0, 1.0), (1, 1.0), (RING_K, 0.0), (RING_U, 0.0), (RING_G, 0.0)):
+        start_value = torch.randn(arms[0][index].shape, generator=gen, device=device) * scale
+        for tensors in arms:
+            tensors[index].copy_(start_value)
+    weight = (torch.randn(arms[0][0].shape[1], CONV_WIDTH, generator=gen, device=device) * 0.5).to(torch.bfloat16)
+    split = [plan.num_k_heads * plan.head_k_dim] * 2 + [plan.num_v_heads * plan.head_v_dim]
+    outs = [torch.zeros(plan.eq_batch, plan.num_v_heads, plan.head_v_dim, device=device) for _ in arms]
+    errors = []
+    for t in range(plan.eq_steps):
+        inputs = PackedInputs.random(plan, plan.eq_batch, layer, gen)  # its packed tensor is the pre-conv input
+        active, write_pos, flush_len = cursors_at(t, start, plan.buffer_len)
+        rows = torch.where(active, slot_of_row, PAD).to(torch.int32)
+        one, three = arms
+        gdn_mixed_decode(
+            inputs.mixed, one[0], weight, None, inputs.a, inputs.b, layer.A_log, layer.dt_bias, one[1], one[RING_K],
+            one[RING_U], one[RING_G], rows, write_pos, flush_len, num_k_heads=plan.num_k_heads,
+            head_k_dim=plan.head_k_dim, pad_slot_id=PAD, out=outs[0],
+        )  # fmt: skip
+        live = active.nonzero().squeeze(1)
+        qkv = inputs.mixed.clone()
+        if conv_update is not None:
+            qkv[live] = conv_update(qkv[live], three[0], weight, None, "silu", conv_state_indices=rows[live])
+        else:
+            qkv[live] = causal_conv_update_reference(qkv[live], three[0], weight, None, rows[live], "silu")
+        q, k, v = (part.unflatten(1, (-1, size)) for part, size in zip(
+            qkv.split(split, dim=1), (plan.head_k_dim, plan.head_k_dim, plan.head_v_dim), strict=True))  # fmt: skip
+        gdn_decode_step(
+            q, k, v, inputs.a, inputs.b, layer.A_log, layer.dt_bias, three[1], three[RING_K], three[RING_U],
+            three[RING_G], rows, write_pos, flush_len, pad_slot_id=PAD, out=outs[1],
+        )  # fmt: skip
+        diff = (outs[0].double() - outs[1].double())[live]
+        want = outs[1].double()[live]
+        errors.append(torch.stack([diff.abs().max() / want.abs().max(), diff.norm() / want.norm()]))
+    used = slot_of_row.long()
+    result = {
+        "baseline": note, "batch": plan.eq_batch, "steps": plan.eq_steps, "target": TARGET_REL_ERR,
+        **error_summary(torch.stack(errors).cpu()),
+        "final_state_rel_err": relative_error(arms[0][1][used], arms[1][1][used]),
+        "conv_state_equal": bool(torch.equal(arms[0][0][used], arms[1][0][used])),
+    }  # fmt: skip
     result["within_target"] = max(result["max_rel_err"], result["final_state_rel_err"]) <= TARGET_REL_ERR
     return result
 
@@ -533,7 +617,8 @@ def _equivalence_markdown(eq: dict[str, Any]) -> list[str]:
         f"| {eq['max_rel_err']:.2e} | {eq['worst_step']} | {eq['max_rel_err_norm']:.2e} | "
         f"{eq['last_step_rel_err']:.2e} | {eq['final_state_rel_err']:.2e} | {eq['finite']} |",
         "",
-        f"Within target: **{eq['within_target']}** ({eq['seconds']} s)",
+        f"Within target: **{eq['within_target']}** ({eq['seconds']} s)"
+        + ("" if "conv_state_equal" not in eq else f"; conv states equal: **{eq['conv_state_equal']}**"),
         "",
     ]
 
@@ -563,6 +648,7 @@ def render_markdown(data: dict[str, Any]) -> str:
     return "\n".join([
         *report_head("ReplaySSM Gated DeltaNet kernel benchmark", data.get("meta", {})),
         *section_markdown(data, "equivalence", "Equivalence", _equivalence_markdown),
+        *section_markdown(data, "mixed_equivalence", "Mixed-step decode rows in one launch", _equivalence_markdown),
         *section_markdown(data, "sweep", "Launch-shape sweep", _sweep_markdown),
         *section_markdown(data, "timing", "Timing", _timing_markdown),
     ])  # fmt: skip
