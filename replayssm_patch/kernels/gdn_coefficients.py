@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size, decay_sums_after, head_chunk
-from replayssm_patch.kernels.gdn_common import gdn_gates, l2_normalise
+from replayssm_patch.kernels.gdn_common import gdn_gates, l2_normalise, row_cursor
 
 COEF_NUM_WARPS = 2
 
@@ -37,9 +37,8 @@ def _gdn_coefficients_kernel(
 ):  # fmt: skip
     row = tl.program_id(0)
     khead = tl.program_id(1)
-    slot = tl.load(slot_ptr + row).to(tl.int64)
-    pos = tl.load(pos_ptr + row).to(tl.int64)
-    if (slot == pad_slot_id) | (slot < 0) | (pos < 0) | (pos >= ring_len):  # padding, or a cursor off the ring
+    slot, pos, skip = row_cursor(slot_ptr, pos_ptr, row, pad_slot_id, ring_len)
+    if skip:
         return
     offs_k = tl.arange(0, BLOCK_K)
     offs_l = tl.arange(0, BLOCK_L)

@@ -29,6 +29,15 @@ def l2_normalise(x):
 
 
 @triton.jit
+def row_cursor(slot_ptr, pos_ptr, row, pad_slot_id, ring_len):
+    """A decode row's slot and write position (int64), and whether the step skips it: padding, or a cursor off
+    the ring."""
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    pos = tl.load(pos_ptr + row).to(tl.int64)
+    return slot, pos, (slot == pad_slot_id) | (slot < 0) | (pos < 0) | (pos >= ring_len)
+
+
+@triton.jit
 def gdn_gates(a_raw, b_raw, A_log, dt_bias):
     """(g, β) of one (row, value head): log-decay g <= 0 and the write strength β in (0, 1), both fp32."""
     g = -tl.exp(A_log) * softplus_f32(a_raw.to(tl.float32) + dt_bias)

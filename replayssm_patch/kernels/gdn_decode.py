@@ -33,6 +33,7 @@ from replayssm_patch.kernels.gdn_common import (
     fold_reference,
     gdn_gates_reference,
     l2_normalise_reference,
+    row_cursor,
 )
 from replayssm_patch.kernels.gdn_fold import launch_gdn_fold
 from replayssm_patch.kernels.gdn_layout import require_fp32_checkpoint
@@ -51,9 +52,7 @@ def _gdn_replay_kernel(
     vblock = tl.program_id(0)
     head = tl.program_id(1)
     row = tl.program_id(2)
-    slot = tl.load(slot_ptr + row).to(tl.int64)
-    pos = tl.load(pos_ptr + row).to(tl.int64)
-    skip = (slot == pad_slot_id) | (slot < 0) | (pos < 0) | (pos >= ring_len)  # padding, or a cursor off the ring
+    slot, pos, skip = row_cursor(slot_ptr, pos_ptr, row, pad_slot_id, ring_len)
     if skip | (tl.load(flush_ptr + row) > 0):  # the fold answers flush rows
         return
     offs_v = vblock * BLOCK_V + tl.arange(0, BLOCK_V)

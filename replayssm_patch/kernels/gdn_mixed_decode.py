@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size, check_launchable, decay_sum_after
-from replayssm_patch.kernels.gdn_common import default_scale, fold_into, gdn_gates, l2_normalise
+from replayssm_patch.kernels.gdn_common import default_scale, fold_into, gdn_gates, l2_normalise, row_cursor
 from replayssm_patch.kernels.gdn_decode import gdn_decode_step_reference
 from replayssm_patch.kernels.gdn_layout import require_fp32_checkpoint
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, valid_rows
@@ -88,9 +88,8 @@ def _gdn_mixed_decode_kernel(
 ):  # fmt: skip
     row = tl.program_id(0)
     khead = tl.program_id(1)
-    slot = tl.load(slot_ptr + row).to(tl.int64)
-    pos = tl.load(pos_ptr + row).to(tl.int64)
-    if (slot == pad_slot_id) | (slot < 0) | (pos < 0) | (pos >= ring_len):  # padding, or a cursor off the ring
+    slot, pos, skip = row_cursor(slot_ptr, pos_ptr, row, pad_slot_id, ring_len)
+    if skip:
         return
     x_row = x_ptr + row * sx_b
     conv_row = conv_ptr + slot * sc_slot
