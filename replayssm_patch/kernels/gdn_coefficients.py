@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size, decay_sums_after, head_chunk
-from replayssm_patch.kernels.gdn_common import gdn_gates, l2_normalise, row_cursor
+from replayssm_patch.kernels.gdn_common import append_key, gdn_gates, row_cursor
 
 COEF_NUM_WARPS = 2
 
@@ -48,15 +48,8 @@ def _gdn_coefficients_kernel(
 
     q = tl.load(q_ptr + row * sq_b + khead * sq_h + offs_k * sq_k, mask=mask_k, other=0.0).to(tl.float32)
     k = tl.load(k_ptr + row * sk_b + khead * sk_h + offs_k * sk_k, mask=mask_k, other=0.0).to(tl.float32)
-    q = l2_normalise(q) * scale
-    k = l2_normalise(k)
     rk_at = ring_k_ptr + slot * srk_slot + khead * srk_h
-    ring_k = tl.load(
-        rk_at + offs_l[:, None] * srk_l + offs_k[None, :] * srk_k, mask=earlier[:, None] & mask_k[None, :], other=0.0
-    )  # fmt: skip
-    kk = tl.sum(ring_k * k[None, :], axis=1)
-    kq = tl.where(now, tl.sum(k * q, axis=0), tl.sum(ring_k * q[None, :], axis=1))
-    tl.store(rk_at + pos * srk_l + offs_k * srk_k, k, mask=mask_k)
+    q, k, _, kk, kq = append_key(q, k, scale, rk_at, srk_l, srk_k, offs_l, offs_k, mask_k, pos)
     key = row * tl.num_programs(1) + khead
     tl.store(qhat_ptr + key * BLOCK_K + offs_k, q)
     tl.store(khat_ptr + key * BLOCK_K + offs_k, k)

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size, check_launchable, decay_sum_after
-from replayssm_patch.kernels.gdn_common import default_scale, fold_into, gdn_gates, l2_normalise, row_cursor
+from replayssm_patch.kernels.gdn_common import append_key, default_scale, fold_into, gdn_gates, row_cursor
 from replayssm_patch.kernels.gdn_decode import gdn_decode_step_reference
 from replayssm_patch.kernels.gdn_layout import require_fp32_checkpoint
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, valid_rows
@@ -104,16 +104,9 @@ def _gdn_mixed_decode_kernel(
                    WIDTH, BLOCK_W, HAS_BIAS, SILU)  # fmt: skip
     k = _conv_step(x_row, conv_row, cw_ptr, cb_ptr, k_channels + q_channels, mask_k, sx_c, sc_c, sc_t, sw_c, sw_t,
                    WIDTH, BLOCK_W, HAS_BIAS, SILU)  # fmt: skip
-    q = l2_normalise(q) * scale
-    k = l2_normalise(k)
     rk_at = ring_k_ptr + slot * srk_slot + khead * srk_h
-    ring_k = tl.load(
-        rk_at + offs_l[:, None] * srk_l + offs_k[None, :] * srk_k, mask=earlier[:, None] & mask_k[None, :], other=0.0
-    )  # fmt: skip
-    kk = tl.sum(ring_k * k[None, :], axis=1)  # 0 from pos on
-    kq = tl.where(now, tl.sum(k * q, axis=0), tl.sum(ring_k * q[None, :], axis=1))  # k̂·q̂ at pos, 0 after
+    q, k, ring_k, kk, kq = append_key(q, k, scale, rk_at, srk_l, srk_k, offs_l, offs_k, mask_k, pos)
     kq_now = tl.sum(tl.where(now, kq, 0.0), axis=0)
-    tl.store(rk_at + pos * srk_l + offs_k * srk_k, k, mask=mask_k)
     keys = tl.where(now[:, None], k[None, :], ring_k)  # the ring with this step appended, for a fold
     flush = tl.load(flush_ptr + row) > 0
 
