@@ -116,7 +116,7 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         self.native_mixed_steps = knobs.native_mixed_steps  # refused with speculation and split precision
         self.ring_may_hold = False  # rings may hold entries a native step must fold first (CPU only)
         self._capturing = False
-        self.prefill_fold_warmed = False
+        self.eager_kernels_warmed = False
 
     def _layers(self) -> list[Any]:
         context = self.vllm_config.compilation_config.static_forward_context
@@ -140,18 +140,8 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
             metadata = super().build_for_cudagraph_capture(common_attn_metadata)
         finally:
             self._capturing = False
-        self._warm_prefill_fold()
+        warm_eager_kernels(self)
         return metadata
-
-    def _warm_prefill_fold(self) -> None:
-        """Once per builder, from a capture build: those run at start-up, after the KV cache is bound and outside
-        any graph, so the group's first layer compiles its materialise fold then instead of while serving."""
-        from replayssm_patch.kernels.common import launchable_on
-
-        if self.prefill_fold_warmed or not launchable_on(self.plan_buffers.write_pos.device):
-            return
-        self._layers()[0].warm_prefill_fold()
-        self.prefill_fold_warmed = True
 
     def build(
         self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False, **kwargs: Any
@@ -187,6 +177,18 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         slots = metadata.state_indices_tensor_d[:, 0].to(torch.int32).contiguous()
         for layer in self._layers():
             layer.materialise(slots, metadata.replay_transition_pending)
+
+
+def warm_eager_kernels(builder: Any) -> None:
+    """Once per builder (either family's), from a capture build: those run at start-up, after the KV cache is bound
+    and outside any graph, so the group's first layer compiles the kernels that steps with prefills launch eagerly
+    then, not while serving (vLLM's JIT monitor named the materialise fold mid-run on the H200)."""
+    from replayssm_patch.kernels.common import launchable_on
+
+    if builder.eager_kernels_warmed or not launchable_on(builder.plan_buffers.write_pos.device):
+        return
+    builder._layers()[0].warm_eager_kernels()
+    builder.eager_kernels_warmed = True
 
 
 def native_regime(rows: int, num_prefills: int, native_max_batch: int, native_mixed: bool) -> bool:

@@ -38,6 +38,7 @@ from replayssm_patch.backend import (
     native_regime,
     prefills_all_fresh,
     ring_may_hold_after,
+    warm_eager_kernels,
 )
 from replayssm_patch.config import replayssm_config_of
 from replayssm_patch.cursors import NULL_BLOCK_ID, CursorTable
@@ -80,6 +81,7 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
         # no speculation and no split precision to rule out here: the plugin refuses both for GDN
         self.native_max_batch = gdn_native_max_batch(device)
         self.ring_may_hold = False  # rings may hold entries a native step must fold first (CPU only)
+        self.eager_kernels_warmed = False
         # one block per request (the plugin refuses prefix caching): the first group's metadata serves every group
         one_block = vllm_config.cache_config.mamba_cache_mode == "none"
         self.supports_update_block_table = one_block and not knobs.per_group_builds
@@ -106,9 +108,11 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
     def build_for_cudagraph_capture(self, common_attn_metadata: Any) -> ReplayGDNAttentionMetadata:
         self._capturing = True
         try:
-            return super().build_for_cudagraph_capture(common_attn_metadata)
+            metadata = super().build_for_cudagraph_capture(common_attn_metadata)
         finally:
             self._capturing = False
+        warm_eager_kernels(self)
+        return metadata
 
     def build(  # type: ignore[override]
         self,

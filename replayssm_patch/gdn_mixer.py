@@ -115,6 +115,27 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
         if metadata.replay_fold_pending:  # the CPU knows when every prefill row is fresh: no fold launch then
             self.materialise(metadata.prefill_state_indices, metadata.replay_pending)
 
+    def warm_eager_kernels(self) -> None:
+        """Compile the kernels a step with prefills launches eagerly (the materialise fold and, with
+        ``gdn_one_launch_mixed``, the one-launch decode) at start-up, not at the first such step while serving: one
+        launch each on a row in vLLM's null block, which both skip, so no state changes."""
+        from replayssm_patch.kernels import gdn_mixed_decode
+
+        cache = self.kv_cache
+        null = torch.full((1,), NULL_BLOCK_ID, dtype=torch.int32, device=cache[1].device)
+        self.materialise(null, torch.zeros_like(null))
+        if not self.replayssm.gdn_one_launch_mixed:
+            return
+        dtype, heads = self.conv1d.weight.dtype, self.num_v_heads // self.tp_size
+        tokens = torch.zeros(1, self.conv_dim // self.tp_size, dtype=dtype, device=null.device)
+        gates = torch.zeros(1, heads, dtype=dtype, device=null.device)
+        gdn_mixed_decode(
+            tokens, self._conv_state(), self._conv_weights(), self.conv1d.bias, gates, gates, self.A_log, self.dt_bias,
+            cache[1], cache[RING_K], cache[RING_U], cache[RING_G], null, torch.zeros_like(null), torch.zeros_like(null),
+            num_k_heads=self.num_k_heads // self.tp_size, head_k_dim=self.head_k_dim, activation=self.activation,
+            pad_slot_id=NULL_BLOCK_ID, out=torch.zeros(1, heads, self.head_v_dim, dtype=dtype, device=null.device),
+        )  # fmt: skip
+
     def materialise(self, slots: torch.Tensor, pending: torch.Tensor) -> None:
         """Fold ``pending`` ring entries of ``slots`` into the fp32 checkpoint so vLLM's own path (a prefill, or
         a native decode step) reads the current state."""

@@ -107,7 +107,7 @@ class ReplayMambaMixer2(MambaMixer2):
             self.materialise(slots, metadata.replay_pending)
         return slots
 
-    def warm_prefill_fold(self) -> None:
+    def warm_eager_kernels(self) -> None:
         """Compile the materialise fold now, at start-up, not at the first continuing chunked prefill while
         serving (vLLM's JIT monitor named ``_flush_kernel`` mid-run on the H200): one launch on vLLM's null
         block, a row the kernel skips, so no state changes."""

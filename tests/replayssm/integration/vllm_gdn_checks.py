@@ -102,11 +102,15 @@ def builder_steps(tiny: Path) -> dict:
     layer.kv_cache = paged_state_tensors(spec, 8)
     builder = layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device("cpu"))
     steps: list[dict] = []
+    layer.kv_cache[1].normal_()  # a start-up warm-up that wrote any state would show
+    before = [tensor.clone() for tensor in layer.kv_cache]
     capture = builder.build_for_cudagraph_capture(common_metadata([1, 1], [1, 1], [0, 0], [False, False]))
     steps.append({
         "capture_write_pos": capture.replay_write_pos.tolist(), "table_allocated": builder.cursors is not None,
-        "capture_flush_list": flush_list(capture),
+        "capture_flush_list": flush_list(capture), "eager_kernels_warmed": builder.eager_kernels_warmed,
+        "cache_unchanged": all(torch.equal(a, b) for a, b in zip(before, layer.kv_cache, strict=True)),
     })  # fmt: skip
+    layer.kv_cache[1].zero_()
     for step in range(5):  # two decoding sequences in blocks 3 and 5
         m = builder.build(0, common_metadata([1, 1], [10 + step, 20 + step], [3, 5], [False, False]))
         steps.append({"write_pos": m.replay_write_pos.tolist(), "flush_len": m.replay_flush_len.tolist(),
