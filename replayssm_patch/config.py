@@ -48,8 +48,9 @@ class ReplaySSMConfig:
     # Gated DeltaNet: the decode rows of a step with prefills run one launch per layer (``gdn_mixed_decode``: the
     # causal conv, coefficients and replay or fold together) instead of vLLM's conv update and the replay's three.
     # Why: such steps run eagerly and were host-bound on the H200, with ~40 us of Python per launch; the four
-    # launches made ReplaySSM's mixed step 25-29 % longer (BENCHMARKS.md, sessions 13-14). Off: the four launches,
-    # the control arm.
+    # launches made ReplaySSM's mixed step 25-29 % longer (BENCHMARKS.md, sessions 13-14). Measured in session 15
+    # (results/churn_step-h200-qwen3.5-4b-run4/5.json): mixed step 0.94x the baseline's with one launch, 1.30x with
+    # four, on one host. Off: the four launches, the control arm.
     gdn_one_launch_mixed: bool = True
 
 

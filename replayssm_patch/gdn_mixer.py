@@ -8,9 +8,9 @@ causal-conv update, then the ReplaySSM step: append (k̂, u, g) to the ring, ans
 and fold the ring into the fp32 checkpoint on the step that fills it. In a step with prefills, which runs
 eagerly, the conv and the step are one launch (``gdn_mixed_decode``; knob ``gdn_one_launch_mixed``). Prefill
 rows first fold what their ring still holds, then run vLLM's own path on a prefill-only view of the step's
-metadata. At the builder's native
-batches (``gdn_backend.plan_gdn_ring``), and at every step with prefills under ``native_mixed_steps``, the whole
-step is vLLM's own path on the checkpoint, which the builder made current; the ring is not used.
+metadata. At the builder's native batches (``gdn_backend.plan_gdn_ring``), and at every step with prefills
+under ``native_mixed_steps``, the whole step is vLLM's own path on the checkpoint, which the builder made
+current; the ring is not used.
 """
 
 from __future__ import annotations
