@@ -49,7 +49,7 @@ def _gdn_coefficients_kernel(
     q = tl.load(q_ptr + row * sq_b + khead * sq_h + offs_k * sq_k, mask=mask_k, other=0.0).to(tl.float32)
     k = tl.load(k_ptr + row * sk_b + khead * sk_h + offs_k * sk_k, mask=mask_k, other=0.0).to(tl.float32)
     rk_at = ring_k_ptr + slot * srk_slot + khead * srk_h
-    q, k, _, kk, kq = append_key(q, k, scale, rk_at, srk_l, srk_k, offs_l, offs_k, mask_k, pos)
+    q, k, kk, kq = append_key(q, k, scale, rk_at, srk_l, srk_k, offs_l, offs_k, mask_k, pos)
     key = row * tl.num_programs(1) + khead
     tl.store(qhat_ptr + key * BLOCK_K + offs_k, q)
     tl.store(khat_ptr + key * BLOCK_K + offs_k, k)

@@ -16,7 +16,9 @@ write_pos, and its value heads' checkpoint tiles. It
 2. computes q̂, k̂ and the ring-key products (``gdn_coefficients``' scratch, kept in registers) and appends k̂;
 3. for each value head and head_v_dim block: u from the checkpoint and ring, appended; then either o from the
    checkpoint and ring (``gdn_decode``'s replay) or, on a flush row, the fold of the whole ring into a new
-   checkpoint and o from it (``gdn_fold``), in fp32 (``fold_into``).
+   checkpoint and o from it (``gdn_fold``): fp32 rank-1 updates, one per entry, which read the earlier entries
+   again (from L2). A tensor-core product would need the ring's keys held as a tile through the loop: that took
+   248 registers per thread (2 programs per SM), this 148.
 A row whose slot is padding or whose write_pos is off the ring is skipped entirely, its conv state included.
 """
 
@@ -27,12 +29,12 @@ import triton
 import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size, check_launchable, decay_sum_after
-from replayssm_patch.kernels.gdn_common import append_key, default_scale, fold_into, gdn_gates, row_cursor
+from replayssm_patch.kernels.gdn_common import append_key, default_scale, gdn_gates, row_cursor
 from replayssm_patch.kernels.gdn_decode import gdn_decode_step_reference
 from replayssm_patch.kernels.gdn_layout import require_fp32_checkpoint
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, valid_rows
 
-MIXED_BLOCK_V = 16  # head_v_dim rows per tile: the fold's tf32-free product over [16, head_k_dim] (tl.dot's floor)
+MIXED_BLOCK_V = 32  # head_v_dim rows per tile: 148 registers, no spill on sm_90 (16: 128 and a spill; compile_check)
 MIXED_NUM_WARPS = 4
 CONV_ACTIVATIONS = (None, "silu", "swish")  # vLLM's causal_conv1d_update accepts these (swish is silu)
 
@@ -77,6 +79,12 @@ def _conv_step(
 
 
 @triton.jit
+def weight_at(weight, offs_l, s):
+    """Entry s of a [BLOCK_L] register vector, as a scalar."""
+    return tl.sum(tl.where(offs_l == s, weight, 0.0), axis=0)
+
+
+@triton.jit
 def _gdn_mixed_decode_kernel(
     x_ptr, conv_ptr, cw_ptr, cb_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
     state_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, slot_ptr, pos_ptr, flush_ptr, out_ptr,
@@ -106,9 +114,8 @@ def _gdn_mixed_decode_kernel(
     k = _conv_step(x_row, conv_row, cw_ptr, cb_ptr, k_channels + q_channels, mask_k, sx_c, sc_c, sc_t, sw_c, sw_t,
                    WIDTH, BLOCK_W, HAS_BIAS, SILU)  # fmt: skip
     rk_at = ring_k_ptr + slot * srk_slot + khead * srk_h
-    q, k, ring_k, kk, kq = append_key(q, k, scale, rk_at, srk_l, srk_k, offs_l, offs_k, mask_k, pos)
+    q, k, kk, kq = append_key(q, k, scale, rk_at, srk_l, srk_k, offs_l, offs_k, mask_k, pos)
     kq_now = tl.sum(tl.where(now, kq, 0.0), axis=0)
-    keys = tl.where(now[:, None], k[None, :], ring_k)  # the ring with this step appended, for a fold
     flush = tl.load(flush_ptr + row) > 0
 
     for j in tl.static_range(V_PER_K):
@@ -139,7 +146,13 @@ def _gdn_mixed_decode_kernel(
             u = beta * (v - base)
             tl.store(ru_at + pos * sru_l + offs_v * sru_v, u, mask=mask_v)
             if flush:
-                folded = fold_into(state, tl.where(now[:, None], u[None, :], ring_u), weight, keys)
+                folded = state + (weight_at(weight, offs_l, pos) * u)[:, None] * k[None, :]  # this step's entry
+                s = 0
+                while s < pos:  # the earlier ones, one rank-1 update each, rows read again from L2 (a while loop:
+                    u_s = tl.load(ru_at + s * sru_l + offs_v * sru_v, mask=mask_v, other=0.0)  # pos is on the device)
+                    k_s = tl.load(rk_at + s * srk_l + offs_k * srk_k, mask=mask_k, other=0.0)
+                    folded += (weight_at(weight, offs_l, s) * u_s)[:, None] * k_s[None, :]
+                    s += 1
                 tl.store(state_at, folded, mask=mask_vk)
                 o = tl.sum(folded * q[None, :], axis=1)
             else:
@@ -190,7 +203,7 @@ def gdn_mixed_decode(
         return out
     num_v_heads, head_v_dim = out.shape[1], out.shape[2]
     width = conv_weight.shape[1]
-    block_v = block_size(head_v_dim, cap=MIXED_BLOCK_V, floor=16)
+    block_v = block_size(head_v_dim, cap=MIXED_BLOCK_V)
     k_channels = num_k_heads * head_k_dim
     _gdn_mixed_decode_kernel[(batch, num_k_heads)](
         mixed_qkv, conv_state, conv_weight, conv_bias, a, b, A_log, dt_bias,
