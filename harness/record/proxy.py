@@ -167,6 +167,7 @@ class RecordingProxy:
         relayed: _Relayed,
     ) -> None:
         content = upstream.content
+        closed = observer is None
         try:
             while chunk := await content.readany():  # not `async for ... iter_any()`: one coroutine less per chunk
                 out = chunk if observer is None else observer.feed(chunk, time.monotonic())
@@ -175,6 +176,7 @@ class RecordingProxy:
                     await response.write(out)
             relayed.finished_at = time.monotonic()
             tail = observer.close(relayed.finished_at) if observer is not None else b""
+            closed = True
             if tail:
                 self._stats.bytes_to_clients += len(tail)
                 await response.write(tail)
@@ -183,6 +185,10 @@ class RecordingProxy:
             relayed.finished_at = time.monotonic()
             relayed.client_gone = True
             self._stats.client_disconnects += 1
+        finally:
+            if not closed:  # the stream broke (either side): the events that did pass are still read and counted
+                assert observer is not None
+                observer.close(time.monotonic())
 
 
 def _bad_gateway(exc: BaseException) -> web.Response:
