@@ -126,13 +126,13 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
         self.materialise(null, torch.zeros_like(null))
         if not self.replayssm.gdn_one_launch_mixed:
             return
-        dtype, heads = self.conv1d.weight.dtype, self.num_v_heads // self.tp_size
+        (k_heads, heads), dtype = self._local_heads(), self.conv1d.weight.dtype
         tokens = torch.zeros(1, self.conv_dim // self.tp_size, dtype=dtype, device=null.device)
         gates = torch.zeros(1, heads, dtype=dtype, device=null.device)
         gdn_mixed_decode(
             tokens, self._conv_state(), self._conv_weights(), self.conv1d.bias, gates, gates, self.A_log, self.dt_bias,
             cache[1], cache[RING_K], cache[RING_U], cache[RING_G], null, torch.zeros_like(null), torch.zeros_like(null),
-            num_k_heads=self.num_k_heads // self.tp_size, head_k_dim=self.head_k_dim, activation=self.activation,
+            num_k_heads=k_heads, head_k_dim=self.head_k_dim, activation=self.activation,
             pad_slot_id=NULL_BLOCK_ID, out=torch.zeros(1, heads, self.head_v_dim, dtype=dtype, device=null.device),
         )  # fmt: skip
 
@@ -155,6 +155,7 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
         """Decode rows through vLLM's conv update, then the replay step's three launches (CUDA graphs hold them in
         decode-only steps; see ``gdn_decode``)."""
         from replayssm_patch.kernels import gdn_decode_step
+        from replayssm_patch.kernels.gdn_layout import split_packed_qkv
 
         assert metadata.replay_flush_rows is not None and metadata.replay_flush_count is not None
         n, slots = self._decode_rows(metadata)
@@ -163,15 +164,11 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
             mixed_qkv[:n], self._conv_state(), self._conv_weights(), self.conv1d.bias, self.activation,
             conv_state_indices=slots, validate_data=False,
         )  # fmt: skip
-        k_heads, v_heads = self.num_k_heads // self.tp_size, self.num_v_heads // self.tp_size
-        q, k, v = torch.split(
-            qkv, [k_heads * self.head_k_dim, k_heads * self.head_k_dim, v_heads * self.head_v_dim], -1
-        )
+        k_heads, v_heads = self._local_heads()
+        q, k, v = split_packed_qkv(qkv, k_heads, self.head_k_dim, v_heads, self.head_v_dim)
         gdn_decode_step(
-            q.view(n, k_heads, self.head_k_dim), k.view(n, k_heads, self.head_k_dim),
-            v.view(n, v_heads, self.head_v_dim), a[:n], b[:n], self.A_log, self.dt_bias,
-            cache[1], cache[RING_K], cache[RING_U], cache[RING_G], slots,
-            metadata.replay_write_pos, metadata.replay_flush_len,
+            q, k, v, a[:n], b[:n], self.A_log, self.dt_bias, cache[1], cache[RING_K], cache[RING_U], cache[RING_G],
+            slots, metadata.replay_write_pos, metadata.replay_flush_len,
             flush_rows=metadata.replay_flush_rows, flush_count=metadata.replay_flush_count,
             scale=self.head_k_dim**-0.5, pad_slot_id=NULL_BLOCK_ID, out=core_attn_out[:n],
         )  # fmt: skip
@@ -193,7 +190,7 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
         gdn_mixed_decode(
             mixed_qkv[:n], self._conv_state(), self._conv_weights(), self.conv1d.bias, a[:n], b[:n], self.A_log,
             self.dt_bias, cache[1], cache[RING_K], cache[RING_U], cache[RING_G], slots, metadata.replay_write_pos,
-            metadata.replay_flush_len, num_k_heads=self.num_k_heads // self.tp_size, head_k_dim=self.head_k_dim,
+            metadata.replay_flush_len, num_k_heads=self._local_heads()[0], head_k_dim=self.head_k_dim,
             activation=self.activation, scale=self.head_k_dim**-0.5, pad_slot_id=NULL_BLOCK_ID,
             out=core_attn_out[:n],
         )  # fmt: skip
@@ -204,6 +201,10 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
         assert metadata.non_spec_state_indices_tensor is not None
         n = metadata.replay_write_pos.shape[0]
         return n, metadata.non_spec_state_indices_tensor[:n]
+
+    def _local_heads(self) -> tuple[int, int]:
+        """Key and value heads of this tensor-parallel rank."""
+        return self.num_k_heads // self.tp_size, self.num_v_heads // self.tp_size
 
     def _conv_state(self) -> torch.Tensor:
         """The conv state as vLLM's conv kernels take it: [slots, dim, width - 1]."""

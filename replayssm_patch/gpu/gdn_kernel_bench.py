@@ -77,6 +77,17 @@ class Plan(BenchPlan):
     fold_shapes: tuple[tuple[int, int], ...] = ((16, 4), (16, 8), (32, 4), (32, 8))
 
     @property
+    def conv_dim(self) -> int:
+        """Channels of the packed q|k|v the causal conv runs over."""
+        return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+
+    def split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v heads as views of a packed [rows, q|k|v] tensor of this plan's shapes."""
+        from replayssm_patch.kernels.gdn_layout import split_packed_qkv
+
+        return split_packed_qkv(qkv, self.num_k_heads, self.head_k_dim, self.num_v_heads, self.head_v_dim)
+
+    @property
     def qwen35_blocks(self) -> bool:
         """Whether compile_check's GDN block sizes (head dims 128, L 16) are this plan's, so its spill check holds."""
         return (self.head_k_dim, self.head_v_dim, self.buffer_len) == (128, 128, 16)
@@ -188,12 +199,7 @@ class PackedInputs:
             batch, plan.num_k_heads, plan.head_k_dim, plan.head_v_dim, layer, gen, torch.bfloat16, gate_dtype=gates
         )
         mixed = torch.cat([step.q.flatten(1), step.k.flatten(1), step.v.flatten(1)], dim=1)
-        qk = plan.num_k_heads * plan.head_k_dim
-        q, k, v = mixed.split([qk, qk, plan.num_v_heads * plan.head_v_dim], dim=1)
-        return cls(
-            mixed, q.unflatten(1, step.q.shape[1:]), k.unflatten(1, step.k.shape[1:]),
-            v.unflatten(1, step.v.shape[1:]), step.a, step.b,
-        )  # fmt: skip
+        return cls(mixed, *plan.split_qkv(mixed), step.a, step.b)
 
     def fields(self) -> tuple[torch.Tensor, ...]:
         """q, k, v, a, b: the per-step arguments of ``gdn_decode_step`` and ``gdn_recurrence_step``."""
@@ -320,7 +326,6 @@ def run_mixed_equivalence(plan: Plan, device: str) -> dict[str, Any]:
         for tensors in arms:
             tensors[index].copy_(start_value)
     weight = (torch.randn(arms[0][0].shape[1], CONV_WIDTH, generator=gen, device=device) * 0.5).to(torch.bfloat16)
-    split = [plan.num_k_heads * plan.head_k_dim] * 2 + [plan.num_v_heads * plan.head_v_dim]
     outs = [torch.zeros(plan.eq_batch, plan.num_v_heads, plan.head_v_dim, device=device) for _ in arms]
     errors = []
     for t in range(plan.eq_steps):
@@ -339,11 +344,9 @@ def run_mixed_equivalence(plan: Plan, device: str) -> dict[str, Any]:
             qkv[live] = conv_update(qkv[live], three[0], weight, None, "silu", conv_state_indices=rows[live])
         else:
             qkv[live] = causal_conv_update_reference(qkv[live], three[0], weight, None, rows[live], "silu")
-        q, k, v = (part.unflatten(1, (-1, size)) for part, size in zip(
-            qkv.split(split, dim=1), (plan.head_k_dim, plan.head_k_dim, plan.head_v_dim), strict=True))  # fmt: skip
         gdn_decode_step(
-            q, k, v, inputs.a, inputs.b, layer.A_log, layer.dt_bias, three[1], three[RING_K], three[RING_U],
-            three[RING_G], rows, write_pos, flush_len, pad_slot_id=PAD, out=outs[1],
+            *plan.split_qkv(qkv), inputs.a, inputs.b, layer.A_log, layer.dt_bias, three[1], three[RING_K],
+            three[RING_U], three[RING_G], rows, write_pos, flush_len, pad_slot_id=PAD, out=outs[1],
         )  # fmt: skip
         diff = (outs[0].double() - outs[1].double())[live]
         want = outs[1].double()[live]
@@ -545,8 +548,7 @@ def paged_gdn_tensors(plan: Plan, slots: int, replay: bool, device: str) -> list
     from replayssm_patch.config import ReplaySSMConfig
     from replayssm_patch.gdn_state_layout import gdn_replay_state_dtypes, gdn_replay_state_shapes
 
-    conv_dim = 2 * plan.num_k_heads * plan.head_k_dim + plan.num_v_heads * plan.head_v_dim
-    shapes: tuple[tuple[int, ...], ...] = ((conv_dim, CONV_WIDTH - 1), state_shape(plan))
+    shapes: tuple[tuple[int, ...], ...] = ((plan.conv_dim, CONV_WIDTH - 1), state_shape(plan))
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
     if replay:
         shapes = gdn_replay_state_shapes(shapes, ReplaySSMConfig(enable=True, buffer_len=plan.buffer_len), True)
@@ -594,9 +596,7 @@ class TrafficModel:
 
     def conv(self) -> float:
         """What the causal conv inside the one-launch kernel adds: each channel's conv state read and shifted (bf16)."""
-        p = self.plan
-        conv_dim = 2 * p.num_k_heads * p.head_k_dim + p.num_v_heads * p.head_v_dim
-        return self.batch * conv_dim * (CONV_WIDTH - 1) * 2 * 2
+        return self.batch * self.plan.conv_dim * (CONV_WIDTH - 1) * 2 * 2
 
     def aligned(self) -> float:
         """Every row at write_pos L-1, all flushing: full rings read, the state read and written, keys read twice."""

@@ -19,7 +19,14 @@ import torch
 from replayssm_patch.config import SPLIT_PRECISION_REFUSED
 from replayssm_patch.kernels.layout import PAD_SLOT_ID
 
-__all__ = ["PAD_SLOT_ID", "GdnReplayCache", "GdnRingShapes", "gdn_ring_shapes", "require_fp32_checkpoint"]
+__all__ = [
+    "PAD_SLOT_ID",
+    "GdnReplayCache",
+    "GdnRingShapes",
+    "gdn_ring_shapes",
+    "require_fp32_checkpoint",
+    "split_packed_qkv",
+]
 
 # Why a split-precision (bf16/fp16 copy) checkpoint is refused for GDN, unlike Mamba-2: u is computed from the
 # state it reads, so folding u computed against a rounded copy C of the master M gives f(C) + e^G (M − C), not
@@ -34,6 +41,17 @@ def require_fp32_checkpoint(ssm_state: torch.Tensor) -> None:
             f"ReplaySSM for Gated DeltaNet needs an fp32 SSM state, got {dtype}; "
             "start vLLM with --mamba-ssm-cache-dtype float32"
         )
+
+
+def split_packed_qkv(
+    qkv: torch.Tensor, num_k_heads: int, head_k_dim: int, num_v_heads: int, head_v_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k [rows, num_k_heads, head_k_dim] and v [rows, num_v_heads, head_v_dim] as views of a [rows, q|k|v]
+    tensor, the channel order vLLM's GDN layer packs (its causal conv runs over all of them)."""
+    keys = num_k_heads * head_k_dim
+    q, k, v = torch.split(qkv, [keys, keys, num_v_heads * head_v_dim], -1)
+    return (q.unflatten(-1, (num_k_heads, head_k_dim)), k.unflatten(-1, (num_k_heads, head_k_dim)),
+            v.unflatten(-1, (num_v_heads, head_v_dim)))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import triton.language as tl
 from replayssm_patch.kernels.common import block_size, check_launchable, decay_sum_after
 from replayssm_patch.kernels.gdn_common import append_key, default_scale, gdn_gates, row_cursor
 from replayssm_patch.kernels.gdn_decode import gdn_decode_step_reference
-from replayssm_patch.kernels.gdn_layout import require_fp32_checkpoint
+from replayssm_patch.kernels.gdn_layout import require_fp32_checkpoint, split_packed_qkv
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, valid_rows
 
 MIXED_BLOCK_V = 32  # head_v_dim rows per tile: 148 registers, no spill on sm_90 (16: 128 and a spill; compile_check)
@@ -275,11 +275,8 @@ def gdn_mixed_decode_reference(
     qkv[rows] = causal_conv_update_reference(
         mixed_qkv[rows], conv_state, conv_weight, conv_bias, state_indices[rows], activation
     )
-    num_v_heads, head_v_dim = out.shape[1], out.shape[2]
-    q, k, v = torch.split(qkv, [num_k_heads * head_k_dim, num_k_heads * head_k_dim, num_v_heads * head_v_dim], -1)
-    batch = qkv.shape[0]
+    q, k, v = split_packed_qkv(qkv, num_k_heads, head_k_dim, out.shape[1], out.shape[2])
     return gdn_decode_step_reference(
-        q.reshape(batch, num_k_heads, head_k_dim), k.reshape(batch, num_k_heads, head_k_dim),
-        v.reshape(batch, num_v_heads, head_v_dim), a, b, A_log, dt_bias, ssm_state, ring_k, ring_u, ring_g,
-        state_indices, write_pos, flush_len, scale=scale, pad_slot_id=pad_slot_id, out=out,
+        q, k, v, a, b, A_log, dt_bias, ssm_state, ring_k, ring_u, ring_g, state_indices, write_pos, flush_len,
+        scale=scale, pad_slot_id=pad_slot_id, out=out,
     )  # fmt: skip

@@ -14,6 +14,7 @@ import torch
 
 from replayssm_patch.kernels import decode_flush_len, gdn_mixed_decode, gdn_mixed_decode_reference
 from replayssm_patch.kernels.gdn_ground_truth import gdn_recurrence_step
+from replayssm_patch.kernels.gdn_layout import split_packed_qkv
 from replayssm_patch.kernels.gdn_mixed_decode import causal_conv_update_reference
 from tests.replayssm.kernels.numerics import rel_err, seeded
 from tests.replayssm.kernels.test_gdn_kernels import (
@@ -63,14 +64,7 @@ def mixed_args(x, conv: Conv, conv_state, step, layer, cache) -> tuple:
 def truth_inputs(x: torch.Tensor, conv: Conv, conv_state: torch.Tensor, slots: torch.Tensor, shape: Shape):
     """The rows' q, k, v after the conv (PyTorch), shaped for the fp64 recurrence; advances conv_state."""
     qkv = causal_conv_update_reference(x, conv_state, conv.weight, conv.bias, slots, conv.activation)
-    keys = shape.num_k_heads * shape.head_k_dim
-    q, k, v = torch.split(qkv, [keys, keys, shape.num_v_heads * shape.head_v_dim], -1)
-    rows = qkv.shape[0]
-    return (
-        q.reshape(rows, shape.num_k_heads, shape.head_k_dim),
-        k.reshape(rows, shape.num_k_heads, shape.head_k_dim),
-        v.reshape(rows, shape.num_v_heads, shape.head_v_dim),
-    )
+    return split_packed_qkv(qkv, shape.num_k_heads, shape.head_k_dim, shape.num_v_heads, shape.head_v_dim)
 
 
 @pytest.mark.parametrize("shape", [FP32_SHAPE, BF16_SHAPE], ids=str)
