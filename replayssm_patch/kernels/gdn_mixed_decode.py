@@ -130,7 +130,7 @@ def _gdn_mixed_decode_kernel(
         decay = tl.exp(tl.sum(all_g, axis=0))
         tl.store(rg_at + pos * srg_l, g)
         ru_at = ring_u_ptr + slot * sru_slot + head * sru_h
-        for vblock in range(V_BLOCKS):  # a loop, not unrolled: the fold's product is large code
+        for vblock in range(V_BLOCKS):  # a loop, not unrolled: each pass holds a fold
             offs_v = vblock * BLOCK_V + tl.arange(0, BLOCK_V)
             mask_v = offs_v < head_v_dim
             mask_vk = mask_v[:, None] & mask_k[None, :]
@@ -147,9 +147,11 @@ def _gdn_mixed_decode_kernel(
             tl.store(ru_at + pos * sru_l + offs_v * sru_v, u, mask=mask_v)
             if flush:
                 folded = state + (weight_at(weight, offs_l, pos) * u)[:, None] * k[None, :]  # this step's entry
+                # the earlier entries, one rank-1 update each, their rows read again from L2 (a while loop: the
+                # bound is a loaded value, which Triton's interpreter cannot take as a range)
                 s = 0
-                while s < pos:  # the earlier ones, one rank-1 update each, rows read again from L2 (a while loop:
-                    u_s = tl.load(ru_at + s * sru_l + offs_v * sru_v, mask=mask_v, other=0.0)  # pos is on the device)
+                while s < pos:
+                    u_s = tl.load(ru_at + s * sru_l + offs_v * sru_v, mask=mask_v, other=0.0)
                     k_s = tl.load(rk_at + s * srk_l + offs_k * srk_k, mask=mask_k, other=0.0)
                     folded += (weight_at(weight, offs_l, s) * u_s)[:, None] * k_s[None, :]
                     s += 1
