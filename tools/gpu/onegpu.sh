@@ -66,6 +66,7 @@ start_baseline() {  # on a fresh host: install, then the baseline at 0.45 on :80
 
 start_candidate() {  # ReplaySSM fp32 at 0.45 on :8001 (ARGS: extra server flags), unless a server is up there
   up 8001 && { echo "a server is up on :8001 already"; return 0; }
+  pgrep -f -- "--port 8001" > /dev/null && { echo "a server is starting on :8001 already"; return 0; }
   SERVE_UTIL=0.45 $S serve candidate 0 8001 "$@"
 }
 

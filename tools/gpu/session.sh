@@ -86,7 +86,8 @@ recv() {
   ls -la /tmp/pkg
 }
 
-setup() {
+setup() {  # needs .whl carried beside part 3: without tomli_w every `replaybench run/capacity` dies on the host
+  ls "$ROOT"/.whl/*.whl > /dev/null 2>&1 || { echo "setup: no .whl/ here: carry .whl with part 3 (README)"; return 1; }
   bash /tmp/pkg/install-bundle.sh || return 1
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$ROOT"/.whl/*.whl
   python3 -c "from pathlib import Path; from replayssm_patch.plugin_site import write_plugin_site; \
