@@ -77,3 +77,15 @@ def test_variants_prints_the_spec_arms_speculation_for_session_sh() -> None:
         "method": "mtp", "num_speculative_tokens": 3, "rejection_sample_method": "synthetic",
         "synthetic_acceptance_length": 3.0,
     }  # fmt: skip
+
+
+def test_setup_without_the_carried_wheels_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A host without .whl/ (tomli_w, typer) installs vLLM fine but every `replaybench run` dies there later: setup
+    refuses at once, before unpacking anything (a checkout without .whl/, as a clean clone is)."""
+    (tmp_path / "tools" / "gpu").mkdir(parents=True)
+    script = tmp_path / "tools" / "gpu" / "session.sh"
+    script.write_text((REPO / "tools" / "gpu" / "session.sh").read_text())
+    env = os.environ | {"MODE": "default", "OUT": str(tmp_path)}
+    done = subprocess.run(["bash", str(script), "setup"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert done.returncode == 1
+    assert done.stdout.strip() == "setup: no .whl/ here: carry .whl with part 3 (README)"
