@@ -48,6 +48,7 @@ CALL_S=${CALL_S:-585}
 left() { echo $((CALL_S - SECONDS)); }
 latest() { ls -td "$RUNS"/"$1"-2* 2>/dev/null | head -1; }
 up() { $S wait 1 "$1" > /dev/null 2>&1; }  # a healthy server answers on port $1
+starting() { pgrep -f -- "--port $1" > /dev/null; }  # a server process on port $1 (up or still starting)
 mkdir -p "$RES" "$RUNS"
 trap '$S pack "${STAGE:-onegpu}"; echo "call used ${SECONDS}s"' EXIT
 
@@ -66,7 +67,7 @@ start_baseline() {  # on a fresh host: install, then the baseline at 0.45 on :80
 
 start_candidate() {  # ReplaySSM fp32 at 0.45 on :8001 (ARGS: extra server flags), unless a server is up there
   up 8001 && { echo "a server is up on :8001 already"; return 0; }
-  pgrep -f -- "--port 8001" > /dev/null && { echo "a server is starting on :8001 already"; return 0; }
+  starting 8001 && { echo "a server is starting on :8001 already"; return 0; }
   SERVE_UTIL=0.45 $S serve candidate 0 8001 "$@"
 }
 
@@ -151,12 +152,12 @@ case ${1:-} in
     [ -d /tmp/site/vllm ] || install || exit 1
     [ -f "$RES/moe-slice.parquet" ] || $RB slice traces/azure-conv-2023.parquet --start 600 --duration "${MOE_S:-60}" \
       -o "$RES/moe-slice.parquet" | tail -1
-    if ! up 8002 && ! pgrep -f -- "--port 8002" > /dev/null; then  # neither up nor starting
+    if ! up 8002 && ! starting 8002; then  # neither up nor starting
       $S stop candidate; $S stop baseline; gpu_released  # the GPU to itself
       SERVE_UTIL=0.85 $S serve candidate-moe 0 8002 --additional-config "$FP32"
     fi
     if ! $S wait $(($(left) - 150)) 8002; then  # still starting: exit 75 (EX_TEMPFAIL) so that a queue runs it again
-      pgrep -f -- "--port 8002" > /dev/null && { echo ":8002 still starting: run moe again"; exit 75; }
+      starting 8002 && { echo ":8002 still starting: run moe again"; exit 75; }
       $S diagnose candidate-moe; exit 1
     fi
     grep -h "ReplaySSM active\|GPU KV cache size\|Maximum concurrency" /tmp/gpu/candidate-moe.log

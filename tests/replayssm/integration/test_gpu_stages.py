@@ -85,7 +85,7 @@ def test_setup_without_the_carried_wheels_is_refused_in_one_line(tmp_path: Path)
     (tmp_path / "tools" / "gpu").mkdir(parents=True)
     script = tmp_path / "tools" / "gpu" / "session.sh"
     script.write_text((REPO / "tools" / "gpu" / "session.sh").read_text())
-    env = os.environ | {"MODE": "default", "OUT": str(tmp_path)}
+    env = os.environ | {"MODE": "default"}
     done = subprocess.run(["bash", str(script), "setup"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert done.returncode == 1
     assert done.stdout.strip() == "setup: no .whl/ here: carry .whl with part 3 (README)"
