@@ -431,21 +431,29 @@ def test_layer_check_without_gpu_refuses_in_one_line(tmp_path: Path) -> None:
 def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """engine_step rows record which replay shapes ran: a tuned file, the H200's committed one, or the defaults."""
     from replayssm_patch.gpu.engine_step import launch_shapes_of
-    from replayssm_patch.kernels.launch_config import COMMITTED, ENV_VAR, GDN_DEFAULT, GdnLaunch, launch_shapes_in_use
+    from replayssm_patch.kernels.launch_config import (
+        COMMITTED,
+        ENV_VAR,
+        GDN_DEFAULT,
+        GdnLaunch,
+        ReplayLaunch,
+        launch_shapes_in_use,
+    )
 
     monkeypatch.delenv(ENV_VAR, raising=False)
-    committed = json.loads(COMMITTED["H200"].read_text())["replay_step"]["fp32"]
+    table = json.loads(COMMITTED["H200"].read_text())
+    committed = table["replay_step"]["fp32"]
     on_h200 = launch_shapes_in_use("NVIDIA H200")
     assert on_h200["source"] == str(COMMITTED["H200"])
     assert on_h200["fp32"] == f"{committed['block_p']}x{committed['block_n']}x{committed['num_warps']}w"
-    gdn_committed = GdnLaunch(**json.loads(COMMITTED["H200"].read_text())["gdn"])
+    gdn_committed = GdnLaunch(**table["gdn"])
     assert on_h200["gdn"] == gdn_committed.as_key() != GDN_DEFAULT.as_key(), "the H200 table holds its GDN sweep"
     assert on_h200["native_batches"] == "fp32 <= 8, gdn <= 16", "the H200 table holds today's measured limits"
-    verify = json.loads(COMMITTED["H200"].read_text())["verify_step"]  # session 17's verify sweep
+    verify = table["verify_step"]  # session 17's verify sweep
     assert (
         on_h200["verify"]
         == "fp32 16x128x1w, split 16x128x1w"
-        == ", ".join(f"{entry} {v['block_p']}x{v['block_n']}x{v['num_warps']}w" for entry, v in verify.items())
+        == ", ".join(f"{entry} {ReplayLaunch(**shape).as_key()}" for entry, shape in verify.items())
     )
     assert on_h200["verify"] != f"fp32 {on_h200['fp32']}, split {on_h200['split']}", "the fp32 verify has its own shape"
     never = "fp32 <= 0, gdn <= 0"  # batches that run vLLM's own decode path: none unless measured
