@@ -16,6 +16,7 @@ import multiprocessing
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from harness.record.naming import PartNaming
@@ -107,7 +108,7 @@ class Recording:
             self._index += 1
             self.open()
             if self._converter is None:
-                self._converter = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+                self._converter = _converter_pool()
             finish = asyncio.ensure_future(self._finish(old, self._converter))
             self._finishing.add(finish)
             finish.add_done_callback(self._finishing.discard)
@@ -133,7 +134,7 @@ class Recording:
         finally:
             writer.close()
         try:
-            written = await asyncio.get_running_loop().run_in_executor(converter, _convert, writer.path)
+            written = await self._convert(writer.path, converter)
         except Exception as exc:  # whatever went wrong, the rows are still in the segment
             self._keep(writer.path, str(exc))
             return
@@ -146,6 +147,18 @@ class Recording:
                 self._stats.parts.append(written.part)
                 self._stats.rows_in_parts += written.rows
 
+    async def _convert(self, segment: Path, converter: Executor | None) -> PartWritten | None:
+        """Convert in `converter`; a worker process that died (killed, out of memory) broke its pool, so the pool is
+        replaced and the conversion tried once more there (it is idempotent: a part already written is kept)."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(converter, _convert, segment)
+        except BrokenProcessPool:
+            if self._converter is converter and converter is not None:  # the first to see it replaces it
+                converter.shutdown(wait=False)
+                self._converter = _converter_pool()
+            return await loop.run_in_executor(self._converter, _convert, segment)
+
     def _keep(self, segment: Path, why: str) -> None:
         """The segment stays for `--recover`: counted (the recorder exits 1) and said once."""
         self._stats.segments_kept.append(segment)
@@ -153,6 +166,11 @@ class Recording:
             f"error: could not turn {segment} into Parquet ({why}); the segment is kept - "
             f"run `replaybench record --recover {segment.parent}` once the problem is fixed"
         )
+
+
+def _converter_pool() -> ProcessPoolExecutor:
+    """One worker, spawned (a forked child would inherit the proxy's event loop and sockets)."""
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
 
 
 def _convert(segment: Path) -> PartWritten | None:

@@ -269,3 +269,36 @@ def test_shutdown_during_a_rotation_still_converts_the_rotated_part(tmp_path: Pa
     asyncio.run(record_rotate_and_stop(Recording(naming, started, stats, said.append)))
     assert not list(tmp_path.glob("*.segment.jsonl")) and said == [] and not stats.segments_kept
     assert [p.name for p in stats.parts] == ["prod-0001.parquet", "prod-0002.parquet"] and stats.rows_in_parts == 4
+
+
+def test_a_converter_worker_that_dies_is_replaced_and_the_part_still_written(tmp_path: Path) -> None:
+    """Seen once under a parallel test suite on a small machine: the Parquet worker process was killed, the pool
+    broke, and the recorder kept the segment and exited 1. A killed worker stands in for it: the next rotation's
+    part is written by a fresh worker, and nothing is kept or said."""
+    import asyncio
+    import datetime as dt
+    import multiprocessing
+
+    from harness.record.recording import Recording
+    from harness.record.stats import RecorderStats
+    from harness.records.trace_schema import META_CLOCK
+
+    async def rotate_twice_killing_the_worker_between(recording: Recording) -> None:
+        recording.open()
+        recording.append(_row(0))
+        await recording.rotate()  # starts the worker, which writes part 1
+        workers = multiprocessing.active_children()
+        assert workers
+        for worker in workers:
+            worker.kill()
+            worker.join()
+        recording.append(_row(1))
+        await recording.rotate()  # the pool is broken now: part 2 needs a fresh worker
+        await recording.close()
+
+    stats, said = RecorderStats(), []
+    started = {META_CLOCK: dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")}
+    naming = PartNaming.from_output(tmp_path / "prod.parquet")
+    asyncio.run(rotate_twice_killing_the_worker_between(Recording(naming, started, stats, said.append)))
+    assert said == [] and not stats.segments_kept and not list(tmp_path.glob("*.segment.jsonl"))
+    assert [p.name for p in stats.parts] == ["prod-0001.parquet", "prod-0002.parquet"] and stats.rows_in_parts == 2
