@@ -351,6 +351,7 @@ class CapacityEntry(_Record):
 
     max_time_compression: float | None = None
     cost_per_success_at_capacity: float | None = None
+    first_failing_compression: float | None = None  # the lightest probe that failed: the capacity's upper bound
 
 
 class ReviewRequest(_Record):

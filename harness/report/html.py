@@ -16,6 +16,7 @@ from harness.analysis.model import CHECK_FIELDS
 from harness.records.decision_config import SloConfig
 from harness.records.metric_registry import metric_of
 from harness.report import figures
+from harness.report.capacity_text import arm_capacity, capacity_gain
 from harness.report.text_outputs import load_text
 
 REPEAT_TABLE_METRICS = (
@@ -143,6 +144,8 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
         environment=_environment(s.environment),
         slo_text=_slo_text(slo),
         load_text=load_text(s.stability),
+        arm_capacity=arm_capacity,
+        capacity_gain=capacity_gain(s.capacity),
         window_s=plots.window_s,
         generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         pct=lambda ratio: "—" if ratio is None else pct(ratio),

@@ -7,6 +7,7 @@ from xml.etree import ElementTree as ET
 
 from harness.analysis.decision import describe_change, pct, pct_interval
 from harness.analysis.model import Estimator, Stability, Summary
+from harness.report.capacity_text import capacity_line
 from harness.report.conditions_text import conditions_line
 
 OUTCOME_ICONS = {"KEEP": "✅", "REJECT": "❌", "INCONCLUSIVE": "⚠️", "INVALID": "⛔"}
@@ -73,6 +74,7 @@ def summary_markdown(summary: Summary) -> str:
         "Estimators: " + "; ".join(estimator_lines(summary)),
         summary.planning.line,
         f"Cost: {summary.cost.line}",
+        *filter(None, [capacity_line(summary.capacity)]),
         *_server_check_lines(summary),
         *_acceptance_lines(summary),
         *filter(None, [conditions_line(summary.runs)]),

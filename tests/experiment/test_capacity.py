@@ -218,7 +218,9 @@ def test_capacity_added_to_a_paired_run_shows_in_its_report(tmp_path: Path) -> N
     reported = subprocess.run([REPLAYBENCH, "report", str(run)], capture_output=True, text=True, timeout=240)
     assert reported.returncode == 0, reported.stderr
     html = (run / "index.html").read_text()
-    assert "No capacity.json" not in html and "max time compression within SLO" in html
+    assert "No capacity.json" not in html and "max time compression within SLO" in html and "≥ 2×" in html
+    markdown = (run / "summary.md").read_text()
+    assert "Capacity (largest time compression within the SLO): baseline ≥ 2× · candidate ≥ 2×\n" in markdown
     assert json.loads((run / "summary.json").read_text())["capacity"]["candidate"]["max_time_compression"] == 2.0
 
 
