@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from statistics import median
+
+from scipy.stats import spearmanr
 
 from harness.analysis.model import RunConditions, RunRow
 from harness.analysis.run_conditions import clock_share
@@ -10,6 +13,11 @@ from harness.analysis.run_conditions import clock_share
 THROTTLE_SHARE = 0.9  # a run whose mean SM clock stays below this share of the maximum while busy: throttled
 BUSY_GPU_PCT = 50.0  # the clock only says something while the GPU works (an idle one clocks down by design)
 STEAL_PCT = 2.0  # CPU steal from this on: the virtual machine's host took cores from the replay or the server
+# Runs slower where the GPU was idler, at one clock: Spearman's rho of TPOT p50 against the GPU's busy share at or
+# below this, over at least HOST_SIDE_RUNS runs whose mean SM clocks lie within CLOCK_SPREAD of each other
+HOST_SIDE_RHO = -0.7
+HOST_SIDE_RUNS = 6
+CLOCK_SPREAD = 0.02
 
 
 def _span(values: Sequence[float | None], unit: str) -> str | None:
@@ -29,6 +37,37 @@ def _throttled(runs: Sequence[tuple[RunRow, RunConditions]]) -> list[str]:
         if share is not None and share < THROTTLE_SHARE and (c.gpu_utilization_mean_pct or 0) >= BUSY_GPU_PCT:
             names.append(f"{run.arm} r{run.repeat} ({share:.0%})")
     return names
+
+
+def host_side_spread(runs: Sequence[RunRow]) -> str | None:
+    """Why repeats differ, when the machine says so: if the slower runs kept the GPU idler at the same clock, the
+    time they lost was spent off the GPU (the server's host side, its scheduler and CPU), not in its kernels.
+
+    Each run is compared with its own arm's median (the arms' kernels differ, so their busy shares do)."""
+    by_arm: dict[str, list[tuple[float, float, float]]] = {}
+    for r in runs:
+        c, tpot = r.conditions, r.metrics.get("tpot_p50")
+        if c is not None and None not in (tpot, c.gpu_utilization_mean_pct, c.gpu_sm_mhz_mean):
+            by_arm.setdefault(r.arm, []).append((tpot, c.gpu_utilization_mean_pct, c.gpu_sm_mhz_mean))
+    deviations = [
+        (tpot / median([p[0] for p in points]), busy - median([p[1] for p in points]), clock)
+        for points in by_arm.values()
+        for tpot, busy, clock in points
+    ]
+    if len(deviations) < HOST_SIDE_RUNS:
+        return None
+    slower, busier, clocks = zip(*deviations, strict=True)
+    if max(clocks) > min(clocks) * (1 + CLOCK_SPREAD):
+        return None  # the clock differed: the throttling warning, not this, is the place to look
+    rho = float(spearmanr(slower, busier).statistic)
+    if not rho <= HOST_SIDE_RHO:
+        return None
+    busy = _span([p[1] for points in by_arm.values() for p in points], " %")
+    return (
+        f"slower runs kept the GPU idler at one clock (Spearman ρ {rho:.2f} between each run's TPOT p50 and GPU busy "
+        f"share, both against its arm's median, over {len(deviations)} runs; busy {busy}): the GPU waited more in "
+        "them, so look at the server's host side (scheduler, CPU), not its kernels"
+    )
 
 
 def conditions_line(runs: Sequence[RunRow]) -> str | None:
@@ -58,5 +97,8 @@ def conditions_line(runs: Sequence[RunRow]) -> str | None:
     stolen = [f"{r.arm} r{r.repeat}" for r, c in sampled if (c.cpu_steal_max_pct or 0.0) >= STEAL_PCT]
     if stolen:
         warnings.append(f"CPU steal ≥ {STEAL_PCT:g} % in {', '.join(stolen)}")
+    spread = host_side_spread(runs)
+    if spread:
+        parts.append(spread)
     line = f"Machine during the runs (1-s samples, {len(sampled)} runs): " + "; ".join(parts)
     return line + (". ⚠️ " + "; ".join(warnings) if warnings else "")
