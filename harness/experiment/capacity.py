@@ -2,8 +2,9 @@
 
 Open-loop replay makes throughput equal the offered rate, so capacity is found by offering more: the trace is
 replayed at `time_scale` s (compression 1 / s) and bisected, in log space, between a scale that fails and one
-that passes until they are within `tolerance` of each other. Attainment is assumed to fall as compression
-rises (more load never helps); a noisy probe can only misplace the bracket, which the probe list shows.
+that passes until they are within `tolerance` of each other; bounds that do not bracket it may be stepped past.
+Attainment is assumed to fall as compression rises (more load never helps); a noisy probe can only misplace the
+bracket, which the probe list shows.
 
 A probe is `repeats` replays at one scale. It passes only when **every** replay was valid and attained the
 target (`attainment >= [slo] attainment_target`): the capacity is a rate the arm held in all of its runs, not
@@ -79,11 +80,14 @@ def judge_probe(time_scale: float, runs: tuple[ProbeRun, ...], target: float) ->
 
 @dataclass(frozen=True)
 class SearchBounds:
-    """The time scales searched (`min_scale` is the heaviest load) and when to stop bisecting."""
+    """The time scales searched (`min_scale` is the heaviest load), when to stop bisecting, and how many times the
+    search may step past a bound that did not bracket the capacity (each step by the range's own ratio), so that
+    narrow bounds, chosen to save probes, never waste the search."""
 
     min_scale: float
     max_scale: float
     tolerance: float  # stop when pass / fail scales differ by at most this fraction
+    expand: int = 0
 
     def __post_init__(self) -> None:
         if not 0 < self.min_scale < self.max_scale:
@@ -93,12 +97,20 @@ class SearchBounds:
             )
         if not 0 < self.tolerance < 1:
             raise UserError(f"--tolerance {self.tolerance:g} must be between 0 and 1 (a fraction: 0.05 = 5 %)")
+        if self.expand < 0:
+            raise UserError(f"--expand {self.expand} must be 0 or more (steps past a bound that held or failed)")
+
+    @property
+    def ratio(self) -> float:
+        """The range's width: one expansion step."""
+        return self.max_scale / self.min_scale
 
     @property
     def max_probes(self) -> int:
-        """Probes the search can take: both ends plus the bisection steps."""
-        ratio = math.log(self.max_scale / self.min_scale) / math.log1p(self.tolerance)
-        return 2 + max(0, math.ceil(math.log2(ratio))) if ratio > 1 else 2
+        """Probes the search can take: both ends, the expansions, then the bisection steps (an expansion leaves a
+        bracket as wide as the range, so the steps are the same)."""
+        steps = math.log(self.ratio) / math.log1p(self.tolerance)
+        return 2 + self.expand + (max(0, math.ceil(math.log2(steps))) if steps > 1 else 0)
 
 
 @dataclass(frozen=True)
@@ -130,11 +142,14 @@ class Capacity:
             assert self.failing is not None
             return (
                 f"fails even at {self.failing.compression:.3g}x ({self.failing.reason}); "
-                "try lighter loads: raise --max-scale"
+                "try lighter loads: raise --max-scale or --expand"
             )
         assert self.passing is not None
         if self.limit == "at_least":
-            return "holds the SLO at the heaviest load tried (capacity is at least this); try a lower --min-scale"
+            return (
+                "holds the SLO at the heaviest load tried (capacity is at least this); "
+                "try a lower --min-scale or a larger --expand"
+            )
         assert self.failing is not None
         bounded = (
             " (the failing probe's replays were invalid: the replay machine, not the server, set this bound)"
@@ -168,7 +183,8 @@ class Capacity:
 
 
 def find_capacity(probe: Callable[[float], Probe], bounds: SearchBounds) -> Capacity:
-    """Bisect the time scale between the bounds: lightest load first, then the heaviest, then log-midpoints."""
+    """Lightest load first, then the heaviest; past either bound by the range's ratio while it did not bracket the
+    capacity (at most `bounds.expand` times); then bisect at log-midpoints."""
     probes: list[Probe] = []
 
     def take(scale: float) -> Probe:
@@ -177,12 +193,26 @@ def find_capacity(probe: Callable[[float], Probe], bounds: SearchBounds) -> Capa
         return result
 
     lightest = take(bounds.max_scale)
-    if not lightest.passed:
-        return Capacity("below_range", None, lightest, tuple(probes))
-    heaviest = take(bounds.min_scale)
-    if heaviest.passed:
-        return Capacity("at_least", heaviest, None, tuple(probes))
-    passing, failing = lightest, heaviest
+    if lightest.passed:
+        passing, scale = lightest, bounds.min_scale
+        for _ in range(1 + bounds.expand):  # the heaviest bound, then heavier still
+            heavier = take(scale)
+            if not heavier.passed:
+                failing = heavier
+                break
+            passing, scale = heavier, scale / bounds.ratio
+        else:
+            return Capacity("at_least", passing, None, tuple(probes))
+    else:
+        failing, scale = lightest, bounds.max_scale * bounds.ratio
+        for _ in range(bounds.expand):  # lighter than the lightest bound
+            lighter = take(scale)
+            if lighter.passed:
+                passing = lighter
+                break
+            failing, scale = lighter, scale * bounds.ratio
+        else:
+            return Capacity("below_range", None, failing, tuple(probes))
     while passing.time_scale / failing.time_scale > 1 + bounds.tolerance:
         middle = take(math.sqrt(passing.time_scale * failing.time_scale))
         if middle.passed:

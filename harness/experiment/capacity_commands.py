@@ -114,6 +114,12 @@ def capacity(
     min_scale: Annotated[float, typer.Option("--min-scale", help="heaviest load tried (time scale)")] = 0.1,
     max_scale: Annotated[float, typer.Option("--max-scale", help="lightest load tried (time scale)")] = 1.0,
     tolerance: Annotated[float, typer.Option("--tolerance", help="stop when pass/fail scales are this close")] = 0.05,
+    expand: Annotated[
+        int,
+        typer.Option(
+            "--expand", min=0, help="step past a bound that held (failed) this many times, by the range's ratio"
+        ),
+    ] = 0,
     output_dir: Annotated[Path, typer.Option("--output-dir", help="where a new run directory goes")] = Path("reports"),
     arm: Annotated[
         str | None, typer.Option("--arm", help="search only this arm (baseline: all a [trace] load needs)")
@@ -130,7 +136,7 @@ def capacity(
     if arm is not None and arm not in ARMS:
         raise UserError(f"--arm {arm!r}: choose one of {', '.join(ARMS)}")
     searched = ARMS if arm is None else (arm,)
-    bounds = SearchBounds(min_scale, max_scale, tolerance)
+    bounds = SearchBounds(min_scale, max_scale, tolerance, expand)
     console = Console()
     experiment, run = _open_run(console, config, run_dir, output_dir, searched)
     found = search_capacity(console, experiment, run.root, searched, repeats, bounds)

@@ -75,6 +75,29 @@ def test_a_capacity_beyond_or_below_the_range_says_so() -> None:
     assert seen == [1.0] and "--max-scale" in below.note
 
 
+def test_narrow_bounds_that_miss_the_capacity_are_stepped_past_by_their_own_ratio() -> None:
+    """Session 18 on the H200: 0.36-0.55 held even at 0.36 and the search had to be run again. With --expand the
+    search steps on by the range's ratio (0.55 / 0.36) until a probe fails, then bisects that bracket."""
+    seen: list[float] = []
+    bounds = SearchBounds(0.36, 0.55, 0.25, expand=2)
+    found = find_capacity(curve_probe(falling_at(3.2), seen), bounds)
+    assert found.limit == "bisected" and found.failing is not None
+    assert seen[:3] == pytest.approx([0.55, 0.36, 0.36 / (0.55 / 0.36)])  # 1.82x, 2.78x held; 4.24x failed
+    assert 3.2 / 1.25 <= found.max_time_compression <= 3.2 < found.failing.compression
+    assert len(seen) <= bounds.max_probes == 2 + 2 + 1
+    seen.clear()  # too light a range: stepped up until a probe holds
+    lighter = find_capacity(curve_probe(falling_at(0.8), seen), SearchBounds(0.5, 1.0, 0.1, expand=2))
+    assert seen[:2] == [1.0, 2.0] and lighter.limit == "bisected"
+    assert 0.8 / 1.1 <= lighter.max_time_compression <= 0.8 < lighter.failing.compression
+    seen.clear()  # the steps are bounded: still no failure after them is a lower bound, as without them
+    beyond = find_capacity(curve_probe(falling_at(100.0), seen), SearchBounds(0.5, 1.0, 0.1, expand=2))
+    assert (beyond.limit, beyond.max_time_compression, seen) == ("at_least", 8.0, [1.0, 0.5, 0.25, 0.125])
+    assert "--expand" in beyond.note
+    seen.clear()
+    below = find_capacity(curve_probe(falling_at(0.1), seen), SearchBounds(0.5, 1.0, 0.1, expand=1))
+    assert (below.limit, seen) == ("below_range", [1.0, 2.0]) and below.failing.time_scale == 2.0
+
+
 def test_a_probe_passes_only_when_every_repeat_holds_the_target() -> None:
     held = judge_probe(0.5, (ProbeRun(0, True, 0.95, 1.0), ProbeRun(1, True, 0.90, 1.0)), TARGET)
     assert held.passed and held.compression == 2.0 and "attained 90.0%" in held.reason
@@ -120,11 +143,14 @@ def test_capacity_json_entry_is_what_the_report_reads() -> None:
 def test_bad_bounds_are_user_errors(low: float, high: float, tolerance: float) -> None:
     with pytest.raises(UserError, match=r"--min-scale|--tolerance"):
         SearchBounds(low, high, tolerance)
+    with pytest.raises(UserError, match=r"--expand -1 must be 0 or more"):
+        SearchBounds(0.1, 1.0, 0.05, expand=-1)
 
 
 def test_probe_count_bound() -> None:
     assert SearchBounds(0.1, 1.0, 0.05).max_probes == 2 + math.ceil(math.log2(math.log(10) / math.log(1.05)))
     assert SearchBounds(0.99, 1.0, 0.05).max_probes == 2
+    assert SearchBounds(0.1, 1.0, 0.05, expand=3).max_probes == SearchBounds(0.1, 1.0, 0.05).max_probes + 3
 
 
 # ---- end to end on the embedded engine -------------------------------------------------------------------------
@@ -230,6 +256,8 @@ def test_capacity_refuses_bad_options_in_one_line() -> None:
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert result.stderr.startswith("error: --min-scale 2 must be > 0 and below --max-scale 1")
+    result = subprocess.run([REPLAYBENCH, "capacity", "--expand", "-1"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "'--expand'" in result.stderr
     result = subprocess.run([REPLAYBENCH, "capacity"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "give --config" in result.stderr
 
