@@ -28,7 +28,7 @@ def capacity_gain(capacity: dict[str, CapacityEntry]) -> str | None:
     baseline, candidate = capacity.get("baseline"), capacity.get("candidate")
     if baseline is None or candidate is None or not baseline.max_time_compression:
         return None
-    if candidate.max_time_compression is None:
+    if candidate.max_time_compression is None:  # the candidate failed even its lightest probe: no ratio to give
         return None
     ratio = candidate.max_time_compression / baseline.max_time_compression
     low = (

@@ -23,7 +23,8 @@
 # model of pace, ab, resume and agree; MODEL=mtp (issue 17: Nemotron-H-8B with its MTP layer, both servers speculating
 # with MTP k = 3 at synthetic AL 3.0, configs/h200-1gpu-nemotron-h-8b-mtp.toml) the spec-decode A/B and agreement of
 # native vs ReplaySSM speculation; CAP_MIN/CAP_MAX override the capacity search's time-scale bounds, CAP_TOL its
-# tolerance (0.2), CAP_EXPAND how often it may step past a bound that did not bracket the capacity (2); MIN_RUN_S (120) is the least of a call left in which the A/B starts or resumes a replay.
+# tolerance (0.2), CAP_EXPAND how often it may step past a bound that did not bracket the capacity (2); MIN_RUN_S
+# (120) is the least of a call left in which the A/B starts or resumes a replay.
 # Every stage tees its log into /tmp/gpu/out, which `pack` sends back as $OUT/<stage>.tgz.part*; servers run detached.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
