@@ -18,7 +18,10 @@ from harness.experiment.config import ExperimentConfig, LoadBasis, load_config
 # The quick probe `run` does when no capacity.json is given: one replay per probe, from the recorded rate
 # (time scale 1) up to 100x compression, to within 5 %.
 PROBE_BOUNDS = SearchBounds(min_scale=0.01, max_scale=1.0, tolerance=0.05)
-RERUN = "re-run `replaybench capacity` with a {bound} and give its run directory as [trace] capacity"
+RERUN = (
+    "re-run `replaybench capacity` with a {bound} (or --expand 2, which steps past it) and give its run directory as "
+    "[trace] capacity"
+)
 PROBE_REPEATS = 1
 BASELINE = "baseline"
 TRACE_KEYS = ("path", "start_s", "duration_s", "limit")  # a capacity holds only for the slice it was measured on
