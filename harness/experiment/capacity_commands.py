@@ -161,6 +161,7 @@ def search_capacity(
     from harness.servers.cleanup import Terminated, termination_signals_raise
 
     files = CapacityFiles(root)
+    kept = _other_arms(files.capacity_json, arms)
     trace = load_trace(experiment)
     per_arm = bounds.max_probes * repeats
     found: dict[str, Capacity] = {}
@@ -190,8 +191,24 @@ def search_capacity(
         raise SystemExit(128 + getattr(stop, "signum", signal.SIGINT)) from None
     target = experiment.slo.attainment_target
     with atomic_path(files.capacity_json) as tmp:
-        tmp.write_text(json.dumps({arm: c.to_json(target) for arm, c in found.items()}, indent=2) + "\n")
+        tmp.write_text(json.dumps(kept | {arm: c.to_json(target) for arm, c in found.items()}, indent=2) + "\n")
     return found
+
+
+def _other_arms(path: Path, searched: tuple[str, ...]) -> dict[str, object]:
+    """The entries of an existing capacity.json for the arms not searched now, kept when it is rewritten (searching
+    the candidate of a run must not drop the baseline's capacity its load was set from); checked before any probe."""
+    if not path.exists():
+        return {}
+    try:
+        existing = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise UserError(
+            f"{path}: cannot read the capacity already there ({error}); move it aside to search anew"
+        ) from None
+    if not isinstance(existing, dict):
+        raise UserError(f"{path}: not a capacity.json ({{arm: entry}}); move it aside to search anew")
+    return {arm: entry for arm, entry in existing.items() if arm not in searched}
 
 
 def register(app: typer.Typer) -> None:

@@ -248,6 +248,23 @@ def test_capacity_added_to_a_paired_run_shows_in_its_report(tmp_path: Path) -> N
     markdown = (run / "summary.md").read_text()
     assert "Capacity (largest time compression within the SLO): baseline ≥ 2× · candidate ≥ 2×\n" in markdown
     assert json.loads((run / "summary.json").read_text())["capacity"]["candidate"]["max_time_compression"] == 2.0
+    # the candidate searched again, alone (as after a one-GPU A/B): the baseline's entry, which set the load, stays
+    baseline_entry = capacity["baseline"]
+    again = subprocess.run(
+        [REPLAYBENCH, "capacity", "--run-dir", str(run), "--arm", "candidate", "--repeats", "1", "--min-scale", "0.25",
+         "--tolerance", "0.5"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    capacity = json.loads((run / "capacity.json").read_text())
+    assert capacity["baseline"] == baseline_entry and capacity["candidate"]["max_time_compression"] == 4.0
+    (run / "capacity.json").write_text("{torn")
+    torn = subprocess.run(
+        [REPLAYBENCH, "capacity", "--run-dir", str(run), "--arm", "candidate", "--repeats", "1"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert torn.returncode == 2 and torn.stderr.count("\n") == 1 and "move it aside" in torn.stderr
+    assert (run / "capacity.json").read_text() == "{torn"  # refused before any probe: nothing rewritten
 
 
 def test_capacity_refuses_bad_options_in_one_line() -> None:
