@@ -8,7 +8,8 @@
 #   onegpu.sh ab       (on a fresh host: recv part 3, install, the baseline at 0.45 on :8000 first) ReplaySSM fp32
 #                      started at 0.45 on :8001 beside it while the baseline's capacity is measured on the A/B slice;
 #                      then the ABBA A/B at 65 % of that capacity until the call's time is up
-#   onegpu.sh resume   finish the A/B (`run --resume`)
+#   onegpu.sh resume   finish the A/B (`run --resume`); once it is done, the candidate's capacity beside the baseline's
+#                      in the run's capacity.json and the report again (with CAND_CAP_S, 240 s, of the call left)
 #   onegpu.sh aa       instead of `ab` (a session of its own): a second baseline at 0.45 on :8001, the baseline's
 #                      capacity, then the A/A at 65 % of it (`AA=1 onegpu.sh resume` finishes it); Nemotron only
 #   onegpu.sh agree    greedy cross-arm agreement (issue 15): with the baseline up on :8000 and ReplaySSM fp32 on :8001
@@ -92,7 +93,21 @@ finish_ab() {  # run (or resume) the A/B with what is left of this call, unless 
     timeout $(($(left) - 15)) $RB run --resume "$run" 2>&1 | tee -a "$RES/ab.log" | tail -30
   fi
   run=$(latest "$NAME")
+  [ -n "$run" ] && [ -f "$run/decision.json" ] && candidate_capacity "$run"
   [ -n "$run" ] && rm -rf "${RES:?}/$NAME" && cp -r "$run" "$RES/$NAME"
+}
+
+candidate_capacity() {  # RUN: once the A/B is done, the candidate's capacity on the same servers beside the
+  # baseline's in RUN/capacity.json (from the baseline's scale down: a candidate is searched for more capacity), then
+  # the report again; only with CAND_CAP_S (240) of the call left, and once
+  grep -q '"candidate"' "$1/capacity.json" 2>/dev/null && return 0
+  [ "$(left)" -ge "${CAND_CAP_S:-240}" ] || { echo "the candidate's capacity: next call"; return 0; }
+  local top; top=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["baseline"]["time_scale_at_capacity"])' \
+    "$1/capacity.json") || return 0
+  timeout $(($(left) - 40)) $RB capacity --run-dir "$1" --arm candidate --repeats 1 --max-scale "$top" \
+    --min-scale "$(python3 -c "print(round($top * 0.64, 4))")" --tolerance "${CAP_TOL:-0.2}" --expand "${CAP_EXPAND:-2}" \
+    2>&1 | tee -a "$RES/capacity-candidate.log" | tail -8
+  $RB report "$1" 2>&1 | tail -2
 }
 
 agree() {  # NAME BASELINE_PORT CANDIDATE_PORT: `replaybench agree` within what is left of the call
