@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from statistics import median
 
 from scipy.stats import spearmanr
@@ -13,10 +13,10 @@ from harness.analysis.run_conditions import clock_share
 THROTTLE_SHARE = 0.9  # a run whose mean SM clock stays below this share of the maximum while busy: throttled
 BUSY_GPU_PCT = 50.0  # the clock only says something while the GPU works (an idle one clocks down by design)
 STEAL_PCT = 2.0  # CPU steal from this on: the virtual machine's host took cores from the replay or the server
-# Runs slower where the GPU was idler, at one clock: Spearman's rho of TPOT p50 against the GPU's busy share at or
-# below this, over at least HOST_SIDE_RUNS runs whose mean SM clocks lie within CLOCK_SPREAD of each other
-HOST_SIDE_RHO = -0.7
-HOST_SIDE_RUNS = 6
+# Runs slower where the GPU was less busy, at one clock: Spearman's rho of TPOT p50 against the GPU's busy share at or
+# below this, over at least IDLE_GPU_RUNS runs whose mean SM clocks lie within CLOCK_SPREAD of each other
+IDLE_GPU_RHO = -0.7
+IDLE_GPU_RUNS = 6
 CLOCK_SPREAD = 0.02
 
 
@@ -39,34 +39,45 @@ def _throttled(runs: Sequence[tuple[RunRow, RunConditions]]) -> list[str]:
     return names
 
 
-def host_side_spread(runs: Sequence[RunRow]) -> str | None:
-    """Why repeats differ, when the machine says so: if the slower runs kept the GPU idler at the same clock, the
-    time they lost was spent off the GPU (the server's host side, its scheduler and CPU), not in its kernels.
-
-    Each run is compared with its own arm's median (the arms' kernels differ, so their busy shares do)."""
+def _against_tpot(runs: Sequence[RunRow], value: Callable[[RunRow], float | None]) -> tuple[float, list[float]] | None:
+    """Spearman's rho of each run's TPOT p50 against `value` of the run, both relative to its own arm's median (the
+    arms' kernels differ, so do their levels), with the values; None below IDLE_GPU_RUNS runs or at two clocks."""
     by_arm: dict[str, list[tuple[float, float, float]]] = {}
     for r in runs:
-        c, tpot = r.conditions, r.metrics.get("tpot_p50")
-        if c is not None and None not in (tpot, c.gpu_utilization_mean_pct, c.gpu_sm_mhz_mean):
-            by_arm.setdefault(r.arm, []).append((tpot, c.gpu_utilization_mean_pct, c.gpu_sm_mhz_mean))
-    deviations = [
-        (tpot / median([p[0] for p in points]), busy - median([p[1] for p in points]), clock)
+        c, tpot, seen = r.conditions, r.metrics.get("tpot_p50"), value(r)
+        if c is not None and None not in (tpot, seen, c.gpu_sm_mhz_mean):
+            by_arm.setdefault(r.arm, []).append((tpot, seen, c.gpu_sm_mhz_mean))
+    relative = [
+        (tpot / median(p[0] for p in points), seen - median(p[1] for p in points), clock)
         for points in by_arm.values()
-        for tpot, busy, clock in points
+        for tpot, seen, clock in points
     ]
-    if len(deviations) < HOST_SIDE_RUNS:
+    if len(relative) < IDLE_GPU_RUNS:
         return None
-    slower, busier, clocks = zip(*deviations, strict=True)
+    slower, higher, clocks = zip(*relative, strict=True)
     if max(clocks) > min(clocks) * (1 + CLOCK_SPREAD):
         return None  # the clock differed: the throttling warning, not this, is the place to look
-    rho = float(spearmanr(slower, busier).statistic)
-    if not rho <= HOST_SIDE_RHO:
+    return float(spearmanr(slower, higher).statistic), [p[1] for points in by_arm.values() for p in points]
+
+
+def idle_gpu_spread(runs: Sequence[RunRow]) -> str | None:
+    """Why repeats differ, when the machine says so: the slower runs kept the GPU less busy at one clock, so their
+    time went neither to slower kernels nor to throttling, but to how the engine batched its work (fewer, longer
+    steps, when vLLM's iteration counter shows it) or to its host side."""
+    busy = _against_tpot(runs, lambda r: r.conditions.gpu_utilization_mean_pct if r.conditions else None)
+    if busy is None or not busy[0] <= IDLE_GPU_RHO:
         return None
-    busy = _span([p[1] for points in by_arm.values() for p in points], " %")
+    steps = _against_tpot(runs, lambda r: r.spec_decode.engine_steps_per_s)
+    fewer = (
+        f", and took fewer engine steps (ρ {steps[0]:.2f}; {_span(steps[1], ' steps/s')})"
+        if steps is not None and steps[0] <= IDLE_GPU_RHO
+        else ""
+    )
+    rho, shares = busy
     return (
-        f"slower runs kept the GPU idler at one clock (Spearman ρ {rho:.2f} between each run's TPOT p50 and GPU busy "
-        f"share, both against its arm's median, over {len(deviations)} runs; busy {busy}): the GPU waited more in "
-        "them, so look at the server's host side (scheduler, CPU), not its kernels"
+        f"slower runs kept the GPU less busy at one clock (Spearman ρ {rho:.2f} between each run's TPOT p50 and "
+        f"GPU busy share, both against its arm's median, over {len(shares)} runs; busy {_span(shares, ' %')}){fewer}: "
+        "their time went to how the engine batched its work or to its host side, not to slower kernels"
     )
 
 
@@ -97,7 +108,7 @@ def conditions_line(runs: Sequence[RunRow]) -> str | None:
     stolen = [f"{r.arm} r{r.repeat}" for r, c in sampled if (c.cpu_steal_max_pct or 0.0) >= STEAL_PCT]
     if stolen:
         warnings.append(f"CPU steal ≥ {STEAL_PCT:g} % in {', '.join(stolen)}")
-    spread = host_side_spread(runs)
+    spread = idle_gpu_spread(runs)
     if spread:
         parts.append(spread)
     line = f"Machine during the runs (1-s samples, {len(sampled)} runs): " + "; ".join(parts)

@@ -17,7 +17,7 @@ from harness.records.decision_config import SloConfig
 from harness.records.metric_registry import metric_of
 from harness.report import figures
 from harness.report.capacity_text import arm_capacity, capacity_gain
-from harness.report.conditions_text import host_side_spread
+from harness.report.conditions_text import idle_gpu_spread
 from harness.report.text_outputs import load_text
 
 REPEAT_TABLE_METRICS = (
@@ -147,7 +147,7 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
         load_text=load_text(s.stability),
         arm_capacity=arm_capacity,
         capacity_gain=capacity_gain(s.capacity),
-        host_side=host_side_spread(s.runs),
+        idle_gpu=idle_gpu_spread(s.runs),
         window_s=plots.window_s,
         generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         pct=lambda ratio: "—" if ratio is None else pct(ratio),

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.analysis.model import RunConditions
+from harness.analysis.model import RunConditions, SpecDecodeRun
 from harness.analysis.run_conditions import run_conditions
 from harness.experiment.telemetry import RunTelemetry, parse_gpu_line
-from harness.report.conditions_text import conditions_line, host_side_spread
+from harness.report.conditions_text import conditions_line, idle_gpu_spread
 
 STAND_IN = """#!{python}
 import sys, time
@@ -126,9 +126,13 @@ def _conditions(busy: float, steal: float, sm_mean: float | None, utilization: f
 class _Run:
     """The fields of a RunRow that the line reads."""
 
-    def __init__(self, arm: str, repeat: int, conditions: RunConditions | None, tpot_p50: float | None = None):
+    def __init__(
+        self, arm: str, repeat: int, conditions: RunConditions | None, tpot_p50: float | None = None,
+        steps_per_s: float | None = None,
+    ):  # fmt: skip
         self.arm, self.repeat, self.conditions = arm, repeat, conditions
         self.metrics = {"tpot_p50": tpot_p50}
+        self.spec_decode = SpecDecodeRun(engine_steps_per_s=steps_per_s)
 
 
 def test_the_summary_line_spans_the_runs_and_warns_of_throttling_and_steal():
@@ -147,32 +151,36 @@ def test_the_summary_line_spans_the_runs_and_warns_of_throttling_and_steal():
     )
 
 
-def _paced(arm: str, repeat: int, tpot_ms: float, busy: float, clock: float = 1945.0) -> _Run:
-    return _Run(arm, repeat, _conditions(10, 0.0, clock, utilization=busy), tpot_ms / 1e3)
+def _paced(arm: str, repeat: int, tpot_ms: float, busy: float, steps: float | None = None, clock: float = 1945.0):
+    return _Run(arm, repeat, _conditions(10, 0.0, clock, utilization=busy), tpot_ms / 1e3, steps)
 
 
-# Session 18's spec-decode A/B on one H200 (rounded): within each arm the slower runs had the idler GPU, at one clock;
-# the candidate's busy share sits lower at the same pace (its kernels do less work), so each arm is its own reference
-SESSION_18 = [("baseline", 4.97, 83.7), ("baseline", 6.63, 75.1), ("baseline", 7.95, 68.7), ("baseline", 5.42, 77.8),
-              ("baseline", 5.42, 77.0), ("candidate", 6.44, 68.3), ("candidate", 6.54, 72.0), ("candidate", 6.21, 71.5),
-              ("candidate", 6.28, 71.4), ("candidate", 4.68, 81.5)]  # fmt: skip
+# Session 18's spec-decode A/B on one H200 (rounded): within each arm the slower runs had the less busy GPU at one
+# clock, and took fewer engine steps (vLLM's iteration counter); the candidate's busy share sits lower at the same
+# pace (its kernels do less work), so each arm is its own reference
+SESSION_18 = [("baseline", 4.97, 83.7, 68.7), ("baseline", 6.63, 75.1, 52.1), ("baseline", 7.95, 68.7, 42.8),
+              ("baseline", 5.42, 77.8, 61.9), ("baseline", 5.42, 77.0, 65.7), ("candidate", 6.44, 68.3, 48.8),
+              ("candidate", 6.54, 72.0, 54.9), ("candidate", 6.21, 71.5, 55.5), ("candidate", 6.28, 71.4, 56.0),
+              ("candidate", 4.68, 81.5, 71.5)]  # fmt: skip
 
 
-def test_slower_runs_with_an_idler_gpu_at_one_clock_point_at_the_host_side():
-    runs = [_paced(arm, i, tpot, busy) for i, (arm, tpot, busy) in enumerate(SESSION_18)]
-    assert host_side_spread(runs) == (
-        "slower runs kept the GPU idler at one clock (Spearman ρ -0.78 between each run's TPOT p50 and GPU busy "
-        "share, both against its arm's median, over 10 runs; busy 68-84 %): the GPU waited more in them, so look at "
-        "the server's host side (scheduler, CPU), not its kernels"
+def test_slower_runs_with_a_less_busy_gpu_at_one_clock_point_past_the_kernels():
+    runs = [_paced(arm, i, tpot, busy, steps) for i, (arm, tpot, busy, steps) in enumerate(SESSION_18)]
+    assert idle_gpu_spread(runs) == (
+        "slower runs kept the GPU less busy at one clock (Spearman ρ -0.78 between each run's TPOT p50 and GPU busy "
+        "share, both against its arm's median, over 10 runs; busy 68-84 %), and took fewer engine steps (ρ -0.92; "
+        "43-72 steps/s): their time went to how the engine batched its work or to its host side, not to slower kernels"
     )
-    assert conditions_line(runs).endswith("not its kernels")
+    assert conditions_line(runs).endswith("not to slower kernels")
+    no_counter = [_paced(arm, i, tpot, busy) for i, (arm, tpot, busy, _) in enumerate(SESSION_18)]
+    assert "engine steps" not in idle_gpu_spread(no_counter)  # a server without vLLM's iteration counter
 
 
-def test_no_host_side_note_when_the_clock_moved_the_pace_or_too_few_runs_say_it():
-    clocked = [_paced(arm, i, tpot, busy, clock=1980.0 - 20 * i) for i, (arm, tpot, busy) in enumerate(SESSION_18)]
-    assert host_side_spread(clocked) is None  # 1,800-1,980 MHz: throttling, not the host, is the suspect
-    assert host_side_spread([_paced(a, i, t, b) for i, (a, t, b) in enumerate(SESSION_18[:5])]) is None
-    busier_when_slower = [_paced(arm, i, tpot, 150.0 - busy) for i, (arm, tpot, busy) in enumerate(SESSION_18)]
-    assert host_side_spread(busier_when_slower) is None  # the GPU did more work: its own kernels, not the host
+def test_no_idle_gpu_note_when_the_clock_moved_the_pace_or_too_few_runs_say_it():
+    clocked = [_paced(arm, i, tpot, busy, clock=1980.0 - 20 * i) for i, (arm, tpot, busy, _) in enumerate(SESSION_18)]
+    assert idle_gpu_spread(clocked) is None  # 1,800-1,980 MHz: throttling, not the engine, is the suspect
+    assert idle_gpu_spread([_paced(a, i, t, b) for i, (a, t, b, _) in enumerate(SESSION_18[:5])]) is None
+    busier_when_slower = [_paced(arm, i, tpot, 150.0 - busy) for i, (arm, tpot, busy, _) in enumerate(SESSION_18)]
+    assert idle_gpu_spread(busier_when_slower) is None  # the GPU did more work: its own kernels, not the engine
     unpaced = [_Run("baseline", i, _conditions(10, 0.0, 1945.0)) for i in range(8)]  # no TPOT measured
-    assert host_side_spread(unpaced) is None
+    assert idle_gpu_spread(unpaced) is None
