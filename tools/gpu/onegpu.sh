@@ -97,16 +97,23 @@ finish_ab() {  # run (or resume) the A/B with what is left of this call, unless 
   [ -n "$run" ] && rm -rf "${RES:?}/$NAME" && cp -r "$run" "$RES/$NAME"
 }
 
+search_capacity() {  # SECONDS LOG ARGS: `replaybench capacity`, one replay per probe, this script's tolerance and steps
+  local seconds=$1 log=$2; shift 2
+  timeout "$seconds" $RB capacity --repeats 1 --tolerance "${CAP_TOL:-0.2}" --expand "${CAP_EXPAND:-2}" "$@" 2>&1 \
+    | tee -a "$RES/$log" | tail -12
+}
+
 candidate_capacity() {  # RUN: once the A/B is done, the candidate's capacity on the same servers beside the
   # baseline's in RUN/capacity.json (from the baseline's scale down: a candidate is searched for more capacity), then
   # the report again; only with CAND_CAP_S (240) of the call left, and once
   grep -q '"candidate"' "$1/capacity.json" 2>/dev/null && return 0
   [ "$(left)" -ge "${CAND_CAP_S:-240}" ] || { echo "the candidate's capacity: next call"; return 0; }
-  local top; top=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["baseline"]["time_scale_at_capacity"])' \
-    "$1/capacity.json") || return 0
-  timeout $(($(left) - 40)) $RB capacity --run-dir "$1" --arm candidate --repeats 1 --max-scale "$top" \
-    --min-scale "$(python3 -c "print(round($top * 0.64, 4))")" --tolerance "${CAP_TOL:-0.2}" --expand "${CAP_EXPAND:-2}" \
-    2>&1 | tee -a "$RES/capacity-candidate.log" | tail -8
+  local scales; scales=$(python3 -c 'import json, sys
+top = json.load(open(sys.argv[1]))["baseline"]["time_scale_at_capacity"]
+print(top, round(top * 0.64, 4))' "$1/capacity.json") || return 0
+  set -- "$1" $scales  # RUN, the baseline's time scale at capacity, 0.64 of it
+  search_capacity $(($(left) - 40)) capacity-candidate.log --run-dir "$1" --arm candidate --max-scale "$2" \
+    --min-scale "$3"
   $RB report "$1" 2>&1 | tail -2
 }
 
@@ -143,10 +150,8 @@ case ${1:-} in
     cap=$(latest "$NAME-capacity")
     if [ ! -f "$cap/capacity.json" ]; then
       cap_s=$(($(left) - 20)); [ "$cap_s" -gt 300 ] && cap_s=300
-      timeout "$cap_s" $RB capacity --config "$CONFIG" --arm baseline --repeats 1 \
-        --min-scale "${CAP_MIN:-${SCALES[0]}}" --max-scale "${CAP_MAX:-${SCALES[1]}}" --tolerance "${CAP_TOL:-0.2}" \
-        --expand "${CAP_EXPAND:-2}" \
-        --output-dir "$RUNS" 2>&1 | tee "$RES/capacity.log" | tail -12
+      search_capacity "$cap_s" capacity.log --config "$CONFIG" --arm baseline --min-scale "${CAP_MIN:-${SCALES[0]}}" \
+        --max-scale "${CAP_MAX:-${SCALES[1]}}" --output-dir "$RUNS"
       cap=$(latest "$NAME-capacity")
       [ -f "$cap/capacity.json" ] || { echo "no capacity within the call: run ab again on this host"; exit 1; }
       rm -rf "$RES/capacity-run" && cp -r "$cap" "$RES/capacity-run"
