@@ -7,7 +7,7 @@ their problems from these, so the two sections measure the same layer on the sam
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,11 +43,19 @@ class Plan(BenchPlan):
         (4, 128, 1), (8, 64, 1), (8, 128, 1), (16, 32, 1), (16, 64, 1), (16, 128, 1), (16, 64, 2), (32, 64, 2),
         (32, 128, 2), (64, 64, 4),
     )  # fmt: skip
+    # (block_p, block_n, num_warps, late_reduce) of the speculative verify's output launch: its session-17 best and
+    # neighbours, and the shapes ptxas gives the fewest instructions per checkpoint byte (compile_check), each way
+    verify_configs: tuple[tuple[int, int, int, int], ...] = (
+        (16, 128, 1, 0), (16, 64, 1, 0), (16, 32, 1, 0), (8, 128, 1, 0), (32, 32, 1, 0), (32, 16, 1, 0),
+        (64, 16, 1, 0), (64, 32, 2, 0), (32, 128, 2, 0),
+        (16, 128, 1, 1), (16, 16, 1, 1), (8, 128, 1, 1), (32, 16, 1, 1), (64, 16, 2, 1),
+    )  # fmt: skip
 
 
 SMOKE_PLAN = Plan(
     nheads=4, head_dim=8, d_state=16, ngroups=2, buffer_len=4, eq_batch=3, eq_steps=6, batches=(2,),
     warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
+    verify_configs=((16, 64, 1, 0), (16, 8, 1, 1)),
 )  # fmt: skip
 
 
@@ -117,15 +125,18 @@ class Baseline:
         return self if problem is None else Baseline(None, problem)
 
 
-Shape = tuple[int, int, int]  # (block_p, block_n, num_warps) of a replay or verify launch
+Shape = tuple[int, ...]  # (block_p, block_n, num_warps) of a replay launch; a verify launch adds late_reduce (0 or 1)
 
 
-def sweep_shapes(label: str, call_of: Callable[[str, Shape], Callable[[], Any]], plan: Plan, device: str) -> dict:
-    """The fastest of ``plan.step_configs`` per checkpoint mode for one kernel (``label``: what is timed, e.g. the
-    decode step or the verify), with every shape's µs."""
+def sweep_shapes(
+    label: str, call_of: Callable[[str, Shape], Callable[[], Any]], plan: Plan, device: str,
+    configs: Sequence[Shape] | None = None,
+) -> dict:  # fmt: skip
+    """The fastest of ``configs`` (default ``plan.step_configs``) per checkpoint mode for one kernel (``label``: what
+    is timed, e.g. the decode step or the verify), with every shape's µs."""
     found: dict[str, Any] = {}
     for mode in ("fp32", "split"):
-        calls = {"x".join(map(str, cfg)): call_of(mode, cfg) for cfg in plan.step_configs}
+        calls = {"x".join(map(str, cfg)): call_of(mode, cfg) for cfg in configs or plan.step_configs}
         timings = time_shapes("kernel_bench", f"{label} {mode}", calls, plan, device)
         best = min(timings, key=timings.__getitem__)
         found[mode] = {"us": timings, "best": tuple(int(v) for v in best.split("x"))}
@@ -133,17 +144,21 @@ def sweep_shapes(label: str, call_of: Callable[[str, Shape], Callable[[], Any]],
     return found
 
 
-def sweep_markdown(sweep: dict[str, Any], what: str) -> list[str]:
-    """One line per mode of a ``sweep_shapes`` result."""
+def sweep_markdown(sweep: dict[str, Any], what: str, shape: str = "block_p x block_n x warps") -> list[str]:
+    """One line per mode of a ``sweep_shapes`` result (``shape``: what the parts of a shape's name are)."""
     lines = []
     for mode, found in sweep.items():
-        lines += [f"Sweep, {what} {mode} (block_p x block_n x warps: us): {ranked_shapes(found['us'])}.", ""]
+        lines += [f"Sweep, {what} {mode} ({shape}: us): {ranked_shapes(found['us'])}.", ""]
     return lines
 
 
-def tuning_of(cfg: Shape | None) -> dict[str, int]:
-    """A swept shape as the kernels' keyword knobs (none: the launch table's shape)."""
-    return {} if cfg is None else {"block_p": cfg[0], "block_n": cfg[1], "num_warps": cfg[2]}
+def tuning_of(cfg: Shape | None) -> dict[str, int | bool]:
+    """A swept shape as the kernels' keyword knobs (none: the launch table's shape); a verify shape's fourth
+    part is its ``late_reduce``."""
+    if cfg is None:
+        return {}
+    knobs: dict[str, int | bool] = {"block_p": cfg[0], "block_n": cfg[1], "num_warps": cfg[2]}
+    return knobs | ({"late_reduce": bool(cfg[3])} if len(cfg) > 3 else {})
 
 
 def probe_inputs(plan: Plan, device: str, tokens: int) -> tuple[LayerParams, StepInputs]:
@@ -231,6 +246,11 @@ def paged_cache(plan: Plan, slots: int, split: bool, device: str, spec_tokens: i
     return ReplayCache(tensors[1], tensors[RING_X], tensors[RING_B], tensors[RING_DT], copy)
 
 
+def _power_of_two(n: int, floor: int = 1) -> int:
+    """The kernels' block of ``n`` (``kernels.common.block_size`` without importing Triton here)."""
+    return max(1 << (n - 1).bit_length(), floor)
+
+
 @dataclass(frozen=True)
 class TrafficModel:
     """Bytes each kernel must move from/to HBM (bf16 activations and ring, fp32 ring dt; the verify's coefficient
@@ -266,6 +286,14 @@ class TrafficModel:
         the tokens' entries appended."""
         ring = self.batch * (history + tokens) * self._entry_bytes
         return tokens * self._io_bytes + self._state_elems * state_bytes + ring
+
+    def verify_coefficients(self, tokens: int, history: float, ring_len: int) -> float:
+        """The verify's coefficient launch: B and C in, the rows' B and dt entries read and appended, and its
+        scratch (bc per group, weights per head, over [T, L] tiles of powers of two) written."""
+        p, tiles = self.plan, _power_of_two(tokens) * _power_of_two(ring_len, 16)
+        entries = self.batch * (history + tokens) * (p.ngroups * p.d_state * 2 + p.nheads * 4)
+        scratch = self.batch * (p.ngroups + p.nheads) * tiles * 4
+        return self.batch * tokens * 2 * p.ngroups * p.d_state * 2 + entries + scratch
 
     def flush(self, share: float, copy_bytes: int, entries: float | None = None) -> float:
         """``share`` of the rows folding ``entries`` ring entries each (default the whole decode ring)."""

@@ -24,6 +24,7 @@ from replayssm_patch.gpu.mamba_bench_setup import (
     PAD,
     Baseline,
     Plan,
+    Shape,
     TrafficModel,
     filled_caches,
     flush_call,
@@ -142,9 +143,7 @@ class VerifySetup:
             "mean_history": float(self.write_pos.float().mean()),
         }
 
-    def step(
-        self, mode: str, fold_len: torch.Tensor | None = None, cfg: tuple[int, int, int] | None = None
-    ) -> Callable[[], Any]:
+    def step(self, mode: str, fold_len: torch.Tensor | None = None, cfg: Shape | None = None) -> Callable[[], Any]:
         """``replay_verify_step`` (fold launch, coefficients, outputs); with ``fold_len`` None only the verify
         (``replay_verify``, no fold launch); ``cfg`` the verify launch's shape (None: the launch table's)."""
         from replayssm_patch.kernels import replay_verify, replay_verify_step
@@ -161,9 +160,25 @@ class VerifySetup:
             **kwargs,
         )  # fmt: skip
 
+    def coefficients(self, mode: str) -> Callable[[], Any]:
+        """The verify's first launch alone (``verify_coefficients``), to split the verify's time between its two."""
+        from replayssm_patch.kernels.layout import per_head, per_head_dt
+        from replayssm_patch.kernels.verify import verify_coefficients
+
+        cache, s, layer = self.caches[mode], self.inputs, self.layer
+        nheads = s.x.shape[1]
+        dt, A, dt_bias = per_head_dt(s.dt), per_head(layer.A, nheads), per_head(layer.dt_bias, nheads)
+        return lambda: verify_coefficients(
+            dt, A, s.B, s.C, cache.ring_B, cache.ring_dt, self.indices, self.write_pos, self.query_start_loc,
+            VERIFY_TOKENS, dt_bias=dt_bias, dt_softplus=True, pad_slot_id=PAD,
+        )  # fmt: skip
+
     def sweep(self) -> dict[str, Any]:
         """Best (block_p, block_n, num_warps) of the whole verify step at this batch's cursors, per mode."""
-        return sweep_shapes("verify", lambda mode, cfg: self.step(mode, self.fold_len, cfg), self.plan, self.device)
+        return sweep_shapes(
+            "verify", lambda mode, cfg: self.step(mode, self.fold_len, cfg), self.plan, self.device,
+            self.plan.verify_configs,
+        )  # fmt: skip
 
     def table(self, baseline: Baseline | None, configs: dict[str, Any]) -> list[dict[str, Any]]:
         model, T = TrafficModel(self.plan, self.batch), VERIFY_TOKENS
@@ -182,6 +197,8 @@ class VerifySetup:
             cfg = configs[mode]
             timed.measure(f"verify step {mode} (fold + verify)", self.step(mode, self.fold_len, cfg), verify + fold)
             timed.measure(f"verify {mode} (no row folding)", self.step(mode, None, cfg), verify)
+            coefficients = model.verify_coefficients(T, cursors["mean_history"], self.plan.buffer_len + T)
+            timed.measure(f"of it the coefficient launch {mode}", self.coefficients(mode), coefficients)
             timed.measure(f"fold launch {mode}", flush_call(self.caches[mode], self.layer.A, self.indices,
                                                             self.fold_len), fold)  # fmt: skip
         return timed.rows(VERIFY_BASELINE_ROW)
@@ -246,10 +263,11 @@ def verify_markdown(verify: dict[str, Any]) -> list[str]:
         f"Method: {verify['method']}. T = 1 + k = {verify['tokens_per_row']} query tokens per row, rings of "
         f"L + T = {verify['ring_len']} entries, cursors at the steady state of acceptance length "
         f"{verify['acceptance_length']} ({cursors}).",
-        f"Baseline: {verify['baseline']}. Launch shapes (block_p, block_n, num_warps): {verify.get('configs')}.",
+        f"Baseline: {verify['baseline']}. Launch shapes (block_p, block_n, num_warps, late_reduce): "
+        f"{verify.get('configs')}.",
         "",
         *timing_table(verify["rows"]),
         "",
-        *sweep_markdown(verify.get("sweep", {}), "verify step"),
+        *sweep_markdown(verify.get("sweep", {}), "verify step", "block_p x block_n x warps x late_reduce"),
         *registers_table(verify.get("registers", [])),
     ]

@@ -77,7 +77,7 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert {mode: tuple(cfg) for mode, cfg in verify["configs"].items()} == {
         mode: tuple(found["best"]) for mode, found in verify["sweep"].items()
     }, "the verify rows run the verify sweep's winners"
-    keys = ("block_p", "block_n", "num_warps")
+    keys = ("block_p", "block_n", "num_warps", "late_reduce")  # the verify's shapes carry how it reduces
     assert table["verify_step"] == {mode: dict(zip(keys, cfg, strict=True)) for mode, cfg in verify["configs"].items()}
     assert "Sweep, verify step split" in markdown
     assert verify["baseline"].startswith("none, ReplaySSM timed alone: fp64 reference")
@@ -85,8 +85,9 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert verify["cursors"] == {"2": {"rows_folding": 1, "mean_fold_len": 6.0, "mean_history": 1.5}}
     rows = {(row["batch"], row["kernel"]): row for row in verify["rows"]}
     parts = ("verify step {} (fold + verify)", "verify {} (no row folding)", "fold launch {}")
-    assert set(rows) == {(batch, part.format(mode)) for batch in SMOKE_PLAN.batches for part in parts
-                         for mode in ("fp32", "split")}  # fmt: skip
+    assert set(rows) == {(batch, part.format(mode)) for batch in SMOKE_PLAN.batches
+                         for part in (*parts, "of it the coefficient launch {}") for mode in ("fp32", "split")}  # fmt: skip
+    assert rows[2, "of it the coefficient launch fp32"]["bytes"] < rows[2, "verify fp32 (no row folding)"]["bytes"]
     assert all(math.isfinite(row["us"]) and row["us"] > 0 and row["bytes"] > 0 for row in rows.values())
     for mode in ("fp32", "split"):
         whole, alone, fold = (rows[2, part.format(mode)]["bytes"] for part in parts)
@@ -290,7 +291,7 @@ def compile_check_lines() -> tuple[str, ...]:
 def test_kernels_compile_for_hopper() -> None:
     """The real Triton compiler (not the interpreter) accepts every default kernel variant for sm_90."""
     lines = compile_check_lines()
-    assert len(lines) == 18, lines  # 8 decode-path variants, the take before a prefill, 4 of the verify, 5 of GDN
+    assert len(lines) == 20, lines  # 8 decode-path variants, the take before a prefill, 6 of the verify, 5 of GDN
     registers = [int(line.split(" registers")[0].rsplit(" ", 1)[1]) for line in lines]
     assert all(0 < count <= 255 for count in registers), lines  # ptxas -v was read for every kernel
     every_step = [line for line in lines if line.startswith(("replay step", "decode fold", "ring coefficients"))]
