@@ -8,11 +8,13 @@ The checkpoint is never written here: the builder commits the accepted prefix at
 and rejected entries are overwritten then, so a rollback is a cursor move. A row whose history would overflow the
 ring folds it first (``replay_verify_step``: ``flush_ring`` of fold_len = m entries, then the verify at write_pos 0).
 
-Two launches, as the decode step: ``_verify_coefficients_kernel`` per (row, B/C group) computes bc[j, s] = B_s·C_j
-and, for the group's heads in [VERIFY_HEAD_CHUNK, L] tiles (not a serial loop over heads, as the decode step's
-coefficient launch), the weights w[j, s] = exp(A·(dt summed over (s, m+j]))·dt_s and the checkpoint decays; it
-appends B and dt. ``_verify_step_kernel`` per (head_dim block, row, head) appends x and forms every y_j. The ring must
-hold m + T_r entries (the layout gives verify rows L + T); a row that does not fit is skipped, like padding.
+Two launches, as the decode step: ``_verify_coefficients_kernel`` per (row, B/C group, tile of VERIFY_HEAD_CHUNK
+heads) computes the tile's weights w[j, s] = exp(A·(dt summed over (s, m+j]))·dt_s and checkpoint decays as
+[VERIFY_HEAD_CHUNK, L] tiles, and appends their dt; the group's first tile also computes bc[j, s] = B_s·C_j and
+appends B. (Session 19 timed the launch at 127 µs at batch 256 with the tiles as a serial loop in each program:
+latency, at 5 % of HBM.) ``_verify_step_kernel`` per (head_dim block, row, head) appends x and forms every y_j.
+The ring must hold m + T_r entries (the layout gives verify rows L + T); a row that does not fit is skipped, like
+padding.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def _verify_coefficients_kernel(
 ):  # fmt: skip
     row = tl.program_id(0)
     group = tl.program_id(1)
+    chunk = tl.program_id(2)  # the group's heads in [HEAD_CHUNK, L] tiles, one per program (not a serial loop)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     pos = tl.load(pos_ptr + row).to(tl.int64)
     start = tl.load(qsl_ptr + row).to(tl.int64)
@@ -70,39 +73,40 @@ def _verify_coefficients_kernel(
     new = (offs_l >= pos) & (offs_l < pos + count)
     token = start + offs_l - pos  # the query token an appended position holds (masked elsewhere)
 
-    at_B = ring_B_ptr + slot * srB_slot + group * srB_g + offs_l[:, None] * srB_l + offs_n[None, :] * srB_n
-    new_B = new[:, None] & mask_n[None, :]
-    B_raw = tl.load(B_ptr + token[:, None] * sB_t + group * sB_g + offs_n[None, :] * sB_n, mask=new_B, other=0.0)
-    tl.store(at_B, B_raw.to(ring_B_ptr.dtype.element_ty), mask=new_B)
-    ring_B = tl.load(at_B, mask=history[:, None] & mask_n[None, :], other=0.0)
-    all_B = tl.where(new[:, None], B_raw.to(tl.float32), ring_B.to(tl.float32))  # [L, N]: the ring, T appended
     groups = tl.num_programs(1)
-    for j in tl.static_range(BLOCK_T):
-        C_j = tl.load(C_ptr + (start + j) * sC_t + group * sC_g + offs_n * sC_n, mask=mask_n & (j < count), other=0.0)
-        bc_j = tl.sum(all_B * C_j.to(tl.float32)[None, :], axis=1)
-        tl.store(bc_ptr + ((row * groups + group) * BLOCK_T + j) * BLOCK_L + offs_l, bc_j)
+    if chunk == 0:  # one program per (row, group) owns the group's B: its ring entries and bc
+        at_B = ring_B_ptr + slot * srB_slot + group * srB_g + offs_l[:, None] * srB_l + offs_n[None, :] * srB_n
+        new_B = new[:, None] & mask_n[None, :]
+        B_raw = tl.load(B_ptr + token[:, None] * sB_t + group * sB_g + offs_n[None, :] * sB_n, mask=new_B, other=0.0)
+        tl.store(at_B, B_raw.to(ring_B_ptr.dtype.element_ty), mask=new_B)
+        ring_B = tl.load(at_B, mask=history[:, None] & mask_n[None, :], other=0.0)
+        all_B = tl.where(new[:, None], B_raw.to(tl.float32), ring_B.to(tl.float32))  # [L, N]: the ring, T appended
+        for j in tl.static_range(BLOCK_T):
+            C_at = C_ptr + (start + j) * sC_t + group * sC_g + offs_n * sC_n
+            C_j = tl.load(C_at, mask=mask_n & (j < count), other=0.0)
+            bc_j = tl.sum(all_B * C_j.to(tl.float32)[None, :], axis=1)
+            tl.store(bc_ptr + ((row * groups + group) * BLOCK_T + j) * BLOCK_L + offs_l, bc_j)
 
     heads = HEADS_PER_GROUP * groups
-    for chunk in range(HEADS_PER_GROUP // HEAD_CHUNK):  # the group's heads as [HEAD_CHUNK, L] tiles
-        head = group * HEADS_PER_GROUP + chunk * HEAD_CHUNK + tl.arange(0, HEAD_CHUNK)
-        new_h = new[None, :]  # masks broadcast over the tile [HEAD_CHUNK, L]
-        dt = tl.load(dt_ptr + token[None, :] * sdt_t + head[:, None] * sdt_h, mask=new_h, other=0.0).to(tl.float32)
-        if HAS_DT_BIAS:
-            dt += tl.load(dt_bias_ptr + head).to(tl.float32)[:, None]
-        if DT_SOFTPLUS:
-            dt = softplus_f32(dt)
-        rdt = ring_dt_ptr + slot * srdt_slot + head[:, None] * srdt_h + offs_l[None, :] * srdt_l
-        tl.store(rdt, dt.to(ring_dt_ptr.dtype.element_ty), mask=new_h)
-        ring_dt = tl.load(rdt, mask=history[None, :], other=0.0).to(tl.float32)
-        all_dt = tl.where(new_h, dt, ring_dt)  # 0 past the appended entries
-        A = tl.load(A_ptr + head).to(tl.float32)
-        at = (row * heads + head) * BLOCK_T
-        for j in tl.static_range(BLOCK_T):
-            upto = ((offs_l <= pos + j) & (j < count))[None, :]
-            dt_j = tl.where(upto, all_dt, 0.0)
-            weight = tl.where(upto, tl.exp(A[:, None] * decay_sums_after(dt_j, offs_l)) * dt_j, 0.0)
-            tl.store(w_ptr + (at + j)[:, None] * BLOCK_L + offs_l[None, :], weight)
-            tl.store(decay_ptr + at + j, tl.exp(A * tl.sum(dt_j, axis=1)))
+    head = group * HEADS_PER_GROUP + chunk * HEAD_CHUNK + tl.arange(0, HEAD_CHUNK)
+    new_h = new[None, :]  # masks broadcast over the tile [HEAD_CHUNK, L]
+    dt = tl.load(dt_ptr + token[None, :] * sdt_t + head[:, None] * sdt_h, mask=new_h, other=0.0).to(tl.float32)
+    if HAS_DT_BIAS:
+        dt += tl.load(dt_bias_ptr + head).to(tl.float32)[:, None]
+    if DT_SOFTPLUS:
+        dt = softplus_f32(dt)
+    rdt = ring_dt_ptr + slot * srdt_slot + head[:, None] * srdt_h + offs_l[None, :] * srdt_l
+    tl.store(rdt, dt.to(ring_dt_ptr.dtype.element_ty), mask=new_h)
+    ring_dt = tl.load(rdt, mask=history[None, :], other=0.0).to(tl.float32)
+    all_dt = tl.where(new_h, dt, ring_dt)  # 0 past the appended entries
+    A = tl.load(A_ptr + head).to(tl.float32)
+    at = (row * heads + head) * BLOCK_T
+    for j in tl.static_range(BLOCK_T):
+        upto = ((offs_l <= pos + j) & (j < count))[None, :]
+        dt_j = tl.where(upto, all_dt, 0.0)
+        weight = tl.where(upto, tl.exp(A[:, None] * decay_sums_after(dt_j, offs_l)) * dt_j, 0.0)
+        tl.store(w_ptr + (at + j)[:, None] * BLOCK_L + offs_l[None, :], weight)
+        tl.store(decay_ptr + at + j, tl.exp(A * tl.sum(dt_j, axis=1)))
 
 
 @triton.jit
@@ -240,14 +244,15 @@ def verify_coefficients(
     bc = scratch[: batch * ngroups * BLOCK_T * BLOCK_L]
     weight = scratch[batch * ngroups * BLOCK_T * BLOCK_L : batch * per_row]
     decay = scratch[batch * per_row :]
-    _verify_coefficients_kernel[(batch, ngroups)](
+    head_tile = min(VERIFY_HEAD_CHUNK, head_chunk(nheads // ngroups))
+    _verify_coefficients_kernel[(batch, ngroups, nheads // ngroups // head_tile)](
         dt, A, B, C, dt_bias if dt_bias is not None else A, ring_B, ring_dt, state_indices, write_pos,
         query_start_loc, bc, weight, decay,
         d_state, ring_len, max_query_len, pad_slot_id,
         *dt.stride(), *B.stride(), *C.stride(), *ring_B.stride(), *ring_dt.stride(),
-        HEADS_PER_GROUP=nheads // ngroups, HEAD_CHUNK=min(VERIFY_HEAD_CHUNK, head_chunk(nheads // ngroups)),
-        HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus,
-        BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_N=block_size(d_state, floor=16), num_warps=VERIFY_COEF_NUM_WARPS,
+        HEADS_PER_GROUP=nheads // ngroups, HEAD_CHUNK=head_tile, HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=dt_softplus, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_N=block_size(d_state, floor=16),
+        num_warps=VERIFY_COEF_NUM_WARPS,
     )  # fmt: skip
     return bc, weight, decay
 

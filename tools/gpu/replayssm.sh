@@ -128,7 +128,7 @@ run_job() {
       $S setup 2>&1 | tee "$RES/setup.log" | tail -4
       [ -d /tmp/site/vllm ] ;;
     kernels)
-      timeout $(($(left) - 20)) python3 -m replayssm_patch.gpu.kernel_bench --out "$RES/kernel_bench" \
+      timeout $(($(left) - 20)) python3 -m replayssm_patch.gpu.kernel_bench --out "$RES/kernel_bench" ${KERNEL_BENCH_ARGS:-} \
         2>&1 | tee "$RES/kernel_bench.log" | grep -v "^\[kernel_bench\]   step" ;;
     gdnkernels)
       timeout $(($(left) - 20)) python3 -m replayssm_patch.gpu.gdn_kernel_bench --out "$RES/gdn_kernel_bench" \
