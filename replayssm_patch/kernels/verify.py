@@ -29,7 +29,6 @@ from replayssm_patch.kernels.common import (
     block_size,
     check_launchable,
     decay_sum_after_reference,
-    decay_sums_after,
     head_chunk,
     softplus_f32,
     softplus_reference,
@@ -104,7 +103,8 @@ def _verify_coefficients_kernel(
     for j in tl.static_range(BLOCK_T):
         upto = ((offs_l <= pos + j) & (j < count))[None, :]
         dt_j = tl.where(upto, all_dt, 0.0)
-        weight = tl.where(upto, tl.exp(A[:, None] * decay_sums_after(dt_j, offs_l)) * dt_j, 0.0)
+        later = tl.cumsum(dt_j, axis=1, reverse=True) - dt_j  # dt summed over (s, m+j]: a scan, not an L x L sum
+        weight = tl.where(upto, tl.exp(A[:, None] * later) * dt_j, 0.0)
         tl.store(w_ptr + (at + j)[:, None] * BLOCK_L + offs_l[None, :], weight)
         tl.store(decay_ptr + at + j, tl.exp(A * tl.sum(dt_j, axis=1)))
 
