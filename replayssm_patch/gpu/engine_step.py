@@ -58,6 +58,10 @@ PROMPT_TOKENS = 1024
 REPEATS = 3
 DEFAULT_BATCHES = (64, 256)
 FIT = "fit"  # in --batches: the largest batch the engine's KV cache holds, known once it has started
+# `fit` runs the largest multiple of FIT_STEP the engine holds, and every such multiple up to --max-num-seqs gets a
+# CUDA graph: a batch between captured sizes runs the next larger graph, padded (session 19: native speculation's 222
+# rows ran the 3,072-token verify graph, 3.2x their 888 tokens, and looked 3x slower per step than at 128).
+FIT_STEP = 32
 FIRST_TOKEN_ID = 10  # ids below are the tokenizer's specials (../shared/gpu/make-tokenizer.py: pad, bos, eos, unk)
 G = TypeVar("G")  # what one timed generate gives (engine_step: Generated; spec_step: it with the counters)
 T = TypeVar("T")
@@ -114,23 +118,28 @@ def parse_engine_batches(text: str) -> tuple[int | str, ...]:
 
 
 def sized_batches(args: argparse.Namespace) -> list[int]:
-    """The batches known before start-up: the numbers given, and --max-num-seqs standing in for `fit`."""
-    return [b if b != FIT else args.max_num_seqs for b in args.batches]
+    """The batches whose steps get a CUDA graph, known before start-up: the numbers given and, for `fit`, every
+    multiple of FIT_STEP up to --max-num-seqs (one of them is the batch `fit` resolves to)."""
+    ladder = range(FIT_STEP, args.max_num_seqs + 1, FIT_STEP) if FIT in args.batches else ()
+    return sorted({*(b for b in args.batches if b != FIT), *ladder})
 
 
 def resolved_batches(batches: Sequence[int | str], concurrency: float | None, max_num_seqs: int) -> list[int]:
     """``batches`` with `fit` as the largest batch the engine holds: vLLM's maximum concurrency (requests of
-    max_model_len tokens its KV cache holds, so a run's shorter requests fit too), at most --max-num-seqs;
-    repeats dropped, order kept. `fit` is dropped, after a line saying so, when vLLM gave no concurrency."""
+    max_model_len tokens its KV cache holds, so a run's shorter requests fit too), at most --max-num-seqs, rounded
+    down to a multiple of FIT_STEP (a captured size); repeats dropped, order kept. `fit` is dropped, after a line
+    saying so, when vLLM gave no concurrency or it is under FIT_STEP."""
     resolved = []
     for batch in batches:
         if batch == FIT:
-            if concurrency is None:
-                print(f"skipped {FIT}: vLLM reported no maximum concurrency", flush=True)
+            largest = 0 if concurrency is None else min(int(concurrency), max_num_seqs) // FIT_STEP * FIT_STEP
+            if not largest:
+                why = "vLLM reported no maximum concurrency" if concurrency is None else f"it holds < {FIT_STEP}"
+                print(f"skipped {FIT}: {why}", flush=True)
                 continue
-            batch = min(int(concurrency), max_num_seqs)
+            batch = largest
             print(f"{FIT}: batch {batch} (vLLM's maximum concurrency {concurrency:.1f}, --max-num-seqs "
-                  f"{max_num_seqs})", flush=True)  # fmt: skip
+                  f"{max_num_seqs}, down to a multiple of {FIT_STEP}: a captured size)", flush=True)  # fmt: skip
         if batch not in resolved:
             resolved.append(int(batch))
     return resolved

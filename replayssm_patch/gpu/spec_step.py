@@ -27,8 +27,9 @@ validity checks), and per batch the median over the repeats (spread = max - min)
   core computes from its KV cache config (get_kv_cache_capacity in v1/core/kv_cache_utils.py) and hands the
   front end as cache_config.kv_cache_max_concurrency; read there, with kv_cache_tokens and num_gpu_blocks. Native
   speculation keeps 1 + k state blocks per request, ReplaySSM one: this is where the capacity gain shows.
-  `--batches ...,fit` also runs the largest batch the arm holds: that concurrency, at most --max-num-seqs
-  (engine_step.resolved_batches), so each arm's throughput at its own capacity is measured in the same job.
+  `--batches ...,fit` also runs the largest batch the arm holds: that concurrency, at most --max-num-seqs, down to a
+  multiple of 32 whose graphs are captured (engine_step.resolved_batches), so each arm's throughput at its own
+  capacity is measured in the same job.
 
 The acceptance length is an engine setting, so --sweep-al needs one engine per AL: this process starts each in a
 child process of its own, in turn (a fresh process hands the GPU back whole), and starts none after --budget-s.

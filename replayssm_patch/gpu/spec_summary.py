@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from replayssm_patch.gpu.engine_step import FIT_STEP
 from replayssm_patch.gpu.variants import MODES, SPEC_ARMS
 
 ARM_TITLES = {"native_standard": "native standard", "native_spec": "native spec",
@@ -94,14 +95,15 @@ def _largest_valid(rows: Sequence[dict[str, Any]], arm: str) -> dict[str, Any] |
 
 
 def at_capacity(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """Each spec arm at the largest valid batch it ran (a `fit` batch is its capacity) and the ratio: the
-    comparison a capacity gain makes, which the per-batch ratios cannot show where native does not fit."""
+    """Each spec arm at the largest valid batch it ran (a `fit` batch is its capacity, down to a multiple of
+    FIT_STEP) and the ratio: the comparison a capacity gain makes, which the per-batch ratios cannot show where
+    native does not fit."""
     native, replay = _largest_valid(rows, "native_spec"), _largest_valid(rows, "replayssm_spec")
     if native is None or replay is None or native["batch"] == replay["batch"]:
         return []
 
     def shown(row: dict[str, Any]) -> str:
-        full = row.get("max_concurrency") is not None and row["batch"] >= int(row["max_concurrency"])
+        full = row.get("max_concurrency") is not None and row["batch"] + FIT_STEP > row["max_concurrency"]
         return f"batch {row['batch']}{' (its capacity)' if full else ''}: {row['tokens_per_s']:,.0f} tok/s"
 
     ratio = replay["tokens_per_s"] / native["tokens_per_s"]

@@ -19,6 +19,7 @@ from replayssm_patch.gpu.engine_step import (
     Generated,
     Repeat,
     batch_ran_together,
+    capture_sizes,
     engine_tpot_s,
     layers_problem,
     llm_kwargs,
@@ -59,18 +60,29 @@ def test_batches_parse_from_a_comma_list_and_bad_ones_are_one_line(tmp_path, cap
     assert "--batches" in err and "64,256" in err and "fit" in err
 
 
-def test_fit_is_resolved_to_the_largest_batch_the_engine_holds(tmp_path, capsys):
-    """`fit` captures graphs up to --max-num-seqs, then runs vLLM's maximum concurrency (at most --max-num-seqs)."""
+def test_fit_is_resolved_to_the_largest_captured_batch_the_engine_holds(tmp_path, capsys):
+    """`fit` captures a graph at every multiple of FIT_STEP up to --max-num-seqs, then runs vLLM's maximum
+    concurrency (at most --max-num-seqs) rounded down to one of them: its steps never run a larger, padded graph."""
     args = _args(tmp_path, "--batches", "64,fit", "--max-num-seqs", "300")
-    assert args.batches == (64, "fit") and llm_kwargs(args)["compilation_config"]["cudagraph_capture_sizes"] == [
-        64,
-        300,
-    ]
-    assert resolved_batches(args.batches, 227.6, 300) == [64, 227]
-    assert resolved_batches(args.batches, 655.0, 300) == [64, 300] and resolved_batches((64, "fit"), 64.2, 256) == [64]
-    assert "fit: batch 300 (vLLM's maximum concurrency 655.0, --max-num-seqs 300)" in capsys.readouterr().out
+    assert args.batches == (64, "fit")
+    assert llm_kwargs(args)["compilation_config"]["cudagraph_capture_sizes"] == list(range(32, 300, 32))
+    assert resolved_batches(args.batches, 227.6, 300) == [64, 224]
+    assert resolved_batches(args.batches, 655.0, 300) == [64, 288] and resolved_batches((64, "fit"), 64.2, 256) == [64]
+    out = capsys.readouterr().out
+    assert "fit: batch 288 (vLLM's maximum concurrency 655.0, --max-num-seqs 300, down to a multiple of 32" in out
     assert resolved_batches(args.batches, None, 300) == [64]
     assert capsys.readouterr().out.strip() == "skipped fit: vLLM reported no maximum concurrency"
+    assert resolved_batches(args.batches, 20.0, 300) == [64]
+    assert capsys.readouterr().out.strip() == "skipped fit: it holds < 32"
+
+
+def test_a_speculative_fit_captures_its_verify_steps(tmp_path):
+    """Under speculation each captured batch also gets its verify step's B * (1 + k) tokens (session 19's native
+    arm ran 222 rows of 4 tokens in the 3,072-token graph before fit batches were captured)."""
+    args = _args(tmp_path, "--batches", "128,fit", "--max-num-seqs", "256")
+    args.speculative, args.spec_tokens = True, 3
+    sizes = capture_sizes(args)
+    assert {224, 224 * 4, 128 * 4, 256 * 4} <= set(sizes) and 888 not in sizes and len(sizes) == len(set(sizes))
 
 
 def test_step_is_the_extra_tokens_time_per_extra_token():

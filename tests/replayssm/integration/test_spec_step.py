@@ -257,12 +257,15 @@ def test_summary_table_has_each_arm_and_the_issues_ratios_per_batch():
 
 
 def test_summary_compares_each_spec_arm_at_the_largest_batch_it_ran():
-    """Native spec holds 227 requests, ReplaySSM spec 655: a `fit` row each, compared beside the per-batch table."""
-    rows = [*SUMMARY_ROWS[:4], _summary_row("native_spec", 227, 10700.0, measured=2.8, concurrency=227.4),
-            _summary_row("replayssm_spec", 655, 16050.0, measured=2.8, concurrency=655.9)]  # fmt: skip
+    """Native spec holds 227 requests, ReplaySSM spec 655: a `fit` row each (224 and 640, the multiples of 32 they
+    hold), compared beside the per-batch table; a batch a multiple of 32 or more below the capacity is not it."""
+    rows = [*SUMMARY_ROWS[:4], _summary_row("native_spec", 224, 10700.0, measured=2.8, concurrency=227.4),
+            _summary_row("replayssm_spec", 640, 16050.0, measured=2.8, concurrency=655.9)]  # fmt: skip
     text = summary_markdown(rows)
-    assert ("Largest batch each ran: native spec batch 227 (its capacity): 10,700 tok/s; ReplaySSM spec batch 655 "
+    assert ("Largest batch each ran: native spec batch 224 (its capacity): 10,700 tok/s; ReplaySSM spec batch 640 "
             "(its capacity): 16,050 tok/s; ReplaySSM spec / native spec 1.50×.") in text  # fmt: skip
+    rows[-1] = _summary_row("replayssm_spec", 600, 16050.0, measured=2.8, concurrency=655.9)
+    assert "ReplaySSM spec batch 600: 16,050 tok/s" in summary_markdown(rows)
     assert "Largest batch" not in summary_markdown(SUMMARY_ROWS[:4]), "same largest batch: the table says it"
 
 
