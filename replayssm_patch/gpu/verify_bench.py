@@ -263,11 +263,10 @@ def verify_markdown(verify: dict[str, Any]) -> list[str]:
         f"Method: {verify['method']}. T = 1 + k = {verify['tokens_per_row']} query tokens per row, rings of "
         f"L + T = {verify['ring_len']} entries, cursors at the steady state of acceptance length "
         f"{verify['acceptance_length']} ({cursors}).",
-        f"Baseline: {verify['baseline']}. Launch shapes (block_p, block_n, num_warps, late_reduce): "
-        f"{verify.get('configs')}.",
+        f"Baseline: {verify['baseline']}. Launch shapes (block_p, block_n, num_warps): {verify.get('configs')}.",
         "",
         *timing_table(verify["rows"]),
         "",
-        *sweep_markdown(verify.get("sweep", {}), "verify step", "block_p x block_n x warps x late_reduce"),
+        *sweep_markdown(verify.get("sweep", {}), "verify step"),
         *registers_table(verify.get("registers", [])),
     ]

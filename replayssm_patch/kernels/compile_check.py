@@ -13,7 +13,6 @@ with TRITON_INTERPRET unset.
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import subprocess
@@ -218,12 +217,11 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     verify_coef = {**coef, "BLOCK_T": 4, "BLOCK_L": 32, "HEAD_CHUNK": VERIFY_HEAD_CHUNK}
     found.append(("verify coefficients, T=4", _verify_coefficients_kernel, _VERIFY_COEF_POINTERS, verify_coef,
                   VERIFY_COEF_NUM_WARPS))  # fmt: skip
-    for (label, read), late in itertools.product((("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")),
-                                                 (False, True)):  # fmt: skip
+    for label, read in (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")):
         consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": DEFAULT.block_p, "BLOCK_N": DEFAULT.block_n,
-                  "N_TILES": 128 // DEFAULT.block_n, "LATE_REDUCE": late, **_VERIFY_UNIT_STRIDES}  # fmt: skip
-        found.append((f"verify step T=4, {label}{', late reduce' if late else ''}", _verify_step_kernel,
-                      {**_VERIFY_STEP_POINTERS, "read_ptr": read}, consts, DEFAULT.num_warps))  # fmt: skip
+                  "N_TILES": 128 // DEFAULT.block_n, **_VERIFY_UNIT_STRIDES}  # fmt: skip
+        found.append((f"verify step T=4, {label}", _verify_step_kernel, {**_VERIFY_STEP_POINTERS, "read_ptr": read},
+                      consts, DEFAULT.num_warps))  # fmt: skip
     for label, kernel, pointers, blocks, num_warps in (
         ("gdn coefficients", _gdn_coefficients_kernel, _GDN_COEF_POINTERS, {"V_PER_K": 2, "HEAD_CHUNK": 2},
          GDN_COEF_NUM_WARPS),

@@ -32,10 +32,9 @@ class ReplayLaunch:
     block_p: int = 16
     block_n: int = 64
     num_warps: int = 1
-    late_reduce: bool = False  # the verify's reductions once, not per query token (``verify._verify_outputs_late``)
 
     def as_key(self) -> str:
-        return f"{self.block_p}x{self.block_n}x{self.num_warps}w" + (" late" if self.late_reduce else "")
+        return f"{self.block_p}x{self.block_n}x{self.num_warps}w"
 
 
 DEFAULT = ReplayLaunch()

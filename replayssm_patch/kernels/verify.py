@@ -103,50 +103,12 @@ def _verify_coefficients_kernel(
     for j in tl.static_range(BLOCK_T):
         upto = ((offs_l <= pos + j) & (j < count))[None, :]
         dt_j = tl.where(upto, all_dt, 0.0)
-        later = tl.cumsum(dt_j, axis=1, reverse=True) - dt_j  # dt summed over (s, m+j]: a scan, not an L x L sum
+        # dt summed over (s, m+j]: a reverse scan less the entry itself, not decay_sums_after's masked L x L sum (2x
+        # the instructions). The subtraction costs |A|·dt_s·eps in the exponent: one entry's, not a total's.
+        later = tl.cumsum(dt_j, axis=1, reverse=True) - dt_j
         weight = tl.where(upto, tl.exp(A[:, None] * later) * dt_j, 0.0)
         tl.store(w_ptr + (at + j)[:, None] * BLOCK_L + offs_l[None, :], weight)
         tl.store(decay_ptr + at + j, tl.exp(A * tl.sum(dt_j, axis=1)))
-
-
-@triton.jit
-def _checkpoint_products(h_at, C_at, offs_p, mask_p, tokens, tile, d_state, sr_p, sr_n, sC_t, sC_n,
-                         BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """h[p, n] * C_j[n] for every query token j over one d_state tile: [BLOCK_T, BLOCK_P, BLOCK_N], laid out as the
-    checkpoint's load (nothing is reduced here)."""
-    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < d_state
-    h = tl.load(
-        h_at + offs_p[:, None] * sr_p + offs_n[None, :] * sr_n,
-        mask=mask_p[:, None] & mask_n[None, :], other=0.0, eviction_policy="evict_first",
-    ).to(tl.float32)  # fmt: skip
-    offs_t = tl.arange(0, BLOCK_T)
-    C = tl.load(C_at + offs_t[:, None] * sC_t + offs_n[None, :] * sC_n, mask=tokens[:, None] & mask_n[None, :],
-                other=0.0).to(tl.float32)  # fmt: skip
-    return h[None, :, :] * C[:, None, :]
-
-
-@triton.jit
-def _verify_outputs_late(
-    h_at, C_at, w_ptr, bc_ptr, decay_ptr, xs, offs_p, offs_l, mask_p, count, coef_row, bc_row, d_state,
-    sr_p, sr_n, sC_t, sC_n,
-    BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
-):  # fmt: skip
-    """A row's y [BLOCK_T, BLOCK_P] with each reduction done once: the checkpoint read adds up the T x P x BLOCK_N
-    products of its d_state tiles and reduces at the end, and the ring term reduces a [T, L, P] product, where
-    the per-token path reduces across the warp once per token and tile. The sum starts from the first tile (not
-    zeros) so it keeps the load's layout, with fewer lanes along d_state."""
-    offs_t = tl.arange(0, BLOCK_T)
-    tokens = offs_t < count
-    products = _checkpoint_products(h_at, C_at, offs_p, mask_p, tokens, 0, d_state, sr_p, sr_n, sC_t, sC_n,
-                                    BLOCK_T, BLOCK_N)  # fmt: skip
-    for t in tl.static_range(1, N_TILES):
-        products += _checkpoint_products(h_at, C_at, offs_p, mask_p, tokens, t, d_state, sr_p, sr_n, sC_t, sC_n,
-                                         BLOCK_T, BLOCK_N)  # fmt: skip
-    w = tl.load(w_ptr + (coef_row + offs_t)[:, None] * BLOCK_L + offs_l[None, :])
-    bc = tl.load(bc_ptr + (bc_row + offs_t)[:, None] * BLOCK_L + offs_l[None, :])
-    ring = tl.sum((w * bc)[:, :, None] * xs[None, :, :], axis=1)
-    return tl.load(decay_ptr + coef_row + offs_t)[:, None] * tl.sum(products, axis=2) + ring
 
 
 @triton.jit(do_not_specialize_on_alignment=["x_ptr", "C_ptr", "out_ptr"])
@@ -156,7 +118,7 @@ def _verify_step_kernel(
     sx_t, sx_h, sx_p, sC_t, sC_g, sC_n, sr_slot, sr_h, sr_p, sr_n, srx_slot, srx_h, srx_l, srx_p,
     so_t, so_h, so_p,
     HAS_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr, N_TILES: tl.constexpr, LATE_REDUCE: tl.constexpr,
+    BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
 ):  # fmt: skip
     pblock = tl.program_id(0)
     row = tl.program_id(1)
@@ -184,31 +146,25 @@ def _verify_step_kernel(
     xs = tl.where(new[:, None], x_raw.to(tl.float32), ring_x.to(tl.float32))  # [L, P]: the ring, T appended
 
     C_row = C_ptr + group * sC_g
+    read = tl.zeros((BLOCK_T, BLOCK_P), dtype=tl.float32)  # h_c·C_j for every query token: one checkpoint read
+    for t in tl.static_range(N_TILES):
+        offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < d_state
+        h = tl.load(
+            read_ptr + slot * sr_slot + head * sr_h + offs_p[:, None] * sr_p + offs_n[None, :] * sr_n,
+            mask=mask_p[:, None] & mask_n[None, :], other=0.0, eviction_policy="evict_first",
+        ).to(tl.float32)  # fmt: skip
+        for j in tl.static_range(BLOCK_T):
+            C_j = tl.load(C_row + (start + j) * sC_t + offs_n * sC_n, mask=mask_n & (j < count), other=0.0)
+            part = tl.sum(h * C_j.to(tl.float32)[None, :], axis=1)
+            read = tl.where(offs_t[:, None] == j, read + part[None, :], read)
     coef_row = (row * nheads + head) * BLOCK_T
+    y = tl.load(decay_ptr + coef_row + offs_t)[:, None] * read
     bc_row = (row * (nheads // heads_per_group) + group) * BLOCK_T
-    if LATE_REDUCE:
-        y = _verify_outputs_late(read_ptr + slot * sr_slot + head * sr_h, C_row + start * sC_t, w_ptr, bc_ptr,
-                                 decay_ptr, xs, offs_p, offs_l, mask_p, count, coef_row, bc_row, d_state,
-                                 sr_p, sr_n, sC_t, sC_n, BLOCK_T, BLOCK_L, BLOCK_N, N_TILES)  # fmt: skip
-    else:
-        read = tl.zeros((BLOCK_T, BLOCK_P), dtype=tl.float32)  # h_c·C_j for every query token: one checkpoint read
-        for t in tl.static_range(N_TILES):
-            offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < d_state
-            h = tl.load(
-                read_ptr + slot * sr_slot + head * sr_h + offs_p[:, None] * sr_p + offs_n[None, :] * sr_n,
-                mask=mask_p[:, None] & mask_n[None, :], other=0.0, eviction_policy="evict_first",
-            ).to(tl.float32)  # fmt: skip
-            for j in tl.static_range(BLOCK_T):
-                C_j = tl.load(C_row + (start + j) * sC_t + offs_n * sC_n, mask=mask_n & (j < count), other=0.0)
-                part = tl.sum(h * C_j.to(tl.float32)[None, :], axis=1)
-                read = tl.where(offs_t[:, None] == j, read + part[None, :], read)
-        y = tl.load(decay_ptr + coef_row + offs_t)[:, None] * read
-        for j in tl.static_range(BLOCK_T):  # the masked T x (m+T) product, one query token per pass
-            w_j = tl.load(w_ptr + (coef_row + j) * BLOCK_L + offs_l)
-            coef = w_j * tl.load(bc_ptr + (bc_row + j) * BLOCK_L + offs_l)
-            part = tl.sum(coef[:, None] * xs, axis=0)
-            y = tl.where(offs_t[:, None] == j, y + part[None, :], y)
+    for j in tl.static_range(BLOCK_T):  # the masked T x (m+T) product, one query token per pass
+        coef = tl.load(w_ptr + (coef_row + j) * BLOCK_L + offs_l) * tl.load(bc_ptr + (bc_row + j) * BLOCK_L + offs_l)
+        part = tl.sum(coef[:, None] * xs, axis=0)
+        y = tl.where(offs_t[:, None] == j, y + part[None, :], y)
     mask_tp = (offs_t < count)[:, None] & mask_p[None, :]
     if HAS_D:
         x_tok = tl.load(x_ptr + (start + offs_t)[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p, mask=mask_tp)
@@ -280,7 +236,6 @@ def replay_verify(
     block_p: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
-    late_reduce: bool | None = None,
 ) -> torch.Tensor:
     """Append every row's query tokens to its ring at write_pos.. and return y [num_tokens, nheads, head_dim].
 
@@ -289,8 +244,7 @@ def replay_verify(
     B, C [num_tokens, ngroups, d_state]; state is the checkpoint to READ (never written); state_indices /
     write_pos int32 [batch]. ``max_query_len`` (1 + num_speculative_tokens) sizes the kernels, so it must be
     passed, not read from the metadata. Padding rows, rows with no tokens and rows that would not fit the
-    ring are skipped (their ``out`` rows left as they were). Tuning knobs as in ``replay_decode``, plus
-    ``late_reduce``: each reduction once, not once per query token (``_verify_outputs_late``).
+    ring are skipped (their ``out`` rows left as they were). Tuning knobs as in ``replay_decode``.
     """
     check_launchable(x, state)
     nheads, head_dim = x.shape[1], x.shape[2]
@@ -315,8 +269,7 @@ def replay_verify(
         head_dim, d_state, ring_len, max_query_len, nheads, nheads // ngroups, pad_slot_id,
         *x.stride(), *C.stride(), *state.stride(), *ring_x.stride(), *out.stride(),
         HAS_D=D is not None, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
-        N_TILES=triton.cdiv(d_state, BLOCK_N),
-        LATE_REDUCE=tuned.late_reduce if late_reduce is None else late_reduce, num_warps=num_warps or tuned.num_warps,
+        N_TILES=triton.cdiv(d_state, BLOCK_N), num_warps=num_warps or tuned.num_warps,
     )  # fmt: skip
     return out
 
@@ -344,10 +297,9 @@ def replay_verify_reference(
     block_p: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
-    late_reduce: bool | None = None,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``replay_verify`` (same arguments; the tuning knobs are ignored), in fp32, row by row."""
-    del block_p, block_n, num_warps, late_reduce
+    del block_p, block_n, num_warps
     nheads = x.shape[1]
     dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
     ring_len = ring_len_of(ring_x)

@@ -76,12 +76,11 @@ def decays(cache, slot: int, m: int, step: StepInputs, layer, first: int, count:
     return torch.exp(layer.A.double() * (ring + now))
 
 
-@pytest.mark.parametrize("late_reduce", [False, True], ids=["per-token", "late-reduce"])
 @pytest.mark.parametrize(("shape", "T"), VERIFY_SHAPES, ids=lambda v: str(v))
-def test_verify_matches_reference_and_fp64(shape: Shape, T: int, late_reduce: bool) -> None:
+def test_verify_matches_reference_and_fp64(shape: Shape, T: int) -> None:
     """Rows at different cursors with 1..T query tokens (an empty and a nearly full history among them), a padding
-    row with tokens, and a row that would overflow the ring (skipped); stale ring entries are NaN. Both ways of
-    forming the outputs (the launch table's ``late_reduce``), d_state in two tiles."""
+    row with tokens, and a row that would overflow the ring (skipped); stale ring entries are NaN; d_state in two
+    tiles."""
     gen = seeded(shape, T, "verify")
     layer = make_layer(shape, gen)
     slots = shape.batch + 3
@@ -95,7 +94,7 @@ def test_verify_matches_reference_and_fp64(shape: Shape, T: int, late_reduce: bo
     fill_ring(shape, cache, indices[[*range(shape.batch), -1]].long(), write_pos[[*range(shape.batch), -1]], gen)
     step = tokens(shape, layer, int(qsl[-1]), gen)
     sentinel = torch.full((int(qsl[-1]), shape.nheads, shape.head_dim), 7.0)
-    kw = {"D": layer.D, "dt_bias": layer.dt_bias, "late_reduce": late_reduce, "block_n": max(shape.d_state // 2, 1)}
+    kw = {"D": layer.D, "dt_bias": layer.dt_bias, "block_n": max(shape.d_state // 2, 1)}
     results = []
     for fn in (replay_verify, replay_verify_reference):
         run = cache.clone()
