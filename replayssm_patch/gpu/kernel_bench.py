@@ -15,11 +15,14 @@
     plugin's native batches (``native_max_batch``).
 (c) speculative verify (MTP k = 3: T = 4 query tokens per row, rings of L + T, cursors at the steady state of
     acceptance length 3, so about 1 row in ceil(L / 3) folds), timed as (b): the whole ``replay_verify_step``,
-    the verify alone and the fold launch alone, against vLLM's speculative selective_state_update (fp32 state,
-    1+k state blocks per request, the call ``VERIFY_BASELINE_CALL``) at the same batches.
+    the verify alone, its coefficient launch alone and the fold launch alone, against vLLM's speculative
+    selective_state_update (fp32 state, 1+k state blocks per request, the call ``VERIFY_BASELINE_CALL``) at the
+    same batches.
+(d) speculative verify equivalence: 250 verify steps at batch 256 through the builder's cursor plan, random
+    acceptance, against the fp64 recurrence (``verify_equivalence``).
 Writes DIR/kernel_bench.json and DIR/kernel_bench.md, rewritten after each section so a crash keeps the rest.
-Section (c) is ``verify_bench``; what the sections share (shapes, the vLLM baseline, caches, bytes moved) is
-``mamba_bench_setup``.
+Sections (c) and (d) are ``verify_bench`` and ``verify_equivalence``; what the sections share (shapes, the vLLM
+baseline, caches, bytes moved) is ``mamba_bench_setup``.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from replayssm_patch.gpu.mamba_bench_setup import (
     tuning_of,
 )
 from replayssm_patch.gpu.verify_bench import run_verify, verify_markdown
+from replayssm_patch.gpu.verify_equivalence import run_verify_equivalence, verify_equivalence_markdown
 
 if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET must be decided first
     import torch
@@ -76,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     report.section("equivalence", lambda: run_equivalence(plan, device, baseline))
     report.section("timing", lambda: run_timing(plan, device, baseline, sweep=not args.no_sweep))
     report.section("verify", lambda: run_verify(plan, device, baseline, sweep=not args.no_sweep))
+    report.section("verify_equivalence", lambda: run_verify_equivalence(plan, device))
     if report.data["timing"]["status"] == "ok" and "sweep" in report.data["timing"]:
         tuned = args.out / "launch_config.json"
         verify = report.data["verify"] if report.data["verify"]["status"] == "ok" else None
@@ -350,6 +355,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         *section_markdown(data, "equivalence", "Layer-level equivalence", _equivalence_markdown),
         *section_markdown(data, "timing", "Kernel timing", _timing_markdown),
         *section_markdown(data, "verify", "Speculative verify timing", verify_markdown),
+        *section_markdown(data, "verify_equivalence", "Speculative verify equivalence", verify_equivalence_markdown),
     ])  # fmt: skip
 
 

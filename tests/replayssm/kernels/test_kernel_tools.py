@@ -94,6 +94,12 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
         whole, alone, fold = (rows[2, part.format(mode)]["bytes"] for part in parts)
         assert whole == pytest.approx(alone + fold)
     assert "## Speculative verify timing" in markdown and "| 2 | verify step fp32 (fold + verify) |" in markdown
+    spec_eq = data["verify_equivalence"]  # through the builder's cursor plan, against the fp64 recurrence
+    assert spec_eq["status"] == "ok" and spec_eq["ok"], spec_eq.get("traceback")
+    assert spec_eq["fp32"]["max_rel_err"] <= 2e-5 and spec_eq["fp32"]["final_state_rel_err"] <= 2e-5
+    assert 1e-4 < spec_eq["split"]["max_rel_err"] <= 2e-2 and spec_eq["split"]["final_state_rel_err"] <= 2e-5
+    assert spec_eq["fp32"]["rows_folded"] >= SMOKE_PLAN.eq_batch, "every row folds at least once"
+    assert "## Speculative verify equivalence" in markdown and "| fp32 | " in markdown.split("verify equivalence")[1]
 
 
 @pytest.mark.parametrize("bench", ["mamba", "gdn"])
