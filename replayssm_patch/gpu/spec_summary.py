@@ -107,8 +107,10 @@ def at_capacity(rows: Sequence[dict[str, Any]]) -> list[str]:
         return f"batch {row['batch']}{' (its capacity)' if full else ''}: {row['tokens_per_s']:,.0f} tok/s"
 
     ratio = replay["tokens_per_s"] / native["tokens_per_s"]
+    dates = native.get("date"), replay.get("date")
+    apart = f" (measured on different days, {dates[0]} and {dates[1]}: other hosts)" if dates[0] != dates[1] else ""
     return ["", f"Largest batch each ran: native spec {shown(native)}; ReplaySSM spec {shown(replay)}; "
-            f"ReplaySSM spec / native spec {ratio:.2f}×."]  # fmt: skip
+            f"ReplaySSM spec / native spec {ratio:.2f}×{apart}."]  # fmt: skip
 
 
 def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:

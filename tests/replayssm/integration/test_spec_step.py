@@ -266,6 +266,8 @@ def test_summary_compares_each_spec_arm_at_the_largest_batch_it_ran():
             "(its capacity): 16,050 tok/s; ReplaySSM spec / native spec 1.50×.") in text  # fmt: skip
     rows[-1] = _summary_row("replayssm_spec", 600, 16050.0, measured=2.8, concurrency=655.9)
     assert "ReplaySSM spec batch 600: 16,050 tok/s" in summary_markdown(rows)
+    rows[-2], rows[-1] = {**rows[-2], "date": "2026-12-04"}, {**rows[-1], "date": "2026-12-02"}  # another host
+    assert "1.50× (measured on different days, 2026-12-04 and 2026-12-02: other hosts)." in summary_markdown(rows)
     assert "Largest batch" not in summary_markdown(SUMMARY_ROWS[:4]), "same largest batch: the table says it"
 
 
