@@ -46,6 +46,13 @@ VERIFY_COEF_NUM_WARPS = 4
 VERIFY_HEAD_CHUNK = 4
 
 
+@triton.jit
+def _ring_positions(offs_l, pos, start, count):
+    """Of a verify row's ring positions: the committed history (< pos), the appended query tokens
+    ([pos, pos + count)), and the query token each position holds (meaningful where appended)."""
+    return offs_l < pos, (offs_l >= pos) & (offs_l < pos + count), start + offs_l - pos
+
+
 @triton.jit(do_not_specialize_on_alignment=["dt_ptr", "B_ptr", "C_ptr"])
 def _verify_coefficients_kernel(
     dt_ptr, A_ptr, B_ptr, C_ptr, dt_bias_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, pos_ptr, qsl_ptr,
@@ -68,9 +75,7 @@ def _verify_coefficients_kernel(
     offs_l = tl.arange(0, BLOCK_L)
     offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < d_state
-    history = offs_l < pos
-    new = (offs_l >= pos) & (offs_l < pos + count)
-    token = start + offs_l - pos  # the query token an appended position holds (masked elsewhere)
+    history, new, token = _ring_positions(offs_l, pos, start, count)
 
     groups = tl.num_programs(1)
     if chunk == 0:  # one program per (row, group) owns the group's B: its ring entries and bc
@@ -134,9 +139,7 @@ def _verify_step_kernel(
     offs_l = tl.arange(0, BLOCK_L)
     offs_t = tl.arange(0, BLOCK_T)
     mask_p = offs_p < head_dim
-    history = offs_l < pos
-    new = (offs_l >= pos) & (offs_l < pos + count)
-    token = start + offs_l - pos
+    history, new, token = _ring_positions(offs_l, pos, start, count)
 
     at_x = ring_x_ptr + slot * srx_slot + head * srx_h + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p
     new_x = new[:, None] & mask_p[None, :]
