@@ -53,6 +53,16 @@ def _ring_positions(offs_l, pos, start, count):
     return offs_l < pos, (offs_l >= pos) & (offs_l < pos + count), start + offs_l - pos
 
 
+@triton.jit
+def _append_rows(ring_at, new_at, new, history):
+    """Write the query tokens' rows (read at ``new_at`` where ``new``) to their ring positions (``ring_at``) and
+    return the ring tile with them appended, in fp32: history rows from the ring, new rows as read, 0 elsewhere."""
+    raw = tl.load(new_at, mask=new, other=0.0)
+    tl.store(ring_at, raw.to(ring_at.dtype.element_ty), mask=new)
+    ring = tl.load(ring_at, mask=history, other=0.0)
+    return tl.where(new, raw.to(tl.float32), ring.to(tl.float32))
+
+
 @triton.jit(do_not_specialize_on_alignment=["dt_ptr", "B_ptr", "C_ptr"])
 def _verify_coefficients_kernel(
     dt_ptr, A_ptr, B_ptr, C_ptr, dt_bias_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, pos_ptr, qsl_ptr,
@@ -79,12 +89,11 @@ def _verify_coefficients_kernel(
 
     groups = tl.num_programs(1)
     if chunk == 0:  # one program per (row, group) owns the group's B: its ring entries and bc
-        at_B = ring_B_ptr + slot * srB_slot + group * srB_g + offs_l[:, None] * srB_l + offs_n[None, :] * srB_n
-        new_B = new[:, None] & mask_n[None, :]
-        B_raw = tl.load(B_ptr + token[:, None] * sB_t + group * sB_g + offs_n[None, :] * sB_n, mask=new_B, other=0.0)
-        tl.store(at_B, B_raw.to(ring_B_ptr.dtype.element_ty), mask=new_B)
-        ring_B = tl.load(at_B, mask=history[:, None] & mask_n[None, :], other=0.0)
-        all_B = tl.where(new[:, None], B_raw.to(tl.float32), ring_B.to(tl.float32))  # [L, N]: the ring, T appended
+        all_B = _append_rows(  # [L, N]: the ring, T appended
+            ring_B_ptr + slot * srB_slot + group * srB_g + offs_l[:, None] * srB_l + offs_n[None, :] * srB_n,
+            B_ptr + token[:, None] * sB_t + group * sB_g + offs_n[None, :] * sB_n,
+            new[:, None] & mask_n[None, :], history[:, None] & mask_n[None, :],
+        )  # fmt: skip
         for j in tl.static_range(BLOCK_T):
             C_at = C_ptr + (start + j) * sC_t + group * sC_g + offs_n * sC_n
             C_j = tl.load(C_at, mask=mask_n & (j < count), other=0.0)
@@ -141,12 +150,11 @@ def _verify_step_kernel(
     mask_p = offs_p < head_dim
     history, new, token = _ring_positions(offs_l, pos, start, count)
 
-    at_x = ring_x_ptr + slot * srx_slot + head * srx_h + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p
-    new_x = new[:, None] & mask_p[None, :]
-    x_raw = tl.load(x_ptr + token[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p, mask=new_x, other=0.0)
-    tl.store(at_x, x_raw.to(ring_x_ptr.dtype.element_ty), mask=new_x)
-    ring_x = tl.load(at_x, mask=history[:, None] & mask_p[None, :], other=0.0)
-    xs = tl.where(new[:, None], x_raw.to(tl.float32), ring_x.to(tl.float32))  # [L, P]: the ring, T appended
+    xs = _append_rows(  # [L, P]: the ring, T appended
+        ring_x_ptr + slot * srx_slot + head * srx_h + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p,
+        x_ptr + token[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p,
+        new[:, None] & mask_p[None, :], history[:, None] & mask_p[None, :],
+    )  # fmt: skip
 
     C_row = C_ptr + group * sC_g
     read = tl.zeros((BLOCK_T, BLOCK_P), dtype=tl.float32)  # h_c·C_j for every query token: one checkpoint read
