@@ -283,12 +283,14 @@ def test_step_profile_measures_engine_step_rows_first_in_the_same_engine(engine_
 
 
 def test_engine_step_fit_runs_the_largest_batch_the_engine_holds(engine_flow):
-    """`--batches fit`: graphs up to --max-num-seqs, then the batch of vLLM's maximum concurrency (6.5 -> 6)."""
+    """`--batches fit`: a graph at every multiple of 32 up to --max-num-seqs, then the largest of them within vLLM's
+    maximum concurrency (70.5 -> 64), so its steps run a graph of their own size."""
     fit = engine_flow["fit"]
-    assert fit["exit"] == 0 and fit["kwargs"]["compilation_config"].endswith("'cudagraph_capture_sizes': [256]}")
-    assert {c["batch"] for c in fit["calls"]} == {6}
+    ladder = ", ".join(str(batch) for batch in range(32, 257, 32))
+    assert fit["exit"] == 0 and fit["kwargs"]["compilation_config"].endswith(f"'cudagraph_capture_sizes': [{ladder}]}}")
+    assert {c["batch"] for c in fit["calls"]} == {64}
     (row,) = engine_flow["fit_steps_file"]["rows"]
-    assert (row["batch"], row["max_concurrency"], row["valid"], row["window_steps"]) == (6, 6.5, True, 269)
+    assert (row["batch"], row["max_concurrency"], row["valid"]) == (64, 70.5, True) and row["window_steps"] > 200
 
 
 def test_churn_step_keeps_the_batch_whole_and_splits_mixed_from_decode_steps(engine_flow):

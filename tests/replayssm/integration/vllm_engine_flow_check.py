@@ -35,7 +35,7 @@ class ReplayMambaMixer2(torch.nn.Module):
 
 
 PREFILL_ROWS_PER_STEP = 2  # 2048 batched tokens of 1024-token prompts
-CONCURRENCY = 6.5  # vLLM's maximum concurrency the stand-in engine reports: `--batches fit` runs 6 requests
+CONCURRENCY = 70.5  # vLLM's maximum concurrency the stand-in engine reports: `--batches fit` runs 64 requests
 PREFILL_STEP_S, DECODE_STEP_S = 0.040, 0.005  # the stand-in engine core's clock: what the decode window must read
 CANDIDATE_MIXED_WORK_S = 0.002  # host work the stand-in does only with the plugin on, only in steps that admit
 
