@@ -203,7 +203,8 @@ def verify_coefficients(
     """The verify's first launch (dt, A, dt_bias per head, as ``replay_verify`` has them): appends B and dt to the
     rings and returns bc [batch, groups, T, L], the weights [batch, heads, T, L] and the checkpoint decays
     [batch, heads, T] (blocks of powers of two, flat). Its own function so the kernel bench can time it alone."""
-    nheads, (batch, ngroups, d_state) = dt.shape[1], (state_indices.shape[0], *B.shape[1:])
+    batch, nheads = state_indices.shape[0], dt.shape[1]
+    ngroups, d_state = B.shape[1], B.shape[2]
     ring_len = ring_len_of(ring_B)
     BLOCK_T, BLOCK_L = block_size(max_query_len), block_size(ring_len, floor=16)
     per_row = (ngroups + nheads) * BLOCK_T * BLOCK_L
