@@ -241,11 +241,6 @@ def paged_cache(plan: Plan, slots: int, split: bool, device: str, spec_tokens: i
     return ReplayCache(tensors[1], tensors[RING_X], tensors[RING_B], tensors[RING_DT], copy)
 
 
-def _power_of_two(n: int, floor: int = 1) -> int:
-    """The kernels' block of ``n`` (``kernels.common.block_size`` without importing Triton here)."""
-    return max(1 << (n - 1).bit_length(), floor)
-
-
 @dataclass(frozen=True)
 class TrafficModel:
     """Bytes each kernel must move from/to HBM (bf16 activations and ring, fp32 ring dt; the verify's coefficient
@@ -284,8 +279,10 @@ class TrafficModel:
 
     def verify_coefficients(self, tokens: int, history: float, ring_len: int) -> float:
         """The verify's coefficient launch: B and C in, the rows' B and dt entries read and appended, and its
-        scratch (bc per group, weights per head, over [T, L] tiles of powers of two) written."""
-        p, tiles = self.plan, _power_of_two(tokens) * _power_of_two(ring_len, 16)
+        scratch (bc per group, weights per head, over the kernel's [T, L] blocks) written."""
+        from replayssm_patch.kernels.common import block_size  # lazily, as every kernel import here
+
+        p, tiles = self.plan, block_size(tokens) * block_size(ring_len, floor=16)
         entries = self.batch * (history + tokens) * (p.ngroups * p.d_state * 2 + p.nheads * 4)
         scratch = self.batch * (p.ngroups + p.nheads) * tiles * 4
         return self.batch * tokens * 2 * p.ngroups * p.d_state * 2 + entries + scratch
