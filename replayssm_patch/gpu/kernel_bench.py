@@ -80,10 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     report.section("equivalence", lambda: run_equivalence(plan, device, baseline))
     report.section("timing", lambda: run_timing(plan, device, baseline, sweep=not args.no_sweep))
     report.section("verify", lambda: run_verify(plan, device, baseline, sweep=not args.no_sweep))
-    report.section("verify_equivalence", lambda: run_verify_equivalence(plan, device))
+    report.section(  # the verify launch shapes the sweep chose: the ones the launch table will hold
+        "verify_equivalence", lambda: run_verify_equivalence(plan, device, report.data["verify"].get("configs"))
+    )
     if report.data["timing"]["status"] == "ok" and "sweep" in report.data["timing"]:
         tuned = args.out / "launch_config.json"
-        verify = report.data["verify"] if report.data["verify"]["status"] == "ok" else None
+        checked = report.data["verify_equivalence"]  # the verify's winners enter the table only if they held fp64
+        held = checked["status"] == "ok" and checked.get("ok", False)
+        verify = report.data["verify"] if report.data["verify"]["status"] == "ok" and held else None
         tuned.write_text(json.dumps(tuned_launch_file(report.data["timing"], verify), indent=2) + "\n")
         print(f"[kernel_bench] fastest launch shapes in {tuned} (REPLAYSSM_LAUNCH_CONFIG={tuned} uses them)")
     print(f"[kernel_bench] wrote {report.json_path} and {report.md_path}", flush=True)
@@ -216,7 +220,7 @@ def tuned_launch_file(timing: dict[str, Any], verify: dict[str, Any] | None = No
     return table
 
 
-def _shape_entries(configs: dict[str, tuple[int, int, int] | None]) -> dict[str, dict[str, int]]:
+def _shape_entries(configs: dict[str, tuple[int, ...] | None]) -> dict[str, dict[str, int | bool]]:
     return {mode: tuning_of(cfg) for mode, cfg in configs.items() if cfg}
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from replayssm_patch.gpu.bench_common import TARGET_REL_ERR
-from replayssm_patch.gpu.mamba_bench_setup import Plan, paged_cache, scattered_slots
+from replayssm_patch.gpu.mamba_bench_setup import Plan, Shape, paged_cache, scattered_slots, tuning_of
 from replayssm_patch.gpu.variants import SPEC_TOKENS
 from replayssm_patch.gpu.verify_bench import VERIFY_TOKENS
 
@@ -22,10 +22,11 @@ STEP_SHARE = 2 * VERIFY_TOKENS  # eq_steps / this verify steps: half the decode 
 # fp64 truth keeps T states of the whole batch, ~9 GB at 256 rows, and costs a few seconds per 100 steps)
 
 
-def run_verify_equivalence(plan: Plan, device: str) -> dict[str, Any]:
+def run_verify_equivalence(plan: Plan, device: str, configs: dict[str, Shape | None] | None = None) -> dict[str, Any]:
     """Both precisions over ``plan.eq_steps // STEP_SHARE`` verify steps at ``plan.eq_batch`` rows, the same tokens
     and acceptances in each: worst output error per step (max |diff| over max |truth|) and the master's error after
-    the final fold. fp32 must stay within the decode equivalence's target."""
+    the final fold. fp32 must stay within the decode equivalence's target. ``configs``: each mode's verify launch
+    shape (the verify section's sweep winners, which the launch table then holds), else the table's."""
     import torch
 
     from replayssm_patch.cursors import NULL_BLOCK_ID, CursorTable
@@ -41,6 +42,7 @@ def run_verify_equivalence(plan: Plan, device: str) -> dict[str, Any]:
     h0 = torch.randn(batch, plan.nheads, plan.head_dim, plan.d_state, generator=gen, device=device)
     result: dict[str, Any] = {"batch": batch, "steps": steps, "tokens_per_row": T, "target": TARGET_REL_ERR}
     for mode, split in (("fp32", False), ("split", True)):
+        tuning = tuning_of((configs or {}).get(mode))
         cache = paged_cache(plan, pool, split, device, SPEC_TOKENS)
         cache.set_checkpoint(indices, h0)
         table = CursorTable(pool, plan.buffer_len, device, stagger=True, verify_len=T)
@@ -48,7 +50,7 @@ def run_verify_equivalence(plan: Plan, device: str) -> dict[str, Any]:
         truth, accepted = h0.double(), torch.ones(batch, dtype=torch.int32, device=device)
         errors, folds = [], 0
         for step in range(steps):
-            verify = _verify_once(plan, layer, cache, table, indices, accepted, tokens, NULL_BLOCK_ID)
+            verify = _verify_once(plan, layer, cache, table, indices, accepted, tokens, NULL_BLOCK_ID, tuning)
             folds += verify["folds"]
             y_true, states = _truth(truth, verify["inputs"], layer, batch)
             errors.append(float((verify["out"].double() - y_true).abs().max() / y_true.abs().max()))
@@ -65,14 +67,16 @@ def run_verify_equivalence(plan: Plan, device: str) -> dict[str, Any]:
             "final_state_rel_err": float((master - truth).abs().max() / truth.abs().max()),
             "finite": bool(torch.isfinite(master).all()),
             "rows_folded": folds,
+            "launch": tuning or "launch table",
         }
     result["ok"] = result["fp32"]["finite"] and result["fp32"]["max_rel_err"] <= TARGET_REL_ERR
     return result
 
 
 def _verify_once(
-    plan: Plan, layer: Any, cache: Any, table: Any, indices: Any, accepted: Any, gen: Any, pad_slot_id: int
-) -> dict[str, Any]:
+    plan: Plan, layer: Any, cache: Any, table: Any, indices: Any, accepted: Any, gen: Any, pad_slot_id: int,
+    tuning: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
     """One verify step of every row: the cursor plan, then ``replay_verify_step`` on fresh bf16 tokens."""
     import torch
 
@@ -90,7 +94,7 @@ def _verify_once(
     replay_verify_step(
         inputs.x, inputs.dt, layer.A, inputs.B, inputs.C, cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt,
         indices, write_pos, fold_len, qsl, T, state_bf16=cache.state_bf16, D=layer.D, dt_bias=layer.dt_bias,
-        pad_slot_id=pad_slot_id, out=out,
+        pad_slot_id=pad_slot_id, out=out, **tuning,
     )  # fmt: skip
     return {"inputs": inputs, "out": out, "folds": int((fold_len > 0).sum())}
 
@@ -118,11 +122,11 @@ def verify_equivalence_markdown(section: dict[str, Any]) -> list[str]:
         "through the builder's cursor plan, a random number of tokens accepted per row and step, against the fp64 "
         f"recurrence from each row's committed state (target for fp32: {section['target']:.0e}).",
         "",
-        "| mode | worst output error | master after the final fold | rows folded | finite |",
-        "| --- | --- | --- | --- | --- |",
+        "| mode | worst output error | master after the final fold | rows folded | finite | verify launch |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for mode in ("fp32", "split"):
         m = section[mode]
         lines.append(f"| {mode} | {m['max_rel_err']:.2e} | {m['final_state_rel_err']:.2e} | {m['rows_folded']} | "
-                     f"{m['finite']} |")  # fmt: skip
+                     f"{m['finite']} | {m.get('launch', 'launch table')} |")  # fmt: skip
     return [*lines, "", f"fp32 within the target: {section['ok']}.", ""]
