@@ -1,16 +1,16 @@
-"""Engine-side speculative decoding of vLLM 0.24 (offline `LLM.generate`, no HTTP): issue 17's four arms.
+"""Engine-side speculative decoding of vLLM 0.24 (offline `LLM.generate`, no HTTP): issue 17's arms.
 
     export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1   # tools/gpu/session.sh does
     python3 -m replayssm_patch.gpu.spec_step --model MTP_MODEL_DIR --arm replayssm_spec --mode default \
         --batches 64,128,256 --sweep-al 1.0,2.0,2.8,3.0,4.0 --out replayssm_patch/gpu/results/spec_step-h200.json
     python3 -m replayssm_patch.gpu.spec_step --summarise replayssm_patch/gpu/results/spec_step-h200.json
 
-Arms (variants.py SPEC_ARMS): native_standard, native_spec, replayssm_standard, replayssm_spec, ReplaySSM's with
-the replayssm_fp32 knobs. A spec arm drafts with MTP (the model dir needs an MTP layer:
-../shared/gpu/models/nemotron-h-8b-mtp), k = --spec-tokens, and accepts with vLLM 0.24's synthetic rejection
-sampling (`"rejection_sample_method": "synthetic"`, `"synthetic_acceptance_length": AL`): with random weights a
-learned drafter accepts nothing, so the acceptance is set, the same in both spec arms, while the drafter still
-costs its k passes. An integer AL gives every row the same accepted count; a fractional one accepts at random.
+Arms (variants.py SPEC_ARMS): native_standard, native_spec, replayssm_standard, replayssm_spec (ReplaySSM's with
+the replayssm_fp32 knobs) and replayssm_split_spec (the verify reading the bf16 copy). A spec arm drafts with MTP
+(the model dir needs an MTP layer: ../shared/gpu/models/nemotron-h-8b-mtp), k = --spec-tokens, and accepts with
+vLLM 0.24's synthetic rejection sampling (`"rejection_sample_method": "synthetic"`, `"synthetic_acceptance_length":
+AL`): with random weights a learned drafter accepts nothing, so the acceptance is set, the same in every spec arm,
+while the drafter still costs its k passes. An integer AL gives every row the same accepted count; a fractional one accepts at random.
 
 Method: engine_step.py's (fresh random prompts, a warm-up, alternating repeats of exactly 16 and 272 tokens, its
 validity checks), and per batch the median over the repeats (spread = max - min) of

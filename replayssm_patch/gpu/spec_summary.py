@@ -17,8 +17,11 @@ from replayssm_patch.gpu.engine_step import FIT_STEP
 from replayssm_patch.gpu.variants import MODES, SPEC_ARMS
 
 ARM_TITLES = {"native_standard": "native standard", "native_spec": "native spec",
-              "replayssm_standard": "ReplaySSM standard", "replayssm_spec": "ReplaySSM spec"}  # fmt: skip
-RATIOS = (("replayssm_spec", "native_spec"), ("replayssm_spec", "native_standard"))
+              "replayssm_standard": "ReplaySSM standard", "replayssm_spec": "ReplaySSM spec",
+              "replayssm_split_spec": "ReplaySSM split spec"}  # fmt: skip
+RATIOS = (
+    ("replayssm_spec", "native_spec"), ("replayssm_spec", "native_standard"), ("replayssm_split_spec", "native_spec"),
+)  # fmt: skip
 NONE = "–"
 
 Setting = tuple[str, int, float | None]  # (mode, k, configured AL); k 0: standard decode only

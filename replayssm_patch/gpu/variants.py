@@ -35,13 +35,16 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     },
 }
 
-# The speculative-decoding benchmark's four arms (gpu/spec_step.py): a variant above, with or without speculation
+# The speculative-decoding benchmark's arms (gpu/spec_step.py): a variant above, with or without speculation
 # (MTP with synthetic acceptance), so native and ReplaySSM speculate with the same drafter and knobs.
 SPEC_ARMS: dict[str, tuple[str, bool]] = {
     "native_standard": ("baseline", False),
     "native_spec": ("baseline", True),
     "replayssm_standard": ("replayssm_fp32", False),
     "replayssm_spec": ("replayssm_fp32", True),
+    # the verify reading the bf16 copy (half the checkpoint bytes, the launch's main traffic): ReplaySSM's fastest
+    # speculation, for the throughput target; greedy agreement is required of the fp32 arm only
+    "replayssm_split_spec": ("replayssm_split", True),
 }
 
 # Speculation in every spec arm and server (spec_step, MODEL=mtp onegpu.sh): MTP drafts k = 3, accepted by vLLM
