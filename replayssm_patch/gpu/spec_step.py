@@ -10,7 +10,8 @@ the replayssm_fp32 knobs) and replayssm_split_spec (the verify reading the bf16 
 (the model dir needs an MTP layer: ../shared/gpu/models/nemotron-h-8b-mtp), k = --spec-tokens, and accepts with
 vLLM 0.24's synthetic rejection sampling (`"rejection_sample_method": "synthetic"`, `"synthetic_acceptance_length":
 AL`): with random weights a learned drafter accepts nothing, so the acceptance is set, the same in every spec arm,
-while the drafter still costs its k passes. An integer AL gives every row the same accepted count; a fractional one accepts at random.
+while the drafter still costs its k passes. An integer AL gives every row the same accepted count; a fractional one
+accepts at random.
 
 Method: engine_step.py's (fresh random prompts, a warm-up, alternating repeats of exactly 16 and 272 tokens, its
 validity checks), and per batch the median over the repeats (spread = max - min) of
