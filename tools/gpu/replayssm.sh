@@ -44,6 +44,9 @@
 #                    SPEC_BATCHES=64,128,256,fit MAX_NUM_SEQS=768 adds the largest batch the arm holds;
 #                    SPEC_PROFILE_BATCHES=128 then profiles the arm's verify steps at 128 in the same engine
 #                    (-> profile-spec/; ~40 s more: both spec arms on one host account for each other's step)
+#   alsweep:ARM      a spec arm's throughput against AL: one engine per AL of SWEEP_AL [2.0,4.0,1.0,2.8] at
+#                    AL_BATCHES [128], no profile, none started in the call's last 120 s
+#   ksweep:ARM       a spec arm at k = 1 and 5 (K_SWEEP), AL 3.0 or k + 1 if lower, at AL_BATCHES [128]
 #   onegpu:STAGE     a stage of onegpu.sh with what is left of the call: agree (greedy cross-arm agreement, both
 #                    servers at 0.45), moe (qwen3.5-35b-a3b served with the plugin, a replay with exact lengths)
 # e.g. replayssm.sh setup kernels engine:replayssm_fp32 gdn:baseline gdn:replayssm_fp32 floor:baseline \
@@ -62,7 +65,7 @@ CHURN_BATCHES=${CHURN_BATCHES:-64,128}  # the churn jobs' batches (decode rows b
 PROFILE_BATCHES=${PROFILE_BATCHES:-64,256}  # the profile jobs' batches (e.g. 8,32 where GDN loses 0.5-0.9 ms per step)
 # measured 2026-12-01: install 40 s, kernel bench 53 s, a floor run of four batches 173-175 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
-declare -A JOB_S=([setup]=90 [kernels]=200 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [churn]=330 [gdnchurn]=330 [hostchurn]=300 [gdnhostchurn]=300 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [onegpu]=420)
+declare -A JOB_S=([setup]=90 [kernels]=200 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [churn]=330 [gdnchurn]=330 [hostchurn]=300 [gdnhostchurn]=300 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [alsweep]=420 [ksweep]=250 [onegpu]=420)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
@@ -79,7 +82,7 @@ engine_model() {  # JOB: the model its engine runs (none: the job starts no engi
     floor | hostprof) echo floor ;;
     gdnfloor) echo qwen35floor ;;
     moe) echo qwen35moe ;;
-    spec) echo mtp ;;
+    spec | alsweep | ksweep) echo mtp ;;
   esac
 }
 
@@ -157,12 +160,22 @@ run_job() {
     spec)
       SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} ENGINE_TIMEOUT_S=$(($(left) - 25)) \
         $S spec "$variant" 0 "${SPEC_BATCHES:-64,128,256}" ;;
+    alsweep)  # one engine per AL, at AL_BATCHES only, no profile: the throughput-vs-AL curve of a spec arm
+      SWEEP_AL=${SWEEP_AL:-2.0,4.0,1.0,2.8} SPEC_PROFILE_BATCHES='' SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} \
+        ENGINE_TIMEOUT_S=$(($(left) - 25)) $S spec "$variant" 0 "${AL_BATCHES:-128}" ;;
+    ksweep)  # the same arm at k = 1 and 5 (K_SWEEP), AL 3.0 capped at k + 1, one engine each, at AL_BATCHES
+      local k
+      for k in ${K_SWEEP:-1 5}; do
+        [ "$(left)" -lt 150 ] && { echo "-- k = $k left out: ~150 s needed"; continue; }
+        SPEC_TOKENS=$k SWEEP_AL=$(python3 -c "print(min(3.0, $k + 1.0))") SPEC_PROFILE_BATCHES='' \
+          SPEC_BUDGET_S=$(($(left) - 120)) ENGINE_TIMEOUT_S=$(($(left) - 25)) $S spec "$variant" 0 "${AL_BATCHES:-128}"
+      done ;;
     onegpu) env -u MAX_LEN -u ENGINE_UTIL CALL_S=$(($(left) - 10)) bash tools/gpu/onegpu.sh "$variant" ;;  # its own sizes
     *) echo "unknown job $1"; return 2 ;;
   esac
 }
 
-[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V churn:V gdnchurn:V moe:V floor:V gdnfloor:V hostprof:V profile:V gdnprofile:V engprof:V gdnengprof:V hostchurn:V gdnhostchurn:V spec:ARM onegpu:STAGE)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V churn:V gdnchurn:V moe:V floor:V gdnfloor:V hostprof:V profile:V gdnprofile:V engprof:V gdnengprof:V hostchurn:V gdnhostchurn:V spec:ARM alsweep:ARM ksweep:ARM onegpu:STAGE)"; exit 2; }
 pending=0
 order=()  # a job that exited 75 in the last call goes first, before an engine job could stop its server
 for job in "$@"; do [ -f "$DONE/$job.continues" ] && order+=("$job"); done
