@@ -220,7 +220,7 @@ def tuned_launch_file(timing: dict[str, Any], verify: dict[str, Any] | None = No
     return table
 
 
-def _shape_entries(configs: dict[str, tuple[int, ...] | None]) -> dict[str, dict[str, int | bool]]:
+def _shape_entries(configs: dict[str, tuple[int, int, int] | None]) -> dict[str, dict[str, int]]:
     return {mode: tuning_of(cfg) for mode, cfg in configs.items() if cfg}
 
 

@@ -174,8 +174,7 @@ class VerifySetup:
         )  # fmt: skip
 
     def sweep(self) -> dict[str, Any]:
-        """Best (block_p, block_n, num_warps, tensor_cores) of the whole verify step at this batch's cursors, per
-        mode."""
+        """Best (block_p, block_n, num_warps) of the whole verify step at this batch's cursors, per mode."""
         return sweep_shapes(
             "verify", lambda mode, cfg: self.step(mode, self.fold_len, cfg), self.plan, self.device,
             self.plan.verify_configs,
@@ -264,11 +263,10 @@ def verify_markdown(verify: dict[str, Any]) -> list[str]:
         f"Method: {verify['method']}. T = 1 + k = {verify['tokens_per_row']} query tokens per row, rings of "
         f"L + T = {verify['ring_len']} entries, cursors at the steady state of acceptance length "
         f"{verify['acceptance_length']} ({cursors}).",
-        f"Baseline: {verify['baseline']}. Launch shapes (block_p, block_n, num_warps, tensor_cores): "
-        f"{verify.get('configs')}.",
+        f"Baseline: {verify['baseline']}. Launch shapes (block_p, block_n, num_warps): {verify.get('configs')}.",
         "",
         *timing_table(verify["rows"]),
         "",
-        *sweep_markdown(verify.get("sweep", {}), "verify step", "block_p x block_n x warps x tensor_cores"),
+        *sweep_markdown(verify.get("sweep", {}), "verify step"),
         *registers_table(verify.get("registers", [])),
     ]

@@ -217,16 +217,11 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     verify_coef = {**coef, "BLOCK_T": 4, "BLOCK_L": 32, "HEAD_CHUNK": VERIFY_HEAD_CHUNK}
     found.append(("verify coefficients, T=4", _verify_coefficients_kernel, _VERIFY_COEF_POINTERS, verify_coef,
                   VERIFY_COEF_NUM_WARPS))  # fmt: skip
-    # the verify's output launch in both forms: CUDA-core sums at the default shape, tf32x3 products at a 4-warp
-    # [64, 128] tile (ptxas: 168 registers, no spills; 1-2-warp tiles spill or take all 255)
-    forms = (("", False, DEFAULT.block_p, DEFAULT.block_n, DEFAULT.num_warps), (" on tensor cores", True, 64, 128, 4))
     for label, read in (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")):
-        for form, tensor_cores, block_p, block_n, num_warps in forms:
-            consts = {"HAS_D": True, "ON_TENSOR_CORES": tensor_cores, "BLOCK_T": 4, "TILE_T": 16 if tensor_cores else 4,
-                      "BLOCK_L": 32, "BLOCK_P": block_p, "BLOCK_N": block_n, "N_TILES": 128 // block_n,
-                      **_VERIFY_UNIT_STRIDES}  # fmt: skip
-            pointers = {**_VERIFY_STEP_POINTERS, "read_ptr": read}
-            found.append((f"verify step T=4{form}, {label}", _verify_step_kernel, pointers, consts, num_warps))
+        consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": DEFAULT.block_p, "BLOCK_N": DEFAULT.block_n,
+                  "N_TILES": 128 // DEFAULT.block_n, **_VERIFY_UNIT_STRIDES}  # fmt: skip
+        found.append((f"verify step T=4, {label}", _verify_step_kernel, {**_VERIFY_STEP_POINTERS, "read_ptr": read},
+                      consts, DEFAULT.num_warps))  # fmt: skip
     for label, kernel, pointers, blocks, num_warps in (
         ("gdn coefficients", _gdn_coefficients_kernel, _GDN_COEF_POINTERS, {"V_PER_K": 2, "HEAD_CHUNK": 2},
          GDN_COEF_NUM_WARPS),

@@ -32,10 +32,9 @@ class ReplayLaunch:
     block_p: int = 16
     block_n: int = 64
     num_warps: int = 1
-    tensor_cores: bool = False  # the verify's outputs as tf32x3 products (``verify._outputs_on_tensor_cores``)
 
     def as_key(self) -> str:
-        return f"{self.block_p}x{self.block_n}x{self.num_warps}w" + (" tc" if self.tensor_cores else "")
+        return f"{self.block_p}x{self.block_n}x{self.num_warps}w"
 
 
 DEFAULT = ReplayLaunch()

@@ -12,9 +12,11 @@ Two launches, as the decode step: ``_verify_coefficients_kernel`` per (row, B/C 
 heads) computes the tile's weights w[j, s] = exp(A·(dt summed over (s, m+j]))·dt_s and checkpoint decays as
 [VERIFY_HEAD_CHUNK, L] tiles, and appends their dt; the group's first tile also computes bc[j, s] = B_s·C_j and
 appends B. (Session 19 timed the launch at 127 µs at batch 256 with the tiles as a serial loop in each program:
-latency, at 5 % of HBM.) ``_verify_step_kernel`` per (head_dim block, row, head) appends x and forms every y_j.
-The ring must hold m + T_r entries (the layout gives verify rows L + T); a row that does not fit is skipped, like
-padding.
+latency, at 5 % of HBM; session 20, one program per tile, the scan and every load before the ring stores: 27 µs.)
+``_verify_step_kernel`` per (head_dim block, row, head) appends x and forms every y_j. Both launches issue all their
+loads before their ring stores (session 20, at batch 256: the verify without folds 590 -> 446 µs, of which the
+coefficient launch 127 -> 27). The ring must hold m + T_r entries (the layout gives verify rows L + T); a row that
+does not fit is skipped, like padding.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from replayssm_patch.kernels.common import (
     softplus_f32,
     softplus_reference,
 )
-from replayssm_patch.kernels.decode_fold import FOLD_PRECISION
 from replayssm_patch.kernels.flush import flush_ring, flush_ring_reference
 from replayssm_patch.kernels.launch_config import launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, ring_entries, ring_len_of
@@ -133,8 +134,9 @@ def _checkpoint_reads(
     state_at, C_at, sr_p, sr_n, sC_t, sC_n, mask_p, count, d_state,
     BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
 ):  # fmt: skip
-    """h_c·C_j [BLOCK_T, BLOCK_P] of every query token from one read of the checkpoint tile, on the CUDA cores: per
-    token a product with C_j summed over d_state."""
+    """h_c·C_j [BLOCK_T, BLOCK_P] of every query token from one read of the checkpoint tile: per token a product with
+    C_j summed over d_state. (A tensor-core form, checkpoint x C^T as a tf32x3 tl.dot with the tokens padded to 16,
+    lost at every shape of session 20's sweep: 692 µs at best for the verify step at batch 256, against 588.)"""
     offs_t = tl.arange(0, BLOCK_T)
     read = tl.zeros((BLOCK_T, BLOCK_P), dtype=tl.float32)
     for t in tl.static_range(N_TILES):
@@ -151,38 +153,14 @@ def _checkpoint_reads(
     return read
 
 
-@triton.jit
-def _checkpoint_reads_on_tensor_cores(
-    state_at, C_at, sr_p, sr_n, sC_t, sC_n, mask_p, count, d_state,
-    TILE_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
-):  # fmt: skip
-    """The same reads transposed, [BLOCK_P, TILE_T] (tokens padded to tl.dot's 16): checkpoint [P, N] x C^T [N, T]
-    in tf32x3, no cross-lane sum per token (session 19 found the CUDA-core form at 30-44 % of HBM)."""
-    offs_t = tl.arange(0, TILE_T)
-    read = tl.zeros((BLOCK_P, TILE_T), dtype=tl.float32)
-    for t in tl.static_range(N_TILES):
-        offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < d_state
-        h = tl.load(
-            state_at + tl.arange(0, BLOCK_P)[:, None] * sr_p + offs_n[None, :] * sr_n,
-            mask=mask_p[:, None] & mask_n[None, :], other=0.0, eviction_policy="evict_first",
-        ).to(tl.float32)  # fmt: skip
-        C_T = tl.load(
-            C_at + offs_t[None, :] * sC_t + offs_n[:, None] * sC_n, mask=mask_n[:, None] & (offs_t < count)[None, :],
-            other=0.0,
-        ).to(tl.float32)  # fmt: skip
-        read += tl.dot(h, C_T, input_precision=FOLD_PRECISION)
-    return read
-
-
 @triton.jit(do_not_specialize_on_alignment=["x_ptr", "C_ptr", "out_ptr"])
 def _verify_step_kernel(
     x_ptr, C_ptr, D_ptr, read_ptr, ring_x_ptr, slot_ptr, pos_ptr, qsl_ptr, bc_ptr, w_ptr, decay_ptr, out_ptr,
     head_dim, d_state, ring_len, max_tokens, nheads, heads_per_group, pad_slot_id,
     sx_t, sx_h, sx_p, sC_t, sC_g, sC_n, sr_slot, sr_h, sr_p, sr_n, srx_slot, srx_h, srx_l, srx_p,
     so_t, so_h, so_p,
-    HAS_D: tl.constexpr, ON_TENSOR_CORES: tl.constexpr, BLOCK_T: tl.constexpr, TILE_T: tl.constexpr,
-    BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
+    HAS_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    N_TILES: tl.constexpr,
 ):  # fmt: skip
     pblock = tl.program_id(0)
     row = tl.program_id(1)
@@ -196,22 +174,15 @@ def _verify_step_kernel(
     group = head // heads_per_group
     offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_l = tl.arange(0, BLOCK_L)
-    offs_t = tl.arange(0, TILE_T)  # TILE_T = BLOCK_T on the CUDA cores, tl.dot's 16 on the tensor cores
+    offs_t = tl.arange(0, BLOCK_T)
     mask_p = offs_p < head_dim
-    real_t = offs_t < BLOCK_T  # the scratch tiles' rows; tensor-core padding reads 0
     history, new, token = _ring_positions(offs_l, pos, start, count)
 
     # The checkpoint first: its loads are issued before the ring's store below, which would otherwise hold them back.
-    state_at = read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p
-    C_at = C_ptr + group * sC_g + start * sC_t
-    if ON_TENSOR_CORES:
-        read_T = _checkpoint_reads_on_tensor_cores(
-            state_at, C_at, sr_p, sr_n, sC_t, sC_n, mask_p, count, d_state, TILE_T, BLOCK_P, BLOCK_N, N_TILES
-        )  # fmt: skip
-    else:
-        read = _checkpoint_reads(
-            state_at, C_at, sr_p, sr_n, sC_t, sC_n, mask_p, count, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES
-        )  # fmt: skip
+    read = _checkpoint_reads(
+        read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p, C_ptr + group * sC_g + start * sC_t,
+        sr_p, sr_n, sC_t, sC_n, mask_p, count, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES,
+    )  # fmt: skip
     xs = _append_rows(  # [L, P]: the ring, T appended
         ring_x_ptr + slot * srx_slot + head * srx_h + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p,
         x_ptr + token[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p,
@@ -219,20 +190,12 @@ def _verify_step_kernel(
     )  # fmt: skip
     coef_row = (row * nheads + head) * BLOCK_T
     bc_row = (row * (nheads // heads_per_group) + group) * BLOCK_T
-    decay = tl.load(decay_ptr + coef_row + offs_t, mask=real_t, other=0.0)
-    if ON_TENSOR_CORES:  # the masked T x (m+T) product as ring^T [P, L] x coefficients^T [L, T], tf32x3
-        at = offs_t[None, :] * BLOCK_L + offs_l[:, None]
-        coef_T = tl.load(w_ptr + coef_row * BLOCK_L + at, mask=real_t[None, :], other=0.0)
-        coef_T *= tl.load(bc_ptr + bc_row * BLOCK_L + at, mask=real_t[None, :], other=0.0)
-        y_T = decay[None, :] * read_T + tl.dot(tl.trans(xs), coef_T, input_precision=FOLD_PRECISION)
-        y = tl.trans(y_T)
-    else:
-        y = decay[:, None] * read
-        for j in tl.static_range(BLOCK_T):  # the masked T x (m+T) product, one query token per pass
-            coef = tl.load(w_ptr + (coef_row + j) * BLOCK_L + offs_l)
-            coef *= tl.load(bc_ptr + (bc_row + j) * BLOCK_L + offs_l)
-            part = tl.sum(coef[:, None] * xs, axis=0)
-            y = tl.where(offs_t[:, None] == j, y + part[None, :], y)
+    y = tl.load(decay_ptr + coef_row + offs_t)[:, None] * read
+    for j in tl.static_range(BLOCK_T):  # the masked T x (m+T) product, one query token per pass
+        coef = tl.load(w_ptr + (coef_row + j) * BLOCK_L + offs_l)
+        coef *= tl.load(bc_ptr + (bc_row + j) * BLOCK_L + offs_l)
+        part = tl.sum(coef[:, None] * xs, axis=0)
+        y = tl.where(offs_t[:, None] == j, y + part[None, :], y)
     mask_tp = (offs_t < count)[:, None] & mask_p[None, :]
     if HAS_D:
         x_tok = tl.load(x_ptr + (start + offs_t)[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p, mask=mask_tp)
@@ -305,7 +268,6 @@ def replay_verify(
     block_p: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
-    tensor_cores: bool | None = None,
 ) -> torch.Tensor:
     """Append every row's query tokens to its ring at write_pos.. and return y [num_tokens, nheads, head_dim].
 
@@ -314,8 +276,7 @@ def replay_verify(
     B, C [num_tokens, ngroups, d_state]; state is the checkpoint to READ (never written); state_indices /
     write_pos int32 [batch]. ``max_query_len`` (1 + num_speculative_tokens) sizes the kernels, so it must be
     passed, not read from the metadata. Padding rows, rows with no tokens and rows that would not fit the
-    ring are skipped (their ``out`` rows left as they were). Tuning knobs as in ``replay_decode``, plus
-    ``tensor_cores``: the outputs as two tf32x3 products (``_outputs_on_tensor_cores``, blocks of at least 16).
+    ring are skipped (their ``out`` rows left as they were). Tuning knobs as in ``replay_decode``.
     """
     check_launchable(x, state)
     nheads, head_dim = x.shape[1], x.shape[2]
@@ -332,18 +293,15 @@ def replay_verify(
     ring_len = ring_len_of(ring_x)
     BLOCK_T = block_size(max_query_len)
     BLOCK_L = block_size(ring_len, floor=16)
-    on_tensor_cores = tuned.tensor_cores if tensor_cores is None else tensor_cores
-    dot_floor = 16 if on_tensor_cores else 1  # tl.dot's least extent
-    BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p, floor=dot_floor)
-    BLOCK_N = block_size(d_state, cap=block_n or tuned.block_n, floor=dot_floor)
+    BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p)
+    BLOCK_N = block_size(d_state, cap=block_n or tuned.block_n)
     _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
         x, C, D if D is not None else A, state, ring_x, state_indices, write_pos, query_start_loc,
         bc, weight, decay, out,
         head_dim, d_state, ring_len, max_query_len, nheads, nheads // ngroups, pad_slot_id,
         *x.stride(), *C.stride(), *state.stride(), *ring_x.stride(), *out.stride(),
-        HAS_D=D is not None, ON_TENSOR_CORES=on_tensor_cores, BLOCK_T=BLOCK_T, TILE_T=max(BLOCK_T, dot_floor),
-        BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N, N_TILES=triton.cdiv(d_state, BLOCK_N),
-        num_warps=num_warps or tuned.num_warps,
+        HAS_D=D is not None, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
+        N_TILES=triton.cdiv(d_state, BLOCK_N), num_warps=num_warps or tuned.num_warps,
     )  # fmt: skip
     return out
 
@@ -371,10 +329,9 @@ def replay_verify_reference(
     block_p: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
-    tensor_cores: bool | None = None,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``replay_verify`` (same arguments; the tuning knobs are ignored), in fp32, row by row."""
-    del block_p, block_n, num_warps, tensor_cores
+    del block_p, block_n, num_warps
     nheads = x.shape[1]
     dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
     ring_len = ring_len_of(ring_x)

@@ -76,12 +76,11 @@ def decays(cache, slot: int, m: int, step: StepInputs, layer, first: int, count:
     return torch.exp(layer.A.double() * (ring + now))
 
 
-@pytest.mark.parametrize("tensor_cores", [False, True], ids=["cuda-cores", "tensor-cores"])
 @pytest.mark.parametrize(("shape", "T"), VERIFY_SHAPES, ids=lambda v: str(v))
-def test_verify_matches_reference_and_fp64(shape: Shape, T: int, tensor_cores: bool) -> None:
+def test_verify_matches_reference_and_fp64(shape: Shape, T: int) -> None:
     """Rows at different cursors with 1..T query tokens (an empty and a nearly full history among them), a padding
     row with tokens, and a row that would overflow the ring (skipped); stale ring entries are NaN; d_state in two
-    tiles. Both forms of the output launch (the tensor-core one pads tokens, head_dim and d_state to 16)."""
+    tiles."""
     gen = seeded(shape, T, "verify")
     layer = make_layer(shape, gen)
     slots = shape.batch + 3
@@ -95,7 +94,7 @@ def test_verify_matches_reference_and_fp64(shape: Shape, T: int, tensor_cores: b
     fill_ring(shape, cache, indices[[*range(shape.batch), -1]].long(), write_pos[[*range(shape.batch), -1]], gen)
     step = tokens(shape, layer, int(qsl[-1]), gen)
     sentinel = torch.full((int(qsl[-1]), shape.nheads, shape.head_dim), 7.0)
-    kw = {"D": layer.D, "dt_bias": layer.dt_bias, "block_n": max(shape.d_state // 2, 1), "tensor_cores": tensor_cores}
+    kw = {"D": layer.D, "dt_bias": layer.dt_bias, "block_n": max(shape.d_state // 2, 1)}
     results = []
     for fn in (replay_verify, replay_verify_reference):
         run = cache.clone()
@@ -123,11 +122,8 @@ def test_verify_matches_reference_and_fp64(shape: Shape, T: int, tensor_cores: b
         assert torch.equal(run.ring_x[overflow].nan_to_num(), cache.ring_x[overflow].nan_to_num())
 
 
-def run_verify_steps(
-    shape: Shape, T: int, split: bool, pattern: str, steps: int, tensor_cores: bool | None = None
-) -> None:
-    """``steps`` verify steps of T tokens; accepted per row and step from ``pattern`` (all / none / mixed);
-    ``tensor_cores`` picks the output launch's form (None: the launch table's)."""
+def run_verify_steps(shape: Shape, T: int, split: bool, pattern: str, steps: int) -> None:
+    """``steps`` verify steps of T tokens; accepted per row and step from ``pattern`` (all / none / mixed)."""
     gen = seeded(shape, T, split, pattern)
     layer = make_layer(shape, gen)
     rows = shape.batch
@@ -153,7 +149,7 @@ def run_verify_steps(
             args = (step.x, step.dt, layer.A, step.B, step.C, run.ssm_state, run.ring_x, run.ring_B, run.ring_dt)
             outs[name] = fn(*args, indices, write_pos, fold_len, qsl, T, state_bf16=run.state_bf16, D=layer.D,
                             dt_bias=layer.dt_bias, pad_slot_id=NULL_BLOCK_ID, out=torch.empty(rows * T, shape.nheads,
-                            shape.head_dim), tensor_cores=tensor_cores)  # fmt: skip
+                            shape.head_dim))  # fmt: skip
         if pattern == "all":
             accepted = torch.full((rows,), T, dtype=torch.int32)
         elif pattern == "none":
@@ -198,12 +194,6 @@ def test_verify_steps_track_fp64_across_folds(shape: Shape, T: int, pattern: str
 def test_verify_steps_in_split_precision_stay_within_the_bf16_bound(pattern: str) -> None:
     shape, T = VERIFY_SHAPES[1]
     run_verify_steps(shape, T, split=True, pattern=pattern, steps=8)
-
-
-@pytest.mark.parametrize("split", [False, True], ids=["fp32", "split"])
-def test_verify_steps_on_tensor_cores_track_fp64_across_folds(split: bool) -> None:
-    shape, T = VERIFY_SHAPES[1]
-    run_verify_steps(shape, T, split=split, pattern="mixed", steps=3 * (shape.ring_len - T) // T + 4, tensor_cores=True)
 
 
 def test_verify_plan_kernel_matches_its_reference() -> None:
