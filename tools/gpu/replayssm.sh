@@ -47,6 +47,8 @@
 #   alsweep:ARM      a spec arm's throughput against AL: one engine per AL of SWEEP_AL [2.0,4.0,1.0,2.8] at
 #                    AL_BATCHES [128], no profile, none started in the call's last 120 s
 #   ksweep:ARM       a spec arm at k = 1 and 5 (K_SWEEP), AL 3.0 or k + 1 if lower, at AL_BATCHES [128]
+#   JOB@TAG          any job again, as a job of its own (a job runs once per host: /tmp/gpu/done), e.g.
+#                    SPEC_BATCHES=fit ... spec:replayssm_spec@fit after spec:replayssm_spec ran 128
 #   onegpu:STAGE     a stage of onegpu.sh with what is left of the call: agree (greedy cross-arm agreement, both
 #                    servers at 0.45), moe (qwen3.5-35b-a3b served with the plugin, a replay with exact lengths)
 # e.g. replayssm.sh setup kernels engine:replayssm_fp32 gdn:baseline gdn:replayssm_fp32 floor:baseline \
@@ -122,6 +124,7 @@ json.dump(t, open(sys.argv[1], "w"), indent=2)' "$TUNED" replayssm_patch/kernels
 
 run_job() {
   local kind=${1%%:*} variant=${1#*:}
+  variant=${variant%%@*}  # JOB@TAG: the same job once more under its own done-marker (e.g. spec:replayssm_spec@fit)
   if starts_engine "$1"; then  # the kernel benches' fastest shapes, once `kernels` / `gdnkernels` wrote them; the GPU
     tuned_table && export REPLAYSSM_LAUNCH_CONFIG=$TUNED  # to the job alone: onegpu's servers stop
     for arm in baseline candidate candidate-moe; do $S stop "$arm"; done
