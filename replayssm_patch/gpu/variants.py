@@ -33,6 +33,9 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "replayssm_fp32_four_launch_mixed": {
         "replayssm": {"enable": True, "buffer_len": 16, "gdn_one_launch_mixed": False}
     },
+    # a ring of 28: under MTP k = 3 its L + T = 32 entries fill the tile the kernels pad 20 to, and a row folds every
+    # ~10 verifies at AL 3 instead of every ~6 (the kernel bench's verify rows "L = 28")
+    "replayssm_fp32_l28": {"replayssm": {"enable": True, "buffer_len": 28, "split_precision": False}},
 }
 
 # The speculative-decoding benchmark's arms (gpu/spec_step.py): a variant above, with or without speculation
@@ -45,6 +48,7 @@ SPEC_ARMS: dict[str, tuple[str, bool]] = {
     # the verify reading the bf16 copy (half the checkpoint bytes, the launch's main traffic): ReplaySSM's fastest
     # speculation, for the throughput target; greedy agreement is required of the fp32 arm only
     "replayssm_split_spec": ("replayssm_split", True),
+    "replayssm_spec_l28": ("replayssm_fp32_l28", True),  # fewer folds for a longer history to replay
 }
 
 # Speculation in every spec arm and server (spec_step, MODEL=mtp onegpu.sh): MTP drafts k = 3, accepted by vLLM

@@ -7,6 +7,7 @@ baseline call and its probe, the rows and the section's Markdown.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -73,6 +74,12 @@ def run_verify(plan: Plan, device: str, baseline: Baseline, sweep: bool = True) 
         setup = largest if batch == largest.batch else VerifySetup(plan, device, batch)
         result["cursors"][str(batch)] = setup.cursors()
         result["rows"].extend(setup.table(baseline if problem is None else None, configs))
+    long_ring = dataclasses.replace(plan, buffer_len=plan.verify_long_ring)
+    for batch in plan.batches[-2:]:  # the ring length as a knob: fewer folds against a longer history to replay
+        print(f"[kernel_bench]   verify batch {batch}, L = {long_ring.buffer_len}", flush=True)
+        setup = VerifySetup(long_ring, device, batch)
+        result["cursors"][f"{batch}, L = {long_ring.buffer_len}"] = setup.cursors()
+        result["rows"].extend(setup.table(baseline if problem is None else None, configs, long_ring.buffer_len))
     result["registers"] = compiled_registers(_verify_kernels())
     return result
 
@@ -180,9 +187,14 @@ class VerifySetup:
             self.plan.verify_configs,
         )  # fmt: skip
 
-    def table(self, baseline: Baseline | None, configs: dict[str, Any]) -> list[dict[str, Any]]:
+    def table(
+        self, baseline: Baseline | None, configs: dict[str, Any], ring_label: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Rows of the verify step, its parts and vLLM's call (its speed-ups against that call). ``ring_label``:
+        this setup's buffer_len, named in every row (vLLM's row then left out: it has no ring)."""
         model, T = TrafficModel(self.plan, self.batch), VERIFY_TOKENS
         timed = TimedCalls("kernel_bench", self.plan, self.device, self.batch)
+        suffix = "" if ring_label is None else f", L = {ring_label}"
         if baseline is not None:
             call = lambda: verify_call(  # noqa: E731
                 baseline, self.base_state, self.inputs, self.layer, self.blocks, self.num_accepted,
@@ -195,13 +207,15 @@ class VerifySetup:
             verify = model.verify(state_bytes, T, cursors["mean_history"])
             fold = model.flush(share, 2 if mode == "split" else 0, cursors["mean_fold_len"])
             cfg = configs[mode]
-            timed.measure(f"verify step {mode} (fold + verify)", self.step(mode, self.fold_len, cfg), verify + fold)
-            timed.measure(f"verify {mode} (no row folding)", self.step(mode, None, cfg), verify)
+            timed.measure(f"verify step {mode} (fold + verify){suffix}", self.step(mode, self.fold_len, cfg),
+                          verify + fold)  # fmt: skip
+            timed.measure(f"verify {mode} (no row folding){suffix}", self.step(mode, None, cfg), verify)
             coefficients = model.verify_coefficients(T, cursors["mean_history"], self.plan.buffer_len + T)
-            timed.measure(f"of it the coefficient launch {mode}", self.coefficients(mode), coefficients)
-            timed.measure(f"fold launch {mode}", flush_call(self.caches[mode], self.layer.A, self.indices,
-                                                            self.fold_len), fold)  # fmt: skip
-        return timed.rows(VERIFY_BASELINE_ROW)
+            timed.measure(f"of it the coefficient launch {mode}{suffix}", self.coefficients(mode), coefficients)
+            timed.measure(f"fold launch {mode}{suffix}", flush_call(self.caches[mode], self.layer.A, self.indices,
+                                                                    self.fold_len), fold)  # fmt: skip
+        rows = timed.rows(VERIFY_BASELINE_ROW)
+        return rows if ring_label is None else [row for row in rows if row["kernel"] != VERIFY_BASELINE_ROW]
 
 
 def verify_call(

@@ -59,7 +59,8 @@ def test_qwen35_host_floor_config_is_a_model_vllm_024_builds_with_every_layer(ll
 
 
 SPEC_ARM_RATES = [("native_standard", None), ("native_spec", [1.0, 1.0, 0.0]), ("replayssm_standard", None),
-                  ("replayssm_spec", [1.0, 0.8, 0.0]), ("replayssm_split_spec", [1.0, 0.8, 0.0])]  # fmt: skip
+                  ("replayssm_spec", [1.0, 0.8, 0.0]), ("replayssm_split_spec", [1.0, 0.8, 0.0]),
+                  ("replayssm_spec_l28", [1.0, 0.8, 0.0])]  # fmt: skip
 
 
 @pytest.mark.parametrize(("arm", "rates"), SPEC_ARM_RATES)
@@ -67,11 +68,12 @@ def test_spec_step_arms_build_vllm_024_configs_with_mtp_and_synthetic_acceptance
     """spec_step's keywords on the MTP model dir: the spec arms resolve to vLLM's MTP drafter (NemotronHMTPModel)
     with synthetic rejection sampling (AL 3.0 -> rates 1, 1, 0; 2.8 -> 1, 0.8, 0), the standard arms to no
     speculation; the ReplaySSM arms carry their variant's knobs (split precision in one), and the plugin refuses none
-    of the five."""
+    of the six."""
     length = 3.0 if arm.startswith("native") else 2.8
     case = llm_args["cases"][f"{arm}/{length:g}"]
     assert case["replayssm"]["enable"] == arm.startswith("replayssm")
     assert case["replayssm"]["split_precision"] == ("split" in arm)
+    assert case["replayssm"]["buffer_len"] == (28 if arm.endswith("_l28") else 16)
     assert (case["optimization_level"], case["mamba_ssm_cache_dtype"], case["config_prefix_caching"]) == (
         2, "float32", False)  # fmt: skip
     assert case["refused"] == []

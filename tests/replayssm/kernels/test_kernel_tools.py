@@ -83,13 +83,17 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     }, "the verify's winners reach the launch table (section (d) held them)"
     assert "Sweep, verify step split" in markdown
     assert verify["baseline"].startswith("none, ReplaySSM timed alone: fp64 reference")
-    # the builder's plan at acceptance length 3, L = 4: row 0 appends after 3 committed entries, row 1's 6 fold
-    assert verify["cursors"] == {"2": {"rows_folding": 1, "mean_fold_len": 6.0, "mean_history": 1.5}}
+    # the builder's plan at acceptance length 3, L = 4: row 0 appends after 3 committed entries, row 1's 6 fold; the
+    # second ring (L = 5) holds the same cursors
+    assert verify["cursors"] == {
+        "2": {"rows_folding": 1, "mean_fold_len": 6.0, "mean_history": 1.5},
+        "2, L = 5": {"rows_folding": 1, "mean_fold_len": 6.0, "mean_history": 1.5},
+    }
     rows = {(row["batch"], row["kernel"]): row for row in verify["rows"]}
     parts = ("verify step {} (fold + verify)", "verify {} (no row folding)", "fold launch {}")
     timed = (*parts, "of it the coefficient launch {}")
-    assert set(rows) == {(batch, part.format(mode)) for batch in SMOKE_PLAN.batches for part in timed
-                         for mode in ("fp32", "split")}  # fmt: skip
+    assert set(rows) == {(batch, part.format(mode) + ring) for batch in SMOKE_PLAN.batches for part in timed
+                         for mode in ("fp32", "split") for ring in ("", ", L = 5")}  # fmt: skip
     assert rows[2, "of it the coefficient launch fp32"]["bytes"] < rows[2, "verify fp32 (no row folding)"]["bytes"]
     assert all(math.isfinite(row["us"]) and row["us"] > 0 and row["bytes"] > 0 for row in rows.values())
     for mode in ("fp32", "split"):
