@@ -15,6 +15,7 @@ layer); at those batches the builders run vLLM's own decode path on the fp32 che
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -124,4 +125,14 @@ def _table_path(device_name: str) -> str | None:
 
 def _tuned_table(device_name: str) -> dict[str, dict]:
     path = _table_path(device_name)
-    return json.loads(Path(path).read_text()) if path else {}
+    table = json.loads(Path(path).read_text()) if path else {}
+    shapes = [(f"{kernel}.{entry}", ReplayLaunch, knobs) for kernel in ("replay_step", "verify_step")
+              for entry, knobs in table.get(kernel, {}).items()]  # fmt: skip
+    for where, kind, knobs in [*shapes, ("gdn", GdnLaunch, table.get("gdn", {}))]:
+        known = {field.name for field in dataclasses.fields(kind)}
+        if unknown := sorted(set(knobs) - known):  # e.g. a table of another version of the benches
+            raise ValueError(
+                f"launch table {path}: {where} has unknown keys {unknown} (it may hold {sorted(known)}); delete them, "
+                "or write a new table with the kernel bench"
+            )
+    return table

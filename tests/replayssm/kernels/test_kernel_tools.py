@@ -205,6 +205,39 @@ def test_the_verify_runs_its_own_swept_shape_else_the_replay_steps(
         launch_config.launch_for.cache_clear()
 
 
+@pytest.mark.parametrize(("kernel", "entry"), [("verify_step", {"fp32": {"block_p": 32, "block_n": 32, "num_warps": 1,
+                                                                            "tensor_cores": False}}),
+                                               ("gdn", {"replay_block_v": 32, "fold_warps": 4})])  # fmt: skip
+def test_a_launch_table_with_unknown_keys_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: str, entry: dict
+) -> None:
+    """A table another version of the benches wrote (session 20's GPU table carried ``tensor_cores``) names the file,
+    the entry, the keys and what to do, rather than a TypeError from a launch."""
+    import torch
+
+    from replayssm_patch.kernels import launch_config
+
+    table = tmp_path / "launch_config.json"
+    table.write_text(json.dumps({kernel: entry}))
+    monkeypatch.setenv(launch_config.ENV_VAR, str(table))
+    readers = (lambda: launch_config.launch_for(torch.float32, torch.device("cpu"), "verify_step"),
+               lambda: launch_config.gdn_launch_for(torch.device("cpu")))  # fmt: skip
+    try:
+        for read in readers:
+            launch_config.launch_for.cache_clear()
+            launch_config.gdn_launch_for.cache_clear()
+            with pytest.raises(ValueError) as refused:
+                read()
+            message = str(refused.value)
+            unknown = "tensor_cores" if kernel == "verify_step" else "fold_warps"
+            assert str(table) in message and f"unknown keys ['{unknown}']" in message and "\n" not in message
+            assert "write a new table with the kernel bench" in message
+    finally:
+        monkeypatch.delenv(launch_config.ENV_VAR, raising=False)
+        launch_config.launch_for.cache_clear()
+        launch_config.gdn_launch_for.cache_clear()
+
+
 def test_kernel_bench_traffic_model_counts_the_verify_states() -> None:
     """vLLM's speculative update writes a state per query token; the verify reads one checkpoint and the ring."""
     from replayssm_patch.gpu.mamba_bench_setup import Plan, TrafficModel
