@@ -345,9 +345,11 @@ def test_churn_host_profile_names_the_candidates_extra_host_work_in_mixed_steps(
     by_self = arm_difference(candidate, baseline, "self_us")
     assert "time.sleep" in by_self[0]["function"], "the candidate's own extra: its sleep"
     expected = 2000 * share  # µs per step: a sleep may overrun on a loaded machine, never fall short
-    assert expected * 0.95 <= by_self[0]["extra_us"] <= expected * 2.5
+    # time.sleep's self time is differenced against the baseline's own sleeps (the stand-in's step clock), which
+    # overrun too on a loaded machine: a looser floor there (a clean clone beside compile jobs measured 0.93x)
+    assert expected * 0.8 <= by_self[0]["extra_us"] <= expected * 2.5
     by_total = {f["function"]: f["extra_us"] for f in arm_difference(candidate, baseline, "total_us")}
-    assert expected * 0.95 <= by_total[work] <= expected * 2.5
+    assert expected * 0.95 <= by_total[work] <= expected * 2.5  # the candidate's alone: nothing to difference
     md = engine_flow["host_churn_md"]
     assert "## replayssm_fp32 over the baseline, O0 batch 4: " in md and md.count("over the baseline") == 1
 
