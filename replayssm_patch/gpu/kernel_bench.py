@@ -17,9 +17,11 @@
     acceptance length 3, so about 1 row in ceil(L / 3) folds), timed as (b): the whole ``replay_verify_step``,
     the verify alone, its coefficient launch alone and the fold launch alone, against vLLM's speculative
     selective_state_update (fp32 state, 1+k state blocks per request, the call ``VERIFY_BASELINE_CALL``) at the
-    same batches.
+    same batches, and at the two largest with a ring of L = 28 as well; the verify's output launch and its fold
+    launch are swept at the largest batch first, and their winners go to launch_config.json (``verify_step``,
+    ``fold``) if (d) holds them.
 (d) speculative verify equivalence: 250 verify steps at batch 256 through the builder's cursor plan, random
-    acceptance, against the fp64 recurrence (``verify_equivalence``).
+    acceptance, against the fp64 recurrence (``verify_equivalence``), with the shapes (c) chose.
 Writes DIR/kernel_bench.json and DIR/kernel_bench.md, rewritten after each section so a crash keeps the rest.
 Sections (c) and (d) are ``verify_bench`` and ``verify_equivalence``; what the sections share (shapes, the vLLM
 baseline, caches, bytes moved) is ``mamba_bench_setup``.
@@ -54,6 +56,7 @@ from replayssm_patch.gpu.mamba_bench_setup import (
     TrafficModel,
     filled_caches,
     flush_call,
+    fold_tuning_of,
     scattered_slots,
     sweep_markdown,
     sweep_shapes,
@@ -80,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     report.section("equivalence", lambda: run_equivalence(plan, device, baseline))
     report.section("timing", lambda: run_timing(plan, device, baseline, sweep=not args.no_sweep))
     report.section("verify", lambda: run_verify(plan, device, baseline, sweep=not args.no_sweep))
-    report.section(  # the verify launch shapes the sweep chose: the ones the launch table will hold
-        "verify_equivalence", lambda: run_verify_equivalence(plan, device, report.data["verify"].get("configs"))
+    verify = report.data["verify"]  # the verify and fold launch shapes the sweeps chose: the launch table's next
+    report.section(
+        "verify_equivalence",
+        lambda: run_verify_equivalence(plan, device, verify.get("configs"), verify.get("fold_configs")),
     )
     if report.data["timing"]["status"] == "ok" and "sweep" in report.data["timing"]:
         tuned = args.out / "launch_config.json"
@@ -217,6 +222,7 @@ def tuned_launch_file(timing: dict[str, Any], verify: dict[str, Any] | None = No
     table = {"replay_step": _shape_entries(timing["configs"]), "native_max_batch": {"fp32": native}}
     if verify is not None and "sweep" in verify:
         table["verify_step"] = _shape_entries(verify["configs"])
+        table["fold"] = {mode: fold_tuning_of(cfg) for mode, cfg in verify["fold_configs"].items() if cfg}
     return table
 
 

@@ -48,6 +48,12 @@ class Plan(BenchPlan):
     verify_configs: tuple[tuple[int, int, int], ...] = (
         (32, 32, 1), (16, 128, 1), (16, 64, 1), (32, 128, 2), (32, 64, 1), (64, 32, 1), (8, 128, 1),
     )  # fmt: skip
+    # (block_p, num_warps, prefetch) of the flush launch that folds before a verify (``flush.flush_ring``): its
+    # default 16 x 4, wider tiles and more warps, with and without the next block's loads before the stores (ptxas
+    # at the verify ring's 32-entry tile: 16 x 4 with the prefetch spills 28 bytes, 32 x 4 with it ~500: left out)
+    fold_configs: tuple[tuple[int, int, int], ...] = (
+        (16, 4, 0), (16, 4, 1), (32, 4, 0), (16, 8, 0), (16, 8, 1), (32, 8, 0), (32, 8, 1), (64, 8, 0),
+    )  # fmt: skip
     # a second ring the verify section times at its two largest batches: at T = 4, L = 28 fills the 32-entry tile the
     # kernels already pad L + T = 20 to, and a row folds every ceil(28 / AL) verifies instead of every ceil(16 / AL)
     verify_long_ring: int = 28
@@ -56,7 +62,7 @@ class Plan(BenchPlan):
 SMOKE_PLAN = Plan(
     nheads=4, head_dim=8, d_state=16, ngroups=2, buffer_len=4, eq_batch=3, eq_steps=6, batches=(2,),
     warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
-    verify_configs=((16, 64, 1), (8, 16, 2)), verify_long_ring=5,
+    verify_configs=((16, 64, 1), (8, 16, 2)), fold_configs=((16, 4, 0), (16, 4, 1)), verify_long_ring=5,
 )  # fmt: skip
 
 
@@ -145,17 +151,22 @@ def sweep_shapes(
     return found
 
 
-def sweep_markdown(sweep: dict[str, Any], what: str) -> list[str]:
-    """One line per mode of a ``sweep_shapes`` result."""
+def sweep_markdown(sweep: dict[str, Any], what: str, shape: str = "block_p x block_n x warps") -> list[str]:
+    """One line per mode of a ``sweep_shapes`` result (``shape``: what the parts of a shape's name are)."""
     lines = []
     for mode, found in sweep.items():
-        lines += [f"Sweep, {what} {mode} (block_p x block_n x warps: us): {ranked_shapes(found['us'])}.", ""]
+        lines += [f"Sweep, {what} {mode} ({shape}: us): {ranked_shapes(found['us'])}.", ""]
     return lines
 
 
 def tuning_of(cfg: Shape | None) -> dict[str, int]:
     """A swept shape as the kernels' keyword knobs (none: the launch table's shape)."""
     return {} if cfg is None else {"block_p": cfg[0], "block_n": cfg[1], "num_warps": cfg[2]}
+
+
+def fold_tuning_of(cfg: Shape | None) -> dict[str, int | bool]:
+    """A swept (block_p, num_warps, prefetch) of the flush launch as ``flush_ring``'s knobs (none: the table's)."""
+    return {} if cfg is None else {"block_p": cfg[0], "num_warps": cfg[1], "prefetch": bool(cfg[2])}
 
 
 def probe_inputs(plan: Plan, device: str, tokens: int) -> tuple[LayerParams, StepInputs]:
@@ -202,13 +213,17 @@ def filled_caches(
     return caches
 
 
-def flush_call(cache: ReplayCache, A: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor) -> Callable[[], Any]:
-    """The standalone flush launch over every row, folding the first ``lengths`` ring entries of each."""
+def flush_call(
+    cache: ReplayCache, A: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor, cfg: Shape | None = None
+) -> Callable[[], Any]:
+    """The standalone flush launch over every row, folding the first ``lengths`` ring entries of each (``cfg``: a
+    swept (block_p, num_warps, prefetch), else the launch table's)."""
     from replayssm_patch.kernels import flush_ring
 
     return lambda: flush_ring(
-        cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt, A, indices, lengths, state_bf16=cache.state_bf16
-    )
+        cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt, A, indices, lengths, state_bf16=cache.state_bf16,
+        **fold_tuning_of(cfg),
+    )  # fmt: skip
 
 
 def stock_shapes(plan: Plan, spec_tokens: int = 0) -> tuple[tuple[int, ...], ...]:

@@ -29,6 +29,7 @@ from replayssm_patch.gpu.mamba_bench_setup import (
     TrafficModel,
     filled_caches,
     flush_call,
+    fold_tuning_of,
     probe_inputs,
     scattered_slots,
     stock_shapes,
@@ -64,22 +65,25 @@ def run_verify(plan: Plan, device: str, baseline: Baseline, sweep: bool = True) 
         "rows": [],
     }
     configs: dict[str, Any] = {"fp32": None, "split": None}
+    folds: dict[str, Any] = dict(configs)
     largest = VerifySetup(plan, device, max(plan.batches))  # swept here, timed below: built once
     if sweep:
         result["sweep"] = largest.sweep()
         configs = {mode: result["sweep"][mode]["best"] for mode in configs}
-    result["configs"] = configs
+        result["fold_sweep"] = largest.fold_sweep()
+        folds = {mode: result["fold_sweep"][mode]["best"] for mode in folds}
+    result["configs"], result["fold_configs"] = configs, folds
     for batch in plan.batches:
         print(f"[kernel_bench]   verify batch {batch}", flush=True)
         setup = largest if batch == largest.batch else VerifySetup(plan, device, batch)
         result["cursors"][str(batch)] = setup.cursors()
-        result["rows"].extend(setup.table(baseline if problem is None else None, configs))
+        result["rows"].extend(setup.table(baseline if problem is None else None, configs, folds))
     long_ring = dataclasses.replace(plan, buffer_len=plan.verify_long_ring)
     for batch in plan.batches[-2:]:  # the ring length as a knob: fewer folds against a longer history to replay
         print(f"[kernel_bench]   verify batch {batch}, L = {long_ring.buffer_len}", flush=True)
         setup = VerifySetup(long_ring, device, batch)
         result["cursors"][f"{batch}, L = {long_ring.buffer_len}"] = setup.cursors()
-        result["rows"].extend(setup.table(baseline if problem is None else None, configs, long_ring.buffer_len))
+        result["rows"].extend(setup.table(baseline if problem is None else None, configs, folds, long_ring.buffer_len))
     result["registers"] = compiled_registers(_verify_kernels())
     return result
 
@@ -150,9 +154,12 @@ class VerifySetup:
             "mean_history": float(self.write_pos.float().mean()),
         }
 
-    def step(self, mode: str, fold_len: torch.Tensor | None = None, cfg: Shape | None = None) -> Callable[[], Any]:
+    def step(
+        self, mode: str, fold_len: torch.Tensor | None = None, cfg: Shape | None = None, fold_cfg: Shape | None = None
+    ) -> Callable[[], Any]:
         """``replay_verify_step`` (fold launch, coefficients, outputs); with ``fold_len`` None only the verify
-        (``replay_verify``, no fold launch); ``cfg`` the verify launch's shape (None: the launch table's)."""
+        (``replay_verify``, no fold launch); ``cfg`` the verify launch's shape and ``fold_cfg`` the fold's (None: the
+        launch table's)."""
         from replayssm_patch.kernels import replay_verify, replay_verify_step
 
         cache, s, layer = self.caches[mode], self.inputs, self.layer
@@ -164,7 +171,7 @@ class VerifySetup:
             return lambda: replay_verify(s.x, s.dt, layer.A, s.B, s.C, read, *ring, *common, **kwargs)
         return lambda: replay_verify_step(
             s.x, s.dt, layer.A, s.B, s.C, cache.ssm_state, *ring, fold_len, *common, state_bf16=cache.state_bf16,
-            **kwargs,
+            fold_launch=fold_tuning_of(fold_cfg), **kwargs,
         )  # fmt: skip
 
     def coefficients(self, mode: str) -> Callable[[], Any]:
@@ -187,8 +194,15 @@ class VerifySetup:
             self.plan.verify_configs,
         )  # fmt: skip
 
+    def fold_sweep(self) -> dict[str, Any]:
+        """Best (block_p, num_warps, prefetch) of the fold launch at this batch's cursors, per mode."""
+        return sweep_shapes(
+            "verify fold", lambda mode, cfg: flush_call(self.caches[mode], self.layer.A, self.indices, self.fold_len,
+                                                        cfg), self.plan, self.device, self.plan.fold_configs,
+        )  # fmt: skip
+
     def table(
-        self, baseline: Baseline | None, configs: dict[str, Any], ring_label: int | None = None
+        self, baseline: Baseline | None, configs: dict[str, Any], folds: dict[str, Any], ring_label: int | None = None
     ) -> list[dict[str, Any]]:
         """Rows of the verify step, its parts and vLLM's call (its speed-ups against that call). ``ring_label``:
         this setup's buffer_len, named in every row (vLLM's row then left out: it has no ring)."""
@@ -206,14 +220,14 @@ class VerifySetup:
         for mode, state_bytes in (("fp32", 4), ("split", 2)):
             verify = model.verify(state_bytes, T, cursors["mean_history"])
             fold = model.flush(share, 2 if mode == "split" else 0, cursors["mean_fold_len"])
-            cfg = configs[mode]
-            timed.measure(f"verify step {mode} (fold + verify){suffix}", self.step(mode, self.fold_len, cfg),
+            cfg, fold_cfg = configs[mode], folds[mode]
+            timed.measure(f"verify step {mode} (fold + verify){suffix}", self.step(mode, self.fold_len, cfg, fold_cfg),
                           verify + fold)  # fmt: skip
             timed.measure(f"verify {mode} (no row folding){suffix}", self.step(mode, None, cfg), verify)
             coefficients = model.verify_coefficients(T, cursors["mean_history"], self.plan.buffer_len + T)
             timed.measure(f"of it the coefficient launch {mode}{suffix}", self.coefficients(mode), coefficients)
             timed.measure(f"fold launch {mode}{suffix}", flush_call(self.caches[mode], self.layer.A, self.indices,
-                                                                    self.fold_len), fold)  # fmt: skip
+                                                                    self.fold_len, fold_cfg), fold)  # fmt: skip
         rows = timed.rows(VERIFY_BASELINE_ROW)
         return rows if ring_label is None else [row for row in rows if row["kernel"] != VERIFY_BASELINE_ROW]
 
@@ -277,10 +291,12 @@ def verify_markdown(verify: dict[str, Any]) -> list[str]:
         f"Method: {verify['method']}. T = 1 + k = {verify['tokens_per_row']} query tokens per row, rings of "
         f"L + T = {verify['ring_len']} entries, cursors at the steady state of acceptance length "
         f"{verify['acceptance_length']} ({cursors}).",
-        f"Baseline: {verify['baseline']}. Launch shapes (block_p, block_n, num_warps): {verify.get('configs')}.",
+        f"Baseline: {verify['baseline']}. Launch shapes (block_p, block_n, num_warps): {verify.get('configs')}; "
+        f"of the fold (block_p, num_warps, prefetch): {verify.get('fold_configs')}.",
         "",
         *timing_table(verify["rows"]),
         "",
         *sweep_markdown(verify.get("sweep", {}), "verify step"),
+        *sweep_markdown(verify.get("fold_sweep", {}), "verify fold", "block_p x warps x prefetch"),
         *registers_table(verify.get("registers", [])),
     ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from replayssm_patch.gpu.bench_common import TARGET_REL_ERR
-from replayssm_patch.gpu.mamba_bench_setup import Plan, Shape, paged_cache, scattered_slots, tuning_of
+from replayssm_patch.gpu.mamba_bench_setup import Plan, Shape, fold_tuning_of, paged_cache, scattered_slots, tuning_of
 from replayssm_patch.gpu.variants import SPEC_TOKENS
 from replayssm_patch.gpu.verify_bench import VERIFY_TOKENS
 
@@ -22,11 +22,17 @@ STEP_SHARE = 2 * VERIFY_TOKENS  # eq_steps / this verify steps: half the decode 
 # fp64 truth keeps T states of the whole batch, ~9 GB at 256 rows, and costs a few seconds per 100 steps)
 
 
-def run_verify_equivalence(plan: Plan, device: str, configs: dict[str, Shape | None] | None = None) -> dict[str, Any]:
+def run_verify_equivalence(
+    plan: Plan,
+    device: str,
+    configs: dict[str, Shape | None] | None = None,
+    fold_configs: dict[str, Shape | None] | None = None,
+) -> dict[str, Any]:
     """Both precisions over ``plan.eq_steps // STEP_SHARE`` verify steps at ``plan.eq_batch`` rows, the same tokens
     and acceptances in each: worst output error per step (max |diff| over max |truth|) and the master's error after
-    the final fold. fp32 must stay within the decode equivalence's target. ``configs``: each mode's verify launch
-    shape (the verify section's sweep winners, which the launch table then holds), else the table's."""
+    the final fold. fp32 must stay within the decode equivalence's target. ``configs`` / ``fold_configs``: each
+    mode's verify and fold launch shapes (the verify section's sweep winners, which the launch table then holds),
+    else the table's."""
     import torch
 
     from replayssm_patch.cursors import NULL_BLOCK_ID, CursorTable
@@ -43,6 +49,7 @@ def run_verify_equivalence(plan: Plan, device: str, configs: dict[str, Shape | N
     result: dict[str, Any] = {"batch": batch, "steps": steps, "tokens_per_row": T, "target": TARGET_REL_ERR}
     for mode, split in (("fp32", False), ("split", True)):
         tuning = tuning_of((configs or {}).get(mode))
+        fold = fold_tuning_of((fold_configs or {}).get(mode))
         cache = paged_cache(plan, pool, split, device, SPEC_TOKENS)
         cache.set_checkpoint(indices, h0)
         table = CursorTable(pool, plan.buffer_len, device, stagger=True, verify_len=T)
@@ -50,7 +57,8 @@ def run_verify_equivalence(plan: Plan, device: str, configs: dict[str, Shape | N
         truth, accepted = h0.double(), torch.ones(batch, dtype=torch.int32, device=device)
         errors, folds = [], 0
         for step in range(steps):
-            verify = _verify_once(plan, layer, cache, table, indices, accepted, tokens, NULL_BLOCK_ID, tuning)
+            verify = _verify_once(plan, layer, cache, table, indices, accepted, tokens, NULL_BLOCK_ID,
+                                  {**tuning, "fold_launch": fold})  # fmt: skip
             folds += verify["folds"]
             y_true, states = _truth(truth, verify["inputs"], layer, batch)
             errors.append(float((verify["out"].double() - y_true).abs().max() / y_true.abs().max()))
@@ -60,14 +68,14 @@ def run_verify_equivalence(plan: Plan, device: str, configs: dict[str, Shape | N
                 print(f"[kernel_bench]   verify {mode} step {step + 1}/{steps}", flush=True)
         pending = table.take_pending(indices, torch.ones(batch, dtype=torch.bool, device=device), accepted)
         flush_ring(cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt, layer.A, indices, pending,
-                   state_bf16=cache.state_bf16)  # fmt: skip
+                   state_bf16=cache.state_bf16, **fold)  # fmt: skip
         master = cache.ssm_state[indices.long()].double()
         result[mode] = {
             "max_rel_err": max(errors),
             "final_state_rel_err": float((master - truth).abs().max() / truth.abs().max()),
             "finite": bool(torch.isfinite(master).all()),
             "rows_folded": folds,
-            "launch": tuning or "launch table",
+            "launch": {**tuning, "fold": fold} if tuning or fold else "launch table",
         }
     result["ok"] = result["fp32"]["finite"] and result["fp32"]["max_rel_err"] <= TARGET_REL_ERR
     return result

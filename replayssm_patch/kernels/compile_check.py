@@ -200,8 +200,11 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
                       FOLD_NUM_WARPS))  # fmt: skip
     for copy in (False, True):
         pointers = {**_FLUSH_POINTERS, "bf16_ptr": "*bf16" if copy else "*fp32"}
-        consts = {"HAS_BF16": copy, "BLOCK_L": 16, "BLOCK_P": 16, "BLOCK_N": 128, "P_BLOCKS": 4}  # head_dim 64
-        found.append((f"flush, bf16 copy {copy}", _flush_kernel, pointers, consts, 4))
+        for prefetch in (False, True):  # ptxas: 148 / 174 registers, 234 / 244 with the prefetch (no spills)
+            consts = {"HAS_BF16": copy, "PREFETCH": prefetch, "BLOCK_L": 16, "BLOCK_P": 16, "BLOCK_N": 128,
+                      "P_BLOCKS": 4}  # head_dim 64  # fmt: skip
+            label = f"flush, bf16 copy {copy}" + (", prefetch" if prefetch else "")
+            found.append((label, _flush_kernel, pointers, consts, 4))
     plan_pointers = {"slot_ptr": "*i32", "positions_ptr": "*i32", "window_end_ptr": "*i32", "write_pos_ptr": "*i32",
                      "flush_ptr": "*i32"}  # fmt: skip
     list_pointers = {**plan_pointers, "flush_rows_ptr": "*i32", "flush_count_ptr": "*i32"}

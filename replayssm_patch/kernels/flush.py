@@ -16,6 +16,7 @@ import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size, check_launchable, decay_sum_after, decay_sum_after_reference
 from replayssm_patch.kernels.decode_fold import FOLD_PRECISION
+from replayssm_patch.kernels.launch_config import fold_launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head, ring_entries, ring_len_of, valid_rows
 
 
@@ -27,8 +28,8 @@ def _flush_kernel(
     head_dim, d_state, ring_len, heads_per_group, pad_slot_id,
     ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n,
     srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h,
-    HAS_BF16: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    P_BLOCKS: tl.constexpr,
+    HAS_BF16: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr, P_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -51,21 +52,49 @@ def _flush_kernel(
         ring_B_ptr + slot * srB_slot + offs_l[:, None] * srB_l + group * srB_g + offs_n[None, :] * srB_n,
         mask=live[:, None] & mask_n[None, :], other=0.0,
     ).to(tl.float32)  # fmt: skip
-    for pblock in tl.static_range(P_BLOCKS):  # all head_dim blocks in one program: an idle row exits once
-        offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
-        mask_p = offs_p < head_dim
-        ring_x = tl.load(
-            ring_x_ptr + slot * srx_slot + offs_l[:, None] * srx_l + head * srx_h + offs_p[None, :] * srx_p,
-            mask=live[:, None] & mask_p[None, :], other=0.0,
-        ).to(tl.float32)  # fmt: skip
+    # All head_dim blocks in one program (an idle row exits once). PREFETCH issues each block's loads before the
+    # previous block's stores (a load after a store the compiler cannot prove apart from it waits for the store),
+    # at the price of registers (ptxas, 16 x 128 on 4 warps: 234 against 148 at L = 16; at the verify ring's 32 it
+    # spills, 8 warps do not): the kernel bench sweeps both.
+    block = _fold_block_loads(state_ptr, ring_x_ptr, slot, head, head_dim, d_state, live, ss_slot, ss_h, ss_p, ss_n,
+                              srx_slot, srx_l, srx_h, srx_p, 0, BLOCK_L, BLOCK_P, BLOCK_N)  # fmt: skip
+    for pblock in tl.static_range(P_BLOCKS):
+        ring_x, h_old, state_at, mask_pn = block
+        if PREFETCH and pblock + 1 < P_BLOCKS:
+            block = _fold_block_loads(state_ptr, ring_x_ptr, slot, head, head_dim, d_state, live, ss_slot, ss_h,
+                                      ss_p, ss_n, srx_slot, srx_l, srx_h, srx_p, pblock + 1, BLOCK_L, BLOCK_P,
+                                      BLOCK_N)  # fmt: skip
         update = tl.dot(tl.trans(ring_x * weight[:, None]), ring_B, input_precision=FOLD_PRECISION)  # [P, N]
-        mask_pn = mask_p[:, None] & mask_n[None, :]
-        state_at = state_ptr + slot * ss_slot + head * ss_h + offs_p[:, None] * ss_p + offs_n[None, :] * ss_n
-        h = decay * tl.load(state_at, mask=mask_pn, other=0.0).to(tl.float32) + update
+        h = decay * h_old + update
         tl.store(state_at, h.to(state_ptr.dtype.element_ty), mask=mask_pn)
         if HAS_BF16:
+            offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
             copy_at = bf16_ptr + slot * sc_slot + head * sc_h + offs_p[:, None] * sc_p + offs_n[None, :] * sc_n
             tl.store(copy_at, h.to(bf16_ptr.dtype.element_ty), mask=mask_pn)
+        if not PREFETCH and pblock + 1 < P_BLOCKS:
+            block = _fold_block_loads(state_ptr, ring_x_ptr, slot, head, head_dim, d_state, live, ss_slot, ss_h,
+                                      ss_p, ss_n, srx_slot, srx_l, srx_h, srx_p, pblock + 1, BLOCK_L, BLOCK_P,
+                                      BLOCK_N)  # fmt: skip
+
+
+@triton.jit
+def _fold_block_loads(
+    state_ptr, ring_x_ptr, slot, head, head_dim, d_state, live, ss_slot, ss_h, ss_p, ss_n,
+    srx_slot, srx_l, srx_h, srx_p, pblock,
+    BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """One head_dim block of a folding row: its ring x [L, P] and master tile [P, N] in fp32, the tile's pointers
+    and mask."""
+    offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_p = offs_p < head_dim
+    ring_x = tl.load(
+        ring_x_ptr + slot * srx_slot + tl.arange(0, BLOCK_L)[:, None] * srx_l + head * srx_h + offs_p[None, :] * srx_p,
+        mask=live[:, None] & mask_p[None, :], other=0.0,
+    ).to(tl.float32)  # fmt: skip
+    mask_pn = mask_p[:, None] & (offs_n < d_state)[None, :]
+    state_at = state_ptr + slot * ss_slot + head * ss_h + offs_p[:, None] * ss_p + offs_n[None, :] * ss_n
+    return ring_x, tl.load(state_at, mask=mask_pn, other=0.0).to(tl.float32), state_at, mask_pn
 
 
 def flush_ring(
@@ -80,14 +109,16 @@ def flush_ring(
     state_bf16: torch.Tensor | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
     block_p: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
+    prefetch: bool | None = None,
 ) -> None:
     """Fold ring entries [0, flush_len) of each row into ssm_state in place (and into state_bf16 if given).
 
     ssm_state [slots, nheads, head_dim, d_state] is the master (any float dtype; fp32 for split precision);
     flush_len int [batch]: 0 = leave the row alone (values above L count as L). Padding rows are skipped.
     The ring itself is not cleared: the caller restarts the row's write_pos at 0. ``block_p`` (head_dim
-    rows per program, default 16, at least 16 for tl.dot) and ``num_warps`` are GPU tuning knobs only.
+    rows per program, at least 16 for tl.dot), ``num_warps`` and ``prefetch`` (each head_dim block's loads before
+    the previous block's stores) are GPU tuning knobs only; unset, the launch table's ``"fold"`` entry decides.
     The dot runs on tensor cores in tf32x3 (fp32-level error, as the decode fold's): ptxas (compile_check, 16 x 4
     warps, L = 16) gives 160 registers without spills, 176 with the bf16 copy, where the fp32 FMA dot ("ieee")
     took 242 and 255, two programs per SM instead of three.
@@ -99,16 +130,17 @@ def flush_ring(
     batch = state_indices.shape[0]
     if batch == 0:
         return
-    BLOCK_P = block_size(head_dim, cap=block_p or 16, floor=16)
+    tuned = fold_launch_for(state_bf16 is not None, ssm_state.device)
+    BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p, floor=16)
     copy = state_bf16 if state_bf16 is not None else ssm_state
     _flush_kernel[(batch, nheads)](
         A, ssm_state, copy, ring_x, ring_B, ring_dt, state_indices, flush_len,
         head_dim, d_state, ring_len_of(ring_x), nheads // ngroups, pad_slot_id,
         *ssm_state.stride(), *copy.stride(),
         *ring_entries(ring_x).stride(), *ring_entries(ring_B).stride(), *ring_entries(ring_dt).stride(),
-        HAS_BF16=state_bf16 is not None,
+        HAS_BF16=state_bf16 is not None, PREFETCH=tuned.prefetch if prefetch is None else prefetch,
         BLOCK_L=block_size(ring_len_of(ring_x), floor=16), BLOCK_P=BLOCK_P, BLOCK_N=block_size(d_state, floor=16),
-        P_BLOCKS=triton.cdiv(head_dim, BLOCK_P), num_warps=num_warps,
+        P_BLOCKS=triton.cdiv(head_dim, BLOCK_P), num_warps=num_warps or tuned.num_warps,
     )  # fmt: skip
 
 
@@ -124,10 +156,11 @@ def flush_ring_reference(
     state_bf16: torch.Tensor | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
     block_p: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
+    prefetch: bool | None = None,
 ) -> None:
-    """Plain-PyTorch twin of ``flush_ring`` (same arguments; block_p / num_warps are ignored), in fp32."""
-    del block_p, num_warps
+    """Plain-PyTorch twin of ``flush_ring`` (same arguments; the tuning knobs are ignored), in fp32."""
+    del block_p, num_warps, prefetch
     nheads = ssm_state.shape[1]
     A = per_head(A, nheads).float()
     rows = (valid_rows(state_indices, pad_slot_id) & (flush_len > 0)).nonzero().squeeze(1)

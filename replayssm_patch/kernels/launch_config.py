@@ -1,8 +1,9 @@
 """Launch shapes of the decode kernels: the defaults, or a GPU's measured best.
 
 The Mamba-2 kernel bench sweeps the replay step's (block_p, block_n, num_warps) on the GPU and writes the fastest
-per checkpoint dtype to a JSON file (``"replay_step"``), and the speculative verify's (``"verify_step"``; without
-it the verify runs the replay step's shapes); the GDN bench does the same for the GDN replay and fold
+per checkpoint dtype to a JSON file (``"replay_step"``), the speculative verify's (``"verify_step"``; without
+it the verify runs the replay step's shapes) and the flush launch's that folds before it (``"fold"``: block_p,
+num_warps, prefetch); the GDN bench does the same for the GDN replay and fold
 launches (``"gdn"``). ``REPLAYSSM_LAUNCH_CONFIG=<file>`` makes the plugin use such a file (as vLLM reads its tuned
 kernel configs), and the H200's committed file (``launch_h200.json`` beside this module) is used on an H200
 without it. An entry the file lacks keeps its defaults.
@@ -39,6 +40,19 @@ class ReplayLaunch:
 
 
 DEFAULT = ReplayLaunch()
+
+
+@dataclass(frozen=True)
+class FoldLaunch:
+    """Head_dim rows per program, warps, and whether each head_dim block's loads go before the previous block's
+    stores, of the flush launch (``flush.flush_ring``: the fold before a speculative verify and before a prefill)."""
+
+    block_p: int = 16
+    num_warps: int = 4
+    prefetch: bool = False
+
+    def as_key(self) -> str:
+        return f"{self.block_p}x{self.num_warps}w" + (" prefetch" if self.prefetch else "")
 
 
 @dataclass(frozen=True)
@@ -79,6 +93,14 @@ def _launch_entry(table: dict[str, dict], entry: str, kernel: str) -> ReplayLaun
 
 
 @functools.cache
+def fold_launch_for(with_copy: bool, device: torch.device) -> FoldLaunch:
+    """The flush launch's tuned shape (the table's ``"fold"`` entry, ``"split"`` when it refreshes a bf16 copy, else
+    ``"fp32"``), else the defaults."""
+    entry = _tuned_table(_device_name(device)).get("fold", {}).get("split" if with_copy else "fp32")
+    return FoldLaunch(**entry) if entry else FoldLaunch()
+
+
+@functools.cache
 def native_max_batch(device: torch.device) -> int:
     """Mamba-2 decode batches up to this size run vLLM's own decode path on the fp32 checkpoint (the table's
     ``"native_max_batch"`` fp32 entry), else 0. Only fp32: with split precision vLLM's path would leave the bf16
@@ -104,11 +126,13 @@ def launch_shapes_in_use(device_name: str) -> dict[str, str]:
     table = _tuned_table(device_name)
     shapes = {entry: _launch_entry(table, entry, "replay_step").as_key() for entry in ("fp32", "split")}
     verify = ", ".join(f"{entry} {_launch_entry(table, entry, 'verify_step').as_key()}" for entry in ("fp32", "split"))
+    folds = table.get("fold", {})
+    fold = ", ".join(f"{entry} {FoldLaunch(**folds.get(entry, {})).as_key()}" for entry in ("fp32", "split"))
     gdn = GdnLaunch(**table.get("gdn", {})).as_key()
     mamba, gdn_limit = table.get("native_max_batch", {}).get("fp32", 0), table.get("gdn_native_max_batch", 0)
     native = f"fp32 <= {mamba}, gdn <= {gdn_limit}"
     return {
-        "source": _table_path(device_name) or "defaults", **shapes, "verify": verify, "gdn": gdn,
+        "source": _table_path(device_name) or "defaults", **shapes, "verify": verify, "fold": fold, "gdn": gdn,
         "native_batches": native,
     }  # fmt: skip
 
@@ -128,6 +152,7 @@ def _tuned_table(device_name: str) -> dict[str, dict]:
     table = json.loads(Path(path).read_text()) if path else {}
     shapes = [(f"{kernel}.{entry}", ReplayLaunch, knobs) for kernel in ("replay_step", "verify_step")
               for entry, knobs in table.get(kernel, {}).items()]  # fmt: skip
+    shapes += [(f"fold.{entry}", FoldLaunch, knobs) for entry, knobs in table.get("fold", {}).items()]
     for where, kind, knobs in [*shapes, ("gdn", GdnLaunch, table.get("gdn", {}))]:
         known = {field.name for field in dataclasses.fields(kind)}
         if unknown := sorted(set(knobs) - known):  # e.g. a table of another version of the benches

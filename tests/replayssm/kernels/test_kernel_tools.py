@@ -81,6 +81,13 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert table["verify_step"] == {
         mode: dict(zip(keys, cfg, strict=True)) for mode, cfg in verify["configs"].items()
     }, "the verify's winners reach the launch table (section (d) held them)"
+    assert set(verify["fold_sweep"]) == {"fp32", "split"} and len(verify["fold_sweep"]["fp32"]["us"]) == 2
+    fold_keys = ("block_p", "num_warps", "prefetch")
+    assert table["fold"] == {
+        mode: dict(zip(fold_keys, (*cfg[:2], bool(cfg[2])), strict=True))
+        for mode, cfg in verify["fold_configs"].items()
+    }, "so do the fold's, with or without the prefetch"
+    assert "Sweep, verify fold split (block_p x warps x prefetch" in markdown
     assert "Sweep, verify step split" in markdown
     assert verify["baseline"].startswith("none, ReplaySSM timed alone: fp64 reference")
     # the builder's plan at acceptance length 3, L = 4: row 0 appends after 3 committed entries, row 1's 6 fold; the
@@ -105,6 +112,7 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert spec_eq["fp32"]["max_rel_err"] <= 2e-5 and spec_eq["fp32"]["final_state_rel_err"] <= 2e-5
     assert 1e-4 < spec_eq["split"]["max_rel_err"] <= 2e-2 and spec_eq["split"]["final_state_rel_err"] <= 2e-5
     assert spec_eq["fp32"]["rows_folded"] >= SMOKE_PLAN.eq_batch, "every row folds at least once"
+    assert spec_eq["fp32"]["launch"]["fold"] == table["fold"]["fp32"], "section (d) ran the fold the table holds"
     assert "## Speculative verify equivalence" in markdown and "| fp32 | " in markdown.split("verify equivalence")[1]
 
 
@@ -337,11 +345,13 @@ def compile_check_lines() -> tuple[str, ...]:
 def test_kernels_compile_for_hopper() -> None:
     """The real Triton compiler (not the interpreter) accepts every default kernel variant for sm_90."""
     lines = compile_check_lines()
-    assert len(lines) == 18, lines  # 8 decode-path variants, the take before a prefill, 4 of the verify, 5 of GDN
+    assert len(lines) == 20, lines  # 10 decode-path and flush ones, the take before a prefill, 4 of the verify, 5 GDN
     registers = [int(line.split(" registers")[0].rsplit(" ", 1)[1]) for line in lines]
     assert all(0 < count <= 255 for count in registers), lines  # ptxas -v was read for every kernel
     every_step = [line for line in lines if line.startswith(("replay step", "decode fold", "ring coefficients"))]
     assert len(every_step) == 5 and all(" 0 B spilled" in line for line in every_step), lines
+    flushes = [line for line in lines if line.startswith("flush, bf16 copy")]
+    assert len(flushes) == 4 and all(" 0 B spilled" in line for line in flushes), lines
 
 
 def test_gdn_decode_step_kernels_do_not_spill() -> None:
@@ -506,19 +516,21 @@ def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatc
     never = "fp32 <= 0, gdn <= 0"  # batches that run vLLM's own decode path: none unless measured
     assert launch_shapes_in_use("cpu") == {
         "source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w", "verify": "fp32 16x64x1w, split 16x64x1w",
-        "gdn": GDN_DEFAULT.as_key(), "native_batches": never,
+        "fold": "fp32 16x4w, split 16x4w", "gdn": GDN_DEFAULT.as_key(), "native_batches": never,
     }  # fmt: skip
     tuned = tmp_path / "launch_config.json"
     tuned.write_text(json.dumps({"replay_step": {"split": {"block_p": 32, "block_n": 128, "num_warps": 2}}}))
     monkeypatch.setenv(ENV_VAR, str(tuned))
     assert launch_shapes_of("replayssm_split", "NVIDIA H200") == {
         "source": str(tuned), "fp32": "16x64x1w", "split": "32x128x2w", "verify": "fp32 16x64x1w, split 32x128x2w",
-        "gdn": GDN_DEFAULT.as_key(), "native_batches": never,
+        "fold": "fp32 16x4w, split 16x4w", "gdn": GDN_DEFAULT.as_key(), "native_batches": never,
     }  # fmt: skip
     tuned.write_text(json.dumps({"native_max_batch": {"fp32": 16}, "gdn_native_max_batch": 4}))
     assert launch_shapes_in_use("NVIDIA H200")["native_batches"] == "fp32 <= 16, gdn <= 4"
     tuned.write_text(json.dumps({"gdn": {"fold_block_v": 32, "fold_num_warps": 8}}))  # a GDN bench's file
     assert launch_shapes_in_use("NVIDIA H200")["gdn"] == "replay 32x4w, fold 32x8w"
+    tuned.write_text(json.dumps({"fold": {"split": {"block_p": 32, "num_warps": 8, "prefetch": True}}}))
+    assert launch_shapes_in_use("NVIDIA H200")["fold"] == "fp32 16x4w, split 32x8w prefetch"
     assert launch_shapes_in_use("NVIDIA H200")["fp32"] == "16x64x1w", "an entry the file lacks keeps its defaults"
     assert launch_shapes_of("baseline", "NVIDIA H200") is None
 
