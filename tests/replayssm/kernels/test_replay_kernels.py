@@ -204,9 +204,11 @@ def _written(cache: ReplayCache, slots: torch.Tensor, write_pos: torch.Tensor) -
     return mask
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["in-order", "prefetch"])
 @pytest.mark.parametrize("split", [False, True], ids=["fp32", "split"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_flush_matches_reference_and_fp64(shape: Shape, split: bool) -> None:
+def test_flush_matches_reference_and_fp64(shape: Shape, split: bool, prefetch: bool) -> None:
+    """Both orders of the launch's head_dim blocks (head_dim 24: two blocks of 16, the second one partly masked)."""
     gen = seeded(shape, split, "flush")
     layer = make_layer(shape, gen)
     indices, slots = layout_rows(shape.batch, gen, -1)
@@ -224,7 +226,8 @@ def test_flush_matches_reference_and_fp64(shape: Shape, split: bool) -> None:
     results = []
     for fn in (flush_ring, flush_ring_reference):
         run = cache.clone()
-        fn(run.ssm_state, run.ring_x, run.ring_B, run.ring_dt, layer.A, indices, flush_len, state_bf16=run.state_bf16)
+        fn(run.ssm_state, run.ring_x, run.ring_B, run.ring_dt, layer.A, indices, flush_len, state_bf16=run.state_bf16,
+           prefetch=prefetch)  # fmt: skip
         results.append(run)
     c_tri, c_ref = results
 
