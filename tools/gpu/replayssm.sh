@@ -46,10 +46,13 @@
 #                    SPEC_PROFILE_BATCHES=128 then profiles the arm's verify steps at 128 in the same engine
 #                    (-> profile-spec/; ~40 s more: both spec arms on one host account for each other's step)
 #   alsweep:ARM      a spec arm's throughput against AL: one engine per AL of SWEEP_AL [2.0,4.0,1.0,2.8] at
-#                    AL_BATCHES [128], no profile, none started in the call's last 120 s
-#   ksweep:ARM       a spec arm at k = 1 and 5 (K_SWEEP), AL 3.0 or k + 1 if lower, at AL_BATCHES [128]
+#                    AL_BATCHES [128], no profile, none started in the call's last 120 s (an AL skipped for time is
+#                    not rerun: give each AL a job of its own, alsweep:ARM@AL, ~150-200 s each)
+#   ksweep:ARM       a spec arm at k = 1 and 5 (K_SWEEP; ksweep:ARM@K for one k), AL 3.0 or k + 1 if lower, at
+#                    AL_BATCHES [128]
 #   JOB@TAG          any job again, as a job of its own (a job runs once per host: /tmp/gpu/done), e.g.
-#                    SPEC_BATCHES=fit ... spec:replayssm_spec@fit after spec:replayssm_spec ran 128
+#                    SPEC_BATCHES=fit ... spec:replayssm_spec@fit after spec:replayssm_spec ran 128; for alsweep
+#                    and ksweep the tag is the AL list or the k
 #   onegpu:STAGE     a stage of onegpu.sh with what is left of the call: agree (greedy cross-arm agreement, both
 #                    servers at 0.45), moe (qwen3.5-35b-a3b served with the plugin, a replay with exact lengths)
 # e.g. replayssm.sh setup kernels engine:replayssm_fp32 gdn:baseline gdn:replayssm_fp32 floor:baseline \
@@ -68,7 +71,7 @@ CHURN_BATCHES=${CHURN_BATCHES:-64,128}  # the churn jobs' batches (decode rows b
 PROFILE_BATCHES=${PROFILE_BATCHES:-64,256}  # the profile jobs' batches (e.g. 8,32 where GDN loses 0.5-0.9 ms per step)
 # measured 2026-12-01: install 40 s, kernel bench 53 s, a floor run of four batches 173-175 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
-declare -A JOB_S=([setup]=90 [kernels]=200 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [churn]=330 [gdnchurn]=330 [hostchurn]=300 [gdnhostchurn]=300 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [alsweep]=420 [ksweep]=250 [onegpu]=420)
+declare -A JOB_S=([setup]=90 [kernels]=200 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [churn]=330 [gdnchurn]=330 [hostchurn]=300 [gdnhostchurn]=300 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [alsweep]=200 [ksweep]=200 [onegpu]=420)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
@@ -124,7 +127,8 @@ json.dump(t, open(sys.argv[1], "w"), indent=2)' "$TUNED" replayssm_patch/kernels
 }
 
 run_job() {
-  local kind=${1%%:*} variant=${1#*:}
+  local kind=${1%%:*} variant=${1#*:} tag=""
+  [[ $1 == *@* ]] && tag=${1#*@}
   variant=${variant%%@*}  # JOB@TAG: the same job once more under its own done-marker (e.g. spec:replayssm_spec@fit)
   if starts_engine "$1"; then  # the kernel benches' fastest shapes, once `kernels` / `gdnkernels` wrote them; the GPU
     tuned_table && export REPLAYSSM_LAUNCH_CONFIG=$TUNED  # to the job alone: onegpu's servers stop
@@ -164,12 +168,13 @@ run_job() {
     spec)
       SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} ENGINE_TIMEOUT_S=$(($(left) - 25)) \
         $S spec "$variant" 0 "${SPEC_BATCHES:-64,128,256}" ;;
-    alsweep)  # one engine per AL, at AL_BATCHES only, no profile: the throughput-vs-AL curve of a spec arm
-      SWEEP_AL=${SWEEP_AL:-2.0,4.0,1.0,2.8} SPEC_PROFILE_BATCHES='' SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} \
-        ENGINE_TIMEOUT_S=$(($(left) - 25)) $S spec "$variant" 0 "${AL_BATCHES:-128}" ;;
-    ksweep)  # the same arm at k = 1 and 5 (K_SWEEP), AL 3.0 capped at k + 1, one engine each, at AL_BATCHES
+    alsweep)  # one engine per AL (the tag's, else SWEEP_AL), at AL_BATCHES only, no profile
+      SWEEP_AL=${tag:-${SWEEP_AL:-2.0,4.0,1.0,2.8}} SPEC_PROFILE_BATCHES='' \
+        SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} ENGINE_TIMEOUT_S=$(($(left) - 25)) \
+        $S spec "$variant" 0 "${AL_BATCHES:-128}" ;;
+    ksweep)  # the same arm at k = 1 and 5 (the tag's k, else K_SWEEP), AL 3.0 capped at k + 1, one engine each
       local k
-      for k in ${K_SWEEP:-1 5}; do
+      for k in ${tag:-${K_SWEEP:-1 5}}; do
         [ "$(left)" -lt 150 ] && { echo "-- k = $k left out: ~150 s needed"; continue; }
         SPEC_TOKENS=$k SWEEP_AL=$(python3 -c "print(min(3.0, $k + 1.0))") SPEC_PROFILE_BATCHES='' \
           SPEC_BUDGET_S=$(($(left) - 120)) ENGINE_TIMEOUT_S=$(($(left) - 25)) $S spec "$variant" 0 "${AL_BATCHES:-128}"
