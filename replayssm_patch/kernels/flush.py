@@ -56,11 +56,13 @@ def _flush_kernel(
     # previous block's stores (a load after a store the compiler cannot prove apart from it waits for the store),
     # at the price of registers (ptxas, 16 x 128 on 4 warps: 234 against 148 at L = 16; at the verify ring's 32 it
     # spills, 8 warps do not): the kernel bench sweeps both.
-    block = _fold_block_loads(state_ptr, ring_x_ptr, slot, head, head_dim, d_state, live, ss_slot, ss_h, ss_p, ss_n,
-                              srx_slot, srx_l, srx_h, srx_p, 0, BLOCK_L, BLOCK_P, BLOCK_N)  # fmt: skip
     for pblock in tl.static_range(P_BLOCKS):
+        if pblock == 0 or not PREFETCH:  # in order: this block's loads after the previous block's stores
+            block = _fold_block_loads(state_ptr, ring_x_ptr, slot, head, head_dim, d_state, live, ss_slot, ss_h,
+                                      ss_p, ss_n, srx_slot, srx_l, srx_h, srx_p, pblock, BLOCK_L, BLOCK_P,
+                                      BLOCK_N)  # fmt: skip
         ring_x, h_old, state_at, mask_pn = block
-        if PREFETCH and pblock + 1 < P_BLOCKS:
+        if PREFETCH and pblock + 1 < P_BLOCKS:  # the next block's loads before this block's stores
             block = _fold_block_loads(state_ptr, ring_x_ptr, slot, head, head_dim, d_state, live, ss_slot, ss_h,
                                       ss_p, ss_n, srx_slot, srx_l, srx_h, srx_p, pblock + 1, BLOCK_L, BLOCK_P,
                                       BLOCK_N)  # fmt: skip
@@ -71,10 +73,6 @@ def _flush_kernel(
             offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
             copy_at = bf16_ptr + slot * sc_slot + head * sc_h + offs_p[:, None] * sc_p + offs_n[None, :] * sc_n
             tl.store(copy_at, h.to(bf16_ptr.dtype.element_ty), mask=mask_pn)
-        if not PREFETCH and pblock + 1 < P_BLOCKS:
-            block = _fold_block_loads(state_ptr, ring_x_ptr, slot, head, head_dim, d_state, live, ss_slot, ss_h,
-                                      ss_p, ss_n, srx_slot, srx_l, srx_h, srx_p, pblock + 1, BLOCK_L, BLOCK_P,
-                                      BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -120,8 +118,8 @@ def flush_ring(
     rows per program, at least 16 for tl.dot), ``num_warps`` and ``prefetch`` (each head_dim block's loads before
     the previous block's stores) are GPU tuning knobs only; unset, the launch table's ``"fold"`` entry decides.
     The dot runs on tensor cores in tf32x3 (fp32-level error, as the decode fold's): ptxas (compile_check, 16 x 4
-    warps, L = 16) gives 160 registers without spills, 176 with the bf16 copy, where the fp32 FMA dot ("ieee")
-    took 242 and 255, two programs per SM instead of three.
+    warps, L = 16, in order) gives 148 registers without spills, 174 with the bf16 copy, where the fp32 FMA dot
+    ("ieee") took 242 and 255, two programs per SM instead of three.
     """
     check_launchable(ssm_state, ring_x)
     nheads, head_dim, d_state = ssm_state.shape[1:]

@@ -96,8 +96,7 @@ def _launch_entry(table: dict[str, dict], entry: str, kernel: str) -> ReplayLaun
 def fold_launch_for(with_copy: bool, device: torch.device) -> FoldLaunch:
     """The flush launch's tuned shape (the table's ``"fold"`` entry, ``"split"`` when it refreshes a bf16 copy, else
     ``"fp32"``), else the defaults."""
-    entry = _tuned_table(_device_name(device)).get("fold", {}).get("split" if with_copy else "fp32")
-    return FoldLaunch(**entry) if entry else FoldLaunch()
+    return FoldLaunch(**_tuned_table(_device_name(device)).get("fold", {}).get("split" if with_copy else "fp32", {}))
 
 
 @functools.cache
