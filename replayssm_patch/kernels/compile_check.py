@@ -13,6 +13,7 @@ with TRITON_INTERPRET unset.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -47,11 +48,11 @@ _FOLD_POINTERS = {
 # they are fixed here too: without them the compiler cannot vectorise and reports other register counts.
 _UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sr_n", "srx_p", "so_p")}
 _FOLD_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sm_n", "sc_n", "srx_p", "srB_n", "so_p")}
-_VERIFY_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sr_n", "srx_p", "so_p")}
-_VERIFY_COEF_POINTERS = {**_COEF_POINTERS, "qsl_ptr": "*i32"}
+_VERIFY_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sr_n", "srx_p", "so_p")}
+_VERIFY_COEF_POINTERS = {**_COEF_POINTERS, "qsl_ptr": "*i32", "c32_ptr": "*fp32"}
 _VERIFY_STEP_POINTERS = {
-    "x_ptr": "*bf16", "C_ptr": "*bf16", "D_ptr": "*fp32", "ring_x_ptr": "*bf16", "slot_ptr": "*i32", "pos_ptr": "*i32",
-    "qsl_ptr": "*i32", "bc_ptr": "*fp32", "w_ptr": "*fp32", "decay_ptr": "*fp32", "out_ptr": "*bf16",
+    "x_ptr": "*bf16", "c32_ptr": "*fp32", "D_ptr": "*fp32", "ring_x_ptr": "*bf16", "slot_ptr": "*i32",
+    "pos_ptr": "*i32", "qsl_ptr": "*i32", "bc_ptr": "*fp32", "w_ptr": "*fp32", "decay_ptr": "*fp32", "out_ptr": "*bf16",
 }  # fmt: skip
 _FLUSH_POINTERS = {
     "A_ptr": "*fp32", "state_ptr": "*fp32", "ring_x_ptr": "*bf16", "ring_B_ptr": "*bf16", "ring_dt_ptr": "*fp32",
@@ -180,6 +181,7 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
         VERIFY_HEAD_CHUNK,
         _verify_coefficients_kernel,
         _verify_step_kernel,
+        defers_reduction,
     )
 
     coef = {"HEADS_PER_GROUP": 16, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True, "BLOCK_L": 16, "BLOCK_N": 128}
@@ -220,11 +222,18 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     verify_coef = {**coef, "BLOCK_T": 4, "BLOCK_L": 32, "HEAD_CHUNK": VERIFY_HEAD_CHUNK}
     found.append(("verify coefficients, T=4", _verify_coefficients_kernel, _VERIFY_COEF_POINTERS, verify_coef,
                   VERIFY_COEF_NUM_WARPS))  # fmt: skip
-    for label, read in (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")):
-        consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": DEFAULT.block_p, "BLOCK_N": DEFAULT.block_n,
-                  "N_TILES": 128 // DEFAULT.block_n, **_VERIFY_UNIT_STRIDES}  # fmt: skip
-        found.append((f"verify step T=4, {label}", _verify_step_kernel, {**_VERIFY_STEP_POINTERS, "read_ptr": read},
-                      consts, DEFAULT.num_warps))  # fmt: skip
+    # the output launch at the default shape (one [T, P] sum per tile and token) and at 64 x 8 x 1 warp, whose
+    # [T, P, N] accumulator fits the registers (the deferred sum)
+    for (label, read), (block_p, block_n, num_warps) in itertools.product(
+        (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")),
+        ((DEFAULT.block_p, DEFAULT.block_n, DEFAULT.num_warps), (64, 8, 1)),
+    ):
+        defer = defers_reduction(4, block_p, block_n, num_warps)
+        consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": block_p, "BLOCK_N": block_n,
+                  "N_TILES": 128 // block_n, "C_STRIDE": 128, "EVEN": True, "DEFER": defer,
+                  **_VERIFY_UNIT_STRIDES}  # fmt: skip
+        found.append((f"verify step T=4, {label}, {block_p}x{block_n}x{num_warps}" + (", deferred" if defer else ""),
+                      _verify_step_kernel, {**_VERIFY_STEP_POINTERS, "read_ptr": read}, consts, num_warps))  # fmt: skip
     for label, kernel, pointers, blocks, num_warps in (
         ("gdn coefficients", _gdn_coefficients_kernel, _GDN_COEF_POINTERS, {"V_PER_K": 2, "HEAD_CHUNK": 2},
          GDN_COEF_NUM_WARPS),

@@ -10,13 +10,14 @@ ring folds it first (``replay_verify_step``: ``flush_ring`` of fold_len = m entr
 
 Two launches, as the decode step: ``_verify_coefficients_kernel`` per (row, B/C group, tile of VERIFY_HEAD_CHUNK
 heads) computes the tile's weights w[j, s] = exp(A·(dt summed over (s, m+j]))·dt_s and checkpoint decays as
-[VERIFY_HEAD_CHUNK, L] tiles, and appends their dt; the group's first tile also computes bc[j, s] = B_s·C_j and
-appends B. (Session 19 timed the launch at 127 µs at batch 256 with the tiles as a serial loop in each program:
-latency, at 5 % of HBM; session 20, one program per tile, the scan and every load before the ring stores: 27 µs.)
-``_verify_step_kernel`` per (head_dim block, row, head) appends x and forms every y_j. Both launches issue all their
-loads before their ring stores (session 20, at batch 256: the verify without folds 590 -> 446 µs, of which the
-coefficient launch 127 -> 27). The ring must hold m + T_r entries (the layout gives verify rows L + T); a row that
-does not fit is skipped, like padding.
+[VERIFY_HEAD_CHUNK, L] tiles, and appends their dt; the group's first tile also computes bc[j, s] = B_s·C_j, appends
+B, and writes the tokens' C in fp32 for the output launch. (Session 19 timed the launch at 127 µs at batch 256 with
+the tiles as a serial loop in each program: latency, at 5 % of HBM; session 20, one program per tile, the scan and
+every load before the ring stores: 27 µs.) ``_verify_step_kernel`` per (head_dim block, row, head) appends x and
+forms every y_j; where its [T, P, N] accumulator fits the registers, it sums the checkpoint's products over d_state
+once, after the last tile (``defers_reduction``). Both launches issue all their loads before their ring stores
+(session 20, at batch 256: the verify without folds 590 -> 446 µs, of which the coefficient launch 127 -> 27). The
+ring must hold m + T_r entries (the layout gives verify rows L + T); a row that does not fit is skipped, like padding.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ VERIFY_COEF_NUM_WARPS = 4
 # Heads per [heads, L] tile of the coefficient launch: the masked decay sums hold HEAD_CHUNK x L x L values
 # (L + T = 20 -> 32); 4 heads keep them at 32 per thread over 4 warps (ptxas: see compile_check).
 VERIFY_HEAD_CHUNK = 4
+# fp32 registers per thread the output launch's deferred [T, P, N] accumulator may take (``defers_reduction``)
+DEFER_REGISTERS = 64
 
 
 @triton.jit
@@ -70,7 +73,7 @@ def _append_rows(ring_at, new_at, new, history):
 @triton.jit(do_not_specialize_on_alignment=["dt_ptr", "B_ptr", "C_ptr"])
 def _verify_coefficients_kernel(
     dt_ptr, A_ptr, B_ptr, C_ptr, dt_bias_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, pos_ptr, qsl_ptr,
-    bc_ptr, w_ptr, decay_ptr,
+    bc_ptr, w_ptr, decay_ptr, c32_ptr,
     d_state, ring_len, max_tokens, pad_slot_id,
     sdt_t, sdt_h, sB_t, sB_g, sB_n, sC_t, sC_g, sC_n,
     srB_slot, srB_g, srB_l, srB_n, srdt_slot, srdt_h, srdt_l,
@@ -103,6 +106,7 @@ def _verify_coefficients_kernel(
             C_j = tl.load(C_at, mask=mask_n & (j < count), other=0.0)
             bc_j = tl.sum(all_B * C_j.to(tl.float32)[None, :], axis=1)
             tl.store(bc_ptr + ((row * groups + group) * BLOCK_T + j) * BLOCK_L + offs_l, bc_j)
+            tl.store(c32_ptr + ((row * groups + group) * BLOCK_T + j) * BLOCK_N + offs_n, C_j.to(tl.float32))
 
     heads = HEADS_PER_GROUP * groups
     head = group * HEADS_PER_GROUP + chunk * HEAD_CHUNK + tl.arange(0, HEAD_CHUNK)
@@ -130,37 +134,63 @@ def _verify_coefficients_kernel(
 
 
 @triton.jit
+def _checkpoint_tile(state_at, offs_p, offs_n, sr_p, sr_n, mask_p, d_state, EVEN: tl.constexpr):
+    """A tile of the checkpoint in fp32 (offsets and mask_p broadcast to its shape); unmasked when the blocks divide
+    head_dim and d_state (``EVEN``): a masked load zeroes its registers first, one instruction per two of them."""
+    at = state_at + offs_p * sr_p + offs_n * sr_n
+    if EVEN:
+        return tl.load(at, eviction_policy="evict_first").to(tl.float32)
+    return tl.load(at, mask=mask_p & (offs_n < d_state), other=0.0, eviction_policy="evict_first").to(tl.float32)
+
+
+@triton.jit
 def _checkpoint_reads(
-    state_at, C_at, sr_p, sr_n, sC_t, sC_n, mask_p, count, d_state,
+    state_at, C_at, sr_p, sr_n, mask_p, d_state,
     BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
+    C_STRIDE: tl.constexpr, EVEN: tl.constexpr, DEFER: tl.constexpr,
 ):  # fmt: skip
-    """h_c·C_j [BLOCK_T, BLOCK_P] of every query token from one read of the checkpoint tile: per token a product with
-    C_j summed over d_state. (A tensor-core form, checkpoint x C^T as a tf32x3 tl.dot with the tokens padded to 16,
-    lost at every shape of session 20's sweep: 692 µs at best for the verify step at batch 256, against 588.)"""
+    """h_c·C_j [BLOCK_T, BLOCK_P] of every query token from one read of the checkpoint tile (C_at: the row's C in
+    fp32, [BLOCK_T, C_STRIDE], 0 past its tokens). ``DEFER`` (when a [T, P, N] accumulator fits the registers):
+    products summed over the N tiles in place and over d_state once at the end, one cross-lane sum per token per
+    program. Otherwise per tile and token a product summed over d_state: ptxas and cuobjdump count 163 instructions
+    per KB of checkpoint at 32 x 32 x 1 warp, 224 of them shuffles and 36 barriers, against 86 for DEFER at
+    64 x 8 x 1 (80 shuffles; the decode replay's 126 runs at 95 % of HBM). (A tensor-core form, checkpoint x C^T as a
+    tf32x3 tl.dot with the tokens padded to 16, lost at every shape of session 20's sweep: 692 µs at best for the
+    verify step at batch 256, against 588.)"""
     offs_t = tl.arange(0, BLOCK_T)
+    if DEFER:
+        for t in tl.static_range(N_TILES):
+            offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+            h = _checkpoint_tile(
+                state_at, tl.arange(0, BLOCK_P)[None, :, None], offs_n[None, None, :], sr_p, sr_n,
+                mask_p[None, :, None], d_state, EVEN,
+            )  # fmt: skip
+            C = tl.load(C_at + offs_t[:, None] * C_STRIDE + offs_n[None, :])
+            if t == 0:
+                products = h * C[:, None, :]  # [T, P, N]
+            else:
+                products += h * C[:, None, :]
+        return tl.sum(products, axis=2)
     read = tl.zeros((BLOCK_T, BLOCK_P), dtype=tl.float32)
     for t in tl.static_range(N_TILES):
         offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < d_state
-        h = tl.load(
-            state_at + tl.arange(0, BLOCK_P)[:, None] * sr_p + offs_n[None, :] * sr_n,
-            mask=mask_p[:, None] & mask_n[None, :], other=0.0, eviction_policy="evict_first",
-        ).to(tl.float32)  # fmt: skip
+        h = _checkpoint_tile(
+            state_at, tl.arange(0, BLOCK_P)[:, None], offs_n[None, :], sr_p, sr_n, mask_p[:, None], d_state, EVEN
+        )
         for j in tl.static_range(BLOCK_T):
-            C_j = tl.load(C_at + j * sC_t + offs_n * sC_n, mask=mask_n & (j < count), other=0.0)
-            part = tl.sum(h * C_j.to(tl.float32)[None, :], axis=1)
+            part = tl.sum(h * tl.load(C_at + j * C_STRIDE + offs_n)[None, :], axis=1)
             read = tl.where(offs_t[:, None] == j, read + part[None, :], read)
     return read
 
 
-@triton.jit(do_not_specialize_on_alignment=["x_ptr", "C_ptr", "out_ptr"])
+@triton.jit(do_not_specialize_on_alignment=["x_ptr", "out_ptr"])
 def _verify_step_kernel(
-    x_ptr, C_ptr, D_ptr, read_ptr, ring_x_ptr, slot_ptr, pos_ptr, qsl_ptr, bc_ptr, w_ptr, decay_ptr, out_ptr,
+    x_ptr, c32_ptr, D_ptr, read_ptr, ring_x_ptr, slot_ptr, pos_ptr, qsl_ptr, bc_ptr, w_ptr, decay_ptr, out_ptr,
     head_dim, d_state, ring_len, max_tokens, nheads, heads_per_group, pad_slot_id,
-    sx_t, sx_h, sx_p, sC_t, sC_g, sC_n, sr_slot, sr_h, sr_p, sr_n, srx_slot, srx_h, srx_l, srx_p,
+    sx_t, sx_h, sx_p, sr_slot, sr_h, sr_p, sr_n, srx_slot, srx_h, srx_l, srx_p,
     so_t, so_h, so_p,
     HAS_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    N_TILES: tl.constexpr,
+    N_TILES: tl.constexpr, C_STRIDE: tl.constexpr, EVEN: tl.constexpr, DEFER: tl.constexpr,
 ):  # fmt: skip
     pblock = tl.program_id(0)
     row = tl.program_id(1)
@@ -179,9 +209,10 @@ def _verify_step_kernel(
     history, new, token = _ring_positions(offs_l, pos, start, count)
 
     # The checkpoint first: its loads are issued before the ring's store below, which would otherwise hold them back.
+    bc_row = (row * (nheads // heads_per_group) + group) * BLOCK_T
     read = _checkpoint_reads(
-        read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p, C_ptr + group * sC_g + start * sC_t,
-        sr_p, sr_n, sC_t, sC_n, mask_p, count, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES,
+        read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p, c32_ptr + bc_row * C_STRIDE,
+        sr_p, sr_n, mask_p, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES, C_STRIDE, EVEN, DEFER,
     )  # fmt: skip
     xs = _append_rows(  # [L, P]: the ring, T appended
         ring_x_ptr + slot * srx_slot + head * srx_h + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p,
@@ -189,7 +220,6 @@ def _verify_step_kernel(
         new[:, None] & mask_p[None, :], history[:, None] & mask_p[None, :],
     )  # fmt: skip
     coef_row = (row * nheads + head) * BLOCK_T
-    bc_row = (row * (nheads // heads_per_group) + group) * BLOCK_T
     y = tl.load(decay_ptr + coef_row + offs_t)[:, None] * read
     for j in tl.static_range(BLOCK_T):  # the masked T x (m+T) product, one query token per pass
         coef = tl.load(w_ptr + (coef_row + j) * BLOCK_L + offs_l)
@@ -202,6 +232,12 @@ def _verify_step_kernel(
         y += tl.load(D_ptr + head).to(tl.float32) * x_tok.to(tl.float32)
     out_at = out_ptr + (start + offs_t)[:, None] * so_t + head * so_h + offs_p[None, :] * so_p
     tl.store(out_at, y.to(out_ptr.dtype.element_ty), mask=mask_tp)
+
+
+def defers_reduction(block_t: int, block_p: int, block_n: int, num_warps: int) -> bool:
+    """Whether the output launch keeps a [T, P, N] accumulator (``_checkpoint_reads``' DEFER): when it takes at most
+    64 fp32 registers per thread (ptxas: 190 in all at 64 x 8 x 1 warp, T = 4; 128 per thread spill)."""
+    return block_t * block_p * block_n <= DEFER_REGISTERS * 32 * num_warps
 
 
 def verify_coefficients(
@@ -219,30 +255,30 @@ def verify_coefficients(
     dt_bias: torch.Tensor | None,
     dt_softplus: bool,
     pad_slot_id: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The verify's first launch (dt, A, dt_bias per head, as ``replay_verify`` has them): appends B and dt to the
-    rings and returns bc [batch, groups, T, L], the weights [batch, heads, T, L] and the checkpoint decays
-    [batch, heads, T] (blocks of powers of two, flat). Its own function so the kernel bench can time it alone."""
+    rings and returns bc [batch, groups, T, L], the weights [batch, heads, T, L], the checkpoint decays
+    [batch, heads, T] and C in fp32 [batch, groups, T, N], 0 past each row's tokens (blocks of powers of two,
+    flat): the output launch reads C in every program, so it is converted once here. Its own function so the
+    kernel bench can time it alone."""
     batch, nheads = state_indices.shape[0], dt.shape[1]
     ngroups, d_state = B.shape[1], B.shape[2]
     ring_len = ring_len_of(ring_B)
     BLOCK_T, BLOCK_L = block_size(max_query_len), block_size(ring_len, floor=16)
-    per_row = (ngroups + nheads) * BLOCK_T * BLOCK_L
-    scratch = torch.empty(batch * (per_row + nheads * BLOCK_T), dtype=torch.float32, device=dt.device)
-    bc = scratch[: batch * ngroups * BLOCK_T * BLOCK_L]
-    weight = scratch[batch * ngroups * BLOCK_T * BLOCK_L : batch * per_row]
-    decay = scratch[batch * per_row :]
+    BLOCK_N = block_size(d_state, floor=16)
+    sizes = (ngroups * BLOCK_T * BLOCK_L, nheads * BLOCK_T * BLOCK_L, nheads * BLOCK_T, ngroups * BLOCK_T * BLOCK_N)
+    scratch = torch.empty(batch * sum(sizes), dtype=torch.float32, device=dt.device)
+    bc, weight, decay, c32 = scratch.split([batch * size for size in sizes])
     head_tile = min(VERIFY_HEAD_CHUNK, head_chunk(nheads // ngroups))
     _verify_coefficients_kernel[(batch, ngroups, nheads // ngroups // head_tile)](
         dt, A, B, C, dt_bias if dt_bias is not None else A, ring_B, ring_dt, state_indices, write_pos,
-        query_start_loc, bc, weight, decay,
+        query_start_loc, bc, weight, decay, c32,
         d_state, ring_len, max_query_len, pad_slot_id,
         *dt.stride(), *B.stride(), *C.stride(), *ring_B.stride(), *ring_dt.stride(),
         HEADS_PER_GROUP=nheads // ngroups, HEAD_CHUNK=head_tile, HAS_DT_BIAS=dt_bias is not None,
-        DT_SOFTPLUS=dt_softplus, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_N=block_size(d_state, floor=16),
-        num_warps=VERIFY_COEF_NUM_WARPS,
+        DT_SOFTPLUS=dt_softplus, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_N=BLOCK_N, num_warps=VERIFY_COEF_NUM_WARPS,
     )  # fmt: skip
-    return bc, weight, decay
+    return bc, weight, decay, c32
 
 
 def replay_verify(
@@ -286,7 +322,7 @@ def replay_verify(
     if batch == 0 or x.shape[0] == 0:
         return out
     tuned = launch_for(state.dtype, x.device, "verify_step")
-    bc, weight, decay = verify_coefficients(
+    bc, weight, decay, c32 = verify_coefficients(
         dt, A, B, C, ring_B, ring_dt, state_indices, write_pos, query_start_loc, max_query_len,
         dt_bias=dt_bias, dt_softplus=dt_softplus, pad_slot_id=pad_slot_id,
     )  # fmt: skip
@@ -295,13 +331,16 @@ def replay_verify(
     BLOCK_L = block_size(ring_len, floor=16)
     BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p)
     BLOCK_N = block_size(d_state, cap=block_n or tuned.block_n)
+    warps = num_warps or tuned.num_warps
     _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
-        x, C, D if D is not None else A, state, ring_x, state_indices, write_pos, query_start_loc,
+        x, c32, D if D is not None else A, state, ring_x, state_indices, write_pos, query_start_loc,
         bc, weight, decay, out,
         head_dim, d_state, ring_len, max_query_len, nheads, nheads // ngroups, pad_slot_id,
-        *x.stride(), *C.stride(), *state.stride(), *ring_x.stride(), *out.stride(),
+        *x.stride(), *state.stride(), *ring_x.stride(), *out.stride(),
         HAS_D=D is not None, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
-        N_TILES=triton.cdiv(d_state, BLOCK_N), num_warps=num_warps or tuned.num_warps,
+        N_TILES=triton.cdiv(d_state, BLOCK_N), C_STRIDE=block_size(d_state, floor=16),
+        EVEN=head_dim % BLOCK_P == 0 and d_state % BLOCK_N == 0,
+        DEFER=defers_reduction(BLOCK_T, BLOCK_P, BLOCK_N, warps), num_warps=warps,
     )  # fmt: skip
     return out
 
