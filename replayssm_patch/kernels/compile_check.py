@@ -13,7 +13,6 @@ with TRITON_INTERPRET unset.
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import subprocess
@@ -181,7 +180,6 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
         VERIFY_HEAD_CHUNK,
         _verify_coefficients_kernel,
         _verify_step_kernel,
-        defers_reduction,
     )
 
     coef = {"HEADS_PER_GROUP": 16, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True, "BLOCK_L": 16, "BLOCK_N": 128}
@@ -222,18 +220,11 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     verify_coef = {**coef, "BLOCK_T": 4, "BLOCK_L": 32, "HEAD_CHUNK": VERIFY_HEAD_CHUNK}
     found.append(("verify coefficients, T=4", _verify_coefficients_kernel, _VERIFY_COEF_POINTERS, verify_coef,
                   VERIFY_COEF_NUM_WARPS))  # fmt: skip
-    # the output launch at the default shape (one [T, P] sum per tile and token) and at 64 x 8 x 1 warp, whose
-    # [T, P, N] accumulator fits the registers (the deferred sum)
-    for (label, read), (block_p, block_n, num_warps) in itertools.product(
-        (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")),
-        ((DEFAULT.block_p, DEFAULT.block_n, DEFAULT.num_warps), (64, 8, 1)),
-    ):
-        defer = defers_reduction(4, block_p, block_n, num_warps)
-        consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": block_p, "BLOCK_N": block_n,
-                  "N_TILES": 128 // block_n, "C_STRIDE": 128, "EVEN": True, "DEFER": defer,
-                  **_VERIFY_UNIT_STRIDES}  # fmt: skip
-        found.append((f"verify step T=4, {label}, {block_p}x{block_n}x{num_warps}" + (", deferred" if defer else ""),
-                      _verify_step_kernel, {**_VERIFY_STEP_POINTERS, "read_ptr": read}, consts, num_warps))  # fmt: skip
+    for label, read in (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")):
+        consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": DEFAULT.block_p, "BLOCK_N": DEFAULT.block_n,
+                  "N_TILES": 128 // DEFAULT.block_n, "C_STRIDE": 128, "EVEN": True, **_VERIFY_UNIT_STRIDES}  # fmt: skip
+        found.append((f"verify step T=4, {label}", _verify_step_kernel, {**_VERIFY_STEP_POINTERS, "read_ptr": read},
+                      consts, DEFAULT.num_warps))  # fmt: skip
     for label, kernel, pointers, blocks, num_warps in (
         ("gdn coefficients", _gdn_coefficients_kernel, _GDN_COEF_POINTERS, {"V_PER_K": 2, "HEAD_CHUNK": 2},
          GDN_COEF_NUM_WARPS),

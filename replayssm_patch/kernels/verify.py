@@ -14,10 +14,10 @@ heads) computes the tile's weights w[j, s] = exp(A·(dt summed over (s, m+j]))·
 B, and writes the tokens' C in fp32 for the output launch. (Session 19 timed the launch at 127 µs at batch 256 with
 the tiles as a serial loop in each program: latency, at 5 % of HBM; session 20, one program per tile, the scan and
 every load before the ring stores: 27 µs.) ``_verify_step_kernel`` per (head_dim block, row, head) appends x and
-forms every y_j; where its [T, P, N] accumulator fits the registers, it sums the checkpoint's products over d_state
-once, after the last tile (``defers_reduction``). Both launches issue all their loads before their ring stores
-(session 20, at batch 256: the verify without folds 590 -> 446 µs, of which the coefficient launch 127 -> 27). The
-ring must hold m + T_r entries (the layout gives verify rows L + T); a row that does not fit is skipped, like padding.
+forms every y_j. Both launches issue all their loads before their ring stores (session 20, at batch 256: the verify
+without folds 590 -> 446 µs, of which the coefficient launch 127 -> 27); the output launch reads C in fp32 and the
+checkpoint unmasked where the blocks divide it (session 21: 446 -> 413 µs). The ring must hold m + T_r entries (the
+layout gives verify rows L + T); a row that does not fit is skipped, like padding.
 """
 
 from __future__ import annotations
@@ -47,8 +47,6 @@ VERIFY_COEF_NUM_WARPS = 4
 # Heads per [heads, L] tile of the coefficient launch: the masked decay sums hold HEAD_CHUNK x L x L values
 # (L + T = 20 -> 32); 4 heads keep them at 32 per thread over 4 warps (ptxas: see compile_check).
 VERIFY_HEAD_CHUNK = 4
-# fp32 registers per thread the output launch's deferred [T, P, N] accumulator may take (``defers_reduction``)
-DEFER_REGISTERS = 64
 
 
 @triton.jit
@@ -147,30 +145,16 @@ def _checkpoint_tile(state_at, offs_p, offs_n, sr_p, sr_n, mask_p, d_state, EVEN
 def _checkpoint_reads(
     state_at, C_at, sr_p, sr_n, mask_p, d_state,
     BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
-    C_STRIDE: tl.constexpr, EVEN: tl.constexpr, DEFER: tl.constexpr,
+    C_STRIDE: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
     """h_c·C_j [BLOCK_T, BLOCK_P] of every query token from one read of the checkpoint tile (C_at: the row's C in
-    fp32, [BLOCK_T, C_STRIDE], 0 past its tokens). ``DEFER`` (when a [T, P, N] accumulator fits the registers):
-    products summed over the N tiles in place and over d_state once at the end, one cross-lane sum per token per
-    program. Otherwise per tile and token a product summed over d_state: ptxas and cuobjdump count 163 instructions
-    per KB of checkpoint at 32 x 32 x 1 warp, 224 of them shuffles and 36 barriers, against 86 for DEFER at
-    64 x 8 x 1 (80 shuffles; the decode replay's 126 runs at 95 % of HBM). (A tensor-core form, checkpoint x C^T as a
-    tf32x3 tl.dot with the tokens padded to 16, lost at every shape of session 20's sweep: 692 µs at best for the
-    verify step at batch 256, against 588.)"""
+    fp32, [BLOCK_T, C_STRIDE], 0 past its tokens): per tile and token a product summed over d_state.
+
+    Forms that lost on the H200 (verify step fp32, batch 256): a tensor-core one, checkpoint x C^T as a tf32x3 tl.dot
+    with the tokens padded to 16 (session 20: 692 µs at best, against 588); and a [T, P, N] accumulator summed over
+    d_state once after the last tile (sessions 19 and 21). At 64 x 8 x 1 warp it halves the instructions per KB of
+    checkpoint (ptxas and cuobjdump: 83 against 132) and ran 762 µs against 554; its best shape, 16 x 32, 624."""
     offs_t = tl.arange(0, BLOCK_T)
-    if DEFER:
-        for t in tl.static_range(N_TILES):
-            offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-            h = _checkpoint_tile(
-                state_at, tl.arange(0, BLOCK_P)[None, :, None], offs_n[None, None, :], sr_p, sr_n,
-                mask_p[None, :, None], d_state, EVEN,
-            )  # fmt: skip
-            C = tl.load(C_at + offs_t[:, None] * C_STRIDE + offs_n[None, :])
-            if t == 0:
-                products = h * C[:, None, :]  # [T, P, N]
-            else:
-                products += h * C[:, None, :]
-        return tl.sum(products, axis=2)
     read = tl.zeros((BLOCK_T, BLOCK_P), dtype=tl.float32)
     for t in tl.static_range(N_TILES):
         offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -190,7 +174,7 @@ def _verify_step_kernel(
     sx_t, sx_h, sx_p, sr_slot, sr_h, sr_p, sr_n, srx_slot, srx_h, srx_l, srx_p,
     so_t, so_h, so_p,
     HAS_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    N_TILES: tl.constexpr, C_STRIDE: tl.constexpr, EVEN: tl.constexpr, DEFER: tl.constexpr,
+    N_TILES: tl.constexpr, C_STRIDE: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
     pblock = tl.program_id(0)
     row = tl.program_id(1)
@@ -212,7 +196,7 @@ def _verify_step_kernel(
     bc_row = (row * (nheads // heads_per_group) + group) * BLOCK_T
     read = _checkpoint_reads(
         read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p, c32_ptr + bc_row * C_STRIDE,
-        sr_p, sr_n, mask_p, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES, C_STRIDE, EVEN, DEFER,
+        sr_p, sr_n, mask_p, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES, C_STRIDE, EVEN,
     )  # fmt: skip
     xs = _append_rows(  # [L, P]: the ring, T appended
         ring_x_ptr + slot * srx_slot + head * srx_h + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p,
@@ -234,12 +218,6 @@ def _verify_step_kernel(
     tl.store(out_at, y.to(out_ptr.dtype.element_ty), mask=mask_tp)
 
 
-def defers_reduction(block_t: int, block_p: int, block_n: int, num_warps: int) -> bool:
-    """Whether the output launch keeps a [T, P, N] accumulator (``_checkpoint_reads``' DEFER): when it takes at most
-    64 fp32 registers per thread (ptxas: 190 in all at 64 x 8 x 1 warp, T = 4; 128 per thread spill)."""
-    return block_t * block_p * block_n <= DEFER_REGISTERS * 32 * num_warps
-
-
 def verify_coefficients(
     dt: torch.Tensor,
     A: torch.Tensor,
@@ -258,9 +236,9 @@ def verify_coefficients(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The verify's first launch (dt, A, dt_bias per head, as ``replay_verify`` has them): appends B and dt to the
     rings and returns bc [batch, groups, T, L], the weights [batch, heads, T, L], the checkpoint decays
-    [batch, heads, T] and C in fp32 [batch, groups, T, N], 0 past each row's tokens (blocks of powers of two,
-    flat): the output launch reads C in every program, so it is converted once here. Its own function so the
-    kernel bench can time it alone."""
+    [batch, heads, T] (blocks of powers of two, flat), and C in fp32 [batch, groups, T, N] (0 past each row's
+    tokens and past d_state): the output launch reads C in every program, so it is converted once here. Its own
+    function so the kernel bench can time it alone."""
     batch, nheads = state_indices.shape[0], dt.shape[1]
     ngroups, d_state = B.shape[1], B.shape[2]
     ring_len = ring_len_of(ring_B)
@@ -269,6 +247,7 @@ def verify_coefficients(
     sizes = (ngroups * BLOCK_T * BLOCK_L, nheads * BLOCK_T * BLOCK_L, nheads * BLOCK_T, ngroups * BLOCK_T * BLOCK_N)
     scratch = torch.empty(batch * sum(sizes), dtype=torch.float32, device=dt.device)
     bc, weight, decay, c32 = scratch.split([batch * size for size in sizes])
+    c32 = c32.view(batch, ngroups, BLOCK_T, BLOCK_N)
     head_tile = min(VERIFY_HEAD_CHUNK, head_chunk(nheads // ngroups))
     _verify_coefficients_kernel[(batch, ngroups, nheads // ngroups // head_tile)](
         dt, A, B, C, dt_bias if dt_bias is not None else A, ring_B, ring_dt, state_indices, write_pos,
@@ -331,16 +310,14 @@ def replay_verify(
     BLOCK_L = block_size(ring_len, floor=16)
     BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p)
     BLOCK_N = block_size(d_state, cap=block_n or tuned.block_n)
-    warps = num_warps or tuned.num_warps
     _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
         x, c32, D if D is not None else A, state, ring_x, state_indices, write_pos, query_start_loc,
         bc, weight, decay, out,
         head_dim, d_state, ring_len, max_query_len, nheads, nheads // ngroups, pad_slot_id,
         *x.stride(), *state.stride(), *ring_x.stride(), *out.stride(),
         HAS_D=D is not None, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
-        N_TILES=triton.cdiv(d_state, BLOCK_N), C_STRIDE=block_size(d_state, floor=16),
-        EVEN=head_dim % BLOCK_P == 0 and d_state % BLOCK_N == 0,
-        DEFER=defers_reduction(BLOCK_T, BLOCK_P, BLOCK_N, warps), num_warps=warps,
+        N_TILES=triton.cdiv(d_state, BLOCK_N), C_STRIDE=c32.shape[-1],
+        EVEN=head_dim % BLOCK_P == 0 and d_state % BLOCK_N == 0, num_warps=num_warps or tuned.num_warps,
     )  # fmt: skip
     return out
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from replayssm_patch.cursors import NULL_BLOCK_ID, CursorTable
-from replayssm_patch.kernels import flush_ring_reference, verify
+from replayssm_patch.kernels import flush_ring_reference
 from replayssm_patch.kernels.common import softplus_reference
 from replayssm_patch.kernels.cursor_plan import plan_verify_rows, plan_verify_rows_reference
 from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
@@ -76,17 +76,11 @@ def decays(cache, slot: int, m: int, step: StepInputs, layer, first: int, count:
     return torch.exp(layer.A.double() * (ring + now))
 
 
-@pytest.mark.parametrize("deferred", [True, False], ids=["deferred sum", "sum per tile"])
 @pytest.mark.parametrize(("shape", "T"), VERIFY_SHAPES, ids=lambda v: str(v))
-def test_verify_matches_reference_and_fp64(
-    shape: Shape, T: int, deferred: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_verify_matches_reference_and_fp64(shape: Shape, T: int) -> None:
     """Rows at different cursors with 1..T query tokens (an empty and a nearly full history among them), a padding
     row with tokens, and a row that would overflow the ring (skipped); stale ring entries are NaN; d_state in two
-    tiles; the output launch's checkpoint products summed over d_state once (these shapes' accumulators fit) or
-    per tile (no register allowed for the accumulator)."""
-    if not deferred:
-        monkeypatch.setattr(verify, "DEFER_REGISTERS", 0)
+    tiles (blocks that divide head_dim and d_state, and blocks that do not)."""
     gen = seeded(shape, T, "verify")
     layer = make_layer(shape, gen)
     slots = shape.batch + 3
