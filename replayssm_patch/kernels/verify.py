@@ -16,8 +16,9 @@ the tiles as a serial loop in each program: latency, at 5 % of HBM; session 20, 
 every load before the ring stores: 27 µs.) ``_verify_step_kernel`` per (head_dim block, row, head) appends x and
 forms every y_j. Both launches issue all their loads before their ring stores (session 20, at batch 256: the verify
 without folds 590 -> 446 µs, of which the coefficient launch 127 -> 27); the output launch reads C in fp32 and the
-checkpoint unmasked where the blocks divide it (session 21: 446 -> 413 µs). The ring must hold m + T_r entries (the
-layout gives verify rows L + T); a row that does not fit is skipped, like padding.
+checkpoint unmasked where the blocks divide it (session 21: 446 -> 413 µs). The output launch now appends the tokens'
+rows to the ring after its last load (its coefficient loads waited for that store's data; not measured yet). The ring
+must hold m + T_r entries (the layout gives verify rows L + T); a row that does not fit is skipped, like padding.
 """
 
 from __future__ import annotations
@@ -57,15 +58,22 @@ def _ring_positions(offs_l, pos, start, count):
 
 
 @triton.jit
-def _append_rows(ring_at, new_at, new, history):
-    """Write the query tokens' rows (read at ``new_at`` where ``new``) to their ring positions (``ring_at``) and
-    return the ring tile with them appended, in fp32: history rows from the ring, new rows as read, 0 elsewhere.
-    Both loads come before the store (the two masks are disjoint): a load after a store the compiler cannot prove
-    apart from it waits for the store, one more memory latency in the program's chain."""
+def _ring_rows(ring_at, new_at, new, history):
+    """The ring tile with the query tokens' rows (read at ``new_at`` where ``new``) in place, in fp32: history rows
+    from the ring (``ring_at``), new rows as read, 0 elsewhere; and the new rows as read, for the caller to store.
+    Loads only: a load issued after a store waits for the store's data (the warp issues in order), one more memory
+    latency in the program's chain, so callers store after their last load."""
     raw = tl.load(new_at, mask=new, other=0.0)
     ring = tl.load(ring_at, mask=history, other=0.0)
+    return tl.where(new, raw.to(tl.float32), ring.to(tl.float32)), raw
+
+
+@triton.jit
+def _append_rows(ring_at, new_at, new, history):
+    """``_ring_rows``, the new rows stored to their ring positions at once (the masks are disjoint)."""
+    rows, raw = _ring_rows(ring_at, new_at, new, history)
     tl.store(ring_at, raw.to(ring_at.dtype.element_ty), mask=new)
-    return tl.where(new, raw.to(tl.float32), ring.to(tl.float32))
+    return rows
 
 
 @triton.jit(do_not_specialize_on_alignment=["dt_ptr", "B_ptr", "C_ptr"])
@@ -192,17 +200,19 @@ def _verify_step_kernel(
     mask_p = offs_p < head_dim
     history, new, token = _ring_positions(offs_l, pos, start, count)
 
-    # The checkpoint first: its loads are issued before the ring's store below, which would otherwise hold them back.
+    # Every load first, the ring's append last: a load after a store waits for the store's data.
     bc_row = (row * (nheads // heads_per_group) + group) * BLOCK_T
     read = _checkpoint_reads(
         read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p, c32_ptr + bc_row * C_STRIDE,
         sr_p, sr_n, mask_p, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES, C_STRIDE, EVEN,
     )  # fmt: skip
-    xs = _append_rows(  # [L, P]: the ring, T appended
+    xs, _ = _ring_rows(  # [L, P]: the ring, T appended
         ring_x_ptr + slot * srx_slot + head * srx_h + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p,
-        x_ptr + token[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p,
-        new[:, None] & mask_p[None, :], history[:, None] & mask_p[None, :],
+        x_ptr + token[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p, new[:, None] & mask_p[None, :],
+        history[:, None] & mask_p[None, :],
     )  # fmt: skip
+    mask_tp = (offs_t < count)[:, None] & mask_p[None, :]
+    x_tok = tl.load(x_ptr + (start + offs_t)[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p, mask=mask_tp)
     coef_row = (row * nheads + head) * BLOCK_T
     y = tl.load(decay_ptr + coef_row + offs_t)[:, None] * read
     for j in tl.static_range(BLOCK_T):  # the masked T x (m+T) product, one query token per pass
@@ -210,12 +220,12 @@ def _verify_step_kernel(
         coef *= tl.load(bc_ptr + (bc_row + j) * BLOCK_L + offs_l)
         part = tl.sum(coef[:, None] * xs, axis=0)
         y = tl.where(offs_t[:, None] == j, y + part[None, :], y)
-    mask_tp = (offs_t < count)[:, None] & mask_p[None, :]
     if HAS_D:
-        x_tok = tl.load(x_ptr + (start + offs_t)[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p, mask=mask_tp)
         y += tl.load(D_ptr + head).to(tl.float32) * x_tok.to(tl.float32)
     out_at = out_ptr + (start + offs_t)[:, None] * so_t + head * so_h + offs_p[None, :] * so_p
     tl.store(out_at, y.to(out_ptr.dtype.element_ty), mask=mask_tp)
+    ring_at = ring_x_ptr + slot * srx_slot + head * srx_h + (pos + offs_t)[:, None] * srx_l + offs_p[None, :] * srx_p
+    tl.store(ring_at, x_tok.to(ring_x_ptr.dtype.element_ty), mask=mask_tp)  # the query tokens' rows, appended
 
 
 def verify_coefficients(
