@@ -41,7 +41,8 @@ class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
     # Decode rows: one per state_indices_tensor_d row (graph padding rows get 0).
     replay_write_pos: torch.Tensor | None = None
     replay_flush_len: torch.Tensor | None = None
-    # The rows with replay_flush_len > 0, listed first, and how many there are (int32 [1]): the fold's work list.
+    # The rows with replay_flush_len > 0 (speculative: replay_fold_len > 0), listed first, and how many there are
+    # (int32 [1]): the fold's work list.
     replay_flush_rows: torch.Tensor | None = None
     replay_flush_count: torch.Tensor | None = None
     # Speculative decoding instead of replay_flush_len: committed entries each row folds before its verify.
@@ -291,7 +292,7 @@ def plan_ring(
             )
             cursor_table().verify_step(
                 slots, metadata.query_start_loc_d, metadata.num_accepted_tokens, write_pos, lengths,
-                real_rows=metadata.num_decodes,
+                real_rows=metadata.num_decodes, fold_rows=flush_rows, fold_count=buffers.flush_count,
             )  # fmt: skip
         else:
             cursor_table().decode_step(slots, write_pos, lengths, metadata.num_decodes, flush_rows, buffers.flush_count)
@@ -305,8 +306,8 @@ def plan_ring(
         metadata,
         replay_write_pos=write_pos,
         replay_flush_len=None if verify else lengths,
-        replay_flush_rows=None if verify else flush_rows,
-        replay_flush_count=None if verify else buffers.flush_count,
+        replay_flush_rows=flush_rows,
+        replay_flush_count=buffers.flush_count,
         replay_fold_len=lengths if verify else None,
         replay_pending=pending,
         replay_fold_pending=bool(metadata.num_prefills) and not fresh,

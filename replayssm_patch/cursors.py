@@ -86,17 +86,20 @@ class CursorTable:
         write_pos: torch.Tensor,
         fold_len: torch.Tensor,
         real_rows: int | None = None,
+        fold_rows: torch.Tensor | None = None,
+        fold_count: torch.Tensor | None = None,
     ) -> None:
         """Plan one verify step of rows [0, real_rows) (``kernels.cursor_plan.plan_verify_rows``): commit the accepted
         prefix of each row's last verify, fill ``write_pos`` / ``fold_len`` in place (fold_len > 0: fold that many
         committed entries first, then append at 0) and record this step's T_r = query_start_loc[r+1] -
-        query_start_loc[r] as pending. Device ops only; never call it for a CUDA-graph capture (a dry run)."""
+        query_start_loc[r] as pending. ``fold_rows`` / ``fold_count``, when given, receive the list of folding rows
+        the verify's fold walks. Device ops only; never call it for a CUDA-graph capture (a dry run)."""
         assert self.pending is not None, "verify_step needs a table built with verify_len > 0"
         if real_rows is None:
             real_rows = slots.shape[0]
         self._plan_verify(
             slots, query_start_loc, num_accepted, self.positions, self.pending, self.window_end, write_pos, fold_len,
-            real_rows, self.buffer_len, self.verify_len, NULL_BLOCK_ID,
+            real_rows, self.buffer_len, self.verify_len, NULL_BLOCK_ID, fold_rows, fold_count,
         )  # fmt: skip
 
     def take_pending(

@@ -197,7 +197,8 @@ class ReplayMambaMixer2(MambaMixer2):
             metadata.replay_write_pos[:rows],
             metadata.replay_fold_len[:rows],
         )
-        replay_verify_step(*leading, *plan, metadata.query_start_loc_d, max_query_len, **keywords)
+        fold_list = (metadata.replay_flush_rows[:rows], metadata.replay_flush_count)
+        replay_verify_step(*leading, *plan, metadata.query_start_loc_d, max_query_len, fold_list=fold_list, **keywords)
 
 
 def install_replay_mixer(config: ReplaySSMConfig) -> None:

@@ -214,15 +214,17 @@ def filled_caches(
 
 
 def flush_call(
-    cache: ReplayCache, A: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor, cfg: Shape | None = None
-) -> Callable[[], Any]:
+    cache: ReplayCache, A: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor, cfg: Shape | None = None,
+    work_list: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> Callable[[], Any]:  # fmt: skip
     """The standalone flush launch over every row, folding the first ``lengths`` ring entries of each (``cfg``: a
-    swept (block_p, num_warps, prefetch), else the launch table's)."""
+    swept (block_p, num_warps, prefetch), else the launch table's; ``work_list``: the folding rows, as a plan lists
+    them)."""
     from replayssm_patch.kernels import flush_ring
 
     return lambda: flush_ring(
         cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt, A, indices, lengths, state_bf16=cache.state_bf16,
-        **fold_tuning_of(cfg),
+        work_list=work_list, **fold_tuning_of(cfg),
     )  # fmt: skip
 
 

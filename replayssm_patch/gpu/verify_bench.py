@@ -133,10 +133,11 @@ class VerifySetup:
         self.num_accepted = torch.full((batch,), AL, **int32)
         last_write = torch.zeros(pool, **int32)
         last_write[self.indices.long()] = AL * (torch.arange(batch, **int32) % math.ceil(L / AL))
-        self.write_pos, self.fold_len = torch.zeros(batch, **int32), torch.zeros(batch, **int32)
+        self.write_pos, self.fold_len, fold_rows = torch.zeros(3, batch, **int32)
+        self.fold_list = (fold_rows, torch.zeros(1, **int32))  # the folding rows, as the plugin's plan lists them
         plan_verify_rows_reference(
             self.indices, self.query_start_loc, self.num_accepted, last_write, torch.full((pool,), T, **int32),
-            torch.full((pool,), L - 1, **int32), self.write_pos, self.fold_len, batch, L, T, PAD,
+            torch.full((pool,), L - 1, **int32), self.write_pos, self.fold_len, batch, L, T, PAD, *self.fold_list,
         )  # fmt: skip
         self.out = torch.empty(batch * T, plan.nheads, plan.head_dim, dtype=torch.bfloat16, device=device)
         blocks = 4 * batch * T + 1
@@ -171,7 +172,7 @@ class VerifySetup:
             return lambda: replay_verify(s.x, s.dt, layer.A, s.B, s.C, read, *ring, *common, **kwargs)
         return lambda: replay_verify_step(
             s.x, s.dt, layer.A, s.B, s.C, cache.ssm_state, *ring, fold_len, *common, state_bf16=cache.state_bf16,
-            fold_launch=fold_tuning_of(fold_cfg), **kwargs,
+            fold_list=self.fold_list, fold_launch=fold_tuning_of(fold_cfg), **kwargs,
         )  # fmt: skip
 
     def coefficients(self, mode: str) -> Callable[[], Any]:
@@ -198,7 +199,8 @@ class VerifySetup:
         """Best (block_p, num_warps, prefetch) of the fold launch at this batch's cursors, per mode."""
         return sweep_shapes(
             "verify fold", lambda mode, cfg: flush_call(self.caches[mode], self.layer.A, self.indices, self.fold_len,
-                                                        cfg), self.plan, self.device, self.plan.fold_configs,
+                                                        cfg, self.fold_list), self.plan, self.device,
+            self.plan.fold_configs,
         )  # fmt: skip
 
     def table(
@@ -227,7 +229,8 @@ class VerifySetup:
             coefficients = model.verify_coefficients(T, cursors["mean_history"], self.plan.buffer_len + T)
             timed.measure(f"of it the coefficient launch {mode}{suffix}", self.coefficients(mode), coefficients)
             timed.measure(f"fold launch {mode}{suffix}", flush_call(self.caches[mode], self.layer.A, self.indices,
-                                                                    self.fold_len, fold_cfg), fold)  # fmt: skip
+                                                                    self.fold_len, fold_cfg, self.fold_list),
+                          fold)  # fmt: skip
         rows = timed.rows(VERIFY_BASELINE_ROW)
         return rows if ring_label is None else [row for row in rows if row["kernel"] != VERIFY_BASELINE_ROW]
 

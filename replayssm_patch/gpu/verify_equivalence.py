@@ -85,7 +85,8 @@ def _verify_once(
     plan: Plan, layer: Any, cache: Any, table: Any, indices: Any, accepted: Any, gen: Any, pad_slot_id: int,
     tuning: dict[str, Any],
 ) -> dict[str, Any]:  # fmt: skip
-    """One verify step of every row: the cursor plan, then ``replay_verify_step`` on fresh bf16 tokens."""
+    """One verify step of every row: the cursor plan (with its list of folding rows, as the plugin's), then
+    ``replay_verify_step`` on fresh bf16 tokens."""
     import torch
 
     from replayssm_patch.kernels import replay_verify_step
@@ -93,16 +94,16 @@ def _verify_once(
 
     batch, T, device = indices.shape[0], VERIFY_TOKENS, indices.device
     qsl = torch.arange(0, batch * T + 1, T, dtype=torch.int32, device=device)
-    write_pos = torch.empty(batch, dtype=torch.int32, device=device)
-    fold_len = torch.empty(batch, dtype=torch.int32, device=device)
-    table.verify_step(indices, qsl, accepted, write_pos, fold_len)
+    write_pos, fold_len, fold_rows = torch.empty(3, batch, dtype=torch.int32, device=device)
+    fold_count = torch.empty(1, dtype=torch.int32, device=device)
+    table.verify_step(indices, qsl, accepted, write_pos, fold_len, fold_rows=fold_rows, fold_count=fold_count)
     inputs = StepInputs.random(batch * T, plan.nheads, plan.head_dim, plan.ngroups, plan.d_state, layer, gen,
                                torch.bfloat16)  # fmt: skip
     out = torch.empty(batch * T, plan.nheads, plan.head_dim, device=device)
     replay_verify_step(
         inputs.x, inputs.dt, layer.A, inputs.B, inputs.C, cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt,
         indices, write_pos, fold_len, qsl, T, state_bf16=cache.state_bf16, D=layer.D, dt_bias=layer.dt_bias,
-        pad_slot_id=pad_slot_id, out=out, **tuning,
+        pad_slot_id=pad_slot_id, out=out, fold_list=(fold_rows, fold_count), **tuning,
     )  # fmt: skip
     return {"inputs": inputs, "out": out, "folds": int((fold_len > 0).sum())}
 

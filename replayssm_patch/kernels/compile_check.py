@@ -13,6 +13,7 @@ with TRITON_INTERPRET unset.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -55,7 +56,7 @@ _VERIFY_STEP_POINTERS = {
 }  # fmt: skip
 _FLUSH_POINTERS = {
     "A_ptr": "*fp32", "state_ptr": "*fp32", "ring_x_ptr": "*bf16", "ring_B_ptr": "*bf16", "ring_dt_ptr": "*fp32",
-    "slot_ptr": "*i32", "len_ptr": "*i32",
+    "slot_ptr": "*i32", "len_ptr": "*i32", "rows_ptr": "*i32", "count_ptr": "*i32",
 }  # fmt: skip
 
 _GDN_SCRATCH_POINTERS = {
@@ -141,7 +142,8 @@ def compile_for_hopper(
 
 
 def ptxas_usage(ptx: str) -> tuple[int, int]:
-    """(registers per thread, spill store bytes) of a PTX module for sm_90a, from Triton's bundled ptxas."""
+    """(registers per thread, spill store bytes of every function) of a PTX module for sm_90a, from Triton's bundled
+    ptxas."""
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "kernel.ptx"
         source.write_text(ptx)
@@ -149,9 +151,9 @@ def ptxas_usage(ptx: str) -> tuple[int, int]:
             [get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", str(source), "-o", str(Path(tmp) / "kernel.cubin")],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
-    registers = re.search(r"Used (\d+) registers", done.stderr)
-    spills = re.search(r"(\d+) bytes spill stores", done.stderr)
-    return int(registers.group(1)) if registers else 0, int(spills.group(1)) if spills else 0
+    registers = re.search(r"Used (\d+) registers", done.stderr)  # the entry function's, which its callees share
+    spills = re.findall(r"(\d+) bytes spill stores", done.stderr)  # the entry's and each noinline callee's
+    return int(registers.group(1)) if registers else 0, sum(map(int, spills))
 
 
 def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, object], int]]:
@@ -198,20 +200,21 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
                 **_FOLD_UNIT_STRIDES}  # fmt: skip
         found.append((f"decode fold, {label}", _decode_fold_kernel, {**_FOLD_POINTERS, "copy_ptr": read}, fold,
                       FOLD_NUM_WARPS))  # fmt: skip
-    for copy in (False, True):
+    for copy, prefetch, listed in (*itertools.product((False, True), (False, True), (False,)), (False, True, True)):
+        # ptxas: 148 / 174 registers, 234 / 244 with the prefetch (no spills); the last walks a list of rows
         pointers = {**_FLUSH_POINTERS, "bf16_ptr": "*bf16" if copy else "*fp32"}
-        for prefetch in (False, True):  # ptxas: 148 / 174 registers, 234 / 244 with the prefetch (no spills)
-            consts = {"HAS_BF16": copy, "PREFETCH": prefetch, "BLOCK_L": 16, "BLOCK_P": 16, "BLOCK_N": 128,
-                      "P_BLOCKS": 4}  # head_dim 64  # fmt: skip
-            label = f"flush, bf16 copy {copy}" + (", prefetch" if prefetch else "")
-            found.append((label, _flush_kernel, pointers, consts, 4))
+        consts = {"HAS_LIST": listed, "HAS_BF16": copy, "PREFETCH": prefetch, "BLOCK_L": 16, "BLOCK_P": 16,
+                  "BLOCK_N": 128, "P_BLOCKS": 4}  # head_dim 64  # fmt: skip
+        label = f"flush, bf16 copy {copy}" + (", prefetch" if prefetch else "") + (", listed rows" if listed else "")
+        found.append((label, _flush_kernel, pointers, consts, 4))
     plan_pointers = {"slot_ptr": "*i32", "positions_ptr": "*i32", "window_end_ptr": "*i32", "write_pos_ptr": "*i32",
                      "flush_ptr": "*i32"}  # fmt: skip
     list_pointers = {**plan_pointers, "flush_rows_ptr": "*i32", "flush_count_ptr": "*i32"}
     found.append(("cursor plan", _cursor_plan_kernel, list_pointers, {"HAS_LIST": True, "BLOCK": PLAN_BLOCK}, 4))
     verify_plan_pointers = {**plan_pointers, "qsl_ptr": "*i32", "accepted_ptr": "*i32", "pending_ptr": "*i32",
-                            "fold_ptr": "*i32"}  # fmt: skip
-    found.append(("verify plan", _verify_plan_kernel, verify_plan_pointers, {"BLOCK": PLAN_BLOCK}, 4))
+                            "fold_ptr": "*i32", "fold_rows_ptr": "*i32", "fold_count_ptr": "*i32"}  # fmt: skip
+    found.append(("verify plan", _verify_plan_kernel, verify_plan_pointers, {"HAS_LIST": True, "BLOCK": PLAN_BLOCK},
+                  4))  # fmt: skip
     take_pointers = {**plan_pointers, "has_state_ptr": "*i1", "accepted_ptr": "*i32", "pending_ptr": "*i32",
                      "out_ptr": "*i32"}  # fmt: skip
     take_flags = {"HAS_STATE": True, "SPECULATIVE": True, "HAS_ACCEPTED": True, "STAGGER": True, "BLOCK": PLAN_BLOCK}

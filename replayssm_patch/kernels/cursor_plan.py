@@ -110,9 +110,10 @@ def plan_decode_rows_reference(
 @triton.jit(do_not_specialize=["real_rows", "rows"])
 def _verify_plan_kernel(
     slot_ptr, slot_stride, qsl_ptr, accepted_ptr, positions_ptr, pending_ptr, window_end_ptr, write_pos_ptr, fold_ptr,
-    real_rows, rows, buffer_len, verify_len, null_block, BLOCK: tl.constexpr,
+    fold_rows_ptr, fold_count_ptr, real_rows, rows, buffer_len, verify_len, null_block, HAS_LIST: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # with the list, one program holds every row
     in_batch = offs < rows
     slot = tl.load(slot_ptr + offs * slot_stride, mask=offs < real_rows, other=null_block)
     real = (offs < real_rows) & (slot != null_block)
@@ -128,6 +129,10 @@ def _verify_plan_kernel(
     tl.store(positions_ptr + slot, write, mask=real)
     tl.store(pending_ptr + slot, count, mask=real)
     tl.store(window_end_ptr + slot, buffer_len - 1, mask=fold)
+    if HAS_LIST:
+        flags = fold.to(tl.int32)
+        tl.store(fold_rows_ptr + tl.cumsum(flags, axis=0) - 1, offs, mask=fold)
+        tl.store(fold_count_ptr, tl.sum(flags, axis=0))
 
 
 def plan_verify_rows(
@@ -143,6 +148,8 @@ def plan_verify_rows(
     buffer_len: int,
     verify_len: int,
     null_block: int,
+    fold_rows: torch.Tensor | None = None,
+    fold_count: torch.Tensor | None = None,
 ) -> None:
     """Plan a verify step in one launch: commit, fold decision and write position of rows [0, real_rows).
 
@@ -152,14 +159,19 @@ def plan_verify_rows(
     else fold_len = 0, write_pos = committed. positions becomes write_pos and pending T_r; rejected entries
     are simply overwritten later. Rows past real_rows (graph padding) and null-block rows get 0 and move
     nothing. Device work only, no ``.item()``: vLLM's async scheduler may still be correcting num_accepted.
+    ``fold_rows`` (int32 [rows]) / ``fold_count`` (int32 [1]), when given, receive the list of folding rows, in row
+    order, for the fold's work list (entries past the count are left as they were).
     """
     check_launchable(slots, positions)
     rows = write_pos.shape[0]
     if rows == 0:
         return
-    _verify_plan_kernel[(triton.cdiv(rows, PLAN_BLOCK),)](
+    has_list = fold_rows is not None and fold_count is not None
+    block = max(PLAN_BLOCK, triton.next_power_of_2(rows)) if has_list else PLAN_BLOCK
+    _verify_plan_kernel[(triton.cdiv(rows, block),)](
         slots, slots.stride(0), query_start_loc, num_accepted, positions, pending, window_end, write_pos, fold_len,
-        real_rows, rows, buffer_len, verify_len, null_block, BLOCK=PLAN_BLOCK,
+        fold_rows if has_list else write_pos, fold_count if has_list else write_pos, real_rows, rows, buffer_len,
+        verify_len, null_block, HAS_LIST=has_list, BLOCK=block,
     )  # fmt: skip
 
 
@@ -176,6 +188,8 @@ def plan_verify_rows_reference(
     buffer_len: int,
     verify_len: int,
     null_block: int,
+    fold_rows: torch.Tensor | None = None,
+    fold_count: torch.Tensor | None = None,
 ) -> None:
     """Plain-PyTorch twin of ``plan_verify_rows`` (same arguments)."""
     write_pos.zero_()
@@ -192,6 +206,10 @@ def plan_verify_rows_reference(
     positions[slot] = write.to(positions.dtype)
     pending[slot] = count
     window_end[slot] = torch.where(fold, buffer_len - 1, window_end[slot]).to(window_end.dtype)
+    if fold_rows is not None and fold_count is not None:
+        listed = rows[fold]
+        fold_rows[: listed.numel()] = listed.to(fold_rows.dtype)
+        fold_count.fill_(listed.numel())
 
 
 # The prefill rows' indices are a slice at the decode rows' offset, whose alignment changes with the batch: never

@@ -3,9 +3,9 @@
 h' = exp(A * sum dt) * h + X^T diag(w) B, with w_s = exp(A * dt summed after s) * dt_s. Reads and writes
 the master checkpoint (fp32 in split precision) and refreshes the bf16 copy in the same pass. One program
 per (batch row, head), looping over head_dim blocks; rows with flush_len == 0 or a padding slot return at
-once. Decode steps fold in a launch of their own (``decode_fold``); this one serves the rest: materialising the
-ring before a prefill reads the checkpoint, the fold before a speculative verify (``verify``), and draining rings
-in tests and benches.
+once. Given the list of folding rows, a fixed grid walks their (row, head) items instead. Decode steps fold in
+a launch of their own (``decode_fold``); this one serves the rest: materialising the ring before a prefill reads
+the checkpoint, the fold before a speculative verify (``verify``), and draining rings in tests and benches.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size, check_launchable, decay_sum_after, decay_sum_after_reference
-from replayssm_patch.kernels.decode_fold import FOLD_PRECISION
+from replayssm_patch.kernels.decode_fold import FOLD_PRECISION, fold_programs
 from replayssm_patch.kernels.launch_config import fold_launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head, ring_entries, ring_len_of, valid_rows
 
@@ -24,15 +24,45 @@ from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head,
 # alignment, or a new batch composition can compile a new kernel while serving (as the decode kernels did).
 @triton.jit(do_not_specialize_on_alignment=["slot_ptr", "len_ptr"])
 def _flush_kernel(
-    A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr,
+    A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr, rows_ptr, count_ptr,
+    head_dim, d_state, ring_len, nheads, heads_per_group, pad_slot_id,
+    ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n,
+    srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h,
+    HAS_LIST: tl.constexpr, HAS_BF16: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, P_BLOCKS: tl.constexpr,
+):  # fmt: skip
+    if HAS_LIST:  # a fixed grid walks the (listed row, head) items: a row that does not fold takes no program
+        items = tl.load(count_ptr) * nheads
+        item = tl.program_id(0)
+        while item < items:
+            _fold_row_head(
+                A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr,
+                tl.load(rows_ptr + item // nheads), item % nheads, head_dim, d_state, ring_len, heads_per_group,
+                pad_slot_id, ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n, srx_slot, srx_l, srx_h, srx_p,
+                srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h, HAS_BF16, PREFETCH, BLOCK_L, BLOCK_P,
+                BLOCK_N, P_BLOCKS,
+            )  # fmt: skip
+            item += tl.num_programs(0)
+    else:
+        _fold_row_head(
+            A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr, tl.program_id(0),
+            tl.program_id(1), head_dim, d_state, ring_len, heads_per_group, pad_slot_id, ss_slot, ss_h, ss_p, ss_n,
+            sc_slot, sc_h, sc_p, sc_n, srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot,
+            srdt_l, srdt_h, HAS_BF16, PREFETCH, BLOCK_L, BLOCK_P, BLOCK_N, P_BLOCKS,
+        )  # fmt: skip
+
+
+@triton.jit(noinline=True)
+def _fold_row_head(
+    A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr, row, head,
     head_dim, d_state, ring_len, heads_per_group, pad_slot_id,
     ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n,
     srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h,
     HAS_BF16: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr, P_BLOCKS: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0)
-    head = tl.program_id(1)
+    """Fold one (row, head): every head_dim block of its master tile; a padding row or one with nothing to fold
+    returns at once."""
     slot = tl.load(slot_ptr + row).to(tl.int64)
     count = tl.minimum(tl.load(len_ptr + row), ring_len)
     if (slot == pad_slot_id) | (slot < 0) | (count <= 0):
@@ -106,6 +136,7 @@ def flush_ring(
     *,
     state_bf16: torch.Tensor | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
+    work_list: tuple[torch.Tensor, torch.Tensor] | None = None,
     block_p: int | None = None,
     num_warps: int | None = None,
     prefetch: bool | None = None,
@@ -114,9 +145,13 @@ def flush_ring(
 
     ssm_state [slots, nheads, head_dim, d_state] is the master (any float dtype; fp32 for split precision);
     flush_len int [batch]: 0 = leave the row alone (values above L count as L). Padding rows are skipped.
-    The ring itself is not cleared: the caller restarts the row's write_pos at 0. ``block_p`` (head_dim
-    rows per program, at least 16 for tl.dot), ``num_warps`` and ``prefetch`` (each head_dim block's loads before
-    the previous block's stores) are GPU tuning knobs only; unset, the launch table's ``"fold"`` entry decides.
+    The ring itself is not cleared: the caller restarts the row's write_pos at 0. ``work_list`` (rows int32
+    [batch], count int32 [1]: the rows with flush_len > 0 first, as the cursor plans and ``flush_work_list`` give
+    them): a fixed grid of one resident wave walks only those rows' heads, where otherwise every (row, head) gets a
+    program and an idle row's return costs ~0.1 µs of the launch (a fit to session 21's fold rows at L = 16 and
+    28: 11 of the 62 µs at batch 128). ``block_p`` (head_dim rows per program, at least 16 for tl.dot),
+    ``num_warps`` and ``prefetch`` (each head_dim block's loads before the previous block's stores) are GPU tuning
+    knobs only; unset, the launch table's ``"fold"`` entry decides.
     The dot runs on tensor cores in tf32x3 (fp32-level error, as the decode fold's): ptxas (compile_check, 16 x 4
     warps, L = 16, in order) gives 148 registers without spills, 174 with the bf16 copy, where the fp32 FMA dot
     ("ieee") took 242 and 255, two programs per SM instead of three.
@@ -131,12 +166,15 @@ def flush_ring(
     tuned = fold_launch_for(state_bf16 is not None, ssm_state.device)
     BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p, floor=16)
     copy = state_bf16 if state_bf16 is not None else ssm_state
-    _flush_kernel[(batch, nheads)](
-        A, ssm_state, copy, ring_x, ring_B, ring_dt, state_indices, flush_len,
-        head_dim, d_state, ring_len_of(ring_x), nheads // ngroups, pad_slot_id,
+    rows, count = work_list if work_list is not None else (flush_len, flush_len)
+    grid = (min(batch * nheads, fold_programs(ssm_state.device)),) if work_list is not None else (batch, nheads)
+    _flush_kernel[grid](
+        A, ssm_state, copy, ring_x, ring_B, ring_dt, state_indices, flush_len, rows, count,
+        head_dim, d_state, ring_len_of(ring_x), nheads, nheads // ngroups, pad_slot_id,
         *ssm_state.stride(), *copy.stride(),
         *ring_entries(ring_x).stride(), *ring_entries(ring_B).stride(), *ring_entries(ring_dt).stride(),
-        HAS_BF16=state_bf16 is not None, PREFETCH=tuned.prefetch if prefetch is None else prefetch,
+        HAS_LIST=work_list is not None, HAS_BF16=state_bf16 is not None,
+        PREFETCH=tuned.prefetch if prefetch is None else prefetch,
         BLOCK_L=block_size(ring_len_of(ring_x), floor=16), BLOCK_P=BLOCK_P, BLOCK_N=block_size(d_state, floor=16),
         P_BLOCKS=triton.cdiv(head_dim, BLOCK_P), num_warps=num_warps or tuned.num_warps,
     )  # fmt: skip
@@ -153,12 +191,14 @@ def flush_ring_reference(
     *,
     state_bf16: torch.Tensor | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
+    work_list: tuple[torch.Tensor, torch.Tensor] | None = None,
     block_p: int | None = None,
     num_warps: int | None = None,
     prefetch: bool | None = None,
 ) -> None:
-    """Plain-PyTorch twin of ``flush_ring`` (same arguments; the tuning knobs are ignored), in fp32."""
-    del block_p, num_warps, prefetch
+    """Plain-PyTorch twin of ``flush_ring`` (same arguments; the work list and the tuning knobs are ignored: every
+    row with flush_len > 0 folds), in fp32."""
+    del work_list, block_p, num_warps, prefetch
     nheads = ssm_state.shape[1]
     A = per_head(A, nheads).float()
     rows = (valid_rows(state_indices, pad_slot_id) & (flush_len > 0)).nonzero().squeeze(1)

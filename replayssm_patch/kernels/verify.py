@@ -408,16 +408,18 @@ def replay_verify_step(
     *,
     state_bf16: torch.Tensor | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
+    fold_list: tuple[torch.Tensor, torch.Tensor] | None = None,
     fold_launch: dict[str, Any] | None = None,
     **verify_kwargs: Any,
 ) -> torch.Tensor:
     """The verify step of a layer: rows with fold_len > 0 fold their committed entries [0, fold_len) into ssm_state
     (+ state_bf16) first (the builder gives them write_pos 0), then every row verifies, reading state_bf16 when
     given (else ssm_state). Three fixed-grid launches (fold, coefficients, outputs), so it can be graph-captured.
+    ``fold_list``: (rows, count) of the folding rows, as the verify plan lists them (``flush_ring``'s work list);
     ``fold_launch``: the fold's tuning knobs (``flush_ring``'s; unset, the launch table's). Other keywords (D,
     dt_bias, dt_softplus, out, tuning knobs) as in ``replay_verify``."""
     flush_ring(ssm_state, ring_x, ring_B, ring_dt, A, state_indices, fold_len, state_bf16=state_bf16,
-               pad_slot_id=pad_slot_id, **(fold_launch or {}))  # fmt: skip
+               pad_slot_id=pad_slot_id, work_list=fold_list, **(fold_launch or {}))  # fmt: skip
     read = state_bf16 if state_bf16 is not None else ssm_state
     return replay_verify(
         x, dt, A, B, C, read, ring_x, ring_B, ring_dt, state_indices, write_pos, query_start_loc, max_query_len,
@@ -443,11 +445,12 @@ def replay_verify_step_reference(
     *,
     state_bf16: torch.Tensor | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
+    fold_list: tuple[torch.Tensor, torch.Tensor] | None = None,
     fold_launch: dict[str, Any] | None = None,
     **verify_kwargs: Any,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``replay_verify_step`` (same arguments)."""
-    del fold_launch
+    del fold_list, fold_launch
     flush_ring_reference(ssm_state, ring_x, ring_B, ring_dt, A, state_indices, fold_len, state_bf16=state_bf16,
                          pad_slot_id=pad_slot_id)  # fmt: skip
     read = state_bf16 if state_bf16 is not None else ssm_state

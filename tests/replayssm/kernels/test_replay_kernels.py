@@ -32,6 +32,7 @@ import torch
 
 from replayssm_patch.cursors import first_window_end
 from replayssm_patch.kernels import (
+    PAD_SLOT_ID,
     ReplayCache,
     copy_state_to_bf16,
     decode_flush_len,
@@ -45,6 +46,7 @@ from replayssm_patch.kernels import (
 )
 from replayssm_patch.kernels.common import softplus_reference
 from replayssm_patch.kernels.cursor_plan import plan_decode_rows, plan_decode_rows_reference
+from replayssm_patch.kernels.decode_fold import flush_work_list
 from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
 from replayssm_patch.kernels.layout import group_of_head, ring_len_of
 from replayssm_patch.kernels.layout import ring_entries as entries
@@ -204,11 +206,13 @@ def _written(cache: ReplayCache, slots: torch.Tensor, write_pos: torch.Tensor) -
     return mask
 
 
-@pytest.mark.parametrize("prefetch", [False, True], ids=["in-order", "prefetch"])
+@pytest.mark.parametrize(("prefetch", "listed"), [(False, False), (True, False), (True, True)],
+                         ids=["in-order", "prefetch", "prefetch, listed rows"])  # fmt: skip
 @pytest.mark.parametrize("split", [False, True], ids=["fp32", "split"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_flush_matches_reference_and_fp64(shape: Shape, split: bool, prefetch: bool) -> None:
-    """Both orders of the launch's head_dim blocks (head_dim 24: two blocks of 16, the second one partly masked)."""
+def test_flush_matches_reference_and_fp64(shape: Shape, split: bool, prefetch: bool, listed: bool) -> None:
+    """Both orders of the launch's head_dim blocks (head_dim 24: two blocks of 16, the second one partly masked),
+    and a fixed grid walking the list of folding rows (as the verify's fold runs)."""
     gen = seeded(shape, split, "flush")
     layer = make_layer(shape, gen)
     indices, slots = layout_rows(shape.batch, gen, -1)
@@ -223,11 +227,14 @@ def test_flush_matches_reference_and_fp64(shape: Shape, split: bool, prefetch: b
     flush_len[-1] = shape.ring_len  # padding row: skipped whatever its length
     fill_ring(shape, cache, real, flush_len[:-1], gen)
 
+    work_list = None
+    if listed:
+        work_list = flush_work_list(flush_len, indices, torch.zeros_like(flush_len), shape.ring_len, PAD_SLOT_ID)
     results = []
     for fn in (flush_ring, flush_ring_reference):
         run = cache.clone()
         fn(run.ssm_state, run.ring_x, run.ring_B, run.ring_dt, layer.A, indices, flush_len, state_bf16=run.state_bf16,
-           prefetch=prefetch)  # fmt: skip
+           prefetch=prefetch, work_list=work_list)  # fmt: skip
         results.append(run)
     c_tri, c_ref = results
 

@@ -138,7 +138,8 @@ def run_verify_steps(shape: Shape, T: int, split: bool, pattern: str, steps: int
     folds = 0
     for t in range(steps):
         write_pos, fold_len = torch.full((rows,), -7, dtype=torch.int32), torch.full((rows,), -7, dtype=torch.int32)
-        table.verify_step(indices, qsl, accepted, write_pos, fold_len)
+        fold_list = (torch.full((rows,), -7, dtype=torch.int32), torch.full((1,), -7, dtype=torch.int32))
+        table.verify_step(indices, qsl, accepted, write_pos, fold_len, fold_rows=fold_list[0], fold_count=fold_list[1])
         assert ((write_pos + T) <= shape.ring_len).all(), "a planned verify must fit the ring"
         folds += int((fold_len > 0).sum())
         step = tokens(shape, layer, rows * T, gen)
@@ -148,8 +149,8 @@ def run_verify_steps(shape: Shape, T: int, split: bool, pattern: str, steps: int
             run = caches[name]
             args = (step.x, step.dt, layer.A, step.B, step.C, run.ssm_state, run.ring_x, run.ring_B, run.ring_dt)
             outs[name] = fn(*args, indices, write_pos, fold_len, qsl, T, state_bf16=run.state_bf16, D=layer.D,
-                            dt_bias=layer.dt_bias, pad_slot_id=NULL_BLOCK_ID, out=torch.empty(rows * T, shape.nheads,
-                            shape.head_dim))  # fmt: skip
+                            dt_bias=layer.dt_bias, pad_slot_id=NULL_BLOCK_ID, fold_list=fold_list,
+                            out=torch.empty(rows * T, shape.nheads, shape.head_dim))  # fmt: skip
         if pattern == "all":
             accepted = torch.full((rows,), T, dtype=torch.int32)
         elif pattern == "none":
@@ -198,7 +199,7 @@ def test_verify_steps_in_split_precision_stay_within_the_bf16_bound(pattern: str
 
 def test_verify_plan_kernel_matches_its_reference() -> None:
     """Commit, fold and graph padding through the interpreted one-launch plan and its twin, over many steps with
-    random acceptance and token counts (a 1-token row among them)."""
+    random acceptance and token counts (a 1-token row among them); both list the folding rows for the fold."""
     L, T, blocks = 4, 3, 10
     gen = seeded("verify-plan")
     slots = torch.tensor([4, 0, 7, 2, 0, 0], dtype=torch.int32)  # rows 4, 5: padding past real_rows
@@ -212,9 +213,12 @@ def test_verify_plan_kernel_matches_its_reference() -> None:
             qsl = torch.cat([torch.zeros(1, dtype=torch.int32), counts.cumsum(0).to(torch.int32)])
             accepted = torch.randint(0, T + 2, (6,), generator=gen, dtype=torch.int32)  # also out-of-range values
             write_pos, fold_len = torch.full((6,), -7, dtype=torch.int32), torch.full((6,), -7, dtype=torch.int32)
+            fold_rows, fold_count = torch.full((6,), -7, dtype=torch.int32), torch.full((1,), -7, dtype=torch.int32)
             plan(slots, qsl, accepted, table.positions, table.pending, table.window_end, write_pos, fold_len, 4, L, T,
-                 NULL_BLOCK_ID)  # fmt: skip
+                 NULL_BLOCK_ID, fold_rows, fold_count)  # fmt: skip
             assert ((write_pos + counts <= L + T) | (slots == 0)).all()
+            listed = fold_rows[: int(fold_count)].tolist()
+            assert listed == (fold_len > 0).nonzero().squeeze(1).tolist(), "the folding rows, in row order"
             history.append((write_pos.tolist(), fold_len.tolist(), table.positions.tolist(), table.pending.tolist()))
         seen.append(history)
     assert seen[0] == seen[1]
