@@ -17,9 +17,10 @@
     acceptance length 3, so about 1 row in ceil(L / 3) folds), timed as (b): the whole ``replay_verify_step``,
     the verify alone, its coefficient launch alone and the fold launch alone, against vLLM's speculative
     selective_state_update (fp32 state, 1+k state blocks per request, the call ``VERIFY_BASELINE_CALL``) at the
-    same batches, and at the two largest with a ring of L = 28 as well; the verify's output launch and its fold
-    launch are swept at the largest batch first, and their winners go to launch_config.json (``verify_step``,
-    ``fold``) if (d) holds them.
+    same batches, at the two largest with a ring of L = 28 as well, and at the largest with T = 1, 2 and 8 (the
+    T-token products' share of the output launch); the verify's output launch and its fold launch are swept at the
+    largest batch first, and their winners go to launch_config.json (``verify_step``, ``fold``) if (d) holds them.
+    The fold walks the plan's list of folding rows, as the plugin's does.
 (d) speculative verify equivalence: 250 verify steps at batch 256 through the builder's cursor plan, random
     acceptance, against the fp64 recurrence (``verify_equivalence``), with the shapes (c) chose.
 Writes DIR/kernel_bench.json and DIR/kernel_bench.md, rewritten after each section so a crash keeps the rest.

@@ -57,12 +57,16 @@ class Plan(BenchPlan):
     # a second ring the verify section times at its two largest batches: at T = 4, L = 28 fills the 32-entry tile the
     # kernels already pad L + T = 20 to, and a row folds every ceil(28 / AL) verifies instead of every ceil(16 / AL)
     verify_long_ring: int = 28
+    # T of the verify's rows at the largest batch besides k = 3's 4 (the ring L + T): how much of the output launch
+    # the T-token products take beside the checkpoint read they share (k = 0, 1 and 7)
+    verify_token_sweep: tuple[int, ...] = (1, 2, 8)
 
 
 SMOKE_PLAN = Plan(
     nheads=4, head_dim=8, d_state=16, ngroups=2, buffer_len=4, eq_batch=3, eq_steps=6, batches=(2,),
     warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
     verify_configs=((16, 64, 1), (8, 16, 2)), fold_configs=((16, 4, 0), (16, 4, 1)), verify_long_ring=5,
+    verify_token_sweep=(2,),
 )  # fmt: skip
 
 

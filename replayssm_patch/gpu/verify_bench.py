@@ -83,7 +83,13 @@ def run_verify(plan: Plan, device: str, baseline: Baseline, sweep: bool = True) 
         print(f"[kernel_bench]   verify batch {batch}, L = {long_ring.buffer_len}", flush=True)
         setup = VerifySetup(long_ring, device, batch)
         result["cursors"][f"{batch}, L = {long_ring.buffer_len}"] = setup.cursors()
-        result["rows"].extend(setup.table(baseline if problem is None else None, configs, folds, long_ring.buffer_len))
+        result["rows"].extend(setup.table(baseline if problem is None else None, configs, folds,
+                                          f", L = {long_ring.buffer_len}", with_baseline=False))  # fmt: skip
+    for tokens in plan.verify_token_sweep:  # what the T-token products cost beside the checkpoint read they share
+        print(f"[kernel_bench]   verify batch {largest.batch}, T = {tokens}", flush=True)
+        setup = VerifySetup(plan, device, largest.batch, tokens)
+        result["cursors"][f"{largest.batch}, T = {tokens}"] = setup.cursors()
+        result["rows"].extend(setup.table(baseline if problem is None else None, configs, folds, f", T = {tokens}"))
     result["registers"] = compiled_registers(_verify_kernels())
     return result
 
@@ -110,16 +116,17 @@ class VerifySetup:
 
     Cursors sit at the steady state of acceptance length AL: row r verified its last T tokens at position
     AL * (r mod ceil(L / AL)) and AL of them were accepted, so the builder's own plan (``plan_verify_rows``)
-    commits them and folds the rows whose history would overflow the ring, about 1 in ceil(L / AL)."""
+    commits them and folds the rows whose history would overflow the ring, about 1 in ceil(L / AL). ``tokens``: T
+    (default MTP k = 3's 4; AL is then at most T)."""
 
-    def __init__(self, plan: Plan, device: str, batch: int) -> None:
+    def __init__(self, plan: Plan, device: str, batch: int, tokens: int = VERIFY_TOKENS) -> None:
         import torch
 
         from replayssm_patch.kernels import plan_verify_rows_reference
         from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
 
-        self.plan, self.device, self.batch = plan, device, batch
-        T, L, AL = VERIFY_TOKENS, plan.buffer_len, ACCEPTED_TOKENS
+        self.plan, self.device, self.batch, self.tokens = plan, device, batch, tokens
+        T, L, AL = tokens, plan.buffer_len, min(ACCEPTED_TOKENS, tokens)
         gen = torch.Generator(device).manual_seed(batch)
         self.layer = LayerParams.random(plan.nheads, gen, device)
         self.inputs = StepInputs.random(
@@ -127,7 +134,7 @@ class VerifySetup:
         )
         pool = 4 * batch + 1
         self.indices = scattered_slots(pool, batch, gen)
-        self.caches = filled_caches(plan, pool, self.indices, gen, SPEC_TOKENS)
+        self.caches = filled_caches(plan, pool, self.indices, gen, T - 1)
         int32 = {"dtype": torch.int32, "device": device}
         self.query_start_loc = torch.arange(0, batch * T + 1, T, **int32)
         self.num_accepted = torch.full((batch,), AL, **int32)
@@ -141,9 +148,7 @@ class VerifySetup:
         )  # fmt: skip
         self.out = torch.empty(batch * T, plan.nheads, plan.head_dim, dtype=torch.bfloat16, device=device)
         blocks = 4 * batch * T + 1
-        self.base_state = paged_tensors(
-            stock_shapes(plan, SPEC_TOKENS), (torch.bfloat16, torch.float32), blocks, device
-        )[1]
+        self.base_state = paged_tensors(stock_shapes(plan, T - 1), (torch.bfloat16, torch.float32), blocks, device)[1]
         self.base_state.normal_(generator=gen)
         self.blocks = scattered_slots(blocks, batch * T, gen).view(batch, T)
 
@@ -164,7 +169,7 @@ class VerifySetup:
         from replayssm_patch.kernels import replay_verify, replay_verify_step
 
         cache, s, layer = self.caches[mode], self.inputs, self.layer
-        common = (self.query_start_loc, VERIFY_TOKENS)
+        common = (self.query_start_loc, self.tokens)
         kwargs = {"D": layer.D, "dt_bias": layer.dt_bias, "out": self.out, **tuning_of(cfg)}
         ring = (cache.ring_x, cache.ring_B, cache.ring_dt, self.indices, self.write_pos)
         if fold_len is None:
@@ -185,7 +190,7 @@ class VerifySetup:
         dt, A, dt_bias = per_head_dt(s.dt), per_head(layer.A, nheads), per_head(layer.dt_bias, nheads)
         return lambda: verify_coefficients(
             dt, A, s.B, s.C, cache.ring_B, cache.ring_dt, self.indices, self.write_pos, self.query_start_loc,
-            VERIFY_TOKENS, dt_bias=dt_bias, dt_softplus=True, pad_slot_id=PAD,
+            self.tokens, dt_bias=dt_bias, dt_softplus=True, pad_slot_id=PAD,
         )  # fmt: skip
 
     def sweep(self) -> dict[str, Any]:
@@ -204,19 +209,21 @@ class VerifySetup:
         )  # fmt: skip
 
     def table(
-        self, baseline: Baseline | None, configs: dict[str, Any], folds: dict[str, Any], ring_label: int | None = None
-    ) -> list[dict[str, Any]]:
-        """Rows of the verify step, its parts and vLLM's call (its speed-ups against that call). ``ring_label``:
-        this setup's buffer_len, named in every row (vLLM's row then left out: it has no ring)."""
-        model, T = TrafficModel(self.plan, self.batch), VERIFY_TOKENS
+        self, baseline: Baseline | None, configs: dict[str, Any], folds: dict[str, Any], suffix: str = "",
+        with_baseline: bool = True,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        """Rows of the verify step, its parts and vLLM's call (its speed-ups against that call), each row's name
+        ending in ``suffix`` (this setup's ring or T); ``with_baseline`` False leaves vLLM's row out (another ring:
+        vLLM's call has none, and its row is the main table's)."""
+        model, T = TrafficModel(self.plan, self.batch), self.tokens
         timed = TimedCalls("kernel_bench", self.plan, self.device, self.batch)
-        suffix = "" if ring_label is None else f", L = {ring_label}"
+        baseline_row = VERIFY_BASELINE_ROW + suffix
         if baseline is not None:
             call = lambda: verify_call(  # noqa: E731
                 baseline, self.base_state, self.inputs, self.layer, self.blocks, self.num_accepted,
                 self.query_start_loc, self.out,
             )  # fmt: skip
-            timed.measure(VERIFY_BASELINE_ROW, call, model.baseline(4, T))
+            timed.measure(baseline_row, call, model.baseline(4, T))
         cursors = self.cursors()
         share = cursors["rows_folding"] / self.batch
         for mode, state_bytes in (("fp32", 4), ("split", 2)):
@@ -231,8 +238,8 @@ class VerifySetup:
             timed.measure(f"fold launch {mode}{suffix}", flush_call(self.caches[mode], self.layer.A, self.indices,
                                                                     self.fold_len, fold_cfg, self.fold_list),
                           fold)  # fmt: skip
-        rows = timed.rows(VERIFY_BASELINE_ROW)
-        return rows if ring_label is None else [row for row in rows if row["kernel"] != VERIFY_BASELINE_ROW]
+        rows = timed.rows(baseline_row)
+        return rows if with_baseline else [row for row in rows if row["kernel"] != baseline_row]
 
 
 def verify_call(
