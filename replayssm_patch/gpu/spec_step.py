@@ -88,6 +88,9 @@ from replayssm_patch.gpu.step_profile import WHAT as PROFILE_WHAT
 from replayssm_patch.gpu.variants import ACCEPTANCE_LENGTH, SPEC_ARMS, SPEC_TOKENS, speculative_config
 
 MODULE = "replayssm_patch.gpu.spec_step"
+# The exit code of an engine (or sweep) whose budget ran out before it measured anything: EX_TEMPFAIL, which
+# tools/gpu/replayssm.sh's queue takes as "continues in the next call" instead of marking the job done.
+EXIT_NOTHING_MEASURED = 75
 SPEC_KEY = ("arm", "mode", "spec_tokens", "acceptance_length_configured", "batch")
 MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # Nemotron-H / Qwen3-Next; Qwen3.5
 ROW_FACTS = ("max_concurrency", "kv_cache_tokens", "num_gpu_blocks", "max_model_len", "replayssm_layers",
@@ -305,8 +308,9 @@ def child_command(argv: Sequence[str], length: float, budget_left_s: float | Non
 
 
 def sweep(argv: Sequence[str], args: argparse.Namespace) -> int:
-    """Each AL of --sweep-al on an engine of its own, in turn; the worst exit code of the engines. A next engine
-    starts only while as much of --budget-s is left as the last one took (it would be killed half-way)."""
+    """Each AL of --sweep-al on an engine of its own, in turn; the worst exit code of the engines
+    (``EXIT_NOTHING_MEASURED`` when none started). A next engine starts only while as much of --budget-s is left as
+    the last one took (it would be killed half-way)."""
     began, codes, last_s = time.monotonic(), [], 0.0
     for length in within_budget(args.sweep_al, args.budget_s, began, label="AL {:g}"):
         left = None if args.budget_s is None else args.budget_s - (time.monotonic() - began)
@@ -318,7 +322,7 @@ def sweep(argv: Sequence[str], args: argparse.Namespace) -> int:
         started = time.monotonic()
         codes.append(subprocess.call(child_command(argv, length, left)))
         last_s = time.monotonic() - started
-    return max(codes, default=0)
+    return max(codes, default=EXIT_NOTHING_MEASURED)
 
 
 def summarise(path: Path) -> int:
@@ -417,12 +421,16 @@ def run_engine(args: argparse.Namespace, argv: Sequence[str]) -> int:
     print(f"{args.arm}: maximum concurrency {facts['max_concurrency']} at {facts['max_model_len']} tokens per "
           f"request, KV cache {facts['kv_cache_tokens']} tokens", flush=True)  # fmt: skip
     vocab_size = llm.llm_engine.model_config.get_vocab_size()
-    invalid = 0
+    invalid, measured = 0, 0
     for batch in within_budget(engine_batches(llm, args), args.budget_s, began):
         row = measure_batch(llm, args, batch, vocab_size) | {k: facts[k] for k in ROW_FACTS}
         record_row(args.out, row, WHAT, command_line(MODULE, list(argv)), facts, SPEC_KEY)
         print(row_line(row), flush=True)
-        invalid += not row["valid"]
+        invalid, measured = invalid + (not row["valid"]), measured + 1
+    if not measured:  # the start-up took the budget (session 21: two jobs were marked done with no row)
+        print(f"{args.arm}: nothing measured within --budget-s; exit {EXIT_NOTHING_MEASURED}: run it again",
+              flush=True)  # fmt: skip
+        return EXIT_NOTHING_MEASURED
     if args.profile_batches is not None:
         invalid += profile_rows(llm, args, vocab_size, facts, command_line(MODULE, list(argv)))
     return 1 if invalid else 0  # invalid rows are kept (with their problems), but the run says it failed

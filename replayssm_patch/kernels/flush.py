@@ -62,7 +62,9 @@ def _fold_row_head(
     BLOCK_N: tl.constexpr, P_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     """Fold one (row, head): every head_dim block of its master tile; a padding row or one with nothing to fold
-    returns at once."""
+    returns at once. Not inlined: in the listed kernel's loop over items the compiler kept the tiles' address
+    offsets live from one item to the next (ptxas: 254 registers in order, spills with the prefetch); as a call,
+    the kernel takes the registers of the one without a list (230 with the prefetch)."""
     slot = tl.load(slot_ptr + row).to(tl.int64)
     count = tl.minimum(tl.load(len_ptr + row), ring_len)
     if (slot == pad_slot_id) | (slot < 0) | (count <= 0):
@@ -147,13 +149,13 @@ def flush_ring(
     flush_len int [batch]: 0 = leave the row alone (values above L count as L). Padding rows are skipped.
     The ring itself is not cleared: the caller restarts the row's write_pos at 0. ``work_list`` (rows int32
     [batch], count int32 [1]: the rows with flush_len > 0 first, as the cursor plans and ``flush_work_list`` give
-    them): a fixed grid of one resident wave walks only those rows' heads, where otherwise every (row, head) gets a
-    program and an idle row's return costs ~0.1 µs of the launch (a fit to session 21's fold rows at L = 16 and
-    28: 11 of the 62 µs at batch 128). ``block_p`` (head_dim rows per program, at least 16 for tl.dot),
-    ``num_warps`` and ``prefetch`` (each head_dim block's loads before the previous block's stores) are GPU tuning
-    knobs only; unset, the launch table's ``"fold"`` entry decides.
+    them): a fixed grid (``fold_programs``: 3 programs per SM) walks only those rows' heads, where otherwise every
+    (row, head) gets a program and an idle row's return costs ~0.1 µs of the launch (a fit to session 21's fold
+    rows at L = 16 and 28: 11 of the 62 µs at batch 128). ``block_p`` (head_dim rows per program, at least 16 for
+    tl.dot), ``num_warps`` and ``prefetch`` (each head_dim block's loads before the previous block's stores) are GPU
+    tuning knobs only; unset, the launch table's ``"fold"`` entry decides.
     The dot runs on tensor cores in tf32x3 (fp32-level error, as the decode fold's): ptxas (compile_check, 16 x 4
-    warps, L = 16, in order) gives 148 registers without spills, 174 with the bf16 copy, where the fp32 FMA dot
+    warps, L = 16, in order) gives 148 registers without spills, 180 with the bf16 copy, where the fp32 FMA dot
     ("ieee") took 242 and 255, two programs per SM instead of three.
     """
     check_launchable(ssm_state, ring_x)

@@ -6,7 +6,8 @@ appended at m..m+T_r-1. Token j answers with the baseline recurrence's output af
 a masked T x (m+T) coefficient matrix times the entries' x, plus the checkpoint read once against all T C vectors.
 The checkpoint is never written here: the builder commits the accepted prefix at the next step (cursor + accepted)
 and rejected entries are overwritten then, so a rollback is a cursor move. A row whose history would overflow the
-ring folds it first (``replay_verify_step``: ``flush_ring`` of fold_len = m entries, then the verify at write_pos 0).
+ring folds it first (``replay_verify_step``: ``flush_ring`` of fold_len = m entries over the verify plan's list of
+folding rows, then the verify at write_pos 0).
 
 Two launches, as the decode step: ``_verify_coefficients_kernel`` per (row, B/C group, tile of VERIFY_HEAD_CHUNK
 heads) computes the tile's weights w[j, s] = exp(A·(dt summed over (s, m+j]))·dt_s and checkpoint decays as

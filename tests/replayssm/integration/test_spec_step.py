@@ -18,6 +18,7 @@ from harness.records.metric_registry import DEFAULT_ACCEPTANCE_TOLERANCE
 from replayssm_patch.gpu.engine_step import Generated, llm_kwargs, run_checks
 from replayssm_patch.gpu.row_file import record_row
 from replayssm_patch.gpu.spec_step import (
+    EXIT_NOTHING_MEASURED,
     SPEC_KEY,
     WHAT,
     SpecRepeat,
@@ -184,9 +185,10 @@ def test_each_swept_length_runs_as_a_child_engine_of_that_length_alone(tmp_path)
     assert "--budget-s" not in child_command(argv[:-2], 1.0, None)
 
 
-def test_a_spent_budget_starts_no_engine(tmp_path, capsys):
+def test_a_spent_budget_starts_no_engine_and_asks_to_be_run_again(tmp_path, capsys):
+    """75 (EX_TEMPFAIL): tools/gpu/replayssm.sh's queue then keeps the job for the next call, not marks it done."""
     argv = _argv(tmp_path, "--arm", "native_spec", "--sweep-al", "1,2.8,4", "--budget-s", "0")
-    assert main(argv) == 0
+    assert main(argv) == EXIT_NOTHING_MEASURED == 75
     assert capsys.readouterr().out.strip() == "skipped AL 1 and later: --budget-s 0 spent"
     assert not (tmp_path / "spec.json").exists()
 
