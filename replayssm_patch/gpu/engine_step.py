@@ -79,7 +79,7 @@ WHAT = (
 )
 
 ROW_FACTS = ("replayssm_layers", "launch_shapes", "profiler_configured", "max_concurrency", "startup_s", "gpu", "vllm",
-             "date")  # fmt: skip
+             "date", "gpu_uuid")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -430,9 +430,11 @@ def machine_facts() -> dict[str, Any]:
     import vllm
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    uuid = getattr(torch.cuda.get_device_properties(0), "uuid", None) if torch.cuda.is_available() else None
     return {
         "gpu": gpu, "cpu_cores": os.cpu_count(), "host": platform.node(), "python": platform.python_version(),
         "vllm": vllm.__version__, "torch": torch.__version__, "date": dt.date.today().isoformat(),
+        "gpu_uuid": None if uuid is None else str(uuid),  # tells the lent hosts apart: each one's name is "vm"
     }  # fmt: skip
 
 

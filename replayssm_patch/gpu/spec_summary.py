@@ -4,8 +4,9 @@ Per compile mode, k and configured acceptance length, and per batch: each arm's 
 engine step and, speculating, the AL it measured), ReplaySSM spec over native spec and over native standard
 decode, and the maximum concurrency of native spec against ReplaySSM spec. The standard arms do not depend on
 k or AL, so their rows of the same mode and batch appear in every setting's table. A ratio is given only where
-both rows are valid (an AL off its configuration, a preemption or a batch run in waves gives "–"); the
-concurrency is an engine fact and is shown whatever the speed rows say. Invalid rows and why follow the tables.
+both rows are valid (an AL off its configuration, a preemption or a batch run in waves gives "–"), and marked †
+where the two rows ran on different hosts; the concurrency is an engine fact and is shown whatever the speed rows
+say. Invalid rows and why follow the tables.
 """
 
 from __future__ import annotations
@@ -77,6 +78,23 @@ def _times(value: float | None) -> str:
     return NONE if value is None else f"{value:.2f}×"
 
 
+OTHER_HOSTS = "†"
+OTHER_HOSTS_NOTE = (
+    f"{OTHER_HOSTS} the two rows ran on different GPUs (their gpu_uuid) or days: the ratio mixes hosts, whose steps "
+    "have differed by several % (rows before session 22 carry no gpu_uuid, so only their dates can tell)."
+)
+
+
+def other_hosts(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two rows ran on different hosts, as far as they tell: their GPUs' UUIDs where both carry one, else
+    their dates (a lent host lasts one session, within a day)."""
+    if a is None or b is None:
+        return False
+    if a.get("gpu_uuid") and b.get("gpu_uuid"):
+        return a["gpu_uuid"] != b["gpu_uuid"]
+    return a.get("date") != b.get("date")
+
+
 def setting_table(rows: Sequence[dict[str, Any]], setting: Setting) -> list[str]:
     mode, tokens, length = setting
     mine = [r for r in rows if _in_setting(r, setting)]
@@ -84,13 +102,18 @@ def setting_table(rows: Sequence[dict[str, Any]], setting: Setting) -> list[str]
     head = ["batch", *ARM_TITLES.values(), *(f"{ARM_TITLES[a]} / {ARM_TITLES[b]}" for a, b in RATIOS),
             "max concurrency, native spec → ReplaySSM spec"]  # fmt: skip
     lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    mixed = False
     for batch in sorted({r["batch"] for r in mine}):
         by_arm = {r["arm"]: r for r in mine if r["batch"] == batch}
         cells = [str(batch), *(_cell(by_arm.get(arm)) for arm in SPEC_ARMS)]
-        cells += [_times(speed_ratio(by_arm.get(a), by_arm.get(b))) for a, b in RATIOS]
+        for a, b in RATIOS:
+            ratio = speed_ratio(by_arm.get(a), by_arm.get(b))
+            apart = ratio is not None and other_hosts(by_arm.get(a), by_arm.get(b))
+            cells.append(_times(ratio) + (OTHER_HOSTS if apart else ""))
+            mixed |= apart
         cells.append(concurrency(by_arm.get("native_spec"), by_arm.get("replayssm_spec")))
         lines.append("| " + " | ".join(cells) + " |")
-    return lines + at_capacity(mine)
+    return lines + (["", OTHER_HOSTS_NOTE] if mixed else []) + at_capacity(mine)
 
 
 def _largest_valid(rows: Sequence[dict[str, Any]], arm: str) -> dict[str, Any] | None:
@@ -111,8 +134,7 @@ def at_capacity(rows: Sequence[dict[str, Any]]) -> list[str]:
         return f"batch {row['batch']}{' (its capacity)' if full else ''}: {row['tokens_per_s']:,.0f} tok/s"
 
     ratio = replay["tokens_per_s"] / native["tokens_per_s"]
-    dates = native.get("date"), replay.get("date")
-    apart = f" (measured on different days, {dates[0]} and {dates[1]}: other hosts)" if dates[0] != dates[1] else ""
+    apart = " (the two rows ran on different hosts)" if other_hosts(native, replay) else ""
     return ["", f"Largest batch each ran: native spec {shown(native)}; ReplaySSM spec {shown(replay)}; "
             f"ReplaySSM spec / native spec {ratio:.2f}×{apart}."]  # fmt: skip
 

@@ -273,8 +273,27 @@ def test_summary_compares_each_spec_arm_at_the_largest_batch_it_ran():
     rows[-1] = _summary_row("replayssm_spec", 600, 16050.0, measured=2.8, concurrency=655.9)
     assert "ReplaySSM spec batch 600: 16,050 tok/s" in summary_markdown(rows)
     rows[-2], rows[-1] = {**rows[-2], "date": "2026-12-04"}, {**rows[-1], "date": "2026-12-02"}  # another host
-    assert "1.50× (measured on different days, 2026-12-04 and 2026-12-02: other hosts)." in summary_markdown(rows)
+    assert "1.50× (the two rows ran on different hosts)." in summary_markdown(rows)
     assert "Largest batch" not in summary_markdown(SUMMARY_ROWS[:4]), "same largest batch: the table says it"
+
+
+def test_a_ratio_across_hosts_is_marked_and_explained():
+    """Hosts told apart by their GPU's UUID where both rows carry one (every lent host's name is "vm"), else by date."""
+    native, replay = SUMMARY_ROWS[1], SUMMARY_ROWS[3]  # native spec and ReplaySSM spec at 128, AL 2.8: 2.00×
+
+    def ratio_cell(a: dict, b: dict) -> str:
+        text = summary_markdown([a, b])
+        line = next(line for line in text.splitlines() if line.startswith("| 128 |"))
+        return line.split(" | ")[7]
+
+    same_day = {"date": "2026-12-04"}
+    assert ratio_cell(native | same_day, replay | same_day) == "2.00×"
+    assert ratio_cell(native | {"date": "2026-12-03"}, replay | same_day) == "2.00×†", "no UUID: the dates differ"
+    one, other = {**same_day, "gpu_uuid": "GPU-1"}, {**same_day, "gpu_uuid": "GPU-2"}
+    assert ratio_cell(native | one, replay | other) == "2.00×†", "the same day, two GPUs"
+    assert ratio_cell(native | one, replay | {**one, "date": "2026-12-05"}) == "2.00×", "one GPU past midnight"
+    assert "† the two rows ran on different GPUs" in summary_markdown([native | one, replay | other])
+    assert "†" not in summary_markdown([native | one, replay | one])
 
 
 def test_summarise_prints_the_file_and_refuses_an_empty_one(tmp_path, capsys):
