@@ -20,7 +20,8 @@
     same batches, at the two largest with a ring of L = 28 as well, and at the largest with T = 1, 2 and 8 (the
     T-token products' share of the output launch); the verify's output launch and its fold launch are swept at the
     largest batch first, and their winners go to launch_config.json (``verify_step``, ``fold``) if (d) holds them.
-    The fold walks the plan's list of folding rows, as the plugin's does.
+    The fold walks the plan's list of folding rows, as the plugin's does; a second fold row gives every (row, head)
+    a program, as before the list.
 (d) speculative verify equivalence: 250 verify steps at batch 256 through the builder's cursor plan, random
     acceptance, against the fp64 recurrence (``verify_equivalence``), with the shapes (c) chose.
 Writes DIR/kernel_bench.json and DIR/kernel_bench.md, rewritten after each section so a crash keeps the rest.

@@ -8,6 +8,7 @@ baseline call and its probe, the rows and the section's Markdown.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -235,9 +236,11 @@ class VerifySetup:
             timed.measure(f"verify {mode} (no row folding){suffix}", self.step(mode, None, cfg), verify)
             coefficients = model.verify_coefficients(T, cursors["mean_history"], self.plan.buffer_len + T)
             timed.measure(f"of it the coefficient launch {mode}{suffix}", self.coefficients(mode), coefficients)
-            timed.measure(f"fold launch {mode}{suffix}", flush_call(self.caches[mode], self.layer.A, self.indices,
-                                                                    self.fold_len, fold_cfg, self.fold_list),
-                          fold)  # fmt: skip
+            fold_call = functools.partial(flush_call, self.caches[mode], self.layer.A, self.indices, self.fold_len,
+                                          fold_cfg)  # fmt: skip
+            timed.measure(f"fold launch {mode}{suffix}", fold_call(self.fold_list), fold)
+            # the same fold with a program for every (row, head), as before the list (session 21): the list's gain
+            timed.measure(f"fold launch {mode}, a program per row{suffix}", fold_call(), fold)
         rows = timed.rows(baseline_row)
         return rows if with_baseline else [row for row in rows if row["kernel"] != baseline_row]
 

@@ -99,13 +99,15 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     }
     rows = {(row["batch"], row["kernel"]): row for row in verify["rows"]}
     parts = ("verify step {} (fold + verify)", "verify {} (no row folding)", "fold launch {}")
-    timed = (*parts, "of it the coefficient launch {}")
+    timed = (*parts, "of it the coefficient launch {}", "fold launch {}, a program per row")
     assert set(rows) == {(batch, part.format(mode) + ring) for batch in SMOKE_PLAN.batches for part in timed
                          for mode in ("fp32", "split") for ring in ("", ", L = 5", ", T = 2")}  # fmt: skip
     assert rows[2, "of it the coefficient launch fp32"]["bytes"] < rows[2, "verify fp32 (no row folding)"]["bytes"]
     assert all(math.isfinite(row["us"]) and row["us"] > 0 for row in rows.values())
     assert all(row["bytes"] > 0 or row["kernel"].startswith("fold launch") for row in rows.values())
     assert rows[2, "fold launch fp32, T = 2"]["bytes"] == 0, "at T = 2 no row folds: the fold moves nothing"
+    listed, per_row = rows[2, "fold launch split"], rows[2, "fold launch split, a program per row"]
+    assert listed["bytes"] == per_row["bytes"] > 0, "the list and a program per row: the same fold"
     for mode in ("fp32", "split"):
         whole, alone, fold = (rows[2, part.format(mode)]["bytes"] for part in parts)
         assert whole == pytest.approx(alone + fold)
