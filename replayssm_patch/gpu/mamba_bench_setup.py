@@ -50,7 +50,8 @@ class Plan(BenchPlan):
     )  # fmt: skip
     # (block_p, num_warps, prefetch) of the flush launch that folds before a verify (``flush.flush_ring``): its
     # default 16 x 4, wider tiles and more warps, with and without the next block's loads before the stores (ptxas
-    # at the verify ring's 32-entry tile: 16 x 4 with the prefetch spills 28 bytes, 32 x 4 with it ~500: left out)
+    # at the verify ring's 32-entry tile, walking the plan's list: 16 x 4 with the prefetch spills 64 bytes, 32 x 4
+    # with it 488: left out)
     fold_configs: tuple[tuple[int, int, int], ...] = (
         (16, 4, 0), (16, 4, 1), (32, 4, 0), (16, 8, 0), (16, 8, 1), (32, 8, 0), (32, 8, 1), (64, 8, 0),
     )  # fmt: skip

@@ -8,7 +8,6 @@ baseline call and its probe, the rows and the section's Markdown.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -201,13 +200,15 @@ class VerifySetup:
             self.plan.verify_configs,
         )  # fmt: skip
 
+    def fold(self, mode: str, cfg: Shape | None, listed: bool = True) -> Callable[[], Any]:
+        """The fold launch alone at this batch's cursors (``cfg``: its shape, None: the launch table's), walking the
+        plan's list of folding rows as the plugin does, or (``listed`` False) with a program per (row, head)."""
+        work_list = self.fold_list if listed else None
+        return flush_call(self.caches[mode], self.layer.A, self.indices, self.fold_len, cfg, work_list)
+
     def fold_sweep(self) -> dict[str, Any]:
         """Best (block_p, num_warps, prefetch) of the fold launch at this batch's cursors, per mode."""
-        return sweep_shapes(
-            "verify fold", lambda mode, cfg: flush_call(self.caches[mode], self.layer.A, self.indices, self.fold_len,
-                                                        cfg, self.fold_list), self.plan, self.device,
-            self.plan.fold_configs,
-        )  # fmt: skip
+        return sweep_shapes("verify fold", self.fold, self.plan, self.device, self.plan.fold_configs)
 
     def table(
         self, baseline: Baseline | None, configs: dict[str, Any], folds: dict[str, Any], suffix: str = "",
@@ -236,11 +237,9 @@ class VerifySetup:
             timed.measure(f"verify {mode} (no row folding){suffix}", self.step(mode, None, cfg), verify)
             coefficients = model.verify_coefficients(T, cursors["mean_history"], self.plan.buffer_len + T)
             timed.measure(f"of it the coefficient launch {mode}{suffix}", self.coefficients(mode), coefficients)
-            fold_call = functools.partial(flush_call, self.caches[mode], self.layer.A, self.indices, self.fold_len,
-                                          fold_cfg)  # fmt: skip
-            timed.measure(f"fold launch {mode}{suffix}", fold_call(self.fold_list), fold)
+            timed.measure(f"fold launch {mode}{suffix}", self.fold(mode, fold_cfg), fold)
             # the same fold with a program for every (row, head), as before the list (session 21): the list's gain
-            timed.measure(f"fold launch {mode}, a program per row{suffix}", fold_call(), fold)
+            timed.measure(f"fold launch {mode}, a program per row{suffix}", self.fold(mode, fold_cfg, False), fold)
         rows = timed.rows(baseline_row)
         return rows if with_baseline else [row for row in rows if row["kernel"] != baseline_row]
 
