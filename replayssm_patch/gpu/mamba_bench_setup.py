@@ -24,7 +24,6 @@ if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET
     import torch
 
     from replayssm_patch.kernels import ReplayCache
-    from replayssm_patch.kernels.flush import QueryReads
     from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
 
 CONV_WIDTH = 4  # Nemotron-H's conv kernel: vLLM keeps its last 3 inputs per channel
@@ -221,16 +220,16 @@ def filled_caches(
 
 def flush_call(
     cache: ReplayCache, A: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor, cfg: Shape | None = None,
-    work_list: tuple[torch.Tensor, torch.Tensor] | None = None, query_reads: QueryReads | None = None,
+    work_list: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> Callable[[], Any]:  # fmt: skip
     """The standalone flush launch over every row, folding the first ``lengths`` ring entries of each (``cfg``: a
     swept (block_p, num_warps, prefetch), else the launch table's; ``work_list``: the folding rows, as a plan lists
-    them; ``query_reads``: the verify's reads of the folding rows, as the fold before a verify writes them)."""
+    them)."""
     from replayssm_patch.kernels import flush_ring
 
     return lambda: flush_ring(
         cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt, A, indices, lengths, state_bf16=cache.state_bf16,
-        work_list=work_list, query_reads=query_reads, **fold_tuning_of(cfg),
+        work_list=work_list, **fold_tuning_of(cfg),
     )  # fmt: skip
 
 
@@ -296,11 +295,11 @@ class TrafficModel:
     def replay(self, state_bytes: int) -> float:
         return self.verify(state_bytes, 1, (self.plan.buffer_len - 1) / 2)  # staggered cursors: (L-1)/2 earlier
 
-    def verify(self, state_bytes: int, tokens: int, history: float, folded_share: float = 0.0) -> float:
+    def verify(self, state_bytes: int, tokens: int, history: float) -> float:
         """``tokens`` outputs per row from one checkpoint read: ``history`` ring entries read (a mean over rows),
-        the tokens' entries appended; ``folded_share`` of the rows take their read from the fold (no checkpoint)."""
+        the tokens' entries appended."""
         ring = self.batch * (history + tokens) * self._entry_bytes
-        return tokens * self._io_bytes + (1.0 - folded_share) * self._state_elems * state_bytes + ring
+        return tokens * self._io_bytes + self._state_elems * state_bytes + ring
 
     def verify_coefficients(self, tokens: int, history: float, ring_len: int) -> float:
         """The verify's coefficient launch: B and C in, the rows' B and dt entries read and appended, and its

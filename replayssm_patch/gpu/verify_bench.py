@@ -161,12 +161,11 @@ class VerifySetup:
         }
 
     def step(
-        self, mode: str, fold_len: torch.Tensor | None = None, cfg: Shape | None = None, fold_cfg: Shape | None = None,
-        fold_reads: bool = True,
-    ) -> Callable[[], Any]:  # fmt: skip
+        self, mode: str, fold_len: torch.Tensor | None = None, cfg: Shape | None = None, fold_cfg: Shape | None = None
+    ) -> Callable[[], Any]:
         """``replay_verify_step`` (fold launch, coefficients, outputs); with ``fold_len`` None only the verify
         (``replay_verify``, no fold launch); ``cfg`` the verify launch's shape and ``fold_cfg`` the fold's (None: the
-        launch table's); ``fold_reads`` False: the verify reads the folded checkpoints again (the control)."""
+        launch table's)."""
         from replayssm_patch.kernels import replay_verify, replay_verify_step
 
         cache, s, layer = self.caches[mode], self.inputs, self.layer
@@ -178,7 +177,7 @@ class VerifySetup:
             return lambda: replay_verify(s.x, s.dt, layer.A, s.B, s.C, read, *ring, *common, **kwargs)
         return lambda: replay_verify_step(
             s.x, s.dt, layer.A, s.B, s.C, cache.ssm_state, *ring, fold_len, *common, state_bf16=cache.state_bf16,
-            fold_list=self.fold_list, fold_launch=fold_tuning_of(fold_cfg), fold_reads=fold_reads, **kwargs,
+            fold_list=self.fold_list, fold_launch=fold_tuning_of(fold_cfg), **kwargs,
         )  # fmt: skip
 
     def coefficients(self, mode: str) -> Callable[[], Any]:
@@ -203,18 +202,9 @@ class VerifySetup:
 
     def fold(self, mode: str, cfg: Shape | None, listed: bool = True) -> Callable[[], Any]:
         """The fold launch alone at this batch's cursors (``cfg``: its shape, None: the launch table's), walking the
-        plan's list of folding rows and writing their query tokens' reads as the plugin does, or (``listed`` False)
-        with a program per (row, head)."""
-        import torch
-
-        from replayssm_patch.kernels.common import block_size
-        from replayssm_patch.kernels.flush import QueryReads
-
-        x = self.inputs.x
-        reads = torch.empty(self.batch, x.shape[1], block_size(self.tokens), x.shape[2], device=self.device)
-        query_reads = QueryReads(self.inputs.C, self.query_start_loc, reads)
+        plan's list of folding rows as the plugin does, or (``listed`` False) with a program per (row, head)."""
         work_list = self.fold_list if listed else None
-        return flush_call(self.caches[mode], self.layer.A, self.indices, self.fold_len, cfg, work_list, query_reads)
+        return flush_call(self.caches[mode], self.layer.A, self.indices, self.fold_len, cfg, work_list)
 
     def fold_sweep(self) -> dict[str, Any]:
         """Best (block_p, num_warps, prefetch) of the fold launch at this batch's cursors, per mode."""
@@ -242,12 +232,8 @@ class VerifySetup:
             verify = model.verify(state_bytes, T, cursors["mean_history"])
             fold = model.flush(share, 2 if mode == "split" else 0, cursors["mean_fold_len"])
             cfg, fold_cfg = configs[mode], folds[mode]
-            folded_reads = model.verify(state_bytes, T, cursors["mean_history"], share)
             timed.measure(f"verify step {mode} (fold + verify){suffix}", self.step(mode, self.fold_len, cfg, fold_cfg),
-                          folded_reads + fold)  # fmt: skip
-            # the folding rows' checkpoint read again by the verify, as before the fold wrote their reads (session 21)
-            timed.measure(f"verify step {mode}, the verify reading every checkpoint{suffix}",
-                          self.step(mode, self.fold_len, cfg, fold_cfg, fold_reads=False), verify + fold)  # fmt: skip
+                          verify + fold)  # fmt: skip
             timed.measure(f"verify {mode} (no row folding){suffix}", self.step(mode, None, cfg), verify)
             coefficients = model.verify_coefficients(T, cursors["mean_history"], self.plan.buffer_len + T)
             timed.measure(f"of it the coefficient launch {mode}{suffix}", self.coefficients(mode), coefficients)

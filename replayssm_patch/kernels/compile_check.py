@@ -53,12 +53,10 @@ _VERIFY_COEF_POINTERS = {**_COEF_POINTERS, "qsl_ptr": "*i32", "c32_ptr": "*fp32"
 _VERIFY_STEP_POINTERS = {
     "x_ptr": "*bf16", "c32_ptr": "*fp32", "D_ptr": "*fp32", "ring_x_ptr": "*bf16", "slot_ptr": "*i32",
     "pos_ptr": "*i32", "qsl_ptr": "*i32", "bc_ptr": "*fp32", "w_ptr": "*fp32", "decay_ptr": "*fp32", "out_ptr": "*bf16",
-    "fold_ptr": "*i32", "folded_ptr": "*fp32",
 }  # fmt: skip
 _FLUSH_POINTERS = {
     "A_ptr": "*fp32", "state_ptr": "*fp32", "ring_x_ptr": "*bf16", "ring_B_ptr": "*bf16", "ring_dt_ptr": "*fp32",
-    "slot_ptr": "*i32", "len_ptr": "*i32", "rows_ptr": "*i32", "count_ptr": "*i32", "C_ptr": "*bf16", "qsl_ptr": "*i32",
-    "reads_ptr": "*fp32",
+    "slot_ptr": "*i32", "len_ptr": "*i32", "rows_ptr": "*i32", "count_ptr": "*i32",
 }  # fmt: skip
 
 _GDN_SCRATCH_POINTERS = {
@@ -202,15 +200,12 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
                 **_FOLD_UNIT_STRIDES}  # fmt: skip
         found.append((f"decode fold, {label}", _decode_fold_kernel, {**_FOLD_POINTERS, "copy_ptr": read}, fold,
                       FOLD_NUM_WARPS))  # fmt: skip
-    for copy, prefetch, listed in (*itertools.product((False, True), (False, True), (False,)), (False, False, True)):
-        # ptxas: 148 / 180 registers, 234 / 242 with the prefetch (no spills); the last, the verify's fold, walks a
-        # list of rows on the verify ring's 32-entry tile and writes the query tokens' reads: 255 registers (189
-        # without the reads); with the prefetch it spills 80 bytes (64 without the reads)
+    for copy, prefetch, listed in (*itertools.product((False, True), (False, True), (False,)), (False, True, True)):
+        # ptxas: 148 / 180 registers, 234 / 242 with the prefetch (no spills); the last walks a list of rows: 230
         pointers = {**_FLUSH_POINTERS, "bf16_ptr": "*bf16" if copy else "*fp32"}
-        consts = {"HAS_LIST": listed, "HAS_BF16": copy, "PREFETCH": prefetch, "HAS_READS": listed,
-                  "BLOCK_L": 32 if listed else 16, "BLOCK_P": 16, "BLOCK_N": 128, "BLOCK_T": 4 if listed else 1,
-                  "P_BLOCKS": 4}  # head_dim 64  # fmt: skip
-        label = f"flush, bf16 copy {copy}" + (", prefetch" if prefetch else "") + (", verify's fold" if listed else "")
+        consts = {"HAS_LIST": listed, "HAS_BF16": copy, "PREFETCH": prefetch, "BLOCK_L": 16, "BLOCK_P": 16,
+                  "BLOCK_N": 128, "P_BLOCKS": 4}  # head_dim 64  # fmt: skip
+        label = f"flush, bf16 copy {copy}" + (", prefetch" if prefetch else "") + (", listed rows" if listed else "")
         found.append((label, _flush_kernel, pointers, consts, 4))
     plan_pointers = {"slot_ptr": "*i32", "positions_ptr": "*i32", "window_end_ptr": "*i32", "write_pos_ptr": "*i32",
                      "flush_ptr": "*i32"}  # fmt: skip
@@ -229,9 +224,8 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     found.append(("verify coefficients, T=4", _verify_coefficients_kernel, _VERIFY_COEF_POINTERS, verify_coef,
                   VERIFY_COEF_NUM_WARPS))  # fmt: skip
     for label, read in (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")):
-        consts = {"HAS_D": True, "HAS_FOLDED": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": DEFAULT.block_p,
-                  "BLOCK_N": DEFAULT.block_n, "N_TILES": 128 // DEFAULT.block_n, "C_STRIDE": 128, "EVEN": True,
-                  **_VERIFY_UNIT_STRIDES}  # fmt: skip
+        consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": DEFAULT.block_p, "BLOCK_N": DEFAULT.block_n,
+                  "N_TILES": 128 // DEFAULT.block_n, "C_STRIDE": 128, "EVEN": True, **_VERIFY_UNIT_STRIDES}  # fmt: skip
         found.append((f"verify step T=4, {label}", _verify_step_kernel, {**_VERIFY_STEP_POINTERS, "read_ptr": read},
                       consts, DEFAULT.num_warps))  # fmt: skip
     for label, kernel, pointers, blocks, num_warps in (

@@ -10,8 +10,6 @@ the checkpoint, the fold before a speculative verify (``verify``), and draining 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -24,54 +22,49 @@ from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head,
 
 # Before a prefill, the prefill rows' indices are a slice at the decode rows' offset: never specialise on its
 # alignment, or a new batch composition can compile a new kernel while serving (as the decode kernels did).
-@triton.jit(do_not_specialize_on_alignment=["slot_ptr", "len_ptr", "C_ptr"])
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr", "len_ptr"])
 def _flush_kernel(
     A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr, rows_ptr, count_ptr,
-    C_ptr, qsl_ptr, reads_ptr,
     head_dim, d_state, ring_len, nheads, heads_per_group, pad_slot_id,
     ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n,
-    srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h, sC_t, sC_g, sC_n,
-    HAS_LIST: tl.constexpr, HAS_BF16: tl.constexpr, PREFETCH: tl.constexpr, HAS_READS: tl.constexpr,
-    BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    P_BLOCKS: tl.constexpr,
+    srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h,
+    HAS_LIST: tl.constexpr, HAS_BF16: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, P_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     if HAS_LIST:  # a fixed grid walks the (listed row, head) items: a row that does not fold takes no program
         items = tl.load(count_ptr) * nheads
         item = tl.program_id(0)
         while item < items:
             _fold_row_head(
-                A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr, C_ptr, qsl_ptr,
-                reads_ptr, tl.load(rows_ptr + item // nheads), item % nheads, head_dim, d_state, ring_len, nheads,
-                heads_per_group, pad_slot_id, ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n, srx_slot, srx_l,
-                srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h, sC_t, sC_g, sC_n, HAS_BF16,
-                PREFETCH, HAS_READS, BLOCK_L, BLOCK_P, BLOCK_N, BLOCK_T, P_BLOCKS,
+                A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr,
+                tl.load(rows_ptr + item // nheads), item % nheads, head_dim, d_state, ring_len, heads_per_group,
+                pad_slot_id, ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n, srx_slot, srx_l, srx_h, srx_p,
+                srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h, HAS_BF16, PREFETCH, BLOCK_L, BLOCK_P,
+                BLOCK_N, P_BLOCKS,
             )  # fmt: skip
             item += tl.num_programs(0)
     else:
         _fold_row_head(
-            A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr, C_ptr, qsl_ptr,
-            reads_ptr, tl.program_id(0), tl.program_id(1), head_dim, d_state, ring_len, nheads, heads_per_group,
-            pad_slot_id, ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n, srx_slot, srx_l, srx_h, srx_p,
-            srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h, sC_t, sC_g, sC_n, HAS_BF16, PREFETCH,
-            HAS_READS, BLOCK_L, BLOCK_P, BLOCK_N, BLOCK_T, P_BLOCKS,
+            A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr, tl.program_id(0),
+            tl.program_id(1), head_dim, d_state, ring_len, heads_per_group, pad_slot_id, ss_slot, ss_h, ss_p, ss_n,
+            sc_slot, sc_h, sc_p, sc_n, srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot,
+            srdt_l, srdt_h, HAS_BF16, PREFETCH, BLOCK_L, BLOCK_P, BLOCK_N, P_BLOCKS,
         )  # fmt: skip
 
 
 @triton.jit(noinline=True)
 def _fold_row_head(
-    A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr, C_ptr, qsl_ptr, reads_ptr,
-    row, head, head_dim, d_state, ring_len, nheads, heads_per_group, pad_slot_id,
+    A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr, row, head,
+    head_dim, d_state, ring_len, heads_per_group, pad_slot_id,
     ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n,
-    srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h, sC_t, sC_g, sC_n,
-    HAS_BF16: tl.constexpr, PREFETCH: tl.constexpr, HAS_READS: tl.constexpr, BLOCK_L: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, P_BLOCKS: tl.constexpr,
+    srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h,
+    HAS_BF16: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr, P_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     """Fold one (row, head): every head_dim block of its master tile; a padding row or one with nothing to fold
-    returns at once. With ``HAS_READS`` (the fold before a speculative verify) it also writes h'·C_j of the row's
-    query tokens from the tile in registers, so the verify need not read the folded checkpoint again. Not inlined:
-    in the listed kernel's loop over items the compiler kept the tiles' address offsets live from one item to the
-    next (ptxas: 254 registers in order, spills with the prefetch); as a call, the kernel takes the registers of the
-    one without a list (230 with the prefetch)."""
+    returns at once. Not inlined: in the listed kernel's loop over items the compiler kept the tiles' address
+    offsets live from one item to the next (ptxas: 254 registers in order, spills with the prefetch); as a call,
+    the kernel takes the registers of the one without a list (230 with the prefetch)."""
     slot = tl.load(slot_ptr + row).to(tl.int64)
     count = tl.minimum(tl.load(len_ptr + row), ring_len)
     if (slot == pad_slot_id) | (slot < 0) | (count <= 0):
@@ -108,30 +101,10 @@ def _fold_row_head(
         update = tl.dot(tl.trans(ring_x * weight[:, None]), ring_B, input_precision=FOLD_PRECISION)  # [P, N]
         h = decay * h_old + update
         tl.store(state_at, h.to(state_ptr.dtype.element_ty), mask=mask_pn)
-        offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
         if HAS_BF16:
+            offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
             copy_at = bf16_ptr + slot * sc_slot + head * sc_h + offs_p[:, None] * sc_p + offs_n[None, :] * sc_n
             tl.store(copy_at, h.to(bf16_ptr.dtype.element_ty), mask=mask_pn)
-        if HAS_READS:  # what the verify reads: the bf16 copy where there is one, else the master as stored
-            read = h.to(bf16_ptr.dtype.element_ty) if HAS_BF16 else h.to(state_ptr.dtype.element_ty)
-            _store_query_reads(read.to(tl.float32), C_ptr, qsl_ptr, reads_ptr, row, head, group, offs_p, offs_n,
-                               nheads, head_dim, d_state, sC_t, sC_g, sC_n, BLOCK_T)  # fmt: skip
-
-
-@triton.jit
-def _store_query_reads(
-    h, C_ptr, qsl_ptr, reads_ptr, row, head, group, offs_p, offs_n, nheads, head_dim, d_state, sC_t, sC_g, sC_n,
-    BLOCK_T: tl.constexpr,
-):  # fmt: skip
-    """h·C_j of a head_dim block for each of the row's query tokens (0 past them) into reads [batch, heads, BLOCK_T,
-    head_dim] fp32, the verify's checkpoint read of a folding row."""
-    start = tl.load(qsl_ptr + row)
-    count = tl.load(qsl_ptr + row + 1) - start
-    at = reads_ptr + ((row * nheads + head) * BLOCK_T) * head_dim + offs_p
-    for j in tl.static_range(BLOCK_T):
-        C_at = C_ptr + (start + j).to(tl.int64) * sC_t + group * sC_g + offs_n * sC_n
-        C_j = tl.load(C_at, mask=(offs_n < d_state) & (j < count), other=0.0).to(tl.float32)
-        tl.store(at + j * head_dim, tl.sum(h * C_j[None, :], axis=1), mask=offs_p < head_dim)
 
 
 @triton.jit
@@ -154,17 +127,6 @@ def _fold_block_loads(
     return ring_x, tl.load(state_at, mask=mask_pn, other=0.0).to(tl.float32), state_at, mask_pn
 
 
-@dataclass(frozen=True)
-class QueryReads:
-    """The speculative verify's checkpoint read of its folding rows, done by the fold from the tile in registers:
-    C [num_tokens, ngroups, d_state] and query_start_loc int32 [batch + 1] of the verify's query tokens, ``out`` fp32
-    [batch, nheads, T, head_dim] written for the rows that fold (h'·C_j, 0 past a row's tokens)."""
-
-    C: torch.Tensor
-    query_start_loc: torch.Tensor
-    out: torch.Tensor
-
-
 def flush_ring(
     ssm_state: torch.Tensor,
     ring_x: torch.Tensor,
@@ -177,7 +139,6 @@ def flush_ring(
     state_bf16: torch.Tensor | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
     work_list: tuple[torch.Tensor, torch.Tensor] | None = None,
-    query_reads: QueryReads | None = None,
     block_p: int | None = None,
     num_warps: int | None = None,
     prefetch: bool | None = None,
@@ -209,19 +170,15 @@ def flush_ring(
     copy = state_bf16 if state_bf16 is not None else ssm_state
     rows, count = work_list if work_list is not None else (flush_len, flush_len)
     grid = (min(batch * nheads, fold_programs(ssm_state.device)),) if work_list is not None else (batch, nheads)
-    C, query_start_loc, reads = (  # unused pointers and strides where the fold serves no verify
-        (query_reads.C, query_reads.query_start_loc, query_reads.out) if query_reads else (ring_B, rows, ssm_state)
-    )
     _flush_kernel[grid](
-        A, ssm_state, copy, ring_x, ring_B, ring_dt, state_indices, flush_len, rows, count, C, query_start_loc, reads,
+        A, ssm_state, copy, ring_x, ring_B, ring_dt, state_indices, flush_len, rows, count,
         head_dim, d_state, ring_len_of(ring_x), nheads, nheads // ngroups, pad_slot_id,
         *ssm_state.stride(), *copy.stride(),
         *ring_entries(ring_x).stride(), *ring_entries(ring_B).stride(), *ring_entries(ring_dt).stride(),
-        *C.stride()[-3:], HAS_LIST=work_list is not None, HAS_BF16=state_bf16 is not None,
-        PREFETCH=tuned.prefetch if prefetch is None else prefetch, HAS_READS=query_reads is not None,
+        HAS_LIST=work_list is not None, HAS_BF16=state_bf16 is not None,
+        PREFETCH=tuned.prefetch if prefetch is None else prefetch,
         BLOCK_L=block_size(ring_len_of(ring_x), floor=16), BLOCK_P=BLOCK_P, BLOCK_N=block_size(d_state, floor=16),
-        BLOCK_T=reads.shape[2] if query_reads else 1, P_BLOCKS=triton.cdiv(head_dim, BLOCK_P),
-        num_warps=num_warps or tuned.num_warps,
+        P_BLOCKS=triton.cdiv(head_dim, BLOCK_P), num_warps=num_warps or tuned.num_warps,
     )  # fmt: skip
 
 
@@ -237,14 +194,13 @@ def flush_ring_reference(
     state_bf16: torch.Tensor | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
     work_list: tuple[torch.Tensor, torch.Tensor] | None = None,
-    query_reads: QueryReads | None = None,
     block_p: int | None = None,
     num_warps: int | None = None,
     prefetch: bool | None = None,
 ) -> None:
-    """Plain-PyTorch twin of ``flush_ring`` (same arguments; the work list, the query reads and the tuning knobs are
-    ignored: every row with flush_len > 0 folds, and the verify's twin reads every row's checkpoint), in fp32."""
-    del work_list, query_reads, block_p, num_warps, prefetch
+    """Plain-PyTorch twin of ``flush_ring`` (same arguments; the work list and the tuning knobs are ignored: every
+    row with flush_len > 0 folds), in fp32."""
+    del work_list, block_p, num_warps, prefetch
     nheads = ssm_state.shape[1]
     A = per_head(A, nheads).float()
     rows = (valid_rows(state_indices, pad_slot_id) & (flush_len > 0)).nonzero().squeeze(1)

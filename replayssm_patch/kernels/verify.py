@@ -38,7 +38,7 @@ from replayssm_patch.kernels.common import (
     softplus_f32,
     softplus_reference,
 )
-from replayssm_patch.kernels.flush import QueryReads, flush_ring, flush_ring_reference
+from replayssm_patch.kernels.flush import flush_ring, flush_ring_reference
 from replayssm_patch.kernels.launch_config import launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, ring_entries, ring_len_of
 from replayssm_patch.kernels.replay_decode import _step_inputs
@@ -159,37 +159,31 @@ def _checkpoint_reads(
     """h_c·C_j [BLOCK_T, BLOCK_P] of every query token from one read of the checkpoint tile (C_at: the row's C in
     fp32, [BLOCK_T, C_STRIDE], 0 past its tokens): per tile and token a product summed over d_state.
 
-    Everything stays in the tile's register layout: C_j is loaded as a [BLOCK_P, BLOCK_N] tile (each lane its own
-    d_state columns, L1 hits) and the sums gather in a [BLOCK_P, BLOCK_T] accumulator, transposed once at the end.
-    A [BLOCK_N] load of C_j and a [BLOCK_T, BLOCK_P] accumulator each cost a layout conversion through shared memory
-    per tile and token (ptxas at 32 x 32 x 1 warp: 38 conversions and 37 barriers against 7 and 6, 2,112 against
-    1,864 instructions per program; 93 against 111 registers).
-
     Forms that lost on the H200 (verify step fp32, batch 256): a tensor-core one, checkpoint x C^T as a tf32x3 tl.dot
     with the tokens padded to 16 (session 20: 692 µs at best, against 588); and a [T, P, N] accumulator summed over
     d_state once after the last tile (sessions 19 and 21). At 64 x 8 x 1 warp it halves the instructions per KB of
     checkpoint (ptxas and cuobjdump: 83 against 132) and ran 762 µs against 554; its best shape, 16 x 32, 624."""
-    offs_p = tl.arange(0, BLOCK_P)
     offs_t = tl.arange(0, BLOCK_T)
-    read = tl.zeros((BLOCK_P, BLOCK_T), dtype=tl.float32)
+    read = tl.zeros((BLOCK_T, BLOCK_P), dtype=tl.float32)
     for t in tl.static_range(N_TILES):
         offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        h = _checkpoint_tile(state_at, offs_p[:, None], offs_n[None, :], sr_p, sr_n, mask_p[:, None], d_state, EVEN)
+        h = _checkpoint_tile(
+            state_at, tl.arange(0, BLOCK_P)[:, None], offs_n[None, :], sr_p, sr_n, mask_p[:, None], d_state, EVEN
+        )
         for j in tl.static_range(BLOCK_T):
-            C_j = tl.load(C_at + j * C_STRIDE + offs_n[None, :] + 0 * offs_p[:, None])  # [BLOCK_P, BLOCK_N]
-            read = tl.where(offs_t[None, :] == j, read + tl.sum(h * C_j, axis=1)[:, None], read)
-    return tl.trans(read)
+            part = tl.sum(h * tl.load(C_at + j * C_STRIDE + offs_n)[None, :], axis=1)
+            read = tl.where(offs_t[:, None] == j, read + part[None, :], read)
+    return read
 
 
 @triton.jit(do_not_specialize_on_alignment=["x_ptr", "out_ptr"])
 def _verify_step_kernel(
     x_ptr, c32_ptr, D_ptr, read_ptr, ring_x_ptr, slot_ptr, pos_ptr, qsl_ptr, bc_ptr, w_ptr, decay_ptr, out_ptr,
-    fold_ptr, folded_ptr,
     head_dim, d_state, ring_len, max_tokens, nheads, heads_per_group, pad_slot_id,
     sx_t, sx_h, sx_p, sr_slot, sr_h, sr_p, sr_n, srx_slot, srx_h, srx_l, srx_p,
     so_t, so_h, so_p,
-    HAS_D: tl.constexpr, HAS_FOLDED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr, C_STRIDE: tl.constexpr, EVEN: tl.constexpr,
+    HAS_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    N_TILES: tl.constexpr, C_STRIDE: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
     pblock = tl.program_id(0)
     row = tl.program_id(1)
@@ -209,17 +203,10 @@ def _verify_step_kernel(
 
     # Every load first, the ring's append last: a load after a store waits for the store's data.
     bc_row = (row * (nheads // heads_per_group) + group) * BLOCK_T
-    state_at, C_at = read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p, c32_ptr + bc_row * C_STRIDE
-    if HAS_FOLDED:  # a row that folded in this step: its fold wrote the read from the tile it had in registers
-        if tl.load(fold_ptr + row) > 0:
-            at = folded_ptr + ((row * nheads + head) * BLOCK_T + offs_t[:, None]) * head_dim + offs_p[None, :]
-            read = tl.load(at, mask=mask_p[None, :], other=0.0)
-        else:
-            read = _checkpoint_reads(state_at, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T, BLOCK_P, BLOCK_N,
-                                     N_TILES, C_STRIDE, EVEN)  # fmt: skip
-    else:
-        read = _checkpoint_reads(state_at, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES,
-                                 C_STRIDE, EVEN)  # fmt: skip
+    read = _checkpoint_reads(
+        read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p, c32_ptr + bc_row * C_STRIDE,
+        sr_p, sr_n, mask_p, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES, C_STRIDE, EVEN,
+    )  # fmt: skip
     xs, _ = _ring_rows(  # [L, P]: the ring, T appended
         ring_x_ptr + slot * srx_slot + head * srx_h + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p,
         x_ptr + token[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p, new[:, None] & mask_p[None, :],
@@ -304,7 +291,6 @@ def replay_verify(
     dt_softplus: bool = True,
     pad_slot_id: int = PAD_SLOT_ID,
     out: torch.Tensor | None = None,
-    folded: tuple[torch.Tensor, torch.Tensor] | None = None,
     block_p: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
@@ -316,9 +302,7 @@ def replay_verify(
     B, C [num_tokens, ngroups, d_state]; state is the checkpoint to READ (never written); state_indices /
     write_pos int32 [batch]. ``max_query_len`` (1 + num_speculative_tokens) sizes the kernels, so it must be
     passed, not read from the metadata. Padding rows, rows with no tokens and rows that would not fit the
-    ring are skipped (their ``out`` rows left as they were). ``folded``: (fold_len int32 [batch], reads): rows with
-    fold_len > 0 take their checkpoint read from reads (``flush.QueryReads.out``, written by the fold before this
-    verify) instead of reading the checkpoint. Tuning knobs as in ``replay_decode``.
+    ring are skipped (their ``out`` rows left as they were). Tuning knobs as in ``replay_decode``.
     """
     check_launchable(x, state)
     nheads, head_dim = x.shape[1], x.shape[2]
@@ -337,14 +321,13 @@ def replay_verify(
     BLOCK_L = block_size(ring_len, floor=16)
     BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p)
     BLOCK_N = block_size(d_state, cap=block_n or tuned.block_n)
-    fold_len, reads = folded if folded is not None else (write_pos, c32)  # unused where nothing folded
     _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
         x, c32, D if D is not None else A, state, ring_x, state_indices, write_pos, query_start_loc,
-        bc, weight, decay, out, fold_len, reads,
+        bc, weight, decay, out,
         head_dim, d_state, ring_len, max_query_len, nheads, nheads // ngroups, pad_slot_id,
         *x.stride(), *state.stride(), *ring_x.stride(), *out.stride(),
-        HAS_D=D is not None, HAS_FOLDED=folded is not None, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P,
-        BLOCK_N=BLOCK_N, N_TILES=triton.cdiv(d_state, BLOCK_N), C_STRIDE=c32.shape[-1],
+        HAS_D=D is not None, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
+        N_TILES=triton.cdiv(d_state, BLOCK_N), C_STRIDE=c32.shape[-1],
         EVEN=head_dim % BLOCK_P == 0 and d_state % BLOCK_N == 0, num_warps=num_warps or tuned.num_warps,
     )  # fmt: skip
     return out
@@ -370,14 +353,12 @@ def replay_verify_reference(
     dt_softplus: bool = True,
     pad_slot_id: int = PAD_SLOT_ID,
     out: torch.Tensor | None = None,
-    folded: tuple[torch.Tensor, torch.Tensor] | None = None,
     block_p: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Plain-PyTorch twin of ``replay_verify`` (same arguments; the tuning knobs and ``folded`` are ignored: it reads
-    every row's checkpoint), in fp32, row by row."""
-    del folded, block_p, block_n, num_warps
+    """Plain-PyTorch twin of ``replay_verify`` (same arguments; the tuning knobs are ignored), in fp32, row by row."""
+    del block_p, block_n, num_warps
     nheads = x.shape[1]
     dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
     ring_len = ring_len_of(ring_x)
@@ -430,27 +411,20 @@ def replay_verify_step(
     pad_slot_id: int = PAD_SLOT_ID,
     fold_list: tuple[torch.Tensor, torch.Tensor] | None = None,
     fold_launch: dict[str, Any] | None = None,
-    fold_reads: bool = True,
     **verify_kwargs: Any,
 ) -> torch.Tensor:
     """The verify step of a layer: rows with fold_len > 0 fold their committed entries [0, fold_len) into ssm_state
-    (+ state_bf16) first (the builder gives them write_pos 0) and write their query tokens' checkpoint reads from
-    the folded tile (``flush.QueryReads``), then every row verifies, the others reading state_bf16 when given (else
-    ssm_state). Three fixed-grid launches (fold, coefficients, outputs), so it can be graph-captured.
+    (+ state_bf16) first (the builder gives them write_pos 0), then every row verifies, reading state_bf16 when
+    given (else ssm_state). Three fixed-grid launches (fold, coefficients, outputs), so it can be graph-captured.
     ``fold_list``: (rows, count) of the folding rows, as the verify plan lists them (``flush_ring``'s work list);
-    ``fold_launch``: the fold's tuning knobs (``flush_ring``'s; unset, the launch table's); ``fold_reads`` False:
-    the verify reads the folded checkpoints itself (the kernel bench's control). Other keywords (D, dt_bias,
-    dt_softplus, out, tuning knobs) as in ``replay_verify``."""
-    reads = torch.empty(state_indices.shape[0], x.shape[1], block_size(max_query_len), x.shape[2],
-                        dtype=torch.float32, device=x.device) if fold_reads else None  # fmt: skip
+    ``fold_launch``: the fold's tuning knobs (``flush_ring``'s; unset, the launch table's). Other keywords (D,
+    dt_bias, dt_softplus, out, tuning knobs) as in ``replay_verify``."""
     flush_ring(ssm_state, ring_x, ring_B, ring_dt, A, state_indices, fold_len, state_bf16=state_bf16,
-               pad_slot_id=pad_slot_id, work_list=fold_list,
-               query_reads=QueryReads(C, query_start_loc, reads) if reads is not None else None,
-               **(fold_launch or {}))  # fmt: skip
+               pad_slot_id=pad_slot_id, work_list=fold_list, **(fold_launch or {}))  # fmt: skip
     read = state_bf16 if state_bf16 is not None else ssm_state
     return replay_verify(
         x, dt, A, B, C, read, ring_x, ring_B, ring_dt, state_indices, write_pos, query_start_loc, max_query_len,
-        pad_slot_id=pad_slot_id, folded=(fold_len, reads) if reads is not None else None, **verify_kwargs,
+        pad_slot_id=pad_slot_id, **verify_kwargs,
     )  # fmt: skip
 
 
@@ -474,11 +448,10 @@ def replay_verify_step_reference(
     pad_slot_id: int = PAD_SLOT_ID,
     fold_list: tuple[torch.Tensor, torch.Tensor] | None = None,
     fold_launch: dict[str, Any] | None = None,
-    fold_reads: bool = True,
     **verify_kwargs: Any,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``replay_verify_step`` (same arguments)."""
-    del fold_list, fold_launch, fold_reads
+    del fold_list, fold_launch
     flush_ring_reference(ssm_state, ring_x, ring_B, ring_dt, A, state_indices, fold_len, state_bf16=state_bf16,
                          pad_slot_id=pad_slot_id)  # fmt: skip
     read = state_bf16 if state_bf16 is not None else ssm_state

@@ -99,8 +99,7 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     }
     rows = {(row["batch"], row["kernel"]): row for row in verify["rows"]}
     parts = ("verify step {} (fold + verify)", "verify {} (no row folding)", "fold launch {}")
-    control = "verify step {}, the verify reading every checkpoint"
-    timed = (*parts, control, "of it the coefficient launch {}", "fold launch {}, a program per row")
+    timed = (*parts, "of it the coefficient launch {}", "fold launch {}, a program per row")
     assert set(rows) == {(batch, part.format(mode) + ring) for batch in SMOKE_PLAN.batches for part in timed
                          for mode in ("fp32", "split") for ring in ("", ", L = 5", ", T = 2")}  # fmt: skip
     assert rows[2, "of it the coefficient launch fp32"]["bytes"] < rows[2, "verify fp32 (no row folding)"]["bytes"]
@@ -111,8 +110,7 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert listed["bytes"] == per_row["bytes"] > 0, "the list and a program per row: the same fold"
     for mode in ("fp32", "split"):
         whole, alone, fold = (rows[2, part.format(mode)]["bytes"] for part in parts)
-        assert rows[2, control.format(mode)]["bytes"] == pytest.approx(alone + fold)
-        assert alone + fold > whole > fold > 0, "the folding rows' checkpoint reads come from the fold"
+        assert whole == pytest.approx(alone + fold)
     assert "## Speculative verify timing" in markdown and "| 2 | verify step fp32 (fold + verify) |" in markdown
     spec_eq = data["verify_equivalence"]  # through the builder's cursor plan, against the fp64 recurrence
     assert spec_eq["status"] == "ok" and spec_eq["ok"], spec_eq.get("traceback")
