@@ -122,21 +122,25 @@ def _largest_valid(rows: Sequence[dict[str, Any]], arm: str) -> dict[str, Any] |
 
 
 def at_capacity(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """Each spec arm at the largest valid batch it ran (a `fit` batch is its capacity, down to a multiple of
-    FIT_STEP) and the ratio: the comparison a capacity gain makes, which the per-batch ratios cannot show where
-    native does not fit."""
-    native, replay = _largest_valid(rows, "native_spec"), _largest_valid(rows, "replayssm_spec")
-    if native is None or replay is None or native["batch"] == replay["batch"]:
+    """Native spec and each ReplaySSM spec arm at the largest valid batch it ran (a `fit` batch is its capacity,
+    down to a multiple of FIT_STEP) and their ratio: the comparison a capacity gain makes, which the per-batch ratios
+    cannot show where native does not fit."""
+    native = _largest_valid(rows, "native_spec")
+    largest = [(arm, _largest_valid(rows, arm)) for arm, under in RATIOS if under == "native_spec"]
+    compared = [(arm, row) for arm, row in largest if row is not None and native is not None]
+    if not any(row["batch"] != native["batch"] for _, row in compared):
         return []
 
     def shown(row: dict[str, Any]) -> str:
         full = row.get("max_concurrency") is not None and row["batch"] + FIT_STEP > row["max_concurrency"]
         return f"batch {row['batch']}{' (its capacity)' if full else ''}: {row['tokens_per_s']:,.0f} tok/s"
 
-    ratio = replay["tokens_per_s"] / native["tokens_per_s"]
-    apart = " (the two rows ran on different hosts)" if other_hosts(native, replay) else ""
-    return ["", f"Largest batch each ran: native spec {shown(native)}; ReplaySSM spec {shown(replay)}; "
-            f"ReplaySSM spec / native spec {ratio:.2f}×{apart}."]  # fmt: skip
+    arms = [
+        f"{ARM_TITLES[arm]} {shown(row)}, {row['tokens_per_s'] / native['tokens_per_s']:.2f}×"
+        + (" (another host)" if other_hosts(native, row) else "")
+        for arm, row in compared
+    ]  # fmt: skip
+    return ["", f"Largest batch each ran, over native spec's: native spec {shown(native)}; {'; '.join(arms)}."]
 
 
 def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:

@@ -20,6 +20,9 @@ without folds 590 -> 446 µs, of which the coefficient launch 127 -> 27); the ou
 checkpoint unmasked where the blocks divide it (session 21: 446 -> 413 µs). The output launch now appends the tokens'
 rows to the ring after its last load (its coefficient loads waited for that store's data; not measured yet). The ring
 must hold m + T_r entries (the layout gives verify rows L + T); a row that does not fit is skipped, like padding.
+A fold that also wrote its rows' h'·C_j from the tile in registers, so that the verify skips those checkpoints (~1
+row in ceil(L / AL)), lost (session 22, batch 128): the fold took 255 registers and 147.6 against 68.8 µs, the step
+361.5 against 343.2.
 """
 
 from __future__ import annotations
@@ -162,7 +165,11 @@ def _checkpoint_reads(
     Forms that lost on the H200 (verify step fp32, batch 256): a tensor-core one, checkpoint x C^T as a tf32x3 tl.dot
     with the tokens padded to 16 (session 20: 692 µs at best, against 588); and a [T, P, N] accumulator summed over
     d_state once after the last tile (sessions 19 and 21). At 64 x 8 x 1 warp it halves the instructions per KB of
-    checkpoint (ptxas and cuobjdump: 83 against 132) and ran 762 µs against 554; its best shape, 16 x 32, 624."""
+    checkpoint (ptxas and cuobjdump: 83 against 132) and ran 762 µs against 554; its best shape, 16 x 32, 624. And
+    (session 22) every sum kept in the tile's register layout, C_j loaded as a [BLOCK_P, BLOCK_N] broadcast tile and
+    a [BLOCK_P, BLOCK_T] accumulator: 7 layout conversions through shared memory per program instead of 38, 1,864
+    instructions instead of 2,112, but 111 registers instead of 93 (and 16 more loads from L1): the verify without
+    folds 245.8 against 208.0 µs at batch 128 (its split read gained, 165.8 against 179.9)."""
     offs_t = tl.arange(0, BLOCK_T)
     read = tl.zeros((BLOCK_T, BLOCK_P), dtype=tl.float32)
     for t in tl.static_range(N_TILES):

@@ -268,12 +268,17 @@ def test_summary_compares_each_spec_arm_at_the_largest_batch_it_ran():
     rows = [*SUMMARY_ROWS[:4], _summary_row("native_spec", 224, 10700.0, measured=2.8, concurrency=227.4),
             _summary_row("replayssm_spec", 640, 16050.0, measured=2.8, concurrency=655.9)]  # fmt: skip
     text = summary_markdown(rows)
-    assert ("Largest batch each ran: native spec batch 224 (its capacity): 10,700 tok/s; ReplaySSM spec batch 640 "
-            "(its capacity): 16,050 tok/s; ReplaySSM spec / native spec 1.50×.") in text  # fmt: skip
+    assert ("Largest batch each ran, over native spec's: native spec batch 224 (its capacity): 10,700 tok/s; "
+            "ReplaySSM spec batch 640 (its capacity): 16,050 tok/s, 1.50×.") in text  # fmt: skip
+    longer = _summary_row("replayssm_spec_l28", 576, 17120.0, measured=2.8, concurrency=600.0)
+    assert (
+        "16,050 tok/s, 1.50×; ReplaySSM spec, L 28 batch 576 (its capacity): 17,120 tok/s, 1.60×."
+        in summary_markdown([*rows, longer])
+    ), "every ReplaySSM spec arm beside native spec's"
     rows[-1] = _summary_row("replayssm_spec", 600, 16050.0, measured=2.8, concurrency=655.9)
     assert "ReplaySSM spec batch 600: 16,050 tok/s" in summary_markdown(rows)
     rows[-2], rows[-1] = {**rows[-2], "date": "2026-12-04"}, {**rows[-1], "date": "2026-12-02"}  # another host
-    assert "1.50× (the two rows ran on different hosts)." in summary_markdown(rows)
+    assert "16,050 tok/s, 1.50× (another host)." in summary_markdown(rows)
     assert "Largest batch" not in summary_markdown(SUMMARY_ROWS[:4]), "same largest batch: the table says it"
 
 
