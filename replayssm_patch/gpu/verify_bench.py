@@ -72,6 +72,9 @@ def run_verify(plan: Plan, device: str, baseline: Baseline, sweep: bool = True) 
         configs = {mode: result["sweep"][mode]["best"] for mode in configs}
         result["fold_sweep"] = largest.fold_sweep()
         folds = {mode: result["fold_sweep"][mode]["best"] for mode in folds}
+        # without the list, where the prefetch does not spill (session 22: listed 131.7 µs at 256 without the
+        # prefetch; session 21, a program per row with it, 119.4 on another host): whether the list pays
+        result["fold_sweep_per_row"] = largest.fold_sweep(listed=False)
     result["configs"], result["fold_configs"] = configs, folds
     for batch in plan.batches:
         print(f"[kernel_bench]   verify batch {batch}", flush=True)
@@ -206,9 +209,12 @@ class VerifySetup:
         work_list = self.fold_list if listed else None
         return flush_call(self.caches[mode], self.layer.A, self.indices, self.fold_len, cfg, work_list)
 
-    def fold_sweep(self) -> dict[str, Any]:
-        """Best (block_p, num_warps, prefetch) of the fold launch at this batch's cursors, per mode."""
-        return sweep_shapes("verify fold", self.fold, self.plan, self.device, self.plan.fold_configs)
+    def fold_sweep(self, listed: bool = True) -> dict[str, Any]:
+        """Best (block_p, num_warps, prefetch) of the fold launch at this batch's cursors, per mode, walking the
+        plan's list (or, ``listed`` False, a program per (row, head))."""
+        label = "verify fold" if listed else "verify fold, a program per row,"
+        fold = lambda mode, cfg: self.fold(mode, cfg, listed)  # noqa: E731
+        return sweep_shapes(label, fold, self.plan, self.device, self.plan.fold_configs)
 
     def table(
         self, baseline: Baseline | None, configs: dict[str, Any], folds: dict[str, Any], suffix: str = "",
@@ -310,5 +316,8 @@ def verify_markdown(verify: dict[str, Any]) -> list[str]:
         "",
         *sweep_markdown(verify.get("sweep", {}), "verify step"),
         *sweep_markdown(verify.get("fold_sweep", {}), "verify fold", "block_p x warps x prefetch"),
+        *sweep_markdown(
+            verify.get("fold_sweep_per_row", {}), "verify fold, a program per row,", "block_p x warps x prefetch"
+        ),
         *registers_table(verify.get("registers", [])),
     ]

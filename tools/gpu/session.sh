@@ -155,7 +155,8 @@ on_gpu() {  # MODULE NAME GPU BATCHES OUT SHOWN [ARGS...]: one engine-side scrip
 }
 
 spec() {  # ARM GPU [BATCHES]: spec_step.py on the MTP model (see the stage list above)
-  local arm=$1 gpu=$2 batches=${3:-64,128,256} extra=(--arm "$1" --spec-tokens "${SPEC_TOKENS:-3}")
+  local arm=$1 gpu=$2 batches=${3:-64,128,256}
+  local extra=(--arm "$1" --spec-tokens "${SPEC_TOKENS:-3}" --repeats "${REPEATS:-3}")  # sessions 20-22's REPEATS=5 ran 3
   [ -f "$MODEL_MTP/config.json" ] || { echo "no $MODEL_MTP: carry .device/model-mtp/config.json, run setup"; return 1; }
   case $arm in *_spec) [ -n "${SWEEP_AL:-}" ] && extra+=(--sweep-al "$SWEEP_AL") ;; esac
   [ -n "${SPEC_BUDGET_S:-}" ] && extra+=(--budget-s "$SPEC_BUDGET_S")

@@ -82,6 +82,7 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
         mode: dict(zip(keys, cfg, strict=True)) for mode, cfg in verify["configs"].items()
     }, "the verify's winners reach the launch table (section (d) held them)"
     assert set(verify["fold_sweep"]) == {"fp32", "split"} and len(verify["fold_sweep"]["fp32"]["us"]) == 2
+    assert set(verify["fold_sweep_per_row"]) == {"fp32", "split"}, "the fold swept without the list too"
     fold_keys = ("block_p", "num_warps", "prefetch")
     assert table["fold"] == {
         mode: dict(zip(fold_keys, (*cfg[:2], bool(cfg[2])), strict=True))
