@@ -55,6 +55,7 @@ from replayssm_patch.gpu.mamba_bench_setup import (
     SMOKE_PLAN,
     Baseline,
     Plan,
+    Shape,
     TrafficModel,
     filled_caches,
     flush_call,
@@ -202,7 +203,7 @@ def _fp64_step(
 
 def run_timing(plan: Plan, device: str, baseline: Baseline, sweep: bool) -> dict[str, Any]:
     result: dict[str, Any] = {"method": timing_method(device), "rows": []}
-    configs: dict[str, tuple[int, int, int] | None] = {"fp32": None, "split": None}
+    configs: dict[str, Shape | None] = {"fp32": None, "split": None}
     if sweep:
         bench = KernelSetup(plan, device, max(plan.batches))
         result["sweep"] = bench.sweep()
@@ -228,7 +229,7 @@ def tuned_launch_file(timing: dict[str, Any], verify: dict[str, Any] | None = No
     return table
 
 
-def _shape_entries(configs: dict[str, tuple[int, int, int] | None]) -> dict[str, dict[str, int]]:
+def _shape_entries(configs: dict[str, Shape | None]) -> dict[str, dict[str, int]]:
     return {mode: tuning_of(cfg) for mode, cfg in configs.items() if cfg}
 
 
@@ -281,9 +282,7 @@ class KernelSetup:
         }
 
     # -- calls ---------------------------------------------------------------------------------------------
-    def step(
-        self, mode: str, cfg: tuple[int, int, int] | None, write_pos: torch.Tensor, flush_len: torch.Tensor
-    ) -> Callable[[], Any]:
+    def step(self, mode: str, cfg: Shape | None, write_pos: torch.Tensor, flush_len: torch.Tensor) -> Callable[[], Any]:
         """The decode step as vLLM runs it, in one graph: coefficients, replay, and the fold over the flush rows,
         listed once beforehand as the builder's cursor plan lists them (not timed: one plan serves every layer)."""
         from replayssm_patch.kernels import replay_decode_step
@@ -312,7 +311,7 @@ class KernelSetup:
             "step", lambda mode, cfg: self.step(mode, cfg, self.write_pos, self.flush_staggered), self.plan, self.device
         )
 
-    def table(self, baseline: Baseline, configs: dict[str, tuple[int, int, int] | None]) -> list[dict[str, Any]]:
+    def table(self, baseline: Baseline, configs: dict[str, Shape | None]) -> list[dict[str, Any]]:
         L, model = self.plan.buffer_len, TrafficModel(self.plan, self.batch)
         timed = TimedCalls("kernel_bench", self.plan, self.device, self.batch)
         measure = timed.measure

@@ -39,21 +39,25 @@ class Plan(BenchPlan):
     d_state: int = 128
     ngroups: int = 8
     # (block_p, block_n, num_warps) of the replay step: 1-2-warp programs as vLLM's SSU uses, a few wider ones
-    step_configs: tuple[tuple[int, int, int], ...] = (
+    step_configs: tuple[Shape, ...] = (
         (4, 128, 1), (8, 64, 1), (8, 128, 1), (16, 32, 1), (16, 64, 1), (16, 128, 1), (16, 64, 2), (32, 64, 2),
         (32, 128, 2), (64, 64, 4),
     )  # fmt: skip
     # (block_p, block_n, num_warps) of the speculative verify's output launch: the best of sessions 19-21 (wider
-    # tiles, more warps, a tensor-core form and a sum over d_state deferred to the last tile all slower)
-    verify_configs: tuple[tuple[int, int, int], ...] = (
+    # tiles, more warps, a tensor-core form and a sum over d_state deferred to the last tile all slower); then the
+    # best with registers capped (session 22: at 65 % of HBM with 4 tokens a row and 97 % with one, the launch waits
+    # on its per-token sums, and more resident programs hide more; ptxas: 93 registers at 32 x 32, 80 without spills)
+    verify_configs: tuple[Shape, ...] = (
         (32, 32, 1), (16, 128, 1), (32, 64, 1), (16, 64, 1), (16, 32, 1), (8, 128, 1),
+        (32, 32, 1, 80), (32, 32, 1, 72), (32, 32, 1, 64), (16, 64, 1, 80), (16, 128, 1, 80),
     )  # fmt: skip
     # (block_p, num_warps, prefetch) of the flush launch that folds before a verify (``flush.flush_ring``): its
     # default 16 x 4, wider tiles and more warps, with and without the next block's loads before the stores (ptxas
     # at the verify ring's 32-entry tile, walking the plan's list: 16 x 4 with the prefetch spills 64 bytes, 32 x 4
     # with it 488: left out)
-    fold_configs: tuple[tuple[int, int, int], ...] = (
+    fold_configs: tuple[Shape, ...] = (
         (16, 4, 0), (16, 4, 1), (32, 4, 0), (16, 8, 0), (16, 8, 1), (32, 8, 0), (32, 8, 1), (64, 8, 0),
+        (16, 4, 0, 168),  # three 4-warp programs per SM instead of two (ptxas: 189 registers, capped 32 bytes spilled)
     )  # fmt: skip
     # a second ring the verify section times at its two largest batches: at T = 4, L = 28 fills the 32-entry tile the
     # kernels already pad L + T = 20 to, and a row folds every ceil(28 / AL) verifies instead of every ceil(16 / AL)
@@ -66,7 +70,7 @@ class Plan(BenchPlan):
 SMOKE_PLAN = Plan(
     nheads=4, head_dim=8, d_state=16, ngroups=2, buffer_len=4, eq_batch=3, eq_steps=6, batches=(2,),
     warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
-    verify_configs=((16, 64, 1), (8, 16, 2)), fold_configs=((16, 4, 0), (16, 4, 1)), verify_long_ring=5,
+    verify_configs=((16, 64, 1), (8, 16, 2, 80)), fold_configs=((16, 4, 0), (16, 4, 1, 168)), verify_long_ring=5,
     verify_token_sweep=(2,),
 )  # fmt: skip
 
@@ -137,7 +141,9 @@ class Baseline:
         return self if problem is None else Baseline(None, problem)
 
 
-Shape = tuple[int, int, int]  # (block_p, block_n, num_warps) of a replay or verify launch
+# (block_p, block_n, num_warps[, maxnreg]) of a replay or verify launch, (block_p, num_warps, prefetch[, maxnreg])
+# of the fold: a fourth knob caps the registers per thread (kernels.launch_config)
+Shape = tuple[int, ...]
 
 
 def sweep_shapes(
@@ -165,13 +171,20 @@ def sweep_markdown(sweep: dict[str, Any], what: str, shape: str = "block_p x blo
 
 
 def tuning_of(cfg: Shape | None) -> dict[str, int]:
-    """A swept shape as the kernels' keyword knobs (none: the launch table's shape)."""
-    return {} if cfg is None else {"block_p": cfg[0], "block_n": cfg[1], "num_warps": cfg[2]}
+    """A swept shape, (block_p, block_n, num_warps) and maybe a register cap, as the kernels' keyword knobs (none:
+    the launch table's shape)."""
+    return {} if cfg is None else {"block_p": cfg[0], "block_n": cfg[1], "num_warps": cfg[2], **_cap(cfg, 3)}
 
 
 def fold_tuning_of(cfg: Shape | None) -> dict[str, int | bool]:
-    """A swept (block_p, num_warps, prefetch) of the flush launch as ``flush_ring``'s knobs (none: the table's)."""
-    return {} if cfg is None else {"block_p": cfg[0], "num_warps": cfg[1], "prefetch": bool(cfg[2])}
+    """A swept (block_p, num_warps, prefetch) of the flush launch, maybe with a register cap, as ``flush_ring``'s
+    knobs (none: the table's)."""
+    return {} if cfg is None else {"block_p": cfg[0], "num_warps": cfg[1], "prefetch": bool(cfg[2]), **_cap(cfg, 3)}
+
+
+def _cap(cfg: Shape, at: int) -> dict[str, int]:
+    """The register cap a swept shape names after its other knobs, if it names one."""
+    return {"maxnreg": cfg[at]} if len(cfg) > at else {}
 
 
 def probe_inputs(plan: Plan, device: str, tokens: int) -> tuple[LayerParams, StepInputs]:

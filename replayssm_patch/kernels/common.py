@@ -70,3 +70,8 @@ def block_size(n: int, cap: int | None = None, floor: int = 1) -> int:
 def head_chunk(heads_per_group: int) -> int:
     """Heads a coefficient launch handles as one tile: the largest power of two dividing the group, at most 16."""
     return min(16, heads_per_group & -heads_per_group)
+
+
+def register_cap(maxnreg: int) -> dict[str, int]:
+    """Triton's launch option capping a kernel's registers per thread (ptxas ``.maxnreg``), none for 0."""
+    return {"maxnreg": maxnreg} if maxnreg else {}

@@ -14,7 +14,13 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_patch.kernels.common import block_size, check_launchable, decay_sum_after, decay_sum_after_reference
+from replayssm_patch.kernels.common import (
+    block_size,
+    check_launchable,
+    decay_sum_after,
+    decay_sum_after_reference,
+    register_cap,
+)
 from replayssm_patch.kernels.decode_fold import FOLD_PRECISION, fold_programs
 from replayssm_patch.kernels.launch_config import fold_launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head, ring_entries, ring_len_of, valid_rows
@@ -142,6 +148,7 @@ def flush_ring(
     block_p: int | None = None,
     num_warps: int | None = None,
     prefetch: bool | None = None,
+    maxnreg: int | None = None,
 ) -> None:
     """Fold ring entries [0, flush_len) of each row into ssm_state in place (and into state_bf16 if given).
 
@@ -150,10 +157,11 @@ def flush_ring(
     The ring itself is not cleared: the caller restarts the row's write_pos at 0. ``work_list`` (rows int32
     [batch], count int32 [1]: the rows with flush_len > 0 first, as the cursor plans and ``flush_work_list`` give
     them): a fixed grid (``fold_programs``: 3 programs per SM) walks only those rows' heads, where otherwise every
-    (row, head) gets a program and an idle row's return costs ~0.1 µs of the launch (a fit to session 21's fold
-    rows at L = 16 and 28: 11 of the 62 µs at batch 128). ``block_p`` (head_dim rows per program, at least 16 for
-    tl.dot), ``num_warps`` and ``prefetch`` (each head_dim block's loads before the previous block's stores) are GPU
-    tuning knobs only; unset, the launch table's ``"fold"`` entry decides.
+    (row, head) gets a program and the idle rows' returns cost the launch time (session 22, the verify's fold at
+    batch 128 / 256: 68.8 / 131.6 µs walking the list, 74.8 / 145.7 with a program per row). ``block_p`` (head_dim
+    rows per program, at least 16 for tl.dot), ``num_warps``, ``prefetch`` (each head_dim block's loads before the
+    previous block's stores) and ``maxnreg`` (registers per thread, 0: ptxas decides) are GPU tuning knobs only;
+    unset, the launch table's ``"fold"`` entry decides.
     The dot runs on tensor cores in tf32x3 (fp32-level error, as the decode fold's): ptxas (compile_check, 16 x 4
     warps, L = 16, in order) gives 148 registers without spills, 180 with the bf16 copy, where the fp32 FMA dot
     ("ieee") took 242 and 255, two programs per SM instead of three.
@@ -179,6 +187,7 @@ def flush_ring(
         PREFETCH=tuned.prefetch if prefetch is None else prefetch,
         BLOCK_L=block_size(ring_len_of(ring_x), floor=16), BLOCK_P=BLOCK_P, BLOCK_N=block_size(d_state, floor=16),
         P_BLOCKS=triton.cdiv(head_dim, BLOCK_P), num_warps=num_warps or tuned.num_warps,
+        **register_cap(tuned.maxnreg if maxnreg is None else maxnreg),
     )  # fmt: skip
 
 
@@ -197,10 +206,11 @@ def flush_ring_reference(
     block_p: int | None = None,
     num_warps: int | None = None,
     prefetch: bool | None = None,
+    maxnreg: int | None = None,
 ) -> None:
     """Plain-PyTorch twin of ``flush_ring`` (same arguments; the work list and the tuning knobs are ignored: every
     row with flush_len > 0 folds), in fp32."""
-    del work_list, block_p, num_warps, prefetch
+    del work_list, block_p, num_warps, prefetch, maxnreg
     nheads = ssm_state.shape[1]
     A = per_head(A, nheads).float()
     rows = (valid_rows(state_indices, pad_slot_id) & (flush_len > 0)).nonzero().squeeze(1)

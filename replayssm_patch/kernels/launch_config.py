@@ -31,12 +31,17 @@ COMMITTED = {"H200": Path(__file__).with_name("launch_h200.json")}
 
 @dataclass(frozen=True)
 class ReplayLaunch:
+    """Head_dim rows and d_state columns per tile and warps of the replay step's and the verify's output launch, and
+    (``maxnreg``, 0: ptxas decides) a cap on registers per thread: a 1-warp program's registers decide how many an
+    SM holds (ptxas, the verify at 32 x 32: 93 registers, 21 programs; capped at 80, no spills, 25)."""
+
     block_p: int = 16
     block_n: int = 64
     num_warps: int = 1
+    maxnreg: int = 0
 
     def as_key(self) -> str:
-        return f"{self.block_p}x{self.block_n}x{self.num_warps}w"
+        return f"{self.block_p}x{self.block_n}x{self.num_warps}w" + (f" <={self.maxnreg} regs" if self.maxnreg else "")
 
 
 DEFAULT = ReplayLaunch()
@@ -44,15 +49,19 @@ DEFAULT = ReplayLaunch()
 
 @dataclass(frozen=True)
 class FoldLaunch:
-    """Head_dim rows per program, warps, and whether each head_dim block's loads go before the previous block's
-    stores, of the flush launch (``flush.flush_ring``: the fold before a speculative verify and before a prefill)."""
+    """Head_dim rows per program, warps, whether each head_dim block's loads go before the previous block's stores,
+    and a cap on registers per thread (0: none), of the flush launch (``flush.flush_ring``: the fold before a
+    speculative verify and before a prefill). ptxas at the verify ring's 32-entry tile: 184-189 registers, two
+    4-warp programs per SM; capped at 168, three (32-36 bytes spilled)."""
 
     block_p: int = 16
     num_warps: int = 4
     prefetch: bool = False
+    maxnreg: int = 0
 
     def as_key(self) -> str:
-        return f"{self.block_p}x{self.num_warps}w" + (" prefetch" if self.prefetch else "")
+        return (f"{self.block_p}x{self.num_warps}w" + (" prefetch" if self.prefetch else "")
+                + (f" <={self.maxnreg} regs" if self.maxnreg else ""))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from replayssm_patch.kernels.common import (
     decay_sum_after_reference,
     decay_sums_after,
     head_chunk,
+    register_cap,
     softplus_f32,
     softplus_reference,
 )
@@ -221,7 +222,7 @@ def launch_replay(
         *x.stride(), *C.stride(), *read_state.stride(), *ring_x.stride(), *out.stride(),
         HAS_D=D is not None, HAS_FLUSH=fold is not None,
         BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
-        N_TILES=triton.cdiv(d_state, BLOCK_N), num_warps=num_warps or tuned.num_warps,
+        N_TILES=triton.cdiv(d_state, BLOCK_N), num_warps=num_warps or tuned.num_warps, **register_cap(tuned.maxnreg),
     )  # fmt: skip
     if fold is not None:
         launch_decode_fold(fold, x, C, D, ring_x, ring_B, state_indices, write_pos, weight, decay, out, BLOCK_L)

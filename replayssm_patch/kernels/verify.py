@@ -38,6 +38,7 @@ from replayssm_patch.kernels.common import (
     check_launchable,
     decay_sum_after_reference,
     head_chunk,
+    register_cap,
     softplus_f32,
     softplus_reference,
 )
@@ -301,6 +302,7 @@ def replay_verify(
     block_p: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
+    maxnreg: int | None = None,
 ) -> torch.Tensor:
     """Append every row's query tokens to its ring at write_pos.. and return y [num_tokens, nheads, head_dim].
 
@@ -309,7 +311,8 @@ def replay_verify(
     B, C [num_tokens, ngroups, d_state]; state is the checkpoint to READ (never written); state_indices /
     write_pos int32 [batch]. ``max_query_len`` (1 + num_speculative_tokens) sizes the kernels, so it must be
     passed, not read from the metadata. Padding rows, rows with no tokens and rows that would not fit the
-    ring are skipped (their ``out`` rows left as they were). Tuning knobs as in ``replay_decode``.
+    ring are skipped (their ``out`` rows left as they were). Tuning knobs as in ``replay_decode``, and ``maxnreg``
+    (registers per thread of the output launch; 0: ptxas decides; unset, the launch table's).
     """
     check_launchable(x, state)
     nheads, head_dim = x.shape[1], x.shape[2]
@@ -336,6 +339,7 @@ def replay_verify(
         HAS_D=D is not None, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
         N_TILES=triton.cdiv(d_state, BLOCK_N), C_STRIDE=c32.shape[-1],
         EVEN=head_dim % BLOCK_P == 0 and d_state % BLOCK_N == 0, num_warps=num_warps or tuned.num_warps,
+        **register_cap(tuned.maxnreg if maxnreg is None else maxnreg),
     )  # fmt: skip
     return out
 
@@ -363,9 +367,10 @@ def replay_verify_reference(
     block_p: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
+    maxnreg: int | None = None,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``replay_verify`` (same arguments; the tuning knobs are ignored), in fp32, row by row."""
-    del block_p, block_n, num_warps
+    del block_p, block_n, num_warps, maxnreg
     nheads = x.shape[1]
     dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
     ring_len = ring_len_of(ring_x)

@@ -77,17 +77,18 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert {mode: tuple(cfg) for mode, cfg in verify["configs"].items()} == {
         mode: tuple(found["best"]) for mode, found in verify["sweep"].items()
     }, "the verify rows run the verify sweep's winners"
-    keys = ("block_p", "block_n", "num_warps")
+    keys = ("block_p", "block_n", "num_warps", "maxnreg")  # a register cap only where the shape names one
     assert table["verify_step"] == {
-        mode: dict(zip(keys, cfg, strict=True)) for mode, cfg in verify["configs"].items()
+        mode: dict(zip(keys, cfg, strict=False)) for mode, cfg in verify["configs"].items()
     }, "the verify's winners reach the launch table (section (d) held them)"
+    assert "8x16x2x80" in verify["sweep"]["fp32"]["us"], "a shape with a register cap is swept"
     assert set(verify["fold_sweep"]) == {"fp32", "split"} and len(verify["fold_sweep"]["fp32"]["us"]) == 2
     assert set(verify["fold_sweep_per_row"]) == {"fp32", "split"}, "the fold swept without the list too"
-    fold_keys = ("block_p", "num_warps", "prefetch")
+    fold_keys = ("block_p", "num_warps", "prefetch", "maxnreg")
     assert table["fold"] == {
-        mode: dict(zip(fold_keys, (*cfg[:2], bool(cfg[2])), strict=True))
+        mode: dict(zip(fold_keys, (*cfg[:2], bool(cfg[2]), *cfg[3:]), strict=False))
         for mode, cfg in verify["fold_configs"].items()
-    }, "so do the fold's, with or without the prefetch"
+    }, "so do the fold's, with or without the prefetch and a register cap"
     assert "Sweep, verify fold split (block_p x warps x prefetch" in markdown
     assert "Sweep, verify step split" in markdown
     assert verify["baseline"].startswith("none, ReplaySSM timed alone: fp64 reference")
@@ -214,9 +215,18 @@ def test_the_verify_runs_its_own_swept_shape_else_the_replay_steps(
         assert shapes(torch.float32) == ("8x64x1w", "8x64x1w"), "no fp32 verify entry: the replay step's"
         assert shapes(torch.bfloat16) == ("16x64x1w", "32x128x4w"), "split: the default step, its own verify"
         assert launch_config.launch_shapes_in_use("cpu")["verify"] == "fp32 8x64x1w, split 32x128x4w"
+        table.write_text(json.dumps({
+            "verify_step": {"fp32": {"block_p": 32, "block_n": 32, "num_warps": 1, "maxnreg": 80}},
+            "fold": {"fp32": {"block_p": 16, "num_warps": 4, "prefetch": False, "maxnreg": 168}},
+        }))  # fmt: skip
+        assert shapes(torch.float32) == ("16x64x1w", "32x32x1w <=80 regs"), "a register cap is part of the shape"
+        launch_config.fold_launch_for.cache_clear()
+        assert launch_config.fold_launch_for(False, torch.device("cpu")).maxnreg == 168
+        assert launch_config.launch_shapes_in_use("cpu")["fold"].startswith("fp32 16x4w <=168 regs")
     finally:
         monkeypatch.delenv(launch_config.ENV_VAR, raising=False)
         launch_config.launch_for.cache_clear()
+        launch_config.fold_launch_for.cache_clear()
 
 
 @pytest.mark.parametrize(("kernel", "entry"), [("verify_step", {"fp32": {"block_p": 32, "block_n": 32, "num_warps": 1,
