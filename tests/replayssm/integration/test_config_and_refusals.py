@@ -10,6 +10,7 @@ from replayssm_patch.config import (
     ReplaySSMConfig,
     ReplaySSMConfigError,
     parse_replayssm_config,
+    replayssm_config_of,
     verify_len_of,
 )
 from replayssm_patch.refusals import (
@@ -131,6 +132,20 @@ def test_speculative_methods_the_verify_serves_pass_on_mamba2(method):
     config = _vllm_config(speculative_config=_spec(method=method))
     assert unsupported_settings(config, split_precision=True) == []
     assert verify_len_of(config) == 4
+
+
+@pytest.mark.parametrize(("tokens", "ring"), [(1, 30), (3, 28), (5, 26), (7, 24)])
+def test_speculation_fills_the_verify_tile_unless_the_ring_length_is_given(tokens, ring):
+    """L + T fills the power of two the kernels pad it to (k = 3: 28 + 4 = 32); a given buffer_len stays, and
+    without speculation, or with the plugin off, the default is 16."""
+    knobs = {"replayssm": {"enable": True}}
+    speculating = _vllm_config(speculative_config=_spec(num_speculative_tokens=tokens), additional_config=knobs)
+    assert replayssm_config_of(speculating).buffer_len == ring
+    assert (ring + tokens + 1) & (ring + tokens) == 0, "a power of two"
+    given = {"replayssm": {"enable": True, "buffer_len": 16}}
+    assert replayssm_config_of(SimpleNamespace(**{**vars(speculating), "additional_config": given})).buffer_len == 16
+    assert replayssm_config_of(_vllm_config(additional_config=knobs)).buffer_len == 16
+    assert replayssm_config_of(_vllm_config(speculative_config=_spec(num_speculative_tokens=tokens))) == DISABLED
 
 
 def test_verify_len_is_zero_without_speculation():
