@@ -46,10 +46,13 @@ class Plan(BenchPlan):
     # (block_p, block_n, num_warps) of the speculative verify's output launch: the best of sessions 19-21 (wider
     # tiles, more warps, a tensor-core form and a sum over d_state deferred to the last tile all slower); then the
     # best with registers capped (session 22: at 65 % of HBM with 4 tokens a row and 97 % with one, the launch waits
-    # on its per-token sums, and more resident programs hide more; ptxas: 93 registers at 32 x 32, 80 without spills)
+    # on its per-token sums, and more resident programs hide more; ptxas: 93 registers at 32 x 32, 80 without spills),
+    # and the sums as tensor-core products
     verify_configs: tuple[Shape, ...] = (
         (32, 32, 1), (16, 128, 1), (32, 64, 1), (16, 64, 1), (16, 32, 1), (8, 128, 1),
         (32, 32, 1, 80), (32, 32, 1, 72), (32, 32, 1, 64), (16, 64, 1, 80), (16, 128, 1, 80),
+        # the checkpoint reads on the tensor cores, d_state tiles pipelined 2-3 deep (wgmma at 64 rows, 4 warps)
+        (64, 32, 4, 0, 3), (64, 32, 4, 0, 2), (64, 64, 4, 0, 3), (32, 32, 1, 0, 3), (32, 64, 2, 0, 3),
     )  # fmt: skip
     # (block_p, num_warps, prefetch) of the flush launch that folds before a verify (``flush.flush_ring``): its
     # default 16 x 4, wider tiles and more warps, with and without the next block's loads before the stores (ptxas
@@ -70,7 +73,7 @@ class Plan(BenchPlan):
 SMOKE_PLAN = Plan(
     nheads=4, head_dim=8, d_state=16, ngroups=2, buffer_len=4, eq_batch=3, eq_steps=6, batches=(2,),
     warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
-    verify_configs=((16, 64, 1), (8, 16, 2, 80)), fold_configs=((16, 4, 0), (16, 4, 1, 168)), verify_long_ring=5,
+    verify_configs=((16, 64, 1), (8, 16, 2, 80, 2)), fold_configs=((16, 4, 0), (16, 4, 1, 168)), verify_long_ring=5,
     verify_token_sweep=(2,),
 )  # fmt: skip
 
@@ -141,8 +144,9 @@ class Baseline:
         return self if problem is None else Baseline(None, problem)
 
 
-# (block_p, block_n, num_warps[, maxnreg]) of a replay or verify launch, (block_p, num_warps, prefetch[, maxnreg])
-# of the fold: a fourth knob caps the registers per thread (kernels.launch_config)
+# (block_p, block_n, num_warps[, maxnreg[, mma_stages]]) of a replay or verify launch, (block_p, num_warps,
+# prefetch[, maxnreg]) of the fold: maxnreg caps the registers per thread, mma_stages puts the verify's checkpoint
+# reads on the tensor cores (kernels.launch_config)
 Shape = tuple[int, ...]
 
 
@@ -170,21 +174,18 @@ def sweep_markdown(sweep: dict[str, Any], what: str, shape: str = "block_p x blo
     return lines
 
 
+REPLAY_KNOBS = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages")  # the verify's last two only where swept
+FOLD_KNOBS = ("block_p", "num_warps", "prefetch", "maxnreg")
+
+
 def tuning_of(cfg: Shape | None) -> dict[str, int]:
-    """A swept shape, (block_p, block_n, num_warps) and maybe a register cap, as the kernels' keyword knobs (none:
-    the launch table's shape)."""
-    return {} if cfg is None else {"block_p": cfg[0], "block_n": cfg[1], "num_warps": cfg[2], **_cap(cfg, 3)}
+    """A swept shape as the kernels' keyword knobs, named in ``REPLAY_KNOBS`` order (none: the launch table's)."""
+    return {} if cfg is None else dict(zip(REPLAY_KNOBS, cfg, strict=False))
 
 
 def fold_tuning_of(cfg: Shape | None) -> dict[str, int | bool]:
-    """A swept (block_p, num_warps, prefetch) of the flush launch, maybe with a register cap, as ``flush_ring``'s
-    knobs (none: the table's)."""
-    return {} if cfg is None else {"block_p": cfg[0], "num_warps": cfg[1], "prefetch": bool(cfg[2]), **_cap(cfg, 3)}
-
-
-def _cap(cfg: Shape, at: int) -> dict[str, int]:
-    """The register cap a swept shape names after its other knobs, if it names one."""
-    return {"maxnreg": cfg[at]} if len(cfg) > at else {}
+    """A swept shape of the flush launch as ``flush_ring``'s knobs, in ``FOLD_KNOBS`` order (none: the table's)."""
+    return {} if cfg is None else {**dict(zip(FOLD_KNOBS, cfg, strict=False)), "prefetch": bool(cfg[2])}
 
 
 def probe_inputs(plan: Plan, device: str, tokens: int) -> tuple[LayerParams, StepInputs]:

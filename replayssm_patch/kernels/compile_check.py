@@ -223,11 +223,17 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     verify_coef = {**coef, "BLOCK_T": 4, "BLOCK_L": 32, "HEAD_CHUNK": VERIFY_HEAD_CHUNK}
     found.append(("verify coefficients, T=4", _verify_coefficients_kernel, _VERIFY_COEF_POINTERS, verify_coef,
                   VERIFY_COEF_NUM_WARPS))  # fmt: skip
-    for label, read in (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")):
-        consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": DEFAULT.block_p, "BLOCK_N": DEFAULT.block_n,
-                  "N_TILES": 128 // DEFAULT.block_n, "C_STRIDE": 128, "EVEN": True, **_VERIFY_UNIT_STRIDES}  # fmt: skip
-        found.append((f"verify step T=4, {label}", _verify_step_kernel, {**_VERIFY_STEP_POINTERS, "read_ptr": read},
-                      consts, DEFAULT.num_warps))  # fmt: skip
+    verify_launches = (  # the CUDA-core sums at the default shape; the tensor-core form at 64 x 32 x 4 warps, 3 stages
+        ("", DEFAULT.block_p, DEFAULT.block_n, DEFAULT.num_warps, 0), (", tensor cores", 64, 32, 4, 3),
+    )  # fmt: skip
+    for (label, read), (form, block_p, block_n, num_warps, stages) in itertools.product(
+        (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")), verify_launches
+    ):
+        consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": block_p, "BLOCK_N": block_n,
+                  "N_TILES": 128 // block_n, "C_STRIDE": 128, "EVEN": True, "TILE_T": 16 if stages else 4,
+                  "MMA_STAGES": stages, **_VERIFY_UNIT_STRIDES}  # fmt: skip
+        found.append((f"verify step T=4, {label}{form}", _verify_step_kernel,
+                      {**_VERIFY_STEP_POINTERS, "read_ptr": read}, consts, num_warps))  # fmt: skip
     for label, kernel, pointers, blocks, num_warps in (
         ("gdn coefficients", _gdn_coefficients_kernel, _GDN_COEF_POINTERS, {"V_PER_K": 2, "HEAD_CHUNK": 2},
          GDN_COEF_NUM_WARPS),

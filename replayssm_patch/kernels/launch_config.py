@@ -48,6 +48,20 @@ DEFAULT = ReplayLaunch()
 
 
 @dataclass(frozen=True)
+class VerifyLaunch(ReplayLaunch):
+    """The replay step's knobs for the speculative verify's output launch, and ``mma_stages``: 0 sums its checkpoint
+    reads on the CUDA cores; n > 0 forms them on the tensor cores (checkpoint x C^T, tf32x3 on the fp32 checkpoint,
+    tf32 on the split copy, the tokens padded to 16) over d_state tiles that Triton pipelines through shared memory
+    in n stages. Why: at 4 tokens a row the CUDA-core sums held the launch at 65 % of HBM, against 97 % at one
+    (session 22); ptxas at 64 x 32 x 4 warps (wgmma), 3 stages: 88 registers, no spills. Not yet timed on a GPU."""
+
+    mma_stages: int = 0
+
+    def as_key(self) -> str:
+        return super().as_key() + (f" mma {self.mma_stages} stages" if self.mma_stages else "")
+
+
+@dataclass(frozen=True)
 class FoldLaunch:
     """Head_dim rows per program, warps, whether each head_dim block's loads go before the previous block's stores,
     and a cap on registers per thread (0: none), of the flush launch (``flush.flush_ring``: the fold before a
@@ -89,16 +103,18 @@ GDN_DEFAULT = GdnLaunch()
 
 @functools.cache  # every layer launch asks: read the table once per (dtype, device, kernel), not per launch
 def launch_for(state_dtype: torch.dtype, device: torch.device, kernel: str = "replay_step") -> ReplayLaunch:
-    """The tuned shape of ``kernel`` ("replay_step" or "verify_step") for a checkpoint of ``state_dtype`` ("fp32" or
-    "split" entry); a verify the table has no entry for takes the replay step's, else the default."""
+    """The tuned shape of ``kernel`` ("replay_step" or "verify_step", a ``VerifyLaunch``) for a checkpoint of
+    ``state_dtype`` ("fp32" or "split" entry); a verify the table has no entry for takes the replay step's, else the
+    default."""
     return _launch_entry(_tuned_table(_device_name(device)), "split" if state_dtype.itemsize <= 2 else "fp32", kernel)
 
 
 def _launch_entry(table: dict[str, dict], entry: str, kernel: str) -> ReplayLaunch:
+    kind = VerifyLaunch if kernel == "verify_step" else ReplayLaunch
     for name in dict.fromkeys((kernel, "replay_step")):
         if entry in table.get(name, {}):
-            return ReplayLaunch(**table[name][entry])
-    return DEFAULT
+            return kind(**table[name][entry])
+    return kind()
 
 
 @functools.cache
@@ -158,8 +174,8 @@ def _table_path(device_name: str) -> str | None:
 def _tuned_table(device_name: str) -> dict[str, dict]:
     path = _table_path(device_name)
     table = json.loads(Path(path).read_text()) if path else {}
-    shapes = [(f"{kernel}.{entry}", ReplayLaunch, knobs) for kernel in ("replay_step", "verify_step")
-              for entry, knobs in table.get(kernel, {}).items()]  # fmt: skip
+    shapes = [(f"{kernel}.{entry}", kind, knobs) for kernel, kind in (("replay_step", ReplayLaunch),
+              ("verify_step", VerifyLaunch)) for entry, knobs in table.get(kernel, {}).items()]  # fmt: skip
     shapes += [(f"fold.{entry}", FoldLaunch, knobs) for entry, knobs in table.get("fold", {}).items()]
     for where, kind, knobs in [*shapes, ("gdn", GdnLaunch, table.get("gdn", {}))]:
         known = {field.name for field in dataclasses.fields(kind)}

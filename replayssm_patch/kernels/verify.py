@@ -184,6 +184,32 @@ def _checkpoint_reads(
     return read
 
 
+@triton.jit
+def _checkpoint_reads_mma(
+    state_at, C_at, sr_p, sr_n, mask_p, d_state,
+    BLOCK_T: tl.constexpr, TILE_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
+    C_STRIDE: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    """``_checkpoint_reads`` on the tensor cores, [TILE_T, BLOCK_P] (tokens padded to tl.dot's 16, 0 past BLOCK_T):
+    checkpoint [P, N] x C^T [N, TILE_T] per d_state tile, tf32x3 on an fp32 checkpoint (C is bf16, exact in tf32)
+    and one tf32 pass on the split copy (bf16 too: the products are exact). The tiles run in a ``tl.range`` loop, so
+    Triton's pipeliner copies them to shared memory ``STAGES`` deep and the MMAs read them there: session 20's form
+    (static tiles through registers) lost."""
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_t = tl.arange(0, TILE_T)
+    read_T = tl.zeros((BLOCK_P, TILE_T), dtype=tl.float32)
+    for t in tl.range(0, N_TILES, num_stages=STAGES):
+        offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        h = tl.load(state_at + offs_p[:, None] * sr_p + offs_n[None, :] * sr_n,
+                    mask=mask_p[:, None] & (offs_n < d_state)[None, :], other=0.0)  # fmt: skip
+        C_T = tl.load(C_at + offs_t[None, :] * C_STRIDE + offs_n[:, None], mask=(offs_t < BLOCK_T)[None, :], other=0.0)
+        if h.dtype == tl.bfloat16:  # both exact in tf32: one pass
+            read_T = tl.dot(h.to(tl.float32), C_T, read_T, input_precision="tf32")
+        else:
+            read_T = tl.dot(h, C_T, read_T, input_precision="tf32x3")
+    return tl.trans(read_T)
+
+
 @triton.jit(do_not_specialize_on_alignment=["x_ptr", "out_ptr"])
 def _verify_step_kernel(
     x_ptr, c32_ptr, D_ptr, read_ptr, ring_x_ptr, slot_ptr, pos_ptr, qsl_ptr, bc_ptr, w_ptr, decay_ptr, out_ptr,
@@ -191,7 +217,7 @@ def _verify_step_kernel(
     sx_t, sx_h, sx_p, sr_slot, sr_h, sr_p, sr_n, srx_slot, srx_h, srx_l, srx_p,
     so_t, so_h, so_p,
     HAS_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    N_TILES: tl.constexpr, C_STRIDE: tl.constexpr, EVEN: tl.constexpr,
+    N_TILES: tl.constexpr, C_STRIDE: tl.constexpr, EVEN: tl.constexpr, TILE_T: tl.constexpr, MMA_STAGES: tl.constexpr,
 ):  # fmt: skip
     pblock = tl.program_id(0)
     row = tl.program_id(1)
@@ -205,16 +231,19 @@ def _verify_step_kernel(
     group = head // heads_per_group
     offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_l = tl.arange(0, BLOCK_L)
-    offs_t = tl.arange(0, BLOCK_T)
+    offs_t = tl.arange(0, TILE_T)  # BLOCK_T, or tl.dot's 16 on the tensor cores
     mask_p = offs_p < head_dim
     history, new, token = _ring_positions(offs_l, pos, start, count)
 
     # Every load first, the ring's append last: a load after a store waits for the store's data.
     bc_row = (row * (nheads // heads_per_group) + group) * BLOCK_T
-    read = _checkpoint_reads(
-        read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p, c32_ptr + bc_row * C_STRIDE,
-        sr_p, sr_n, mask_p, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES, C_STRIDE, EVEN,
-    )  # fmt: skip
+    state_at, C_at = read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p, c32_ptr + bc_row * C_STRIDE
+    if MMA_STAGES > 0:
+        read = _checkpoint_reads_mma(state_at, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T, TILE_T, BLOCK_P, BLOCK_N,
+                                     N_TILES, C_STRIDE, MMA_STAGES)  # fmt: skip
+    else:
+        read = _checkpoint_reads(state_at, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES,
+                                 C_STRIDE, EVEN)  # fmt: skip
     xs, _ = _ring_rows(  # [L, P]: the ring, T appended
         ring_x_ptr + slot * srx_slot + head * srx_h + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p,
         x_ptr + token[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p, new[:, None] & mask_p[None, :],
@@ -223,7 +252,7 @@ def _verify_step_kernel(
     mask_tp = (offs_t < count)[:, None] & mask_p[None, :]
     x_tok = tl.load(x_ptr + (start + offs_t)[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p, mask=mask_tp)
     coef_row = (row * nheads + head) * BLOCK_T
-    y = tl.load(decay_ptr + coef_row + offs_t)[:, None] * read
+    y = tl.load(decay_ptr + coef_row + offs_t, mask=offs_t < BLOCK_T, other=0.0)[:, None] * read
     for j in tl.static_range(BLOCK_T):  # the masked T x (m+T) product, one query token per pass
         coef = tl.load(w_ptr + (coef_row + j) * BLOCK_L + offs_l)
         coef *= tl.load(bc_ptr + (bc_row + j) * BLOCK_L + offs_l)
@@ -303,6 +332,7 @@ def replay_verify(
     block_n: int | None = None,
     num_warps: int | None = None,
     maxnreg: int | None = None,
+    mma_stages: int | None = None,
 ) -> torch.Tensor:
     """Append every row's query tokens to its ring at write_pos.. and return y [num_tokens, nheads, head_dim].
 
@@ -311,8 +341,9 @@ def replay_verify(
     B, C [num_tokens, ngroups, d_state]; state is the checkpoint to READ (never written); state_indices /
     write_pos int32 [batch]. ``max_query_len`` (1 + num_speculative_tokens) sizes the kernels, so it must be
     passed, not read from the metadata. Padding rows, rows with no tokens and rows that would not fit the
-    ring are skipped (their ``out`` rows left as they were). Tuning knobs as in ``replay_decode``, and ``maxnreg``
-    (registers per thread of the output launch; 0: ptxas decides; unset, the launch table's).
+    ring are skipped (their ``out`` rows left as they were). Tuning knobs as in ``replay_decode``, ``maxnreg``
+    (registers per thread of the output launch; 0: ptxas decides) and ``mma_stages`` (the checkpoint reads on the
+    tensor cores, pipelined that deep; 0: on the CUDA cores; ``launch_config.VerifyLaunch``); unset, the table's.
     """
     check_launchable(x, state)
     nheads, head_dim = x.shape[1], x.shape[2]
@@ -331,6 +362,7 @@ def replay_verify(
     BLOCK_L = block_size(ring_len, floor=16)
     BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p)
     BLOCK_N = block_size(d_state, cap=block_n or tuned.block_n)
+    stages = tuned.mma_stages if mma_stages is None else mma_stages
     _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
         x, c32, D if D is not None else A, state, ring_x, state_indices, write_pos, query_start_loc,
         bc, weight, decay, out,
@@ -338,7 +370,8 @@ def replay_verify(
         *x.stride(), *state.stride(), *ring_x.stride(), *out.stride(),
         HAS_D=D is not None, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
         N_TILES=triton.cdiv(d_state, BLOCK_N), C_STRIDE=c32.shape[-1],
-        EVEN=head_dim % BLOCK_P == 0 and d_state % BLOCK_N == 0, num_warps=num_warps or tuned.num_warps,
+        EVEN=head_dim % BLOCK_P == 0 and d_state % BLOCK_N == 0, TILE_T=max(BLOCK_T, 16) if stages else BLOCK_T,
+        MMA_STAGES=stages, num_warps=num_warps or tuned.num_warps,
         **register_cap(tuned.maxnreg if maxnreg is None else maxnreg),
     )  # fmt: skip
     return out
@@ -368,9 +401,10 @@ def replay_verify_reference(
     block_n: int | None = None,
     num_warps: int | None = None,
     maxnreg: int | None = None,
+    mma_stages: int | None = None,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``replay_verify`` (same arguments; the tuning knobs are ignored), in fp32, row by row."""
-    del block_p, block_n, num_warps, maxnreg
+    del block_p, block_n, num_warps, maxnreg, mma_stages
     nheads = x.shape[1]
     dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
     ring_len = ring_len_of(ring_x)

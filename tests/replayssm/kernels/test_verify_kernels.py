@@ -76,11 +76,13 @@ def decays(cache, slot: int, m: int, step: StepInputs, layer, first: int, count:
     return torch.exp(layer.A.double() * (ring + now))
 
 
+@pytest.mark.parametrize("mma_stages", [0, 2], ids=["cuda-cores", "tensor-cores"])
 @pytest.mark.parametrize(("shape", "T"), VERIFY_SHAPES, ids=lambda v: str(v))
-def test_verify_matches_reference_and_fp64(shape: Shape, T: int) -> None:
+def test_verify_matches_reference_and_fp64(shape: Shape, T: int, mma_stages: int) -> None:
     """Rows at different cursors with 1..T query tokens (an empty and a nearly full history among them), a padding
     row with tokens, and a row that would overflow the ring (skipped); stale ring entries are NaN; d_state in two
-    tiles (blocks that divide head_dim and d_state, and blocks that do not)."""
+    tiles (blocks that divide head_dim and d_state, and blocks that do not); the checkpoint reads summed on the CUDA
+    cores or formed as pipelined tensor-core products."""
     gen = seeded(shape, T, "verify")
     layer = make_layer(shape, gen)
     slots = shape.batch + 3
@@ -94,7 +96,7 @@ def test_verify_matches_reference_and_fp64(shape: Shape, T: int) -> None:
     fill_ring(shape, cache, indices[[*range(shape.batch), -1]].long(), write_pos[[*range(shape.batch), -1]], gen)
     step = tokens(shape, layer, int(qsl[-1]), gen)
     sentinel = torch.full((int(qsl[-1]), shape.nheads, shape.head_dim), 7.0)
-    kw = {"D": layer.D, "dt_bias": layer.dt_bias, "block_n": max(shape.d_state // 2, 1)}
+    kw = {"D": layer.D, "dt_bias": layer.dt_bias, "block_n": max(shape.d_state // 2, 1), "mma_stages": mma_stages}
     results = []
     for fn in (replay_verify, replay_verify_reference):
         run = cache.clone()
@@ -122,8 +124,9 @@ def test_verify_matches_reference_and_fp64(shape: Shape, T: int) -> None:
         assert torch.equal(run.ring_x[overflow].nan_to_num(), cache.ring_x[overflow].nan_to_num())
 
 
-def run_verify_steps(shape: Shape, T: int, split: bool, pattern: str, steps: int) -> None:
-    """``steps`` verify steps of T tokens; accepted per row and step from ``pattern`` (all / none / mixed)."""
+def run_verify_steps(shape: Shape, T: int, split: bool, pattern: str, steps: int, mma_stages: int = 0) -> None:
+    """``steps`` verify steps of T tokens; accepted per row and step from ``pattern`` (all / none / mixed); the
+    checkpoint reads on the tensor cores where ``mma_stages`` > 0."""
     gen = seeded(shape, T, split, pattern)
     layer = make_layer(shape, gen)
     rows = shape.batch
@@ -150,7 +153,7 @@ def run_verify_steps(shape: Shape, T: int, split: bool, pattern: str, steps: int
             args = (step.x, step.dt, layer.A, step.B, step.C, run.ssm_state, run.ring_x, run.ring_B, run.ring_dt)
             outs[name] = fn(*args, indices, write_pos, fold_len, qsl, T, state_bf16=run.state_bf16, D=layer.D,
                             dt_bias=layer.dt_bias, pad_slot_id=NULL_BLOCK_ID, fold_list=fold_list,
-                            out=torch.empty(rows * T, shape.nheads, shape.head_dim))  # fmt: skip
+                            out=torch.empty(rows * T, shape.nheads, shape.head_dim), mma_stages=mma_stages)  # fmt: skip
         if pattern == "all":
             accepted = torch.full((rows,), T, dtype=torch.int32)
         elif pattern == "none":
@@ -191,10 +194,11 @@ def test_verify_steps_track_fp64_across_folds(shape: Shape, T: int, pattern: str
     run_verify_steps(shape, T, split=False, pattern=pattern, steps=3 * (shape.ring_len - T) // T + 4)
 
 
-@pytest.mark.parametrize("pattern", ["all", "mixed"])
-def test_verify_steps_in_split_precision_stay_within_the_bf16_bound(pattern: str) -> None:
+@pytest.mark.parametrize(("pattern", "mma_stages"), [("all", 0), ("mixed", 0), ("mixed", 2)])
+def test_verify_steps_in_split_precision_stay_within_the_bf16_bound(pattern: str, mma_stages: int) -> None:
+    """The bf16 copy read on the CUDA cores, or as tf32 tensor-core products (bf16 and C are exact in tf32)."""
     shape, T = VERIFY_SHAPES[1]
-    run_verify_steps(shape, T, split=True, pattern=pattern, steps=8)
+    run_verify_steps(shape, T, split=True, pattern=pattern, steps=8, mma_stages=mma_stages)
 
 
 def test_verify_plan_kernel_matches_its_reference() -> None:
