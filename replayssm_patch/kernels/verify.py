@@ -17,14 +17,14 @@ the tiles as a serial loop in each program: latency, at 5 % of HBM; session 20, 
 every load before the ring stores: 27 µs.) ``_verify_step_kernel`` per (head_dim block, row, head) appends x and
 forms every y_j. Both launches issue all their loads before their ring stores (session 20, at batch 256: the verify
 without folds 590 -> 446 µs, of which the coefficient launch 127 -> 27); the output launch reads C in fp32 and the
-checkpoint unmasked where the blocks divide it (session 21: 446 -> 413 µs). The output launch now appends the tokens'
-rows to the ring after its last load (its coefficient loads waited for that store's data; not measured yet). The ring
-must hold m + T_r entries (the layout gives verify rows L + T); a row that does not fit is skipped, like padding.
-The output launch's checkpoint reads run on the CUDA cores, or (``mma_stages``, a launch knob the kernel bench
-sweeps) as tensor-core products over d_state tiles pipelined through shared memory. A fold that also wrote its rows'
-h'·C_j from the tile in registers, so that the verify skips those checkpoints (~1
-row in ceil(L / AL)), lost (session 22, batch 128): the fold took 255 registers and 147.6 against 68.8 µs, the step
-361.5 against 343.2.
+checkpoint unmasked where the blocks divide it (session 21: 446 -> 413 µs). The output launch appends the tokens'
+rows to the ring after its last load (its coefficient loads waited for that store's data; session 22, another host:
+415 µs). The ring must hold m + T_r entries (the layout gives verify rows L + T); a row that does not fit is skipped,
+like padding. The output launch's checkpoint reads run on the CUDA cores, or (``mma_stages``, a launch knob the
+kernel bench sweeps) as tensor-core products over d_state tiles pipelined through shared memory. A fold that also
+wrote its rows' h'·C_j from the tile in registers, so that the verify skips those checkpoints (~1 row in ceil(L /
+AL)), lost (session 22, batch 128): the fold took 255 registers and 147.6 against 68.8 µs, the step 361.5 against
+343.2.
 """
 
 from __future__ import annotations
