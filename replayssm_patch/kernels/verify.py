@@ -362,9 +362,10 @@ def replay_verify(
     ring_len = ring_len_of(ring_x)
     BLOCK_T = block_size(max_query_len)
     BLOCK_L = block_size(ring_len, floor=16)
-    BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p)
-    BLOCK_N = block_size(d_state, cap=block_n or tuned.block_n)
     stages = tuned.mma_stages if mma_stages is None else mma_stages
+    floor = 16 if stages else 1  # tl.dot's least extent; the masks cover what the head and d_state lack
+    BLOCK_P = max(block_size(head_dim, cap=block_p or tuned.block_p), floor)
+    BLOCK_N = max(block_size(d_state, cap=block_n or tuned.block_n), floor)
     _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
         x, c32, D if D is not None else A, state, ring_x, state_indices, write_pos, query_start_loc,
         bc, weight, decay, out,
