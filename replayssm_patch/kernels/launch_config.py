@@ -53,7 +53,10 @@ class VerifyLaunch(ReplayLaunch):
     reads on the CUDA cores; n > 0 forms them on the tensor cores (checkpoint x C^T, tf32x3 on the fp32 checkpoint,
     tf32 on the split copy, the tokens padded to 16) over d_state tiles that Triton pipelines through shared memory
     in n stages. Why: at 4 tokens a row the CUDA-core sums held the launch at 65 % of HBM, against 97 % at one
-    (session 22); ptxas at 64 x 32 x 4 warps (wgmma), 3 stages: 88 registers, no spills. Not yet timed on a GPU."""
+    (session 22). ptxas at 64 x 32 x 4 warps (wgmma), 3 stages: 88 registers, no spills, and a loop of 232
+    instructions per 8 KB tile and warp (mostly the tf32x3 split of the tile): about twice the CUDA-core form's
+    instructions per KB, so it can only win where that form waits on latency rather than issue (it issues ~1.3
+    instructions per cycle per SM at batch 256 by the counts above). Not yet timed on a GPU."""
 
     mma_stages: int = 0
 
