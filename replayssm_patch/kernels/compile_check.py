@@ -231,7 +231,7 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     ):
         consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": block_p, "BLOCK_N": block_n,
                   "N_TILES": 128 // block_n, "C_STRIDE": 128, "EVEN": True, "TILE_T": 16 if stages else 4,
-                  "MMA_STAGES": stages, **_VERIFY_UNIT_STRIDES}  # fmt: skip
+                  "MMA_STAGES": stages, "C_IN_TF32": True, **_VERIFY_UNIT_STRIDES}  # fmt: skip
         found.append((f"verify step T=4, {label}{form}", _verify_step_kernel,
                       {**_VERIFY_STEP_POINTERS, "read_ptr": read}, consts, num_warps))  # fmt: skip
     for label, kernel, pointers, blocks, num_warps in (

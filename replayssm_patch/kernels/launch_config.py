@@ -50,12 +50,12 @@ DEFAULT = ReplayLaunch()
 @dataclass(frozen=True)
 class VerifyLaunch(ReplayLaunch):
     """The replay step's knobs for the speculative verify's output launch, and ``mma_stages``: 0 sums its checkpoint
-    reads on the CUDA cores; n > 0 forms them on the tensor cores (checkpoint x C^T, tf32x3 on the fp32 checkpoint,
-    tf32 on the split copy, the tokens padded to 16) over d_state tiles that Triton pipelines through shared memory
-    in n stages. Why: at 4 tokens a row the CUDA-core sums held the launch at 65 % of HBM, against 97 % at one
-    (session 22). ptxas at 64 x 32 x 4 warps (wgmma), 3 stages: 88 registers, no spills, and a loop of 232
-    instructions per 8 KB tile and warp (mostly the tf32x3 split of the tile): about twice the CUDA-core form's
-    instructions per KB, so it can only win where that form waits on latency rather than issue (it issues ~1.3
+    reads on the CUDA cores; n > 0 forms them on the tensor cores (checkpoint x C^T in tf32, two passes on the fp32
+    checkpoint, one on the split copy, the tokens padded to 16; ``verify._checkpoint_reads_mma``) over d_state tiles
+    that Triton pipelines through shared memory in n stages. Why: at 4 tokens a row the CUDA-core sums held the
+    launch at 65 % of HBM, against 97 % at one (session 22). ptxas at 64 x 32 x 4 warps (wgmma), 3 stages, fp32
+    checkpoint and bf16 C: 96 registers, no spills, 1,360 instructions per warp for 32 KB of checkpoint, ~1.3x the
+    CUDA-core form's per KB, so it can only win where that form waits on latency rather than issue (it issues ~1.3
     instructions per cycle per SM at batch 256: 2,112 per 16 KB program, 415 µs). Not yet timed on a GPU."""
 
     mma_stages: int = 0

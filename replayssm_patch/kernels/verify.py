@@ -190,13 +190,14 @@ def _checkpoint_reads(
 def _checkpoint_reads_mma(
     state_at, C_at, sr_p, sr_n, mask_p, d_state,
     BLOCK_T: tl.constexpr, TILE_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
-    C_STRIDE: tl.constexpr, STAGES: tl.constexpr,
+    C_STRIDE: tl.constexpr, STAGES: tl.constexpr, C_IN_TF32: tl.constexpr,
 ):  # fmt: skip
     """``_checkpoint_reads`` on the tensor cores, [TILE_T, BLOCK_P] (tokens padded to tl.dot's 16, 0 past BLOCK_T):
-    checkpoint [P, N] x C^T [N, TILE_T] per d_state tile, tf32x3 on an fp32 checkpoint (C is bf16, exact in tf32)
-    and one tf32 pass on the split copy (bf16 too: the products are exact). The tiles run in a ``tl.range`` loop, so
-    Triton's pipeliner copies them to shared memory ``STAGES`` deep and the MMAs read them there: session 20's form
-    (static tiles through registers) lost."""
+    checkpoint [P, N] x C^T [N, TILE_T] per d_state tile. The split copy takes one tf32 pass (bf16 and C are exact in
+    tf32); an fp32 checkpoint takes two where C came in 16 bits (``C_IN_TF32``: its tf32 head and the remainder, ~2^-21
+    relative; ptxas: 1,360 instructions per warp against ~2,030 for tf32x3, which splits C too), else tf32x3. The
+    tiles run in a ``tl.range`` loop, so Triton's pipeliner copies them to shared memory ``STAGES`` deep and the MMAs
+    read them there: session 20's form (static tiles through registers) lost."""
     offs_p = tl.arange(0, BLOCK_P)
     offs_t = tl.arange(0, TILE_T)
     read_T = tl.zeros((BLOCK_P, TILE_T), dtype=tl.float32)
@@ -207,6 +208,10 @@ def _checkpoint_reads_mma(
         C_T = tl.load(C_at + offs_t[None, :] * C_STRIDE + offs_n[:, None], mask=(offs_t < BLOCK_T)[None, :], other=0.0)
         if h.dtype == tl.bfloat16:  # both exact in tf32: one pass
             read_T = tl.dot(h.to(tl.float32), C_T, read_T, input_precision="tf32")
+        elif C_IN_TF32:  # C exact in tf32: h's tf32 head and its remainder, two passes (tf32x3 also splits C)
+            h_head = (h.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+            read_T = tl.dot(h_head, C_T, read_T, input_precision="tf32")
+            read_T = tl.dot(h - h_head, C_T, read_T, input_precision="tf32")
         else:
             read_T = tl.dot(h, C_T, read_T, input_precision="tf32x3")
     return tl.trans(read_T)
@@ -220,6 +225,7 @@ def _verify_step_kernel(
     so_t, so_h, so_p,
     HAS_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     N_TILES: tl.constexpr, C_STRIDE: tl.constexpr, EVEN: tl.constexpr, TILE_T: tl.constexpr, MMA_STAGES: tl.constexpr,
+    C_IN_TF32: tl.constexpr,
 ):  # fmt: skip
     pblock = tl.program_id(0)
     row = tl.program_id(1)
@@ -242,7 +248,7 @@ def _verify_step_kernel(
     state_at, C_at = read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p, c32_ptr + bc_row * C_STRIDE
     if MMA_STAGES > 0:
         read = _checkpoint_reads_mma(state_at, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T, TILE_T, BLOCK_P, BLOCK_N,
-                                     N_TILES, C_STRIDE, MMA_STAGES)  # fmt: skip
+                                     N_TILES, C_STRIDE, MMA_STAGES, C_IN_TF32)  # fmt: skip
     else:
         read = _checkpoint_reads(state_at, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES,
                                  C_STRIDE, EVEN)  # fmt: skip
@@ -374,7 +380,7 @@ def replay_verify(
         HAS_D=D is not None, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
         N_TILES=triton.cdiv(d_state, BLOCK_N), C_STRIDE=c32.shape[-1],
         EVEN=head_dim % BLOCK_P == 0 and d_state % BLOCK_N == 0, TILE_T=max(BLOCK_T, 16) if stages else BLOCK_T,
-        MMA_STAGES=stages, num_warps=num_warps or tuned.num_warps,
+        MMA_STAGES=stages, C_IN_TF32=C.dtype.itemsize <= 2, num_warps=num_warps or tuned.num_warps,
         **register_cap(tuned.maxnreg if maxnreg is None else maxnreg),
     )  # fmt: skip
     return out
