@@ -54,7 +54,7 @@ class VerifyLaunch(ReplayLaunch):
     checkpoint, one on the split copy, the tokens padded to 16; ``verify._checkpoint_reads_mma``) over d_state tiles
     that Triton pipelines through shared memory in n stages. Why: at 4 tokens a row the CUDA-core sums held the
     launch at 65 % of HBM, against 97 % at one (session 22). ptxas at 64 x 32 x 4 warps (wgmma), 3 stages, fp32
-    checkpoint and bf16 C: 96 registers, no spills, 1,360 instructions per warp for 32 KB of checkpoint, ~1.3x the
+    checkpoint and bf16 C: 94 registers, no spills, 1,312 instructions per warp for 32 KB of checkpoint, ~1.25x the
     CUDA-core form's per KB, so it can only win where that form waits on latency rather than issue (it issues ~1.3
     instructions per cycle per SM at batch 256: 2,112 per 16 KB program, 415 µs). Not yet timed on a GPU."""
 

@@ -52,6 +52,8 @@ from replayssm_patch.kernels.replay_decode import _step_inputs
 # T coefficient rows per (row, group) hold ~T times the decode step's registers: 4 warps keep them from spilling
 # (ptxas at T = 4, L + T = 20, d_state 128: 254 registers per thread at 2 warps).
 VERIFY_COEF_NUM_WARPS = 4
+# tl.dot's least extent: the tensor-core form's tiles and its token rows are at least this
+DOT_EXTENT = 16
 # Heads per [heads, L] tile of the coefficient launch: the masked decay sums hold HEAD_CHUNK x L x L values
 # (L + T = 20 -> 32); 4 heads keep them at 32 per thread over 4 warps (ptxas: see compile_check).
 VERIFY_HEAD_CHUNK = 4
@@ -148,12 +150,12 @@ def _verify_coefficients_kernel(
 
 @triton.jit
 def _checkpoint_tile(state_at, offs_p, offs_n, sr_p, sr_n, mask_p, d_state, EVEN: tl.constexpr):
-    """A tile of the checkpoint in fp32 (offsets and mask_p broadcast to its shape); unmasked when the blocks divide
-    head_dim and d_state (``EVEN``): a masked load zeroes its registers first, one instruction per two of them."""
+    """A tile of the checkpoint in its own dtype (offsets and mask_p broadcast to its shape); unmasked when the blocks
+    divide head_dim and d_state (``EVEN``): a masked load zeroes its registers first, one instruction per two."""
     at = state_at + offs_p * sr_p + offs_n * sr_n
     if EVEN:
-        return tl.load(at, eviction_policy="evict_first").to(tl.float32)
-    return tl.load(at, mask=mask_p & (offs_n < d_state), other=0.0, eviction_policy="evict_first").to(tl.float32)
+        return tl.load(at, eviction_policy="evict_first")
+    return tl.load(at, mask=mask_p & (offs_n < d_state), other=0.0, eviction_policy="evict_first")
 
 
 @triton.jit
@@ -179,7 +181,7 @@ def _checkpoint_reads(
         offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
         h = _checkpoint_tile(
             state_at, tl.arange(0, BLOCK_P)[:, None], offs_n[None, :], sr_p, sr_n, mask_p[:, None], d_state, EVEN
-        )
+        ).to(tl.float32)
         for j in tl.static_range(BLOCK_T):
             part = tl.sum(h * tl.load(C_at + j * C_STRIDE + offs_n)[None, :], axis=1)
             read = tl.where(offs_t[:, None] == j, read + part[None, :], read)
@@ -190,12 +192,12 @@ def _checkpoint_reads(
 def _checkpoint_reads_mma(
     state_at, C_at, sr_p, sr_n, mask_p, d_state,
     BLOCK_T: tl.constexpr, TILE_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
-    C_STRIDE: tl.constexpr, STAGES: tl.constexpr, C_IN_TF32: tl.constexpr,
+    C_STRIDE: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr, C_IN_TF32: tl.constexpr,
 ):  # fmt: skip
     """``_checkpoint_reads`` on the tensor cores, [TILE_T, BLOCK_P] (tokens padded to tl.dot's 16, 0 past BLOCK_T):
     checkpoint [P, N] x C^T [N, TILE_T] per d_state tile. The split copy takes one tf32 pass (bf16 and C are exact in
     tf32); an fp32 checkpoint takes two where C came in 16 bits (``C_IN_TF32``: its tf32 head and the remainder, ~2^-21
-    relative; ptxas: 1,360 instructions per warp against ~2,030 for tf32x3, which splits C too), else tf32x3. The
+    relative; ptxas: 1,312 instructions per warp against ~2,030 for tf32x3, which splits C too), else tf32x3. The
     tiles run in a ``tl.range`` loop, so Triton's pipeliner copies them to shared memory ``STAGES`` deep and the MMAs
     read them there: session 20's form (static tiles through registers) lost."""
     offs_p = tl.arange(0, BLOCK_P)
@@ -203,8 +205,7 @@ def _checkpoint_reads_mma(
     read_T = tl.zeros((BLOCK_P, TILE_T), dtype=tl.float32)
     for t in tl.range(0, N_TILES, num_stages=STAGES):
         offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        h = tl.load(state_at + offs_p[:, None] * sr_p + offs_n[None, :] * sr_n,
-                    mask=mask_p[:, None] & (offs_n < d_state)[None, :], other=0.0)  # fmt: skip
+        h = _checkpoint_tile(state_at, offs_p[:, None], offs_n[None, :], sr_p, sr_n, mask_p[:, None], d_state, EVEN)
         C_T = tl.load(C_at + offs_t[None, :] * C_STRIDE + offs_n[:, None], mask=(offs_t < BLOCK_T)[None, :], other=0.0)
         if h.dtype == tl.bfloat16:  # both exact in tf32: one pass
             read_T = tl.dot(h.to(tl.float32), C_T, read_T, input_precision="tf32")
@@ -248,7 +249,7 @@ def _verify_step_kernel(
     state_at, C_at = read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p, c32_ptr + bc_row * C_STRIDE
     if MMA_STAGES > 0:
         read = _checkpoint_reads_mma(state_at, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T, TILE_T, BLOCK_P, BLOCK_N,
-                                     N_TILES, C_STRIDE, MMA_STAGES, C_IN_TF32)  # fmt: skip
+                                     N_TILES, C_STRIDE, EVEN, MMA_STAGES, C_IN_TF32)  # fmt: skip
     else:
         read = _checkpoint_reads(state_at, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES,
                                  C_STRIDE, EVEN)  # fmt: skip
@@ -369,7 +370,7 @@ def replay_verify(
     BLOCK_T = block_size(max_query_len)
     BLOCK_L = block_size(ring_len, floor=16)
     stages = tuned.mma_stages if mma_stages is None else mma_stages
-    floor = 16 if stages else 1  # tl.dot's least extent; the masks cover what the head and d_state lack
+    floor = DOT_EXTENT if stages else 1  # the masks cover what the head and d_state lack
     BLOCK_P = max(block_size(head_dim, cap=block_p or tuned.block_p), floor)
     BLOCK_N = max(block_size(d_state, cap=block_n or tuned.block_n), floor)
     _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
@@ -379,7 +380,7 @@ def replay_verify(
         *x.stride(), *state.stride(), *ring_x.stride(), *out.stride(),
         HAS_D=D is not None, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
         N_TILES=triton.cdiv(d_state, BLOCK_N), C_STRIDE=c32.shape[-1],
-        EVEN=head_dim % BLOCK_P == 0 and d_state % BLOCK_N == 0, TILE_T=max(BLOCK_T, 16) if stages else BLOCK_T,
+        EVEN=head_dim % BLOCK_P == 0 and d_state % BLOCK_N == 0, TILE_T=max(BLOCK_T, floor),
         MMA_STAGES=stages, C_IN_TF32=C.dtype.itemsize <= 2, num_warps=num_warps or tuned.num_warps,
         **register_cap(tuned.maxnreg if maxnreg is None else maxnreg),
     )  # fmt: skip
