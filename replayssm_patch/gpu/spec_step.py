@@ -7,7 +7,7 @@
 
 Arms (variants.py SPEC_ARMS): native_standard, native_spec, replayssm_standard, replayssm_spec (ReplaySSM's with
 the replayssm_fp32 knobs), replayssm_split_spec (the verify reading the bf16 copy) and replayssm_spec_l28 (a ring of
-28: fewer folds). A spec arm drafts with MTP
+28: fewer folds), replayssm_split_spec_l28 (both). A spec arm drafts with MTP
 (the model dir needs an MTP layer: ../shared/gpu/models/nemotron-h-8b-mtp), k = --spec-tokens, and accepts with
 vLLM 0.24's synthetic rejection sampling (`"rejection_sample_method": "synthetic"`, `"synthetic_acceptance_length":
 AL`): with random weights a learned drafter accepts nothing, so the acceptance is set, the same in every spec arm,

@@ -36,6 +36,7 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     # a ring of 28: under MTP k = 3 its L + T = 32 entries fill the tile the kernels pad 20 to, and a row folds every
     # ~10 verifies at AL 3 instead of every ~6 (the kernel bench's verify rows "L = 28")
     "replayssm_fp32_l28": {"replayssm": {"enable": True, "buffer_len": 28, "split_precision": False}},
+    "replayssm_split_l28": {"replayssm": {"enable": True, "buffer_len": 28, "split_precision": True}},
 }
 
 # The speculative-decoding benchmark's arms (gpu/spec_step.py): a variant above, with or without speculation
@@ -49,6 +50,7 @@ SPEC_ARMS: dict[str, tuple[str, bool]] = {
     # speculation, for the throughput target; greedy agreement is required of the fp32 arm only
     "replayssm_split_spec": ("replayssm_split", True),
     "replayssm_spec_l28": ("replayssm_fp32_l28", True),  # fewer folds for a longer history to replay
+    "replayssm_split_spec_l28": ("replayssm_split_l28", True),  # both: the fastest the kernel bench predicts
 }
 
 # Speculation in every spec arm and server (spec_step, MODEL=mtp onegpu.sh): MTP drafts k = 3, accepted by vLLM
