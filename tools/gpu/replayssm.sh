@@ -5,6 +5,8 @@
 # and a shorter one after it may run; a job that exits 75 runs again first in the next call), then tars /tmp/gpu/out to $OUT. Issue the same command again, the moment the
 # previous call returns, until it prints "plan done".
 #   replayssm.sh JOB...
+# Engine jobs run the launch table of this host's kernel benches once `kernels` wrote it; TABLE=committed in front
+# runs the committed one (replayssm_patch/kernels/launch_h200.json) instead.
 # Jobs (estimated seconds in JOB_S):
 #   setup            recv part 3, install the bundle (first call only)
 #   kernels          kernel bench: 2,000-step equivalence at batch 256 vs vLLM's SSU, launch-shape sweep, timing at
@@ -131,7 +133,8 @@ run_job() {
   [[ $1 == *@* ]] && tag=${1#*@}
   variant=${variant%%@*}  # JOB@TAG: the same job once more under its own done-marker (e.g. spec:replayssm_spec@fit)
   if starts_engine "$1"; then  # the kernel benches' fastest shapes, once `kernels` / `gdnkernels` wrote them; the GPU
-    tuned_table && export REPLAYSSM_LAUNCH_CONFIG=$TUNED  # to the job alone: onegpu's servers stop
+    if [ "${TABLE:-tuned}" = committed ]; then unset REPLAYSSM_LAUNCH_CONFIG  # an engine A/B of two tables, one host
+    else tuned_table && export REPLAYSSM_LAUNCH_CONFIG=$TUNED; fi  # (a rerun's rows replace the first's: keep $OUT)
     for arm in baseline candidate candidate-moe; do $S stop "$arm"; done
   fi
   case $kind in

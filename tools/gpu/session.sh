@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stages of a GPU session on the H200 host (run through the `device` tool, one stage list per call).
-#   recv K        copy bundle part K (and, for K=0, the installer files) from .gpu/ to /tmp/pkg
+#   recv [K]      copy bundle part K (and the installer files carried beside it) from .gpu/ to /tmp/pkg (PKG)
 #   setup         unpack vLLM 0.24.0 to /tmp/site, add the carried wheels, make this checkout's plugin visible
 #                 (a dist-info under /tmp/rb-site, see replayssm_patch/plugin_site.py), build a model dir (config +
 #                 word-level tokenizer) for every carried config: /tmp/model (.device/model, Nemotron-H-8B),
@@ -62,7 +62,8 @@ esac
 # PROMPT_TOKENS=N: the engine-side scripts' prompt length (default 1024), into files of their own (-pN);
 # MAX_NUM_SEQS=N: their --max-num-seqs (default 256), which caps a `fit` batch (the largest the KV cache holds)
 SUFFIX=$SUFFIX${PROMPT_TOKENS:+-p$PROMPT_TOKENS}
-mkdir -p "$STATE" "$RES" /tmp/pkg
+PKG=${PKG:-/tmp/pkg}  # the bundle's parts and installer, as the transfer calls leave them
+mkdir -p "$STATE" "$RES" "$PKG"
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$ROOT VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Every default-mode engine start spent 76-91 s in vLLM's silent "Initial profiling/warmup run", the second engine
@@ -81,15 +82,18 @@ SPECS=$RES/spec_step-h200${PROMPT_TOKENS:+-p$PROMPT_TOKENS}.json  # the same for
 MODEL_MTP=/tmp/model-mtp
 
 recv() {
-  local k=$1
-  cp "$ROOT/.gpu/site.part0$k" /tmp/pkg/
-  if [ "$k" = 0 ]; then cp "$ROOT"/.gpu/zstandard-*.whl "$ROOT/.gpu/SHA256" "$ROOT/.gpu/install-bundle.sh" /tmp/pkg/; fi
-  ls -la /tmp/pkg
+  local k=${1:-}  # none: the installer files alone (the wheel's own call)
+  if [ -n "$k" ]; then cp "$ROOT/.gpu/site.part0$k" "$PKG/"; fi
+  # the installer's files ride with whichever part has room (the repo plus part 0 and the wheel passed 64 MiB)
+  for f in "$ROOT"/.gpu/zstandard-*.whl "$ROOT/.gpu/SHA256" "$ROOT/.gpu/install-bundle.sh"; do
+    if [ -f "$f" ]; then cp "$f" "$PKG/"; fi
+  done
+  ls -la "$PKG"
 }
 
 setup() {  # needs .whl carried beside part 3: without tomli_w every `replaybench run/capacity` dies on the host
   ls "$ROOT"/.whl/*.whl > /dev/null 2>&1 || { echo "setup: no .whl/ here: carry .whl with part 3 (README)"; return 1; }
-  bash /tmp/pkg/install-bundle.sh || return 1
+  bash "$PKG/install-bundle.sh" "$PKG" || return 1
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$ROOT"/.whl/*.whl
   python3 -c "from pathlib import Path; from replayssm_patch.plugin_site import write_plugin_site; \
 write_plugin_site(Path('/tmp/rb-site'))" || return 1

@@ -92,3 +92,30 @@ def test_setup_without_the_carried_wheels_is_refused_in_one_line(tmp_path: Path)
     done = subprocess.run(["bash", str(script), "setup"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert done.returncode == 1
     assert done.stdout.strip() == "setup: no .whl/ here: carry .whl with part 3 (README)"
+
+
+def test_each_transfer_copies_its_part_and_whichever_installer_files_rode_with_it(tmp_path: Path) -> None:
+    """The repo, part 0 and the zstandard wheel together passed the device's 64 MiB (session 23): the installer's
+    files may ride with any part, and the call that gets them copies them beside the parts."""
+    (tmp_path / "tools" / "gpu").mkdir(parents=True)
+    (tmp_path / "tools" / "gpu" / "session.sh").write_text((REPO / "tools" / "gpu" / "session.sh").read_text())
+    carried = tmp_path / ".gpu"
+    carried.mkdir()
+    pkg = tmp_path / "pkg"
+
+    def recv(part: int | None, *files: str) -> set[str]:
+        for old in carried.iterdir():
+            old.unlink()  # a call carries only its own files
+        for name in ([] if part is None else [f"site.part0{part}"]) + list(files):
+            (carried / name).write_text(name)
+        args = [] if part is None else [str(part)]
+        done = subprocess.run(["bash", "tools/gpu/session.sh", "recv", *args], capture_output=True, text=True,
+                              cwd=tmp_path, env=os.environ | {"PKG": str(pkg)})  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return {p.name for p in pkg.iterdir()}
+
+    assert recv(0, "SHA256", "install-bundle.sh") == {"site.part00", "SHA256", "install-bundle.sh"}
+    assert recv(1) == {"site.part00", "site.part01", "SHA256", "install-bundle.sh"}
+    wheel = "zstandard-0.25.0-cp312-cp312-manylinux2014_x86_64.whl"
+    assert recv(None, wheel) == {"site.part00", "site.part01", "SHA256", "install-bundle.sh", wheel}
+    assert (pkg / wheel).read_text() == wheel
