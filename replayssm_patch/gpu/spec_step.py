@@ -81,6 +81,7 @@ from replayssm_patch.gpu.engine_step import (
     window_facts,
     within_budget,
 )
+from replayssm_patch.gpu.machine_sampling import sampled_conditions, sampling, telemetry_path
 from replayssm_patch.gpu.row_file import read_row_file, record_row
 from replayssm_patch.gpu.spec_summary import summary_markdown
 from replayssm_patch.gpu.step_profile import STEPS, profile_batch, profiler_config, record_profile, with_batches
@@ -406,6 +407,12 @@ def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: in
     return make_row(args, batch, repeats, [c.spec for _, c in counted], **checks)
 
 
+def telemetry_name(args: argparse.Namespace) -> argparse.Namespace:
+    """What names an engine's telemetry file: its arm and speculative setting (arms share variants)."""
+    setting = f"-k{args.spec_tokens}-al{args.acceptance_length:g}" if args.speculative else ""
+    return argparse.Namespace(variant=f"{args.arm}{setting}", mode=args.mode)
+
+
 def run_engine(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """One engine (one AL) through every batch within the budget; 1 if any row is invalid."""
     began = time.monotonic()
@@ -424,7 +431,12 @@ def run_engine(args: argparse.Namespace, argv: Sequence[str]) -> int:
     vocab_size = llm.llm_engine.model_config.get_vocab_size()
     invalid, measured = 0, 0
     for batch in within_budget(engine_batches(llm, args), args.budget_s, began):
-        row = measure_batch(llm, args, batch, vocab_size) | {k: facts[k] for k in ROW_FACTS}
+        # the SM clock and the host while it ran (session 23: ReplaySSM's fp32 arms slowed 20-70 % on one host, from
+        # repeat to repeat, where native spec did not, and nothing said whether the GPU's clock had dropped)
+        sampled = telemetry_path(args.out, "spec", telemetry_name(args), batch)
+        with sampling(sampled):
+            row = measure_batch(llm, args, batch, vocab_size)
+        row |= {k: facts[k] for k in ROW_FACTS} | {"conditions": sampled_conditions(sampled)}
         record_row(args.out, row, WHAT, command_line(MODULE, list(argv)), facts, SPEC_KEY)
         print(row_line(row), flush=True)
         invalid, measured = invalid + (not row["valid"]), measured + 1

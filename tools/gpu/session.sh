@@ -149,13 +149,16 @@ stop() {
 
 on_gpu() {  # MODULE NAME GPU BATCHES OUT SHOWN [ARGS...]: one engine-side script (ENGINE_UTIL: its GPU memory
             # share, 0.45 leaves room for a server beside it) on ENGINE_MODEL [the MODEL dir], with the script's own
-            # ARGS; prints its exit code and the log lines matching SHOWN
+            # ARGS; prints its exit code and the log lines matching SHOWN, and returns that code (the queue keeps a
+            # job whose script exits 75 for the next call: until session 23 grep's status hid it)
   local module=$1 name=$2 gpu=$3 batches=$4 out=$5 shown=$6 log=$STATE/$1-$2-$MODE$SUFFIX.log; shift 6
   CUDA_VISIBLE_DEVICES=$gpu timeout "${ENGINE_TIMEOUT_S:-540}" python3 -m "replayssm_patch.gpu.$module" \
     --model "${ENGINE_MODEL:-$MODEL_DIR}" --mode "$MODE" --batches "$batches" \
     --gpu-memory-utilization "${ENGINE_UTIL:-0.45}" --max-model-len "${MAX_LEN:-8192}" --out "$out" \
     ${PROMPT_TOKENS:+--prompt-tokens "$PROMPT_TOKENS"} ${MAX_NUM_SEQS:+--max-num-seqs "$MAX_NUM_SEQS"} "$@" > "$log" 2>&1
-  echo "$module $name $MODE exit $?"; grep -E "$shown|^error" "$log"
+  local rc=$?
+  echo "$module $name $MODE exit $rc"; grep -E "$shown|^error" "$log"
+  return $rc
 }
 
 spec() {  # ARM GPU [BATCHES]: spec_step.py on the MTP model (see the stage list above)

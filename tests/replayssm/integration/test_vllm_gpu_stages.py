@@ -158,6 +158,9 @@ def test_spec_step_reads_vllms_own_counters_into_rows_per_arm(spec_flow):
     assert rows[("replayssm_spec", 3.0, 4)]["window_tokens_per_s"] == round(4 * 271 / (91 * 0.005), 1)
     assert rows[("native_standard", None, 4)]["acceptance_length_measured"] is None
     assert all(rows[key]["valid"] for key in rows if key[1] != 2.5)
+    for (arm, _, _), row in rows.items():  # what the machine did (no GPU here) and which launch table ran
+        assert row["conditions"]["samples"] >= 1 and row["conditions"]["gpu_clock_share"] is None
+        assert (row["launch_shapes"] is None) == (not arm.startswith("replayssm"))
 
 
 def test_spec_step_invalidates_an_acceptance_off_its_configuration_and_summarises(spec_flow):
