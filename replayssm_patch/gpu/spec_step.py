@@ -431,8 +431,8 @@ def run_engine(args: argparse.Namespace, argv: Sequence[str]) -> int:
     vocab_size = llm.llm_engine.model_config.get_vocab_size()
     invalid, measured = 0, 0
     for batch in within_budget(engine_batches(llm, args), args.budget_s, began):
-        # the SM clock and the host while it ran (session 23: ReplaySSM's fp32 arms slowed 20-70 % on one host, from
-        # repeat to repeat, where native spec did not, and nothing said whether the GPU's clock had dropped)
+        # the SM clock and the host while it ran (session 23: ReplaySSM's fp32 arms took 25-36 ms a step on one host
+        # against 21.5 on another, varying by repeat, where native spec did not, and nothing said why)
         sampled = telemetry_path(args.out, "spec", telemetry_name(args), batch)
         with sampling(sampled):
             row = measure_batch(llm, args, batch, vocab_size)
