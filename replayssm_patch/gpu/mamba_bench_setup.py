@@ -53,6 +53,9 @@ class Plan(BenchPlan):
         (32, 32, 1, 80), (32, 32, 1, 72), (32, 32, 1, 64), (16, 64, 1, 80), (16, 128, 1, 80),
         # the checkpoint reads on the tensor cores, d_state tiles pipelined 2-3 deep (wgmma at 64 rows, 4 warps)
         (64, 32, 4, 0, 3), (64, 32, 4, 0, 2), (64, 64, 4, 0, 3), (32, 32, 1, 0, 3), (32, 64, 2, 0, 3),
+        # and the ring's product there too (session 23's winner 32 x 32 x 1 warp, 3 stages; ptxas: 138 registers
+        # against its 128, no spills; 16 x 32: 104)
+        (32, 32, 1, 0, 3, 1), (32, 32, 1, 0, 2, 1), (16, 32, 1, 0, 3, 1),
     )  # fmt: skip
     # (block_p, num_warps, prefetch) of the flush launch that folds before a verify (``flush.flush_ring``): its
     # default 16 x 4, wider tiles and more warps, with and without the next block's loads before the stores (ptxas
@@ -73,7 +76,8 @@ class Plan(BenchPlan):
 SMOKE_PLAN = Plan(
     nheads=4, head_dim=8, d_state=16, ngroups=2, buffer_len=4, eq_batch=3, eq_steps=6, batches=(2,),
     warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
-    verify_configs=((16, 64, 1), (8, 16, 2, 80, 2)), fold_configs=((16, 4, 0), (16, 4, 1, 168)), verify_long_ring=5,
+    verify_configs=((16, 64, 1), (8, 16, 2, 80, 2), (8, 16, 1, 0, 2, 1)), fold_configs=((16, 4, 0), (16, 4, 1, 168)),
+    verify_long_ring=5,
     verify_token_sweep=(2,),
 )  # fmt: skip
 
@@ -144,9 +148,9 @@ class Baseline:
         return self if problem is None else Baseline(None, problem)
 
 
-# (block_p, block_n, num_warps[, maxnreg[, mma_stages]]) of a replay or verify launch, (block_p, num_warps,
-# prefetch[, maxnreg]) of the fold: maxnreg caps the registers per thread, mma_stages puts the verify's checkpoint
-# reads on the tensor cores (kernels.launch_config)
+# (block_p, block_n, num_warps[, maxnreg[, mma_stages[, mma_ring]]]) of a replay or verify launch, (block_p,
+# num_warps, prefetch[, maxnreg]) of the fold: maxnreg caps the registers per thread, mma_stages puts the verify's
+# checkpoint reads on the tensor cores and mma_ring its ring's product too (kernels.launch_config)
 Shape = tuple[int, ...]
 
 
@@ -174,7 +178,8 @@ def sweep_markdown(sweep: dict[str, Any], what: str, shape: str = "block_p x blo
     return lines
 
 
-REPLAY_KNOBS = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages")  # the verify's last two only where swept
+REPLAY_KNOBS = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages", "mma_ring")  # the verify's last three
+# only where a shape names them
 FOLD_KNOBS = ("block_p", "num_warps", "prefetch", "maxnreg")
 
 

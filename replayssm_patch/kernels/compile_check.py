@@ -223,15 +223,18 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     verify_coef = {**coef, "BLOCK_T": 4, "BLOCK_L": 32, "HEAD_CHUNK": VERIFY_HEAD_CHUNK}
     found.append(("verify coefficients, T=4", _verify_coefficients_kernel, _VERIFY_COEF_POINTERS, verify_coef,
                   VERIFY_COEF_NUM_WARPS))  # fmt: skip
-    verify_launches = (  # the CUDA-core sums at the default shape; the tensor-core form at 64 x 32 x 4 warps, 3 stages
-        ("", DEFAULT.block_p, DEFAULT.block_n, DEFAULT.num_warps, 0), (", tensor cores", 64, 32, 4, 3),
+    verify_launches = (  # the CUDA-core sums at the default shape; the tensor-core form at 64 x 32 x 4 warps, 3
+        # stages (wgmma), and with the ring's product there too at session 23's winner, 32 x 32 x 1 warp, 3 stages
+        ("", DEFAULT.block_p, DEFAULT.block_n, DEFAULT.num_warps, 0, False), (", tensor cores", 64, 32, 4, 3, False),
+        (", tensor cores with the ring", 32, 32, 1, 3, True),
     )  # fmt: skip
-    for (label, read), (form, block_p, block_n, num_warps, stages) in itertools.product(
+    for (label, read), (form, block_p, block_n, num_warps, stages, ring) in itertools.product(
         (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")), verify_launches
     ):
         consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": block_p, "BLOCK_N": block_n,
                   "N_TILES": 128 // block_n, "C_STRIDE": 128, "EVEN": True, "TILE_T": 16 if stages else 4,
-                  "MMA_STAGES": stages, "C_IN_TF32": True, **_VERIFY_UNIT_STRIDES}  # fmt: skip
+                  "MMA_STAGES": stages, "C_IN_TF32": True, "RING_MMA": ring, "RING_IN_TF32": True,
+                  **_VERIFY_UNIT_STRIDES}  # fmt: skip
         found.append((f"verify step T=4, {label}{form}", _verify_step_kernel,
                       {**_VERIFY_STEP_POINTERS, "read_ptr": read}, consts, num_warps))  # fmt: skip
     for label, kernel, pointers, blocks, num_warps in (

@@ -21,7 +21,8 @@ checkpoint unmasked where the blocks divide it (session 21: 446 -> 413 µs). The
 rows to the ring after its last load (its coefficient loads waited for that store's data; session 22, another host:
 415 µs). The ring must hold m + T_r entries (the layout gives verify rows L + T); a row that does not fit is skipped,
 like padding. The output launch's checkpoint reads run on the CUDA cores, or (``mma_stages``, a launch knob the
-kernel bench sweeps) as tensor-core products over d_state tiles pipelined through shared memory. A fold that also
+kernel bench sweeps) as tensor-core products over d_state tiles pipelined through shared memory, and (``mma_ring``)
+the ring's T x (m+T) product as one more into the same accumulator. A fold that also
 wrote its rows' h'·C_j from the tile in registers, so that the verify skips those checkpoints (~1 row in ceil(L /
 AL)), lost (session 22, batch 128): the fold took 255 registers and 147.6 against 68.8 µs, the step 361.5 against
 343.2.
@@ -189,17 +190,43 @@ def _checkpoint_reads(
 
 
 @triton.jit
+def _tf32_head(v):
+    """v's tf32 part (its 10 leading mantissa bits): v - head is exact, and so is each in tf32."""
+    return (v.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fp32_dot(a, b, acc, A_IN_TF32: tl.constexpr, B_IN_TF32: tl.constexpr):
+    """a @ b + acc (fp32 operands) on the tensor cores at fp32-level error: one tf32 pass where both are exact in tf32
+    (``*_IN_TF32``: they came in 16 bits), two where one is (the other's tf32 head and its remainder, ~2^-21
+    relative; ptxas: 1,312 instructions per warp for the verify's checkpoint reads against ~2,030 for tf32x3, which
+    splits both), else tf32x3."""
+    if A_IN_TF32 and B_IN_TF32:
+        acc = tl.dot(a, b, acc, input_precision="tf32")
+    elif B_IN_TF32:
+        head = _tf32_head(a)
+        acc = tl.dot(head, b, acc, input_precision="tf32")
+        acc = tl.dot(a - head, b, acc, input_precision="tf32")
+    elif A_IN_TF32:
+        head = _tf32_head(b)
+        acc = tl.dot(a, head, acc, input_precision="tf32")
+        acc = tl.dot(a, b - head, acc, input_precision="tf32")
+    else:
+        acc = tl.dot(a, b, acc, input_precision="tf32x3")
+    return acc
+
+
+@triton.jit
 def _checkpoint_reads_mma(
     state_at, C_at, sr_p, sr_n, mask_p, d_state,
     BLOCK_T: tl.constexpr, TILE_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
     C_STRIDE: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr, C_IN_TF32: tl.constexpr,
 ):  # fmt: skip
-    """``_checkpoint_reads`` on the tensor cores, [TILE_T, BLOCK_P] (tokens padded to tl.dot's 16, 0 past BLOCK_T):
-    checkpoint [P, N] x C^T [N, TILE_T] per d_state tile. The split copy takes one tf32 pass (bf16 and C are exact in
-    tf32); an fp32 checkpoint takes two where C came in 16 bits (``C_IN_TF32``: its tf32 head and the remainder, ~2^-21
-    relative; ptxas: 1,312 instructions per warp against ~2,030 for tf32x3, which splits C too), else tf32x3. The
-    tiles run in a ``tl.range`` loop, so Triton's pipeliner copies them to shared memory ``STAGES`` deep and the MMAs
-    read them there: session 20's form (static tiles through registers) lost."""
+    """``_checkpoint_reads`` on the tensor cores, transposed: [BLOCK_P, TILE_T] (tokens padded to tl.dot's 16, 0 past
+    BLOCK_T), checkpoint [P, N] x C^T [N, TILE_T] per d_state tile (``_fp32_dot``; the split copy is exact in tf32).
+    The tiles run in a ``tl.range`` loop, so Triton's pipeliner copies them to shared memory ``STAGES`` deep and the
+    MMAs read them there: session 20's form (static tiles through registers) lost; this one won session 23's sweep
+    (the verify step at batch 256 505.2 against 548.0 µs on the CUDA cores, T = 8 499.7 against 688.3 without folds)."""
     offs_p = tl.arange(0, BLOCK_P)
     offs_t = tl.arange(0, TILE_T)
     read_T = tl.zeros((BLOCK_P, TILE_T), dtype=tl.float32)
@@ -207,15 +234,8 @@ def _checkpoint_reads_mma(
         offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
         h = _checkpoint_tile(state_at, offs_p[:, None], offs_n[None, :], sr_p, sr_n, mask_p[:, None], d_state, EVEN)
         C_T = tl.load(C_at + offs_t[None, :] * C_STRIDE + offs_n[:, None], mask=(offs_t < BLOCK_T)[None, :], other=0.0)
-        if h.dtype == tl.bfloat16:  # both exact in tf32: one pass
-            read_T = tl.dot(h.to(tl.float32), C_T, read_T, input_precision="tf32")
-        elif C_IN_TF32:  # C exact in tf32: h's tf32 head and its remainder, two passes (tf32x3 also splits C)
-            h_head = (h.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
-            read_T = tl.dot(h_head, C_T, read_T, input_precision="tf32")
-            read_T = tl.dot(h - h_head, C_T, read_T, input_precision="tf32")
-        else:
-            read_T = tl.dot(h, C_T, read_T, input_precision="tf32x3")
-    return tl.trans(read_T)
+        read_T = _fp32_dot(h.to(tl.float32), C_T, read_T, h.dtype == tl.bfloat16, C_IN_TF32 or h.dtype == tl.bfloat16)
+    return read_T
 
 
 @triton.jit(do_not_specialize_on_alignment=["x_ptr", "out_ptr"])
@@ -226,7 +246,7 @@ def _verify_step_kernel(
     so_t, so_h, so_p,
     HAS_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     N_TILES: tl.constexpr, C_STRIDE: tl.constexpr, EVEN: tl.constexpr, TILE_T: tl.constexpr, MMA_STAGES: tl.constexpr,
-    C_IN_TF32: tl.constexpr,
+    C_IN_TF32: tl.constexpr, RING_MMA: tl.constexpr, RING_IN_TF32: tl.constexpr,
 ):  # fmt: skip
     pblock = tl.program_id(0)
     row = tl.program_id(1)
@@ -248,8 +268,9 @@ def _verify_step_kernel(
     bc_row = (row * (nheads // heads_per_group) + group) * BLOCK_T
     state_at, C_at = read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p, c32_ptr + bc_row * C_STRIDE
     if MMA_STAGES > 0:
-        read = _checkpoint_reads_mma(state_at, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T, TILE_T, BLOCK_P, BLOCK_N,
-                                     N_TILES, C_STRIDE, EVEN, MMA_STAGES, C_IN_TF32)  # fmt: skip
+        read_T = _checkpoint_reads_mma(state_at, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T, TILE_T, BLOCK_P, BLOCK_N,
+                                       N_TILES, C_STRIDE, EVEN, MMA_STAGES, C_IN_TF32)  # fmt: skip
+        read = tl.trans(read_T)
     else:
         read = _checkpoint_reads(state_at, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES,
                                  C_STRIDE, EVEN)  # fmt: skip
@@ -261,12 +282,19 @@ def _verify_step_kernel(
     mask_tp = (offs_t < count)[:, None] & mask_p[None, :]
     x_tok = tl.load(x_ptr + (start + offs_t)[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p, mask=mask_tp)
     coef_row = (row * nheads + head) * BLOCK_T
-    y = tl.load(decay_ptr + coef_row + offs_t, mask=offs_t < BLOCK_T, other=0.0)[:, None] * read
-    for j in tl.static_range(BLOCK_T):  # the masked T x (m+T) product, one query token per pass
-        coef = tl.load(w_ptr + (coef_row + j) * BLOCK_L + offs_l)
-        coef *= tl.load(bc_ptr + (bc_row + j) * BLOCK_L + offs_l)
-        part = tl.sum(coef[:, None] * xs, axis=0)
-        y = tl.where(offs_t[:, None] == j, y + part[None, :], y)
+    decay = tl.load(decay_ptr + coef_row + offs_t, mask=offs_t < BLOCK_T, other=0.0)
+    if RING_MMA:  # the masked T x (m+T) product on the tensor cores too, into the checkpoint reads' accumulator
+        at_T, real_T = offs_l[:, None] + offs_t[None, :] * BLOCK_L, (offs_t < BLOCK_T)[None, :]
+        coef_T = tl.load(w_ptr + coef_row * BLOCK_L + at_T, mask=real_T, other=0.0)  # [L, TILE_T]
+        coef_T *= tl.load(bc_ptr + bc_row * BLOCK_L + at_T, mask=real_T, other=0.0)
+        y = tl.trans(_fp32_dot(tl.trans(xs), coef_T, decay[None, :] * read_T, RING_IN_TF32, False))
+    else:
+        y = decay[:, None] * read
+        for j in tl.static_range(BLOCK_T):  # the masked T x (m+T) product, one query token per pass
+            coef = tl.load(w_ptr + (coef_row + j) * BLOCK_L + offs_l)
+            coef *= tl.load(bc_ptr + (bc_row + j) * BLOCK_L + offs_l)
+            part = tl.sum(coef[:, None] * xs, axis=0)
+            y = tl.where(offs_t[:, None] == j, y + part[None, :], y)
     if HAS_D:
         y += tl.load(D_ptr + head).to(tl.float32) * x_tok.to(tl.float32)
     out_at = out_ptr + (start + offs_t)[:, None] * so_t + head * so_h + offs_p[None, :] * so_p
@@ -342,6 +370,7 @@ def replay_verify(
     num_warps: int | None = None,
     maxnreg: int | None = None,
     mma_stages: int | None = None,
+    mma_ring: bool | None = None,
 ) -> torch.Tensor:
     """Append every row's query tokens to its ring at write_pos.. and return y [num_tokens, nheads, head_dim].
 
@@ -351,8 +380,9 @@ def replay_verify(
     write_pos int32 [batch]. ``max_query_len`` (1 + num_speculative_tokens) sizes the kernels, so it must be
     passed, not read from the metadata. Padding rows, rows with no tokens and rows that would not fit the
     ring are skipped (their ``out`` rows left as they were). Tuning knobs as in ``replay_decode``, ``maxnreg``
-    (registers per thread of the output launch; 0: ptxas decides) and ``mma_stages`` (the checkpoint reads on the
-    tensor cores, pipelined that deep; 0: on the CUDA cores; ``launch_config.VerifyLaunch``); unset, the table's.
+    (registers per thread of the output launch; 0: ptxas decides), ``mma_stages`` (the checkpoint reads on the
+    tensor cores, pipelined that deep; 0: on the CUDA cores) and ``mma_ring`` (the ring's product there too; needs
+    ``mma_stages``) (``launch_config.VerifyLaunch``); unset, the table's.
     """
     check_launchable(x, state)
     nheads, head_dim = x.shape[1], x.shape[2]
@@ -370,6 +400,9 @@ def replay_verify(
     BLOCK_T = block_size(max_query_len)
     BLOCK_L = block_size(ring_len, floor=16)
     stages = tuned.mma_stages if mma_stages is None else mma_stages
+    ring_on_tensor_cores = bool(tuned.mma_ring if mma_ring is None else mma_ring)
+    if ring_on_tensor_cores and not stages:
+        raise ValueError("mma_ring needs mma_stages > 0: the ring's product adds into the tensor-core checkpoint reads")
     floor = DOT_EXTENT if stages else 1  # the masks cover what the head and d_state lack
     BLOCK_P = max(block_size(head_dim, cap=block_p or tuned.block_p), floor)
     BLOCK_N = max(block_size(d_state, cap=block_n or tuned.block_n), floor)
@@ -381,7 +414,8 @@ def replay_verify(
         HAS_D=D is not None, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
         N_TILES=triton.cdiv(d_state, BLOCK_N), C_STRIDE=c32.shape[-1],
         EVEN=head_dim % BLOCK_P == 0 and d_state % BLOCK_N == 0, TILE_T=max(BLOCK_T, floor),
-        MMA_STAGES=stages, C_IN_TF32=C.dtype.itemsize <= 2, num_warps=num_warps or tuned.num_warps,
+        MMA_STAGES=stages, C_IN_TF32=C.dtype.itemsize <= 2, RING_MMA=ring_on_tensor_cores,
+        RING_IN_TF32=ring_x.dtype.itemsize <= 2, num_warps=num_warps or tuned.num_warps,
         **register_cap(tuned.maxnreg if maxnreg is None else maxnreg),
     )  # fmt: skip
     return out
@@ -412,9 +446,10 @@ def replay_verify_reference(
     num_warps: int | None = None,
     maxnreg: int | None = None,
     mma_stages: int | None = None,
+    mma_ring: bool | None = None,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``replay_verify`` (same arguments; the tuning knobs are ignored), in fp32, row by row."""
-    del block_p, block_n, num_warps, maxnreg, mma_stages
+    del block_p, block_n, num_warps, maxnreg, mma_stages, mma_ring
     nheads = x.shape[1]
     dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
     ring_len = ring_len_of(ring_x)

@@ -73,15 +73,16 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     verify = data["verify"]
     assert verify["status"] == "ok", verify.get("traceback")
     assert verify["tokens_per_row"] == 4 and verify["ring_len"] == SMOKE_PLAN.buffer_len + 4
-    assert set(verify["sweep"]) == {"fp32", "split"} and len(verify["sweep"]["split"]["us"]) == 2
+    assert set(verify["sweep"]) == {"fp32", "split"} and len(verify["sweep"]["split"]["us"]) == 3
     assert {mode: tuple(cfg) for mode, cfg in verify["configs"].items()} == {
         mode: tuple(found["best"]) for mode, found in verify["sweep"].items()
     }, "the verify rows run the verify sweep's winners"
-    keys = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages")  # the last two where the shape names them
+    keys = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages", "mma_ring")  # the last three where named
     assert table["verify_step"] == {
         mode: dict(zip(keys, cfg, strict=False)) for mode, cfg in verify["configs"].items()
     }, "the verify's winners reach the launch table (section (d) held them)"
     assert "8x16x2x80x2" in verify["sweep"]["fp32"]["us"], "a register cap and tensor-core reads are swept"
+    assert "8x16x1x0x2x1" in verify["sweep"]["fp32"]["us"], "and the ring's product on the tensor cores"
     assert set(verify["fold_sweep"]) == {"fp32", "split"} and len(verify["fold_sweep"]["fp32"]["us"]) == 2
     assert set(verify["fold_sweep_per_row"]) == {"fp32", "split"}, "the fold swept without the list too"
     fold_keys = ("block_p", "num_warps", "prefetch", "maxnreg")
@@ -361,15 +362,15 @@ def compile_check_lines() -> tuple[str, ...]:
 def test_kernels_compile_for_hopper() -> None:
     """The real Triton compiler (not the interpreter) accepts every default kernel variant for sm_90."""
     lines = compile_check_lines()
-    assert len(lines) == 23, lines  # 11 decode-path and flush ones, the take before a prefill, 6 of the verify, 5 GDN
+    assert len(lines) == 25, lines  # 11 decode-path and flush ones, the take before a prefill, 8 of the verify, 5 GDN
     registers = [int(line.split(" registers")[0].rsplit(" ", 1)[1]) for line in lines]
     assert all(0 < count <= 255 for count in registers), lines  # ptxas -v was read for every kernel
     every_step = [line for line in lines if line.startswith(("replay step", "decode fold", "ring coefficients"))]
     assert len(every_step) == 5 and all(" 0 B spilled" in line for line in every_step), lines
     flushes = [line for line in lines if line.startswith("flush, bf16 copy")]
     assert len(flushes) == 5 and all(" 0 B spilled" in line for line in flushes), lines
-    verify_steps = [line for line in lines if line.startswith("verify step")]  # both dtypes, both forms
-    assert len(verify_steps) == 4 and all(" 0 B spilled" in line for line in verify_steps), lines
+    verify_steps = [line for line in lines if line.startswith("verify step")]  # both dtypes, the three forms
+    assert len(verify_steps) == 6 and all(" 0 B spilled" in line for line in verify_steps), lines
 
 
 def test_gdn_decode_step_kernels_do_not_spill() -> None:

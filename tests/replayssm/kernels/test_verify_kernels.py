@@ -76,13 +76,18 @@ def decays(cache, slot: int, m: int, step: StepInputs, layer, first: int, count:
     return torch.exp(layer.A.double() * (ring + now))
 
 
-@pytest.mark.parametrize("mma_stages", [0, 2], ids=["cuda-cores", "tensor-cores"])
+# the output launch's forms: sums on the CUDA cores; the checkpoint reads as pipelined tensor-core products; and
+# the ring's product on the tensor cores too
+FORMS = {"cuda-cores": {"mma_stages": 0}, "tensor-cores": {"mma_stages": 2},
+         "tensor-cores-ring": {"mma_stages": 2, "mma_ring": True}}  # fmt: skip
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize(("shape", "T"), VERIFY_SHAPES, ids=lambda v: str(v))
-def test_verify_matches_reference_and_fp64(shape: Shape, T: int, mma_stages: int) -> None:
+def test_verify_matches_reference_and_fp64(shape: Shape, T: int, form: str) -> None:
     """Rows at different cursors with 1..T query tokens (an empty and a nearly full history among them), a padding
     row with tokens, and a row that would overflow the ring (skipped); stale ring entries are NaN; d_state in two
-    tiles (blocks that divide head_dim and d_state, and blocks that do not); the checkpoint reads summed on the CUDA
-    cores or formed as pipelined tensor-core products."""
+    tiles (blocks that divide head_dim and d_state, and blocks that do not); each of the output launch's forms."""
     gen = seeded(shape, T, "verify")
     layer = make_layer(shape, gen)
     slots = shape.batch + 3
@@ -96,7 +101,7 @@ def test_verify_matches_reference_and_fp64(shape: Shape, T: int, mma_stages: int
     fill_ring(shape, cache, indices[[*range(shape.batch), -1]].long(), write_pos[[*range(shape.batch), -1]], gen)
     step = tokens(shape, layer, int(qsl[-1]), gen)
     sentinel = torch.full((int(qsl[-1]), shape.nheads, shape.head_dim), 7.0)
-    kw = {"D": layer.D, "dt_bias": layer.dt_bias, "block_n": max(shape.d_state // 2, 1), "mma_stages": mma_stages}
+    kw = {"D": layer.D, "dt_bias": layer.dt_bias, "block_n": max(shape.d_state // 2, 1), **FORMS[form]}
     results = []
     for fn in (replay_verify, replay_verify_reference):
         run = cache.clone()
@@ -124,9 +129,9 @@ def test_verify_matches_reference_and_fp64(shape: Shape, T: int, mma_stages: int
         assert torch.equal(run.ring_x[overflow].nan_to_num(), cache.ring_x[overflow].nan_to_num())
 
 
-def run_verify_steps(shape: Shape, T: int, split: bool, pattern: str, steps: int, mma_stages: int = 0) -> None:
+def run_verify_steps(shape: Shape, T: int, split: bool, pattern: str, steps: int, form: str = "cuda-cores") -> None:
     """``steps`` verify steps of T tokens; accepted per row and step from ``pattern`` (all / none / mixed); the
-    checkpoint reads on the tensor cores where ``mma_stages`` > 0."""
+    output launch in ``form`` (``FORMS``)."""
     gen = seeded(shape, T, split, pattern)
     layer = make_layer(shape, gen)
     rows = shape.batch
@@ -153,7 +158,7 @@ def run_verify_steps(shape: Shape, T: int, split: bool, pattern: str, steps: int
             args = (step.x, step.dt, layer.A, step.B, step.C, run.ssm_state, run.ring_x, run.ring_B, run.ring_dt)
             outs[name] = fn(*args, indices, write_pos, fold_len, qsl, T, state_bf16=run.state_bf16, D=layer.D,
                             dt_bias=layer.dt_bias, pad_slot_id=NULL_BLOCK_ID, fold_list=fold_list,
-                            out=torch.empty(rows * T, shape.nheads, shape.head_dim), mma_stages=mma_stages)  # fmt: skip
+                            out=torch.empty(rows * T, shape.nheads, shape.head_dim), **FORMS[form])  # fmt: skip
         if pattern == "all":
             accepted = torch.full((rows,), T, dtype=torch.int32)
         elif pattern == "none":
@@ -194,11 +199,30 @@ def test_verify_steps_track_fp64_across_folds(shape: Shape, T: int, pattern: str
     run_verify_steps(shape, T, split=False, pattern=pattern, steps=3 * (shape.ring_len - T) // T + 4)
 
 
-@pytest.mark.parametrize(("pattern", "mma_stages"), [("all", 0), ("mixed", 0), ("mixed", 2)])
-def test_verify_steps_in_split_precision_stay_within_the_bf16_bound(pattern: str, mma_stages: int) -> None:
+@pytest.mark.parametrize(("pattern", "form"), [("all", "cuda-cores"), ("mixed", "cuda-cores"),
+                                               ("mixed", "tensor-cores"), ("mixed", "tensor-cores-ring")])  # fmt: skip
+def test_verify_steps_in_split_precision_stay_within_the_bf16_bound(pattern: str, form: str) -> None:
     """The bf16 copy read on the CUDA cores, or as tf32 tensor-core products (bf16 and C are exact in tf32)."""
     shape, T = VERIFY_SHAPES[1]
-    run_verify_steps(shape, T, split=True, pattern=pattern, steps=8, mma_stages=mma_stages)
+    run_verify_steps(shape, T, split=True, pattern=pattern, steps=8, form=form)
+
+
+def test_verify_steps_with_the_ring_on_the_tensor_cores_track_fp64_across_folds() -> None:
+    shape, T = VERIFY_SHAPES[0]
+    run_verify_steps(shape, T, split=False, pattern="mixed", steps=3 * (shape.ring_len - T) // T + 4,
+                     form="tensor-cores-ring")  # fmt: skip
+
+
+def test_the_ring_on_the_tensor_cores_without_the_checkpoint_there_is_refused() -> None:
+    shape, T = VERIFY_SHAPES[0]
+    gen = seeded(shape, T, "refusal")
+    layer = make_layer(shape, gen)
+    cache = make_cache(shape, 2, False, gen)
+    step = tokens(shape, layer, T, gen)
+    args = (step.x, step.dt, layer.A, step.B, step.C, cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt)
+    one = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="mma_ring needs mma_stages > 0"):
+        replay_verify(*args, one, one, torch.tensor([0, T], dtype=torch.int32), T, mma_stages=0, mma_ring=True)
 
 
 def test_verify_plan_kernel_matches_its_reference() -> None:
