@@ -53,8 +53,10 @@ class Plan(BenchPlan):
         (32, 32, 1, 80), (32, 32, 1, 72), (32, 32, 1, 64), (16, 64, 1, 80), (16, 128, 1, 80),
         # the checkpoint reads on the tensor cores, d_state tiles pipelined 2-3 deep (wgmma at 64 rows, 4 warps)
         (64, 32, 4, 0, 3), (64, 32, 4, 0, 2), (64, 64, 4, 0, 3), (32, 32, 1, 0, 3), (32, 64, 2, 0, 3),
-        # and the ring's product there too (session 23's winner 32 x 32 x 1 warp, 3 stages; ptxas: 138 registers
-        # against its 128, no spills; 16 x 32: 104)
+        # around session 23's winner, 32 x 32 x 1 warp, 3 stages (ptxas: 128 registers, 16 programs per SM): fewer
+        # registers (16 x 32: 94; 2 warps: 72; capped at 112 without spills), every d_state tile in flight, 16-wide
+        (16, 32, 1, 0, 3), (32, 32, 2, 0, 3), (32, 32, 1, 112, 3), (32, 32, 1, 0, 4), (32, 16, 1, 0, 3),
+        # and the ring's product on the tensor cores too (ptxas at 32 x 32 x 1: 138 registers, no spills; 16 x 32: 104)
         (32, 32, 1, 0, 3, 1), (32, 32, 1, 0, 2, 1), (16, 32, 1, 0, 3, 1),
     )  # fmt: skip
     # (block_p, num_warps, prefetch) of the flush launch that folds before a verify (``flush.flush_ring``): its
