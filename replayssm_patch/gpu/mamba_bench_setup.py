@@ -55,7 +55,9 @@ class Plan(BenchPlan):
         (64, 32, 4, 0, 3), (64, 32, 4, 0, 2), (64, 64, 4, 0, 3), (32, 32, 1, 0, 3), (32, 64, 2, 0, 3),
         # around session 23's winner, 32 x 32 x 1 warp, 3 stages (ptxas: 128 registers, 16 programs per SM): fewer
         # registers (16 x 32: 94; 2 warps: 72; capped at 112 without spills), every d_state tile in flight, 16-wide
+        # tiles, and a whole head per 2-warp program (C's tiles loaded once per head, not per 32 rows; 128 and 124)
         (16, 32, 1, 0, 3), (32, 32, 2, 0, 3), (32, 32, 1, 112, 3), (32, 32, 1, 0, 4), (32, 16, 1, 0, 3),
+        (64, 32, 2, 0, 3), (64, 16, 2, 0, 3),
         # and the ring's product on the tensor cores too (ptxas at 32 x 32 x 1: 138 registers, no spills; 16 x 32: 104)
         (32, 32, 1, 0, 3, 1), (32, 32, 1, 0, 2, 1), (16, 32, 1, 0, 3, 1),
     )  # fmt: skip
