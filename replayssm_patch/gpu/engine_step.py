@@ -79,7 +79,7 @@ WHAT = (
 )
 
 ROW_FACTS = ("replayssm_layers", "launch_shapes", "profiler_configured", "max_concurrency", "startup_s", "gpu", "vllm",
-             "date", "gpu_uuid")  # fmt: skip
+             "date", "gpu_uuid", "cpu_model")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -435,7 +435,20 @@ def machine_facts() -> dict[str, Any]:
         "gpu": gpu, "cpu_cores": os.cpu_count(), "host": platform.node(), "python": platform.python_version(),
         "vllm": vllm.__version__, "torch": torch.__version__, "date": dt.date.today().isoformat(),
         "gpu_uuid": None if uuid is None else str(uuid),  # tells the lent hosts apart: each one's name is "vm"
+        "cpu_model": cpu_model(),
     }  # fmt: skip
+
+
+def cpu_model() -> str:
+    """The host CPU's model name (/proc/cpuinfo, else ``platform.processor()``): lent hosts of one GPU kind may
+    differ in CPU, and a step near the host floor follows it (session 23: one host's ReplaySSM rows ran 17-66 %
+    slower than another's, native spec's did not)."""
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]  # fmt: skip
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or "unknown"
 
 
 def open_llm(args: argparse.Namespace, **extra: Any) -> Any:

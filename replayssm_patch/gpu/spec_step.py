@@ -96,7 +96,7 @@ SPEC_KEY = ("arm", "mode", "spec_tokens", "acceptance_length_configured", "batch
 MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # Nemotron-H / Qwen3-Next; Qwen3.5
 # launch_shapes: which launch table the ReplaySSM kernels ran (session 23's rows of two tables had looked alike)
 ROW_FACTS = ("max_concurrency", "kv_cache_tokens", "num_gpu_blocks", "max_model_len", "replayssm_layers",
-             "launch_shapes", "startup_s", "gpu", "vllm", "date", "gpu_uuid")  # fmt: skip
+             "launch_shapes", "startup_s", "gpu", "vllm", "date", "gpu_uuid", "cpu_model")  # fmt: skip
 WHAT = (
     "Engine-side speculative decoding (vLLM LLM.generate, no HTTP; replayssm_patch/gpu/spec_step.py): "
     "engine_step.py's method (B prompts of 1024 random ids, exactly 16 and 272 output tokens, alternating repeats) "

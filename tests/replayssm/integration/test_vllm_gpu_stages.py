@@ -160,7 +160,7 @@ def test_spec_step_reads_vllms_own_counters_into_rows_per_arm(spec_flow):
     assert all(rows[key]["valid"] for key in rows if key[1] != 2.5)
     for (arm, _, _), row in rows.items():  # what the machine did (no GPU here) and which launch table ran
         assert row["conditions"]["samples"] >= 1 and row["conditions"]["gpu_clock_share"] is None
-        assert (row["launch_shapes"] is None) == (not arm.startswith("replayssm"))
+        assert (row["launch_shapes"] is None) == (not arm.startswith("replayssm")) and row["cpu_model"]
 
 
 def test_spec_step_invalidates_an_acceptance_off_its_configuration_and_summarises(spec_flow):
@@ -255,6 +255,7 @@ def test_engine_step_rows_merge_from_two_runs_into_one_valid_file(engine_flow):
     assert all(r["valid"] and r["problems"] == [] and r["exact"] and r["preemptions"] == 0 for r in rows)
     assert all(r["engine_tpot_ms"] > 0 and r["engine_tpot_tokens"] == 272 for r in rows)
     assert len(saved["commands"]) == 2 and saved["machine"]["vllm"] == "0.24.0"
+    assert all(r["cpu_model"] == saved["machine"]["cpu_model"] != "" for r in rows), "each row names its host's CPU"
 
 
 def test_step_profile_profiles_one_generate_per_batch_and_keeps_only_the_summary(engine_flow):
