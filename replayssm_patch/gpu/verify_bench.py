@@ -45,6 +45,9 @@ if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET
     from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
 
 VERIFY_TOKENS = 1 + SPEC_TOKENS  # T, the query tokens of a verify row
+# what the parts of a swept shape's name are (mamba_bench_setup.Shape)
+VERIFY_SHAPE = "block_p x block_n x warps[ x maxnreg[ x mma_stages[ x mma_ring]]]"
+FOLD_SHAPE = "block_p x warps x prefetch[ x maxnreg[ x stages]]"
 ACCEPTED_TOKENS = int(ACCEPTANCE_LENGTH)  # tokens every verify commits: the engine runs' mean length, whole
 
 
@@ -314,10 +317,8 @@ def verify_markdown(verify: dict[str, Any]) -> list[str]:
         "",
         *timing_table(verify["rows"]),
         "",
-        *sweep_markdown(verify.get("sweep", {}), "verify step"),
-        *sweep_markdown(verify.get("fold_sweep", {}), "verify fold", "block_p x warps x prefetch"),
-        *sweep_markdown(
-            verify.get("fold_sweep_per_row", {}), "verify fold, a program per row,", "block_p x warps x prefetch"
-        ),
+        *sweep_markdown(verify.get("sweep", {}), "verify step", VERIFY_SHAPE),
+        *sweep_markdown(verify.get("fold_sweep", {}), "verify fold", FOLD_SHAPE),
+        *sweep_markdown(verify.get("fold_sweep_per_row", {}), "verify fold, a program per row,", FOLD_SHAPE),
         *registers_table(verify.get("registers", [])),
     ]
