@@ -256,9 +256,10 @@ class TimedCalls:
         self.stem, self.effort, self.device, self.batch = stem, effort, device, batch
         self.measured: dict[str, tuple[float, float]] = {}  # name -> (seconds, bytes it must move)
 
-    def measure(self, name: str, call: Callable[[], Any], nbytes: float) -> None:
+    def measure(self, name: str, call: Callable[[], Any], nbytes: float, per: int = 1) -> None:
+        """Time ``call``; ``per``: how many of the row's units one call runs (its time is given per unit)."""
         try:
-            self.measured[name] = (seconds_per_call(call, self.effort, self.device), nbytes)
+            self.measured[name] = (seconds_per_call(call, self.effort, self.device) / per, nbytes)
         except Exception as exc:  # keep the other rows
             print(f"[{self.stem}]   {name} failed: {exc!r}", flush=True)
 

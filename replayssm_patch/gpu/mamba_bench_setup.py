@@ -78,6 +78,10 @@ class Plan(BenchPlan):
     # T of the verify's rows at the largest batch besides k = 3's 4 (the ring L + T): how much of the output launch
     # the T-token products take beside the checkpoint read they share (k = 0, 1 and 7)
     verify_token_sweep: tuple[int, ...] = (1, 2, 8)
+    # the verify step of this many layers in turn, each on a pool of its own this many slots (Nemotron-H-8B's 24 Mamba
+    # layers; the ring of 28's engine capacity, 622 requests): the engine's footprint, ~70 GB at the ring of 28
+    rotation_layers: int = 24
+    rotation_pool: int = 640
 
 
 SMOKE_PLAN = Plan(
@@ -85,6 +89,7 @@ SMOKE_PLAN = Plan(
     warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
     verify_configs=((16, 64, 1), (8, 16, 2, 80, 2), (8, 16, 1, 0, 2, 1)),
     fold_configs=((16, 4, 0), (16, 4, 1, 168), (16, 4, 0, 0, 2)), verify_long_ring=5, verify_token_sweep=(2,),
+    rotation_layers=2, rotation_pool=9,
 )  # fmt: skip
 
 
@@ -222,16 +227,22 @@ def scattered_slots(pool: int, count: int, gen: torch.Generator) -> torch.Tensor
 
 
 def filled_caches(
-    plan: Plan, pool: int, indices: torch.Tensor, gen: torch.Generator, spec_tokens: int = 0
+    plan: Plan,
+    pool: int,
+    indices: torch.Tensor,
+    gen: torch.Generator,
+    spec_tokens: int = 0,
+    modes: tuple[str, ...] = ("fp32", "split"),
 ) -> dict[str, ReplayCache]:
-    """Paged fp32 and split-precision caches of ``pool`` slots, random checkpoints in ``indices`` and random
-    rings (dt as softplus(U[-5, 0]), as the synthetic layers draw it)."""
+    """Paged caches of ``pool`` slots per mode ("fp32", "split": with the bf16 copy), random checkpoints in
+    ``indices`` and random rings (dt as softplus(U[-5, 0]), as the synthetic layers draw it)."""
     import torch
 
     from replayssm_patch.kernels.common import softplus_reference
 
     caches = {}
-    for mode, split in (("fp32", False), ("split", True)):
+    for mode in modes:
+        split = mode == "split"
         cache = paged_cache(plan, pool, split, str(gen.device), spec_tokens)
         shape = (indices.shape[0], plan.nheads, plan.head_dim, plan.d_state)
         cache.set_checkpoint(indices, torch.randn(shape, generator=gen, device=gen.device))

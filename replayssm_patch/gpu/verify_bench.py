@@ -42,6 +42,7 @@ from replayssm_patch.gpu.variants import ACCEPTANCE_LENGTH, SPEC_TOKENS
 if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET must be decided first
     import torch
 
+    from replayssm_patch.kernels import ReplayCache
     from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
 
 VERIFY_TOKENS = 1 + SPEC_TOKENS  # T, the query tokens of a verify row
@@ -89,8 +90,10 @@ def run_verify(plan: Plan, device: str, baseline: Baseline, sweep: bool = True) 
         print(f"[kernel_bench]   verify batch {batch}, L = {long_ring.buffer_len}", flush=True)
         setup = VerifySetup(long_ring, device, batch)
         result["cursors"][f"{batch}, L = {long_ring.buffer_len}"] = setup.cursors()
+        # at issue 17's batch (128), the same step over the engine's footprint too
         result["rows"].extend(setup.table(baseline if problem is None else None, configs, folds,
-                                          f", L = {long_ring.buffer_len}", with_baseline=False))  # fmt: skip
+                                          f", L = {long_ring.buffer_len}", with_baseline=False,
+                                          with_rotation=batch == plan.batches[-2:][0]))  # fmt: skip
     for tokens in plan.verify_token_sweep:  # what the T-token products cost beside the checkpoint read they share
         print(f"[kernel_bench]   verify batch {largest.batch}, T = {tokens}", flush=True)
         setup = VerifySetup(plan, device, largest.batch, tokens)
@@ -167,14 +170,15 @@ class VerifySetup:
         }
 
     def step(
-        self, mode: str, fold_len: torch.Tensor | None = None, cfg: Shape | None = None, fold_cfg: Shape | None = None
-    ) -> Callable[[], Any]:
+        self, mode: str, fold_len: torch.Tensor | None = None, cfg: Shape | None = None, fold_cfg: Shape | None = None,
+        cache: ReplayCache | None = None,
+    ) -> Callable[[], Any]:  # fmt: skip
         """``replay_verify_step`` (fold launch, coefficients, outputs); with ``fold_len`` None only the verify
         (``replay_verify``, no fold launch); ``cfg`` the verify launch's shape and ``fold_cfg`` the fold's (None: the
-        launch table's)."""
+        launch table's); ``cache`` another layer's caches of the mode (None: this setup's)."""
         from replayssm_patch.kernels import replay_verify, replay_verify_step
 
-        cache, s, layer = self.caches[mode], self.inputs, self.layer
+        cache, s, layer = cache or self.caches[mode], self.inputs, self.layer
         common = (self.query_start_loc, self.tokens)
         kwargs = {"D": layer.D, "dt_bias": layer.dt_bias, "out": self.out, **tuning_of(cfg)}
         ring = (cache.ring_x, cache.ring_B, cache.ring_dt, self.indices, self.write_pos)
@@ -219,13 +223,40 @@ class VerifySetup:
         fold = lambda mode, cfg: self.fold(mode, cfg, listed)  # noqa: E731
         return sweep_shapes(label, fold, self.plan, self.device, self.plan.fold_configs)
 
+    def step_bytes(self, mode: str) -> tuple[float, float]:
+        """HBM bytes of the verify (outputs and coefficients) and of its fold at this batch's cursors."""
+        model, cursors = TrafficModel(self.plan, self.batch), self.cursors()
+        verify = model.verify(4 if mode == "fp32" else 2, self.tokens, cursors["mean_history"])
+        fold = model.flush(cursors["rows_folding"] / self.batch, 2 if mode == "split" else 0, cursors["mean_fold_len"])
+        return verify, fold
+
+    def measure_rotation(self, timed: TimedCalls, configs: dict[str, Any], folds: dict[str, Any]) -> None:
+        """The fp32 verify step (fold + verify) of ``plan.rotation_layers`` layers in turn, each on caches of its own
+        of ``plan.rotation_pool`` slots, timed per layer into ``timed``: as many distinct pages a step as the engine
+        touches (~70 GB at the ring of 28), where the other rows reuse one layer's caches. Why: session 23's engine
+        ran the fp32 arms 17-66 % slower than these rows predict; a slower rotation points at the footprint (TLB
+        reach, L2), an equal one at the host or the clock. Left out, and said so, where the GPU has no room."""
+        import torch
+
+        layers, pool = self.plan.rotation_layers, self.plan.rotation_pool
+        name = f"verify step fp32 (fold + verify), {layers} layers' pools of {pool} slots in turn, per layer"
+        gen = torch.Generator(self.device).manual_seed(self.batch + 1)
+        try:
+            caches = [filled_caches(self.plan, pool, self.indices, gen, self.tokens - 1, ("fp32",))["fp32"]
+                      for _ in range(layers)]  # fmt: skip
+        except torch.cuda.OutOfMemoryError:
+            print(f"[kernel_bench]   {name}: no room on the GPU, left out", flush=True)
+            return
+        steps = [self.step("fp32", self.fold_len, configs["fp32"], folds["fp32"], cache) for cache in caches]
+        timed.measure(name, lambda: [step() for step in steps], sum(self.step_bytes("fp32")), per=layers)
+
     def table(
         self, baseline: Baseline | None, configs: dict[str, Any], folds: dict[str, Any], suffix: str = "",
-        with_baseline: bool = True,
+        with_baseline: bool = True, with_rotation: bool = False,
     ) -> list[dict[str, Any]]:  # fmt: skip
         """Rows of the verify step, its parts and vLLM's call (its speed-ups against that call), each row's name
         ending in ``suffix`` (this setup's ring or T); ``with_baseline`` False leaves vLLM's row out (another ring:
-        vLLM's call has none, and its row is the main table's)."""
+        vLLM's call has none, and its row is the main table's); ``with_rotation`` adds ``measure_rotation``'s row."""
         model, T = TrafficModel(self.plan, self.batch), self.tokens
         timed = TimedCalls("kernel_bench", self.plan, self.device, self.batch)
         baseline_row = VERIFY_BASELINE_ROW + suffix
@@ -236,10 +267,8 @@ class VerifySetup:
             )  # fmt: skip
             timed.measure(baseline_row, call, model.baseline(4, T))
         cursors = self.cursors()
-        share = cursors["rows_folding"] / self.batch
-        for mode, state_bytes in (("fp32", 4), ("split", 2)):
-            verify = model.verify(state_bytes, T, cursors["mean_history"])
-            fold = model.flush(share, 2 if mode == "split" else 0, cursors["mean_fold_len"])
+        for mode in ("fp32", "split"):
+            verify, fold = self.step_bytes(mode)
             cfg, fold_cfg = configs[mode], folds[mode]
             timed.measure(f"verify step {mode} (fold + verify){suffix}", self.step(mode, self.fold_len, cfg, fold_cfg),
                           verify + fold)  # fmt: skip
@@ -249,6 +278,8 @@ class VerifySetup:
             timed.measure(f"fold launch {mode}{suffix}", self.fold(mode, fold_cfg), fold)
             # the same fold with a program for every (row, head), as before the list (session 21): the list's gain
             timed.measure(f"fold launch {mode}, a program per row{suffix}", self.fold(mode, fold_cfg, False), fold)
+        if with_rotation:
+            self.measure_rotation(timed, configs, folds)
         rows = timed.rows(baseline_row)
         return rows if with_baseline else [row for row in rows if row["kernel"] != baseline_row]
 

@@ -104,8 +104,12 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     rows = {(row["batch"], row["kernel"]): row for row in verify["rows"]}
     parts = ("verify step {} (fold + verify)", "verify {} (no row folding)", "fold launch {}")
     timed = (*parts, "of it the coefficient launch {}", "fold launch {}, a program per row")
-    assert set(rows) == {(batch, part.format(mode) + ring) for batch in SMOKE_PLAN.batches for part in timed
-                         for mode in ("fp32", "split") for ring in ("", ", L = 5", ", T = 2")}  # fmt: skip
+    rotation = "verify step fp32 (fold + verify), 2 layers' pools of 9 slots in turn, per layer"
+    expected = {(batch, part.format(mode) + ring) for batch in SMOKE_PLAN.batches for part in timed
+                for mode in ("fp32", "split") for ring in ("", ", L = 5", ", T = 2")}  # fmt: skip
+    assert set(rows) == expected | {(2, rotation)}
+    # the engine's footprint: the same step as the L = 5 row's, per layer, over a pool per layer
+    assert rows[2, rotation]["bytes"] == rows[2, "verify step fp32 (fold + verify), L = 5"]["bytes"]
     assert rows[2, "of it the coefficient launch fp32"]["bytes"] < rows[2, "verify fp32 (no row folding)"]["bytes"]
     assert all(math.isfinite(row["us"]) and row["us"] > 0 for row in rows.values())
     assert all(row["bytes"] > 0 or row["kernel"].startswith("fold launch") for row in rows.values())
