@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         before = preemptions(llm)
         windows, conditions = [], []
         for repeat in range(args.repeats):
-            sampled = telemetry_path(args.out, "churn", args, batch, repeat)
+            sampled = telemetry_path(args.out, "churn", f"{args.variant}-{args.mode}", batch, repeat)
             with sampling(sampled):
                 steps = Churn(llm.llm_engine, args, batch, rng, vocab).run(args.output_tokens, args.steps)
             windows.append(churn_window(steps))

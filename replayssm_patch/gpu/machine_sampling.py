@@ -25,10 +25,10 @@ def visible_gpus() -> list[int]:
     return [int(gpu) for gpu in listed if gpu.strip().isdigit()]
 
 
-def telemetry_path(out: Path, kind: str, args: Any, batch: int, repeat: int | None = None) -> Path:
-    """Where a measurement's samples go: ``<kind>-telemetry/`` beside its results file ``out``, a file per variant,
-    mode and batch (and repeat)."""
-    name = f"{args.variant}-{args.mode}-b{batch}" + ("" if repeat is None else f"-r{repeat}")
+def telemetry_path(out: Path, kind: str, run: str, batch: int, repeat: int | None = None) -> Path:
+    """Where a measurement's samples go: ``<kind>-telemetry/`` beside its results file ``out``, a file per run (what
+    ran and in which mode, e.g. ``replayssm_fp32-default``) and batch (and repeat)."""
+    name = f"{run}-b{batch}" + ("" if repeat is None else f"-r{repeat}")
     return out.parent / f"{kind}-telemetry" / f"{name}.json"
 
 

@@ -407,10 +407,10 @@ def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: in
     return make_row(args, batch, repeats, [c.spec for _, c in counted], **checks)
 
 
-def telemetry_name(args: argparse.Namespace) -> argparse.Namespace:
-    """What names an engine's telemetry file: its arm and speculative setting (arms share variants)."""
+def telemetry_name(args: argparse.Namespace) -> str:
+    """What names an engine's telemetry file: its arm, speculative setting (arms share variants) and mode."""
     setting = f"-k{args.spec_tokens}-al{args.acceptance_length:g}" if args.speculative else ""
-    return argparse.Namespace(variant=f"{args.arm}{setting}", mode=args.mode)
+    return f"{args.arm}{setting}-{args.mode}"
 
 
 def run_engine(args: argparse.Namespace, argv: Sequence[str]) -> int:
