@@ -404,8 +404,8 @@ def replay_verify(
     if ring_on_tensor_cores and not stages:
         raise ValueError("mma_ring needs mma_stages > 0: the ring's product adds into the tensor-core checkpoint reads")
     floor = DOT_EXTENT if stages else 1  # the masks cover what the head and d_state lack
-    BLOCK_P = max(block_size(head_dim, cap=block_p or tuned.block_p), floor)
-    BLOCK_N = max(block_size(d_state, cap=block_n or tuned.block_n), floor)
+    BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p, floor=floor)
+    BLOCK_N = block_size(d_state, cap=block_n or tuned.block_n, floor=floor)
     _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
         x, c32, D if D is not None else A, state, ring_x, state_indices, write_pos, query_start_loc,
         bc, weight, decay, out,
