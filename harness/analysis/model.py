@@ -258,6 +258,8 @@ class RunConditions(_Record):
     gpu_temperature_c_max: float | None
     gpu_utilization_mean_pct: float | None
     gpu_error: str | None  # why the GPUs were not sampled, if they were not
+    gpu_mem_mhz_min: float | None = None  # the memory clock's lowest sample (files from before it: None)
+    gpu_memory_temperature_c_max: float | None = None  # HBM's hottest sample: HBM throttles when hot
 
 
 class RunRow(_Record):

@@ -36,6 +36,8 @@ def run_conditions(path: Path) -> RunConditions | None:
         gpu_power_w_mean=_stat(gpu, "power_w", "mean"),
         gpu_temperature_c_max=_stat(gpu, "temperature_c", "max"),
         gpu_utilization_mean_pct=_stat(gpu, "utilization_pct", "mean"),
+        gpu_mem_mhz_min=_stat(gpu, "mem_mhz", "min"),
+        gpu_memory_temperature_c_max=_stat(gpu, "memory_temperature_c", "max"),
         gpu_error=payload.get("gpu_error"),
     )
 

@@ -2,9 +2,10 @@
 
 Why: on the H200 (2026-12-03) both arms of an A/B slowed ~2x over seven minutes and nothing in the servers' own
 metrics said why. Every run now keeps, sampled once a second while it replays, the host's CPU busy and steal
-shares and its load (psutil), and per GPU of the arm its SM clock against the maximum, power, temperature and
-utilisation (one ``nvidia-smi --query-gpu ... --loop-ms`` process for the whole run: no process per sample, and no
-GPU library in the harness). Without nvidia-smi (a laptop, CI, the embedded engine) only the host is sampled.
+shares and its load (psutil), and per GPU of the arm its SM clock against the maximum, power, temperature,
+utilisation, memory clock and HBM temperature (one ``nvidia-smi --query-gpu ... --loop-ms`` process for the whole
+run: no process per sample, and no GPU library in the harness). Without nvidia-smi (a laptop, CI, the embedded
+engine) only the host is sampled.
 The file is written when the replay ends, also when it failed; sampling never fails a run.
 """
 
@@ -26,8 +27,12 @@ from harness.atomic import atomic_path
 
 INTERVAL_S = 1.0
 # nvidia-smi's names, in the order of GPU_KEYS (the keys the file and the analysis use)
-GPU_QUERY = ("index", "clocks.sm", "clocks.max.sm", "power.draw", "temperature.gpu", "utilization.gpu")
-GPU_KEYS = ("index", "sm_mhz", "max_sm_mhz", "power_w", "temperature_c", "utilization_pct")
+# (the memory clock and HBM temperature: session 23's fp32 ReplaySSM arms, memory-bound, slowed by repeat on one host
+# where the SM clock could not say why)
+GPU_QUERY = ("index", "clocks.sm", "clocks.max.sm", "power.draw", "temperature.gpu", "utilization.gpu", "clocks.mem",
+             "temperature.memory")  # fmt: skip
+GPU_KEYS = ("index", "sm_mhz", "max_sm_mhz", "power_w", "temperature_c", "utilization_pct", "mem_mhz",
+            "memory_temperature_c")  # fmt: skip
 
 
 def parse_gpu_line(line: str, t_s: float) -> dict[str, float | None] | None:

@@ -392,19 +392,22 @@ def kv_capacity(llm: Any) -> dict[str, Any]:
 
 
 def measure_batch(llm: Any, args: argparse.Namespace, batch: int, vocab_size: int) -> dict[str, Any]:
-    repeats, counted = [], []
+    """The batch's row; ``repeat_ends_s`` says when each repeat ended after the batch began, on the clock of its
+    telemetry samples (started just before), so a slow repeat can be set beside the GPU's clocks at that time."""
+    repeats, counted, ends, began = [], [], [], time.monotonic()
     for r, generated in enumerate(repeated_generates(llm, args, batch, vocab_size, counted_generate)):
         counted += generated.items()
+        ends.append(round(time.monotonic() - began, 1))
         short, long = generated[SHORT_TOKENS], generated[LONG_TOKENS]
         repeats.append(SpecRepeat(short.run.seconds, long.run.seconds, short.spec.engine_steps,
                                   long.spec.engine_steps, long.run.window))  # fmt: skip
         step = engine_step_ms(repeats[-1])
         print(f"  B={batch} repeat {r}: {tokens_per_s(batch, short.run.seconds, long.run.seconds):.1f} tok/s, "
-              f"step {'?' if step is None else f'{step:.3f}'} ms", flush=True)  # fmt: skip
+              f"step {'?' if step is None else f'{step:.3f}'} ms, ended at {ends[-1]} s", flush=True)  # fmt: skip
     lost = [c.preempted for _, c in counted]
     preempted = None if None in lost else int(sum(lost))
     checks = run_checks([(tokens, c.run) for tokens, c in counted], preempted)
-    return make_row(args, batch, repeats, [c.spec for _, c in counted], **checks)
+    return make_row(args, batch, repeats, [c.spec for _, c in counted], **checks) | {"repeat_ends_s": ends}
 
 
 def telemetry_name(args: argparse.Namespace) -> str:

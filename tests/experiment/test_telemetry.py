@@ -50,17 +50,20 @@ def stand_in_nvidia_smi(folder: Path, lines: list[str], monkeypatch: pytest.Monk
 
 
 def test_a_query_line_becomes_a_sample_and_unreported_fields_are_none():
-    assert parse_gpu_line("0, 1980, 1980, 412.35, 51, 97\n", 1.5) == {
+    assert parse_gpu_line("0, 1980, 1980, 412.35, 51, 97, 3201, 48\n", 1.5) == {
         "t_s": 1.5, "index": 0.0, "sm_mhz": 1980.0, "max_sm_mhz": 1980.0, "power_w": 412.35, "temperature_c": 51.0,
-        "utilization_pct": 97.0,
+        "utilization_pct": 97.0, "mem_mhz": 3201.0, "memory_temperature_c": 48.0,
     }  # fmt: skip
-    assert parse_gpu_line("1, 1755, 1980, [N/A], 60, 40", 0.0)["power_w"] is None
+    assert parse_gpu_line("1, 1755, 1980, [N/A], 60, 40, 3201, 50", 0.0)["power_w"] is None
+    assert parse_gpu_line("1, 1755, 1980, 300, 60, 40, 3201, [N/A]", 0.0)["memory_temperature_c"] is None
     assert parse_gpu_line('Field "clocks.max.sm" is not a valid field to query.', 0.0) is None
-    assert parse_gpu_line("[N/A], 1755, 1980, 300, 60, 40", 0.0) is None  # no GPU index: not a sample
+    assert parse_gpu_line("[N/A], 1755, 1980, 300, 60, 40, 3201, 50", 0.0) is None  # no GPU index: not a sample
+    assert parse_gpu_line("0, 1980, 1980, 412.35, 51, 97", 0.0) is None  # fields missing: not a sample
 
 
 def test_host_and_gpus_are_sampled_for_the_arms_gpus_and_written_on_exit(tmp_path, monkeypatch):
-    lines = ["0, 1980, 1980, 400.5, 50, 95", "0, 1755, 1980, 410.0, 52, 96", "0, 1980, 1980, 405.0, 53, 94"]
+    lines = ["0, 1980, 1980, 400.5, 50, 95, 3201, 60", "0, 1755, 1980, 410.0, 52, 96, 2619, 88",
+             "0, 1980, 1980, 405.0, 53, 94, 3201, 70"]  # fmt: skip
     args = stand_in_nvidia_smi(tmp_path / "bin", lines, monkeypatch)
     out = tmp_path / "telemetry" / "baseline-r0.json"
     with RunTelemetry(out, gpus=[0], interval_s=0.1) as telemetry:
@@ -68,7 +71,8 @@ def test_host_and_gpus_are_sampled_for_the_arms_gpus_and_written_on_exit(tmp_pat
         wait_for(lambda: len(telemetry.gpu) == 3 and len(telemetry.host) >= 3)
     payload = json.loads(out.read_text())
     assert args.read_text().split() == [
-        "--query-gpu=index,clocks.sm,clocks.max.sm,power.draw,temperature.gpu,utilization.gpu",
+        "--query-gpu=index,clocks.sm,clocks.max.sm,power.draw,temperature.gpu,utilization.gpu,clocks.mem,"
+        "temperature.memory",
         "--format=csv,noheader,nounits", "--loop-ms=100", "--id=0",
     ]  # fmt: skip
     assert [s["sm_mhz"] for s in payload["gpu"]] == [1980.0, 1755.0, 1980.0] and payload["gpu_error"] is None
@@ -80,6 +84,7 @@ def test_host_and_gpus_are_sampled_for_the_arms_gpus_and_written_on_exit(tmp_pat
         1755.0, 1980.0, 53.0,
     )  # fmt: skip
     assert conditions.gpu_sm_mhz_mean == pytest.approx((1980 * 2 + 1755) / 3, abs=0.01)
+    assert (conditions.gpu_mem_mhz_min, conditions.gpu_memory_temperature_c_max) == (2619.0, 88.0)
 
 
 def test_without_nvidia_smi_only_the_host_is_sampled_and_a_short_run_still_gets_a_sample(tmp_path, monkeypatch):
