@@ -47,6 +47,9 @@
 #                    SPEC_BATCHES=64,128,256,fit MAX_NUM_SEQS=768 adds the largest batch the arm holds;
 #                    SPEC_PROFILE_BATCHES=128 then profiles the arm's verify steps at 128 in the same engine
 #                    (-> profile-spec/; ~40 s more: both spec arms on one host account for each other's step)
+#   specfloor:ARM    spec:ARM on the MTP model's host floor (its layers at toy widths, host_floor.py) at SPEC_BATCHES
+#                    [128]: the step vLLM's host work allows the arm, next to its real rows (session 24: ReplaySSM's
+#                    spec step at 128 is within ~0.8 ms of what 1.6x native spec needs) -> spec_step-h200-floor.json
 #   alsweep:ARM      a spec arm's throughput against AL: one engine per AL of SWEEP_AL [2.0,4.0,1.0,2.8] at
 #                    AL_BATCHES [128], no profile, none started in the call's last 120 s (an AL skipped for time is
 #                    not rerun: give each AL a job of its own, alsweep:ARM@AL, ~150-200 s each)
@@ -73,7 +76,7 @@ CHURN_BATCHES=${CHURN_BATCHES:-64,128}  # the churn jobs' batches (decode rows b
 PROFILE_BATCHES=${PROFILE_BATCHES:-64,256}  # the profile jobs' batches (e.g. 8,32 where GDN loses 0.5-0.9 ms per step)
 # measured 2026-12-01: install 40 s, kernel bench 53 s, a floor run of four batches 173-175 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
-declare -A JOB_S=([setup]=90 [kernels]=300 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [churn]=330 [gdnchurn]=330 [hostchurn]=300 [gdnhostchurn]=300 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [alsweep]=200 [ksweep]=200 [onegpu]=420)
+declare -A JOB_S=([setup]=90 [kernels]=300 [gdnkernels]=90 [gdncheck]=90 [engine]=450 [gdn]=450 [churn]=330 [gdnchurn]=330 [hostchurn]=300 [gdnhostchurn]=300 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [specfloor]=280 [alsweep]=200 [ksweep]=200 [onegpu]=420)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
@@ -91,6 +94,7 @@ engine_model() {  # JOB: the model its engine runs (none: the job starts no engi
     gdnfloor) echo qwen35floor ;;
     moe) echo qwen35moe ;;
     spec | alsweep | ksweep) echo mtp ;;
+    specfloor) echo mtpfloor ;;
   esac
 }
 
@@ -171,6 +175,9 @@ run_job() {
     spec)
       SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} ENGINE_TIMEOUT_S=$(($(left) - 25)) \
         $S spec "$variant" 0 "${SPEC_BATCHES:-64,128,256}" ;;
+    specfloor)
+      floor_model /tmp/model-mtp && MODEL=mtpfloor SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} \
+        ENGINE_TIMEOUT_S=$(($(left) - 25)) $S spec "$variant" 0 "${SPEC_BATCHES:-128}" ;;
     alsweep)  # one engine per AL (the tag's, else SWEEP_AL), at AL_BATCHES only, no profile
       SWEEP_AL=${tag:-${SWEEP_AL:-2.0,4.0,1.0,2.8}} SPEC_PROFILE_BATCHES='' \
         SPEC_BUDGET_S=${SPEC_BUDGET_S:-$(($(left) - 120))} ENGINE_TIMEOUT_S=$(($(left) - 25)) \
@@ -187,7 +194,7 @@ run_job() {
   esac
 }
 
-[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V churn:V gdnchurn:V moe:V floor:V gdnfloor:V hostprof:V profile:V gdnprofile:V engprof:V gdnengprof:V hostchurn:V gdnhostchurn:V spec:ARM alsweep:ARM ksweep:ARM onegpu:STAGE)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V churn:V gdnchurn:V moe:V floor:V gdnfloor:V hostprof:V profile:V gdnprofile:V engprof:V gdnengprof:V hostchurn:V gdnhostchurn:V spec:ARM specfloor:ARM alsweep:ARM ksweep:ARM onegpu:STAGE)"; exit 2; }
 pending=0
 order=()  # a job that exited 75 in the last call goes first, before an engine job could stop its server
 for job in "$@"; do [ -f "$DONE/$job.continues" ] && order+=("$job"); done

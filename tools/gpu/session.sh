@@ -56,7 +56,8 @@ case ${MODEL:-nemotron} in
   floor) MODEL_DIR=/tmp/model-floor SUFFIX=-floor ;;  # Nemotron-H-8B's host floor (replayssm.sh floor:VARIANT)
   qwen35floor) MODEL_DIR=/tmp/model-qwen35-floor SUFFIX=-qwen3.5-4b-floor ;;  # Qwen3.5-4B's (gdnfloor:VARIANT)
   mtp) MODEL_DIR=/tmp/model-mtp SUFFIX=-nemotron-h-8b-mtp ;;  # served with MTP speculation (serve adds it)
-  *) echo "MODEL=$MODEL: use MODEL=nemotron (the default), MODEL=qwen35, MODEL=qwen35moe, MODEL=floor, MODEL=qwen35floor or MODEL=mtp"
+  mtpfloor) MODEL_DIR=/tmp/model-mtp-floor SUFFIX=-floor ;;  # the MTP model's host floor (replayssm.sh specfloor:ARM)
+  *) echo "MODEL=$MODEL: use MODEL=nemotron (the default), MODEL=qwen35, MODEL=qwen35moe, MODEL=floor, MODEL=qwen35floor, MODEL=mtp or MODEL=mtpfloor"
      exit 2 ;;
 esac
 # PROMPT_TOKENS=N: the engine-side scripts' prompt length (default 1024), into files of their own (-pN);
@@ -77,9 +78,11 @@ VLLM_FLAGS=(--model "$MODEL_DIR" --served-model-name m --load-format dummy --max
   --gpu-memory-utilization "${SERVE_UTIL:-0.85}" --mamba-ssm-cache-dtype float32 "${MODE_FLAGS[@]}")
 STEPS=$RES/engine_step-h200$SUFFIX.json  # starts from the committed file, so the packed one is the merged whole
 [ -f "$STEPS" ] || cp "$ROOT/replayssm_patch/gpu/results/engine_step-h200$SUFFIX.json" "$STEPS" 2>/dev/null
-SPECS=$RES/spec_step-h200${PROMPT_TOKENS:+-p$PROMPT_TOKENS}.json  # the same for the spec-decode rows
-[ -f "$SPECS" ] || cp "$ROOT/replayssm_patch/gpu/results/${SPECS##*/}" "$SPECS" 2>/dev/null
 MODEL_MTP=/tmp/model-mtp
+SPEC_MODEL=$MODEL_MTP SPEC_SUFFIX=  # the spec jobs' model; MODEL=mtpfloor: its host floor, rows in a file of their own
+[ "${MODEL:-}" = mtpfloor ] && SPEC_MODEL=$MODEL_DIR SPEC_SUFFIX=-floor
+SPECS=$RES/spec_step-h200${PROMPT_TOKENS:+-p$PROMPT_TOKENS}$SPEC_SUFFIX.json  # the same for the spec-decode rows
+[ -f "$SPECS" ] || cp "$ROOT/replayssm_patch/gpu/results/${SPECS##*/}" "$SPECS" 2>/dev/null
 
 recv() {
   local k=${1:-}  # none: the installer files alone (the wheel's own call)
@@ -164,11 +167,12 @@ on_gpu() {  # MODULE NAME GPU BATCHES OUT SHOWN [ARGS...]: one engine-side scrip
 spec() {  # ARM GPU [BATCHES]: spec_step.py on the MTP model (see the stage list above)
   local arm=$1 gpu=$2 batches=${3:-64,128,256}
   local extra=(--arm "$1" --spec-tokens "${SPEC_TOKENS:-3}" --repeats "${REPEATS:-3}")  # sessions 20-22's REPEATS=5 ran 3
-  [ -f "$MODEL_MTP/config.json" ] || { echo "no $MODEL_MTP: carry .device/model-mtp/config.json, run setup"; return 1; }
+  [ -f "$SPEC_MODEL/config.json" ] || {
+    echo "no $SPEC_MODEL: carry .device/model-mtp/config.json, run setup (a floor: replayssm.sh specfloor:ARM)"; return 1; }
   case $arm in *_spec) [ -n "${SWEEP_AL:-}" ] && extra+=(--sweep-al "$SWEEP_AL") ;; esac
   [ -n "${SPEC_BUDGET_S:-}" ] && extra+=(--budget-s "$SPEC_BUDGET_S")
-  [ -n "${SPEC_PROFILE_BATCHES:-}" ] && extra+=(--profile-batches "$SPEC_PROFILE_BATCHES" --profile-out "$RES/profile-spec")
-  ENGINE_MODEL=$MODEL_MTP on_gpu spec_step "$arm" "$gpu" "$batches" "$SPECS" \
+  [ -n "${SPEC_PROFILE_BATCHES:-}" ] && extra+=(--profile-batches "$SPEC_PROFILE_BATCHES" --profile-out "$RES/profile-spec$SPEC_SUFFIX")
+  ENGINE_MODEL=$SPEC_MODEL on_gpu spec_step "$arm" "$gpu" "$batches" "$SPECS" \
     "tok/s \(spread|maximum concurrency|^skipped" "${extra[@]}"
 }
 

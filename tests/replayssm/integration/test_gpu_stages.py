@@ -33,6 +33,18 @@ def test_unknown_model_is_refused_in_one_line(script: str, stage: str) -> None:
     assert done.stdout.startswith("MODEL=llama: ") and "MODEL=qwen35" in done.stdout
 
 
+def test_the_spec_stage_on_the_mtp_floor_runs_the_floor_model_not_the_real_one(tmp_path: Path) -> None:
+    """MODEL=mtpfloor (replayssm.sh specfloor:ARM) points spec_step at the MTP model's floor, and says which model
+    is missing before an engine starts (the real model's rows must not be replaced by the floor's)."""
+    if Path("/tmp/model-mtp-floor/config.json").exists():
+        pytest.skip("this machine has a floor model at /tmp/model-mtp-floor")
+    env = os.environ | {"MODEL": "mtpfloor", "MODE": "default"}
+    done = subprocess.run(["bash", "tools/gpu/session.sh", "spec", "replayssm_spec", "0", "128"], capture_output=True,
+                          text=True, cwd=REPO, env=env)  # fmt: skip
+    assert done.returncode == 1
+    assert done.stdout.strip().startswith("no /tmp/model-mtp-floor: ")
+
+
 def test_qwen_ab_config_serves_as_session_sh_does(tmp_path: Path) -> None:
     """Both arms: the Nemotron A/B's server flags on /tmp/model-qwen35 plus the family's; only the knob differs."""
     (tmp_path / "config.json").write_text((REPO / "configs/models/qwen3.5-4b.json").read_text())
