@@ -9,7 +9,9 @@ resident memory at its end.
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +52,22 @@ def engine_rss_mib() -> float | None:
     return round(total / 2**20, 1) if children else None
 
 
+def host_probe_ms(rounds: int = 5) -> float:
+    """The best of ``rounds`` timings of one fixed pure-Python workload, in ms: the host's single-thread speed now.
+    Why: in session 24 one ReplaySSM spec engine waited for its host (the GPU idle 12.9 of 32.5 ms a profiled step,
+    its CUDA calls ~1.7x slower than in the next engine on that host) while CPU share, load and steal looked the
+    same; a step near vLLM's host work follows the host's speed, so rows compared across engines need it."""
+    best = math.inf
+    for _ in range(rounds):
+        began = time.perf_counter()
+        sum(i * i for i in range(200_000))
+        best = min(best, time.perf_counter() - began)
+    return round(best * 1e3, 3)
+
+
 def sampled_conditions(path: Path) -> dict[str, Any] | None:
     """The samples at ``path`` as a row keeps them (run_conditions' figures, the SM clock as a share of its
-    maximum and the engine's resident memory now), or None when nothing was written."""
+    maximum, the engine's resident memory and the host's probe time now), or None when nothing was written."""
     conditions = run_conditions(path)
     if conditions is None:
         return None
@@ -60,4 +75,5 @@ def sampled_conditions(path: Path) -> dict[str, Any] | None:
     return conditions.model_dump() | {
         "gpu_clock_share": None if share is None else round(share, 3),
         "engine_rss_mib": engine_rss_mib(),
+        "host_probe_ms": host_probe_ms(),
     }

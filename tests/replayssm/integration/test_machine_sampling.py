@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from replayssm_patch.gpu.machine_sampling import sampled_conditions, visible_gpus
+from replayssm_patch.gpu import machine_sampling
+from replayssm_patch.gpu.machine_sampling import host_probe_ms, sampled_conditions, visible_gpus
 
 
 @pytest.mark.parametrize(("listed", "gpus"), [(None, [0]), ("3", [3]), ("2,5", [2, 5]), ("GPU-1a2b", []), ("", [])])
@@ -28,7 +29,15 @@ def test_sampled_conditions_keep_the_clock_share_beside_run_conditions(tmp_path)
     }))  # fmt: skip
     got = sampled_conditions(path)
     assert got is not None and got["gpu_clock_share"] == 0.75 and got["cpu_busy_mean_pct"] == 40.0
+    assert got["host_probe_ms"] > 0
     assert sampled_conditions(tmp_path / "absent.json") is None
+
+
+def test_the_host_probe_keeps_the_fastest_round(monkeypatch):
+    """A round slowed by another process says little of the host's speed: the best of the rounds is kept."""
+    clock = iter([0.0, 0.010, 1.0, 1.004, 2.0, 2.007])
+    monkeypatch.setattr(machine_sampling.time, "perf_counter", lambda: next(clock))
+    assert host_probe_ms(rounds=3) == 4.0
 
 
 def test_engine_memory_is_the_childrens_resident_memory():
