@@ -6,7 +6,7 @@ decode, and the maximum concurrency of native spec against ReplaySSM spec. The s
 k or AL, so their rows of the same mode and batch appear in every setting's table. A ratio is given only where
 both rows are valid (an AL off its configuration, a preemption or a batch run in waves gives "–"), and marked †
 where the two rows ran on different hosts; the concurrency is an engine fact and is shown whatever the speed rows
-say. Invalid rows and why follow the tables.
+say. Invalid rows and why follow the tables, then where each row that kept its conditions ran.
 """
 
 from __future__ import annotations
@@ -144,8 +144,31 @@ def at_capacity(rows: Sequence[dict[str, Any]]) -> list[str]:
     return ["", f"Largest batch each ran, over native spec's: native spec {shown(native)}; {'; '.join(arms)}."]
 
 
+def _setting_words(row: dict[str, Any]) -> str:
+    return f", k {row['spec_tokens']}, AL {row['acceptance_length_configured']:g}" if row["spec_tokens"] else ""
+
+
+def conditions_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Where each row that kept its conditions ran: its GPU, the SM clock against its maximum and the host's probe
+    time. Why: a ratio is only as good as its two rows' hosts, and in session 24 one engine ran host-bound on a host
+    whose CPU share, load and steal looked like every other's."""
+    kept = [r for r in rows if r.get("conditions")]
+    if not kept:
+        return []
+    lines = ["", "Where the rows ran (the rows that keep their conditions):", ""]
+    for r in kept:
+        c = r["conditions"]
+        facts = [f"GPU …{r['gpu_uuid'][-7:]}" if r.get("gpu_uuid") else "GPU not named"]
+        if c.get("gpu_clock_share") is not None:
+            facts.append(f"SM clock {c['gpu_clock_share']:.2f} of its maximum")
+        if c.get("host_probe_ms") is not None:
+            facts.append(f"host probe {c['host_probe_ms']:.1f} ms")
+        lines.append(f"- {r['arm']} {r['mode']}{_setting_words(r)}, batch {r['batch']}: {', '.join(facts)}")
+    return lines
+
+
 def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
-    """Every setting's table, then the invalid rows with their problems."""
+    """Every setting's table, then the invalid rows with their problems and where the rows ran."""
     lines = [
         "# Speculative decoding, engine-side (replayssm_patch/gpu/spec_step.py)",
         "",
@@ -160,6 +183,5 @@ def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
     if invalid:
         lines += ["", "Invalid rows:", ""]
         for r in invalid:
-            setting = f", k {r['spec_tokens']}, AL {r['acceptance_length_configured']:g}" if r["spec_tokens"] else ""
-            lines.append(f"- {r['arm']} {r['mode']}{setting}, batch {r['batch']}: {'; '.join(r['problems'])}")
-    return "\n".join(lines) + "\n"
+            lines.append(f"- {r['arm']} {r['mode']}{_setting_words(r)}, batch {r['batch']}: {'; '.join(r['problems'])}")
+    return "\n".join(lines + conditions_lines(rows)) + "\n"

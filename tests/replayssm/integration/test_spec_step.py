@@ -303,6 +303,19 @@ def test_a_ratio_across_hosts_is_marked_and_explained():
     assert "†" not in summary_markdown([native | one, replay | one])
 
 
+def test_the_summary_says_where_each_row_that_kept_its_conditions_ran():
+    native = SUMMARY_ROWS[1] | {"gpu_uuid": "GPU-eaf3bfd1-ad3ad19",
+                                "conditions": {"gpu_clock_share": 0.812, "host_probe_ms": 9.84}}  # fmt: skip
+    replay = SUMMARY_ROWS[3] | {"conditions": {"gpu_clock_share": None, "host_probe_ms": 15.2}}
+    text = summary_markdown([native, replay, SUMMARY_ROWS[0]])
+    listed = text.split("Where the rows ran (the rows that keep their conditions):\n\n")[1].splitlines()
+    assert listed == [
+        "- native_spec default, k 3, AL 2.8, batch 128: GPU …ad3ad19, SM clock 0.81 of its maximum, host probe 9.8 ms",
+        "- replayssm_spec default, k 3, AL 2.8, batch 128: GPU not named, host probe 15.2 ms",
+    ]  # the standard row kept none: not listed
+    assert "Where the rows ran" not in summary_markdown(SUMMARY_ROWS), "rows from before the conditions: no section"
+
+
 def test_summarise_prints_the_file_and_refuses_an_empty_one(tmp_path, capsys):
     out = tmp_path / "spec.json"
     for row in SUMMARY_ROWS:
