@@ -517,7 +517,7 @@ def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatc
         ENV_VAR,
         GDN_DEFAULT,
         GdnLaunch,
-        ReplayLaunch,
+        VerifyLaunch,
         launch_shapes_in_use,
     )
 
@@ -530,11 +530,11 @@ def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatc
     gdn_committed = GdnLaunch(**table["gdn"])
     assert on_h200["gdn"] == gdn_committed.as_key() != GDN_DEFAULT.as_key(), "the H200 table holds its GDN sweep"
     assert on_h200["native_batches"] == "fp32 <= 8, gdn <= 16", "the H200 table holds today's measured limits"
-    verify = table["verify_step"]  # session 20's verify sweep
+    verify = table["verify_step"]  # session 24: the tensor-core checkpoint reads, 3 stages, capped at 112 registers
     assert (
         on_h200["verify"]
-        == "fp32 32x32x1w, split 16x128x1w"
-        == ", ".join(f"{entry} {ReplayLaunch(**shape).as_key()}" for entry, shape in verify.items())
+        == "fp32 32x32x1w <=112 regs mma 3 stages, split 32x32x1w <=112 regs mma 3 stages"
+        == ", ".join(f"{entry} {VerifyLaunch(**shape).as_key()}" for entry, shape in verify.items())
     )
     assert on_h200["verify"] != f"fp32 {on_h200['fp32']}, split {on_h200['split']}", "the fp32 verify has its own shape"
     never = "fp32 <= 0, gdn <= 0"  # batches that run vLLM's own decode path: none unless measured
