@@ -22,6 +22,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -109,16 +110,28 @@ class GdnLaunch:
 GDN_DEFAULT = GdnLaunch()
 
 
-@functools.cache  # every layer launch asks: read the table once per (dtype, device, kernel), not per launch
-def launch_for(state_dtype: torch.dtype, device: torch.device, kernel: str = "replay_step") -> ReplayLaunch:
-    """The tuned shape of ``kernel`` ("replay_step" or "verify_step", a ``VerifyLaunch``) for a checkpoint of
-    ``state_dtype`` ("fp32" or "split" entry); a verify the table has no entry for takes the replay step's, else the
+def _state_entry(state_dtype: torch.dtype) -> str:
+    return "split" if state_dtype.itemsize <= 2 else "fp32"
+
+
+@functools.cache  # every layer launch asks: read the table once per (dtype, device), not per launch
+def launch_for(state_dtype: torch.dtype, device: torch.device) -> ReplayLaunch:
+    """The replay step's tuned shape for a checkpoint of ``state_dtype`` ("fp32" or "split" entry), else the
     default."""
-    return _launch_entry(_tuned_table(_device_name(device)), "split" if state_dtype.itemsize <= 2 else "fp32", kernel)
+    return _launch_entry(_tuned_table(_device_name(device)), _state_entry(state_dtype), "replay_step", ReplayLaunch)
 
 
-def _launch_entry(table: dict[str, dict], entry: str, kernel: str) -> ReplayLaunch:
-    kind = VerifyLaunch if kernel == "verify_step" else ReplayLaunch
+@functools.cache
+def verify_launch_for(state_dtype: torch.dtype, device: torch.device) -> VerifyLaunch:
+    """The speculative verify's output launch for a checkpoint of ``state_dtype``: the table's verify entry, else
+    the replay step's knobs (tables from before the verify had a sweep), else the default."""
+    return _launch_entry(_tuned_table(_device_name(device)), _state_entry(state_dtype), "verify_step", VerifyLaunch)
+
+
+Launch = TypeVar("Launch", bound=ReplayLaunch)
+
+
+def _launch_entry(table: dict[str, dict], entry: str, kernel: str, kind: type[Launch]) -> Launch:
     for name in dict.fromkeys((kernel, "replay_step")):
         if entry in table.get(name, {}):
             return kind(**table[name][entry])
@@ -156,8 +169,9 @@ def launch_shapes_in_use(device_name: str) -> dict[str, str]:
     """Which replay launch shapes a process on ``device_name`` uses and where they come from, for result rows:
     a kernel figure is only comparable with the shapes it ran."""
     table = _tuned_table(device_name)
-    shapes = {entry: _launch_entry(table, entry, "replay_step").as_key() for entry in ("fp32", "split")}
-    verify = ", ".join(f"{entry} {_launch_entry(table, entry, 'verify_step').as_key()}" for entry in ("fp32", "split"))
+    shapes = {entry: _launch_entry(table, entry, "replay_step", ReplayLaunch).as_key() for entry in ("fp32", "split")}
+    verify = ", ".join(f"{entry} {_launch_entry(table, entry, 'verify_step', VerifyLaunch).as_key()}"
+                       for entry in ("fp32", "split"))  # fmt: skip
     folds = table.get("fold", {})
     fold = ", ".join(f"{entry} {FoldLaunch(**folds.get(entry, {})).as_key()}" for entry in ("fp32", "split"))
     gdn = GdnLaunch(**table.get("gdn", {})).as_key()

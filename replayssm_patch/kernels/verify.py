@@ -46,7 +46,7 @@ from replayssm_patch.kernels.common import (
     softplus_reference,
 )
 from replayssm_patch.kernels.flush import flush_ring, flush_ring_reference
-from replayssm_patch.kernels.launch_config import launch_for
+from replayssm_patch.kernels.launch_config import verify_launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, ring_entries, ring_len_of
 from replayssm_patch.kernels.replay_decode import _step_inputs
 
@@ -391,7 +391,7 @@ def replay_verify(
     batch = state_indices.shape[0]
     if batch == 0 or x.shape[0] == 0:
         return out
-    tuned = launch_for(state.dtype, x.device, "verify_step")
+    tuned = verify_launch_for(state.dtype, x.device)
     bc, weight, decay, c32 = verify_coefficients(
         dt, A, B, C, ring_B, ring_dt, state_indices, write_pos, query_start_loc, max_query_len,
         dt_bias=dt_bias, dt_softplus=dt_softplus, pad_slot_id=pad_slot_id,

@@ -207,9 +207,9 @@ def test_the_verify_runs_its_own_swept_shape_else_the_replay_steps(
 
     def shapes(dtype: torch.dtype) -> tuple[str, str]:
         launch_config.launch_for.cache_clear()
+        launch_config.verify_launch_for.cache_clear()
         cpu = torch.device("cpu")
-        return (launch_config.launch_for(dtype, cpu).as_key(),
-                launch_config.launch_for(dtype, cpu, "verify_step").as_key())  # fmt: skip
+        return launch_config.launch_for(dtype, cpu).as_key(), launch_config.verify_launch_for(dtype, cpu).as_key()
 
     table = tmp_path / "launch_config.json"
     monkeypatch.setenv(launch_config.ENV_VAR, str(table))
@@ -232,6 +232,7 @@ def test_the_verify_runs_its_own_swept_shape_else_the_replay_steps(
     finally:
         monkeypatch.delenv(launch_config.ENV_VAR, raising=False)
         launch_config.launch_for.cache_clear()
+        launch_config.verify_launch_for.cache_clear()
         launch_config.fold_launch_for.cache_clear()
 
 
@@ -250,11 +251,11 @@ def test_a_launch_table_with_unknown_keys_is_refused_in_one_line(
     table = tmp_path / "launch_config.json"
     table.write_text(json.dumps({kernel: entry}))
     monkeypatch.setenv(launch_config.ENV_VAR, str(table))
-    readers = (lambda: launch_config.launch_for(torch.float32, torch.device("cpu"), "verify_step"),
+    readers = (lambda: launch_config.verify_launch_for(torch.float32, torch.device("cpu")),
                lambda: launch_config.gdn_launch_for(torch.device("cpu")))  # fmt: skip
     try:
         for read in readers:
-            launch_config.launch_for.cache_clear()
+            launch_config.verify_launch_for.cache_clear()
             launch_config.gdn_launch_for.cache_clear()
             with pytest.raises(ValueError) as refused:
                 read()
@@ -264,7 +265,7 @@ def test_a_launch_table_with_unknown_keys_is_refused_in_one_line(
             assert "write a new table with the kernel bench" in message
     finally:
         monkeypatch.delenv(launch_config.ENV_VAR, raising=False)
-        launch_config.launch_for.cache_clear()
+        launch_config.verify_launch_for.cache_clear()
         launch_config.gdn_launch_for.cache_clear()
 
 
