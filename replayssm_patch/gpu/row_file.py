@@ -5,7 +5,9 @@
 A new row replaces the row of the same key; rows stay ordered by the key's fields in turn: a variant or an arm
 as VARIANTS and SPEC_ARMS list them, a mode as MODES does, any other field by value (None first). The file is
 rewritten atomically after every row, so a crash keeps what was measured, under a lock, so processes on several
-GPUs can merge into the same file.
+GPUs can merge into the same file. Every row recorded is also appended, with its command, to a history beside it
+(``<stem>.history.jsonl``), so a rerun's row replaces the first in the file but not in the history (sessions 23
+and 24 rebuilt each call's rows by hand from the calls' tarballs).
 """
 
 from __future__ import annotations
@@ -80,4 +82,11 @@ def record_row(
         payload["rows"] = merge_rows(payload["rows"], row, key)
         with atomic_path(path) as tmp:
             tmp.write_text(json.dumps(payload, indent=1) + "\n")
+        with open(history_path(path), "a") as history:
+            history.write(json.dumps(row | {"command": command}) + "\n")
     return payload
+
+
+def history_path(path: Path) -> Path:
+    """Where every row recorded into the results file ``path`` is kept in the order measured."""
+    return path.with_name(f"{path.stem}.history.jsonl")

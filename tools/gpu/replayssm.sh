@@ -138,7 +138,7 @@ run_job() {
   variant=${variant%%@*}  # JOB@TAG: the same job once more under its own done-marker (e.g. spec:replayssm_spec@fit)
   if starts_engine "$1"; then  # the kernel benches' fastest shapes, once `kernels` / `gdnkernels` wrote them; the GPU
     if [ "${TABLE:-tuned}" = committed ]; then unset REPLAYSSM_LAUNCH_CONFIG  # an engine A/B of two tables, one host
-    else tuned_table && export REPLAYSSM_LAUNCH_CONFIG=$TUNED; fi  # (a rerun's rows replace the first's: keep $OUT)
+    else tuned_table && export REPLAYSSM_LAUNCH_CONFIG=$TUNED; fi  # (a rerun's row replaces the first's; *.history.jsonl keeps both)
     for arm in baseline candidate candidate-moe; do $S stop "$arm"; done
   fi
   case $kind in
