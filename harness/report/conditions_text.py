@@ -81,6 +81,19 @@ def idle_gpu_spread(runs: Sequence[RunRow]) -> str | None:
     )
 
 
+def _memory(every: Sequence[RunConditions]) -> str:
+    """', memory clock ≥ X MHz, HBM ≤ Y °C' over the runs that sampled them (a memory-bound kernel slows with a
+    throttled HBM where the SM clock says nothing); '' for runs from before they were sampled."""
+    clocks = [c.gpu_mem_mhz_min for c in every if c.gpu_mem_mhz_min is not None]
+    heat = [c.gpu_memory_temperature_c_max for c in every if c.gpu_memory_temperature_c_max is not None]
+    shown = []
+    if clocks:
+        shown.append(f"memory clock ≥ {min(clocks):,.0f} MHz")
+    if heat:
+        shown.append(f"HBM ≤ {max(heat):.0f} °C")
+    return "".join(f", {part}" for part in shown)
+
+
 def conditions_line(runs: Sequence[RunRow]) -> str | None:
     """'Machine during the runs: ...' over every run that was sampled; None when none was."""
     sampled: list[tuple[RunRow, RunConditions]] = [(r, r.conditions) for r in runs if r.conditions is not None]
@@ -98,7 +111,7 @@ def conditions_line(runs: Sequence[RunRow]) -> str | None:
         gpu = f"GPU SM clock {clocks} (run means; lowest sample {lowest:,.0f}, maximum {top:,.0f})"
         power = _span([c.gpu_power_w_mean for c in every], " W")
         temperature = max((c.gpu_temperature_c_max or 0.0) for c in every)
-        parts.append(f"{gpu}, {power} mean power, ≤ {temperature:.0f} °C")
+        parts.append(f"{gpu}, {power} mean power, ≤ {temperature:.0f} °C" + _memory(every))
     else:
         parts.append(next((c.gpu_error for c in every if c.gpu_error), "GPUs not sampled"))
     warnings = []

@@ -150,6 +150,10 @@ def test_the_summary_line_spans_the_runs_and_warns_of_throttling_and_steal():
         "⚠️ GPU clock below 90% of its maximum while busy in candidate r0 (86%); CPU steal ≥ 2 % in candidate r0"
     )  # baseline r1 ran at 1,500 MHz but its GPU was idle: not throttling
     assert conditions_line([_Run("baseline", 0, None)]) is None
+    hbm = [_conditions(10, 0.0, 1980).model_copy(update={"gpu_mem_mhz_min": mhz, "gpu_memory_temperature_c_max": c})
+           for mhz, c in ((3201.0, 61.0), (2619.0, 88.0))]  # fmt: skip
+    with_hbm = conditions_line([_Run("baseline", 0, hbm[0]), _Run("candidate", 0, hbm[1])])
+    assert "400 W mean power, ≤ 55 °C, memory clock ≥ 2,619 MHz, HBM ≤ 88 °C" in with_hbm
     host_only = conditions_line([_Run("baseline", 0, _conditions(5, 0.0, None))])
     assert host_only.endswith(
         "host CPU busy 5 % (run means), steal ≤ 0.0 %, load ≤ 2.5; nvidia-smi not found: GPUs not sampled"
