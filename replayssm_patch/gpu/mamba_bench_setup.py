@@ -60,6 +60,10 @@ class Plan(BenchPlan):
         (64, 32, 2, 0, 3), (64, 16, 2, 0, 3),
         # and the ring's product on the tensor cores too (ptxas at 32 x 32 x 1: 138 registers, no spills; 16 x 32: 104)
         (32, 32, 1, 0, 3, 1), (32, 32, 1, 0, 2, 1), (16, 32, 1, 0, 3, 1),
+        # session 24's static count (kernels/sass_mix.py): the ring's product on the tensor cores capped as the winner
+        # is, at 112 registers (fp32 no spills, 9 % fewer instructions at T = 4; split 8 bytes spilled) and 128; the
+        # winner's form at 96 (split: no spills, 21 programs per SM instead of 18; fp32 spills 12 bytes)
+        (32, 32, 1, 112, 3, 1), (32, 32, 1, 128, 3, 1), (32, 32, 1, 96, 3),
     )  # fmt: skip
     # (block_p, num_warps, prefetch) of the flush launch that folds before a verify (``flush.flush_ring``): its
     # default 16 x 4, wider tiles and more warps, with and without the next block's loads before the stores (ptxas

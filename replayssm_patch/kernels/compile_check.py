@@ -25,7 +25,9 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
-from triton.compiler import ASTSource
+from triton.compiler import ASTSource, CompiledKernel
+
+from replayssm_patch.kernels.common import register_cap
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -48,9 +50,9 @@ _FOLD_POINTERS = {
 # they are fixed here too: without them the compiler cannot vectorise and reports other register counts.
 _UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sr_n", "srx_p", "so_p")}
 _FOLD_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sm_n", "sc_n", "srx_p", "srB_n", "so_p")}
-_VERIFY_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sr_n", "srx_p", "so_p")}
+VERIFY_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sr_n", "srx_p", "so_p")}
 _VERIFY_COEF_POINTERS = {**_COEF_POINTERS, "qsl_ptr": "*i32", "c32_ptr": "*fp32"}
-_VERIFY_STEP_POINTERS = {
+VERIFY_STEP_POINTERS = {
     "x_ptr": "*bf16", "c32_ptr": "*fp32", "D_ptr": "*fp32", "ring_x_ptr": "*bf16", "slot_ptr": "*i32",
     "pos_ptr": "*i32", "qsl_ptr": "*i32", "bc_ptr": "*fp32", "w_ptr": "*fp32", "decay_ptr": "*fp32", "out_ptr": "*bf16",
 }  # fmt: skip
@@ -119,9 +121,18 @@ _ALIGNED_SCALAR = re.compile(
 def compile_for_hopper(
     kernel: triton.JITFunction, pointers: dict[str, str], constexprs: dict[str, object], num_warps: int
 ) -> Compiled:
-    """Compile one specialisation (other scalar arguments as i32) and read its register use from ``ptxas -v``.
+    """Compile one specialisation (``hopper_kernel``) and read its register use from ``ptxas -v``."""
+    compiled = hopper_kernel(kernel, pointers, constexprs, num_warps)
+    registers, spills = ptxas_usage(compiled.asm["ptx"])
+    return Compiled(len(compiled.asm["cubin"]), registers, spills)
 
-    Specialised as a launch of the real shapes would be: pointers 16-byte aligned unless the kernel opts out
+
+def hopper_kernel(
+    kernel: triton.JITFunction, pointers: dict[str, str], constexprs: dict[str, object], num_warps: int,
+    maxnreg: int = 0,
+) -> CompiledKernel:  # fmt: skip
+    """One specialisation compiled for sm_90 (other scalar arguments as i32), capped at ``maxnreg`` registers (0:
+    none), specialised as a launch of the real shapes would be: pointers 16-byte aligned unless the kernel opts out
     (``do_not_specialize_on_alignment``), the scalars ``_ALIGNED_SCALAR`` names divisible by 16."""
     signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32") for name in kernel.arg_names}
     unaligned = set(kernel.do_not_specialize_on_alignment or ()) | set(kernel.do_not_specialize or ())
@@ -136,9 +147,7 @@ def compile_for_hopper(
         constexprs={(kernel.arg_names.index(name),): value for name, value in constexprs.items()},
         attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
     )
-    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps})
-    registers, spills = ptxas_usage(compiled.asm["ptx"])
-    return Compiled(len(compiled.asm["cubin"]), registers, spills)
+    return triton.compile(source, target=HOPPER, options={"num_warps": num_warps} | register_cap(maxnreg))
 
 
 def ptxas_usage(ptx: str) -> tuple[int, int]:
@@ -238,9 +247,9 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
         consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": block_p, "BLOCK_N": block_n,
                   "N_TILES": 128 // block_n, "C_STRIDE": 128, "EVEN": True, "TILE_T": 16 if stages else 4,
                   "MMA_STAGES": stages, "C_IN_TF32": True, "RING_MMA": ring, "RING_IN_TF32": True,
-                  **_VERIFY_UNIT_STRIDES}  # fmt: skip
+                  **VERIFY_UNIT_STRIDES}  # fmt: skip
         found.append((f"verify step T=4, {label}{form}", _verify_step_kernel,
-                      {**_VERIFY_STEP_POINTERS, "read_ptr": read}, consts, num_warps))  # fmt: skip
+                      {**VERIFY_STEP_POINTERS, "read_ptr": read}, consts, num_warps))  # fmt: skip
     for label, kernel, pointers, blocks, num_warps in (
         ("gdn coefficients", _gdn_coefficients_kernel, _GDN_COEF_POINTERS, {"V_PER_K": 2, "HEAD_CHUNK": 2},
          GDN_COEF_NUM_WARPS),

@@ -379,6 +379,36 @@ def test_kernels_compile_for_hopper() -> None:
     assert len(verify_steps) == 6 and all(" 0 B spilled" in line for line in verify_steps), lines
 
 
+_COUNT_VERIFY_FORMS = """
+import json
+from replayssm_patch.kernels.sass_mix import FORMS, count_form, markdown
+sums, ring = FORMS[0], FORMS[1]
+counts = [count_form(sums, 1), count_form(sums, 4), count_form(ring, 4)]
+print(json.dumps({"rows": [[c.tokens, c.instructions, c.registers, c.spill_bytes, c.mix["SHFL"], c.mix["HMMA"]]
+                           for c in counts], "table": markdown(counts)}))
+"""
+
+
+def test_the_verify_instruction_mix_counts_the_per_token_sums_and_their_tensor_core_form() -> None:
+    """sm_90a machine code, no GPU (kernels/sass_mix.py): the committed form's ring sums add the same cross-lane
+    shuffles for every query token; with the ring's product on the tensor cores there are none and more HMMA; both
+    stay within the 112-register cap the committed table sets."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COUNT_VERIFY_FORMS], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    sums_1, sums_4, ring_4 = result["rows"]
+    (t1, n1, r1, _, shfl1, hmma1), (t4, n4, r4, s4, shfl4, hmma4) = sums_1, sums_4
+    _, n_ring, r_ring, _, shfl_ring, hmma_ring = ring_4
+    assert (t1, t4) == (1, 4) and shfl1 > 0 and shfl4 == 4 * shfl1 and n4 > n1 and hmma4 == hmma1
+    assert shfl_ring == 0 and hmma_ring > hmma4 and n_ring < n4
+    assert max(r1, r4, r_ring) <= 112 and s4 == 0
+    table = result["table"].splitlines()
+    assert table[0].startswith("| form | T | instructions | registers | spilled B | SHFL | HMMA |") and len(table) == 5
+    assert table[3].startswith(f"| fp32, CUDA-core ring sums (committed) | 4 | {n4:,} | {r4} | 0 | {shfl4} | {hmma4} |")
+
+
 def test_gdn_decode_step_kernels_do_not_spill() -> None:
     """The three launches of every GDN decode step (coefficients, replay, fold) fit their registers on sm_90."""
     every_step = [line for line in compile_check_lines() if line.startswith(("gdn coefficients", "gdn replay",
