@@ -3,12 +3,12 @@
     python -m replayssm_patch.kernels.sass_mix        # a Markdown table: instructions per program by form and T
 
 Why: on the H200 the verify's output launch reads its checkpoint at 99 % of HBM with one token a row and at 74 % with
-four (session 24, batch 256), at the same bytes, and its time follows the instructions a program issues: the form
-with the ring's product on the tensor cores issued about as many as the CUDA-core sums at T = 4 and ran as fast. This
-counts them where the GPU cannot be had: each form compiled as the engine launches it (bf16 activations and ring,
-C exact in tf32, the committed H200 shape), disassembled with Triton's bundled nvdisasm, per T. The counts are of the
-machine code (the d_state loop's body once), not of what runs. A form to try on the GPU should first issue fewer
-here, at the same registers and no spills.
+four (session 24, batch 256), at the same bytes: the work per query token is the cost. This counts the instructions
+where the GPU cannot be had: each form compiled as the engine launches it (bf16 activations and ring, C exact in
+tf32, the committed H200 shape), disassembled with Triton's bundled nvdisasm, per T. The counts are of the machine
+code (the d_state loop's body once), not of what runs, and fewer is not faster by itself: uncapped, the form with
+the ring's product on the tensor cores issues 11 % fewer at T = 4 and ran as fast, at 138 registers against 128. A
+form worth the GPU's time issues fewer here at the same registers and no spills.
 """
 
 from __future__ import annotations
