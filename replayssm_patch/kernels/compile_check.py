@@ -50,9 +50,9 @@ _FOLD_POINTERS = {
 # they are fixed here too: without them the compiler cannot vectorise and reports other register counts.
 _UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sr_n", "srx_p", "so_p")}
 _FOLD_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sm_n", "sc_n", "srx_p", "srB_n", "so_p")}
-VERIFY_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sr_n", "srx_p", "so_p")}
+_VERIFY_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sr_n", "srx_p", "so_p")}
 _VERIFY_COEF_POINTERS = {**_COEF_POINTERS, "qsl_ptr": "*i32", "c32_ptr": "*fp32"}
-VERIFY_STEP_POINTERS = {
+_VERIFY_STEP_POINTERS = {
     "x_ptr": "*bf16", "c32_ptr": "*fp32", "D_ptr": "*fp32", "ring_x_ptr": "*bf16", "slot_ptr": "*i32",
     "pos_ptr": "*i32", "qsl_ptr": "*i32", "bc_ptr": "*fp32", "w_ptr": "*fp32", "decay_ptr": "*fp32", "out_ptr": "*bf16",
 }  # fmt: skip
@@ -165,6 +165,22 @@ def ptxas_usage(ptx: str) -> tuple[int, int]:
     return int(registers.group(1)) if registers else 0, sum(map(int, spills))
 
 
+def verify_step_launch(
+    read: str, tokens: int, block_p: int, block_n: int, stages: int, ring: bool
+) -> tuple[dict[str, str], dict[str, object]]:
+    """Pointer types and constexprs of the verify's output launch as the engine sets them: bf16 activations, ring
+    and C, head_dim 64 and d_state 128 at unit inner strides, the ring L + T padded to 32, rows of ``tokens`` query
+    tokens; ``read`` the checkpoint's type ("*fp32", or "*bf16": the split copy), ``stages`` its tensor-core reads
+    (0: CUDA cores) and ``ring`` the ring's product there too."""
+    from replayssm_patch.kernels.verify import DOT_EXTENT
+
+    consts = {"HAS_D": True, "BLOCK_T": tokens, "BLOCK_L": 32, "BLOCK_P": block_p, "BLOCK_N": block_n,
+              "N_TILES": 128 // block_n, "C_STRIDE": 128, "EVEN": True,
+              "TILE_T": max(tokens, DOT_EXTENT) if stages else tokens, "MMA_STAGES": stages, "C_IN_TF32": True,
+              "RING_MMA": ring, "RING_IN_TF32": True, **_VERIFY_UNIT_STRIDES}  # fmt: skip
+    return {**_VERIFY_STEP_POINTERS, "read_ptr": read}, consts
+
+
 def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, object], int]]:
     """(label, kernel, pointer types, constexprs, num_warps) for the default launch of each variant."""
     from replayssm_patch.kernels.cursor_plan import (
@@ -244,12 +260,8 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     for (label, read), (form, block_p, block_n, num_warps, stages, ring) in itertools.product(
         (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")), verify_launches
     ):
-        consts = {"HAS_D": True, "BLOCK_T": 4, "BLOCK_L": 32, "BLOCK_P": block_p, "BLOCK_N": block_n,
-                  "N_TILES": 128 // block_n, "C_STRIDE": 128, "EVEN": True, "TILE_T": 16 if stages else 4,
-                  "MMA_STAGES": stages, "C_IN_TF32": True, "RING_MMA": ring, "RING_IN_TF32": True,
-                  **VERIFY_UNIT_STRIDES}  # fmt: skip
-        found.append((f"verify step T=4, {label}{form}", _verify_step_kernel,
-                      {**VERIFY_STEP_POINTERS, "read_ptr": read}, consts, num_warps))  # fmt: skip
+        pointers, consts = verify_step_launch(read, 4, block_p, block_n, stages, ring)
+        found.append((f"verify step T=4, {label}{form}", _verify_step_kernel, pointers, consts, num_warps))
     for label, kernel, pointers, blocks, num_warps in (
         ("gdn coefficients", _gdn_coefficients_kernel, _GDN_COEF_POINTERS, {"V_PER_K": 2, "HEAD_CHUNK": 2},
          GDN_COEF_NUM_WARPS),

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import triton
 
-from replayssm_patch.kernels.compile_check import VERIFY_STEP_POINTERS, VERIFY_UNIT_STRIDES, hopper_kernel, ptxas_usage
+from replayssm_patch.kernels.compile_check import hopper_kernel, ptxas_usage, verify_step_launch
 
 NVDISASM = Path(os.path.dirname(triton.__file__)) / "backends" / "nvidia" / "bin" / "nvdisasm"
 TOKENS = (1, 2, 4, 8)
@@ -80,15 +80,11 @@ class FormCount:
 
 def count_form(form: VerifyForm, tokens: int) -> FormCount:
     """Compile ``form`` for rows of ``tokens`` query tokens (the ring L + T padded to 32) and count its machine code."""
-    from replayssm_patch.kernels.verify import DOT_EXTENT, _verify_step_kernel
+    from replayssm_patch.kernels.verify import _verify_step_kernel
 
-    consts = {
-        "HAS_D": True, "BLOCK_T": tokens, "BLOCK_L": 32, "BLOCK_P": form.block_p, "BLOCK_N": form.block_n,
-        "N_TILES": 128 // form.block_n, "C_STRIDE": 128, "EVEN": True, "TILE_T": max(tokens, DOT_EXTENT),
-        "MMA_STAGES": form.stages, "C_IN_TF32": True, "RING_MMA": form.ring_mma, "RING_IN_TF32": True,
-        **VERIFY_UNIT_STRIDES,
-    }  # fmt: skip
-    pointers = {**VERIFY_STEP_POINTERS, "read_ptr": form.checkpoint}
+    pointers, consts = verify_step_launch(
+        form.checkpoint, tokens, form.block_p, form.block_n, form.stages, form.ring_mma
+    )
     compiled = hopper_kernel(_verify_step_kernel, pointers, consts, form.num_warps, form.maxnreg)
     mix = instruction_mix(compiled.asm["cubin"])
     registers, spills = ptxas_usage(compiled.asm["ptx"])
