@@ -72,9 +72,6 @@ class Plan(BenchPlan):
     fold_configs: tuple[Shape, ...] = (
         (16, 4, 0), (16, 4, 1), (32, 4, 0), (16, 8, 0), (16, 8, 1), (32, 8, 0), (32, 8, 1), (64, 8, 0),
         (16, 4, 0, 168),  # three 4-warp programs per SM instead of two (ptxas: 189 registers, capped 32 bytes spilled)
-        # the head_dim blocks pipelined through shared memory (ptxas, fp32 / split: 16 x 4 2 stages 211 / 255
-        # registers, 3 stages 254 / 255; 16 x 8 2 stages 144 / 174; 32 x 8 223 / 255 with 8 bytes spilled)
-        (16, 4, 0, 0, 2), (16, 4, 0, 0, 3), (16, 8, 0, 0, 2), (32, 8, 0, 0, 2),
     )  # fmt: skip
     # a second ring the verify section times at its two largest batches: at T = 4, L = 28 fills the 32-entry tile the
     # kernels already pad L + T = 20 to, and a row folds every ceil(28 / AL) verifies instead of every ceil(16 / AL)
@@ -92,7 +89,7 @@ SMOKE_PLAN = Plan(
     nheads=4, head_dim=8, d_state=16, ngroups=2, buffer_len=4, eq_batch=3, eq_steps=6, batches=(2,),
     warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
     verify_configs=((16, 64, 1), (8, 16, 2, 80, 2), (8, 16, 1, 0, 2, 1)),
-    fold_configs=((16, 4, 0), (16, 4, 1, 168), (16, 4, 0, 0, 2)), verify_long_ring=5, verify_token_sweep=(2,),
+    fold_configs=((16, 4, 0), (16, 4, 1, 168)), verify_long_ring=5, verify_token_sweep=(2,),
     rotation_layers=2, rotation_pool=9,
 )  # fmt: skip
 
@@ -164,9 +161,8 @@ class Baseline:
 
 
 # (block_p, block_n, num_warps[, maxnreg[, mma_stages[, mma_ring]]]) of a replay or verify launch, (block_p,
-# num_warps, prefetch[, maxnreg[, stages]]) of the fold: maxnreg caps the registers per thread, mma_stages puts the
-# verify's checkpoint reads on the tensor cores and mma_ring its ring's product too, stages pipelines the fold's
-# head_dim blocks (kernels.launch_config)
+# num_warps, prefetch[, maxnreg]) of the fold: maxnreg caps the registers per thread, mma_stages puts the verify's
+# checkpoint reads on the tensor cores and mma_ring its ring's product too (kernels.launch_config)
 Shape = tuple[int, ...]
 
 
@@ -196,7 +192,7 @@ def sweep_markdown(sweep: dict[str, Any], what: str, shape: str = "block_p x blo
 
 REPLAY_KNOBS = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages", "mma_ring")  # the verify's last three
 # only where a shape names them
-FOLD_KNOBS = ("block_p", "num_warps", "prefetch", "maxnreg", "stages")
+FOLD_KNOBS = ("block_p", "num_warps", "prefetch", "maxnreg")
 
 
 def tuning_of(cfg: Shape | None) -> dict[str, int]:

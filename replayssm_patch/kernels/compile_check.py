@@ -229,13 +229,9 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
         # ptxas: 148 / 180 registers, 234 / 242 with the prefetch (no spills); the last walks a list of rows: 230
         pointers = {**_FLUSH_POINTERS, "bf16_ptr": "*bf16" if copy else "*fp32"}
         consts = {"HAS_LIST": listed, "HAS_BF16": copy, "PREFETCH": prefetch, "BLOCK_L": 16, "BLOCK_P": 16,
-                  "BLOCK_N": 128, "P_BLOCKS": 4, "STAGES": 0}  # head_dim 64  # fmt: skip
+                  "BLOCK_N": 128, "P_BLOCKS": 4}  # head_dim 64  # fmt: skip
         label = f"flush, bf16 copy {copy}" + (", prefetch" if prefetch else "") + (", listed rows" if listed else "")
         found.append((label, _flush_kernel, pointers, consts, 4))
-    # the verify's fold pipelined 2 deep over its listed rows at the verify ring's 32 entries (ptxas: 211 registers)
-    pipelined = {**consts, "HAS_LIST": True, "HAS_BF16": False, "PREFETCH": False, "BLOCK_L": 32, "STAGES": 2}
-    found.append(("flush, bf16 copy False, 2 stages, listed rows, L+T=32", _flush_kernel,
-                  {**_FLUSH_POINTERS, "bf16_ptr": "*fp32"}, pipelined, 4))  # fmt: skip
     plan_pointers = {"slot_ptr": "*i32", "positions_ptr": "*i32", "window_end_ptr": "*i32", "write_pos_ptr": "*i32",
                      "flush_ptr": "*i32"}  # fmt: skip
     list_pointers = {**plan_pointers, "flush_rows_ptr": "*i32", "flush_count_ptr": "*i32"}

@@ -35,7 +35,7 @@ def _flush_kernel(
     ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n,
     srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h,
     HAS_LIST: tl.constexpr, HAS_BF16: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_L: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, P_BLOCKS: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, P_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     if HAS_LIST:  # a fixed grid walks the (listed row, head) items: a row that does not fold takes no program
         items = tl.load(count_ptr) * nheads
@@ -46,7 +46,7 @@ def _flush_kernel(
                 tl.load(rows_ptr + item // nheads), item % nheads, head_dim, d_state, ring_len, heads_per_group,
                 pad_slot_id, ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n, srx_slot, srx_l, srx_h, srx_p,
                 srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h, HAS_BF16, PREFETCH, BLOCK_L, BLOCK_P,
-                BLOCK_N, P_BLOCKS, STAGES,
+                BLOCK_N, P_BLOCKS,
             )  # fmt: skip
             item += tl.num_programs(0)
     else:
@@ -54,7 +54,7 @@ def _flush_kernel(
             A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr, tl.program_id(0),
             tl.program_id(1), head_dim, d_state, ring_len, heads_per_group, pad_slot_id, ss_slot, ss_h, ss_p, ss_n,
             sc_slot, sc_h, sc_p, sc_n, srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot,
-            srdt_l, srdt_h, HAS_BF16, PREFETCH, BLOCK_L, BLOCK_P, BLOCK_N, P_BLOCKS, STAGES,
+            srdt_l, srdt_h, HAS_BF16, PREFETCH, BLOCK_L, BLOCK_P, BLOCK_N, P_BLOCKS,
         )  # fmt: skip
 
 
@@ -65,7 +65,7 @@ def _fold_row_head(
     ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n,
     srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h,
     HAS_BF16: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr, P_BLOCKS: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_N: tl.constexpr, P_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     """Fold one (row, head): every head_dim block of its master tile; a padding row or one with nothing to fold
     returns at once. Not inlined: in the listed kernel's loop over items the compiler kept the tiles' address
@@ -93,29 +93,20 @@ def _fold_row_head(
     # All head_dim blocks in one program (an idle row exits once). PREFETCH issues each block's loads before the
     # previous block's stores (a load after a store the compiler cannot prove apart from it waits for the store),
     # at the price of registers (ptxas, 16 x 128 on 4 warps: 234 against 148 at L = 16; at the verify ring's 32 it
-    # spills, 8 warps do not). STAGES > 0 instead runs the blocks in a tl.range loop that Triton's pipeliner feeds
-    # through shared memory that deep (cp.async; ptxas at the verify ring's 32, 16 x 4 warps, 2 stages: 211
-    # registers against 189 in order, no spills, 48 KB of shared memory). The kernel bench sweeps all three.
-    if STAGES > 0:
-        for pblock in tl.range(0, P_BLOCKS, num_stages=STAGES):
-            block = _fold_block_loads(state_ptr, ring_x_ptr, slot, head, head_dim, d_state, live, ss_slot, ss_h,
-                                      ss_p, ss_n, srx_slot, srx_l, srx_h, srx_p, pblock, BLOCK_L, BLOCK_P,
-                                      BLOCK_N)  # fmt: skip
-            _fold_block(block, weight, ring_B, decay, bf16_ptr, slot, head, sc_slot, sc_h, sc_p, sc_n, pblock,
-                        HAS_BF16, BLOCK_P, BLOCK_N)  # fmt: skip
-    else:
-        for pblock in tl.static_range(P_BLOCKS):
-            if pblock == 0 or not PREFETCH:  # in order: this block's loads after the previous block's stores
-                block = _fold_block_loads(state_ptr, ring_x_ptr, slot, head, head_dim, d_state, live, ss_slot, ss_h,
-                                          ss_p, ss_n, srx_slot, srx_l, srx_h, srx_p, pblock, BLOCK_L, BLOCK_P,
-                                          BLOCK_N)  # fmt: skip
-            current = block
-            if PREFETCH and pblock + 1 < P_BLOCKS:  # the next block's loads before this block's stores
-                block = _fold_block_loads(state_ptr, ring_x_ptr, slot, head, head_dim, d_state, live, ss_slot, ss_h,
-                                          ss_p, ss_n, srx_slot, srx_l, srx_h, srx_p, pblock + 1, BLOCK_L, BLOCK_P,
-                                          BLOCK_N)  # fmt: skip
-            _fold_block(current, weight, ring_B, decay, bf16_ptr, slot, head, sc_slot, sc_h, sc_p, sc_n, pblock,
-                        HAS_BF16, BLOCK_P, BLOCK_N)  # fmt: skip
+    # spills, 8 warps do not). A form that fed the blocks through shared memory instead (a tl.range loop Triton's
+    # pipeliner ran 2-3 stages deep) lost at every shape (session 24, batch 256: 170.5 / 184.6 µs at 3 / 2 stages
+    # against 129.9 in order) and is removed.
+    state_row, x_row = state_ptr + slot * ss_slot + head * ss_h, ring_x_ptr + slot * srx_slot + head * srx_h
+    for pblock in tl.static_range(P_BLOCKS):
+        if pblock == 0 or not PREFETCH:  # in order: this block's loads after the previous block's stores
+            block = _fold_block_loads(state_row, x_row, head_dim, d_state, live, ss_p, ss_n, srx_l, srx_p, pblock,
+                                      BLOCK_L, BLOCK_P, BLOCK_N)  # fmt: skip
+        current = block
+        if PREFETCH and pblock + 1 < P_BLOCKS:  # the next block's loads before this block's stores
+            block = _fold_block_loads(state_row, x_row, head_dim, d_state, live, ss_p, ss_n, srx_l, srx_p, pblock + 1,
+                                      BLOCK_L, BLOCK_P, BLOCK_N)  # fmt: skip
+        _fold_block(current, weight, ring_B, decay, bf16_ptr, slot, head, sc_slot, sc_h, sc_p, sc_n, pblock,
+                    HAS_BF16, BLOCK_P, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -137,21 +128,20 @@ def _fold_block(
 
 @triton.jit
 def _fold_block_loads(
-    state_ptr, ring_x_ptr, slot, head, head_dim, d_state, live, ss_slot, ss_h, ss_p, ss_n,
-    srx_slot, srx_l, srx_h, srx_p, pblock,
+    state_row, x_row, head_dim, d_state, live, ss_p, ss_n, srx_l, srx_p, pblock,
     BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """One head_dim block of a folding row: its ring x [L, P] and master tile [P, N] in fp32, the tile's pointers
-    and mask."""
+    """One head_dim block of a folding (row, head), given its master tile's and ring x's first elements: the ring x
+    [L, P] and master tile [P, N] in fp32, the tile's pointers and mask."""
     offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
     mask_p = offs_p < head_dim
     ring_x = tl.load(
-        ring_x_ptr + slot * srx_slot + tl.arange(0, BLOCK_L)[:, None] * srx_l + head * srx_h + offs_p[None, :] * srx_p,
+        x_row + tl.arange(0, BLOCK_L)[:, None] * srx_l + offs_p[None, :] * srx_p,
         mask=live[:, None] & mask_p[None, :], other=0.0,
     ).to(tl.float32)  # fmt: skip
     mask_pn = mask_p[:, None] & (offs_n < d_state)[None, :]
-    state_at = state_ptr + slot * ss_slot + head * ss_h + offs_p[:, None] * ss_p + offs_n[None, :] * ss_n
+    state_at = state_row + offs_p[:, None] * ss_p + offs_n[None, :] * ss_n
     return ring_x, tl.load(state_at, mask=mask_pn, other=0.0).to(tl.float32), state_at, mask_pn
 
 
@@ -171,7 +161,6 @@ def flush_ring(
     num_warps: int | None = None,
     prefetch: bool | None = None,
     maxnreg: int | None = None,
-    stages: int | None = None,
 ) -> None:
     """Fold ring entries [0, flush_len) of each row into ssm_state in place (and into state_bf16 if given).
 
@@ -183,9 +172,8 @@ def flush_ring(
     (row, head) gets a program and the idle rows' returns cost the launch time (session 22, the verify's fold at
     batch 128 / 256: 68.8 / 131.6 µs walking the list, 74.8 / 145.7 with a program per row). ``block_p`` (head_dim
     rows per program, at least 16 for tl.dot), ``num_warps``, ``prefetch`` (each head_dim block's loads before the
-    previous block's stores), ``stages`` (the blocks pipelined through shared memory that deep instead; 0: in order)
-    and ``maxnreg`` (registers per thread, 0: ptxas decides) are GPU tuning knobs only; unset, the launch table's
-    ``"fold"`` entry decides.
+    previous block's stores) and ``maxnreg`` (registers per thread, 0: ptxas decides) are GPU tuning knobs only;
+    unset, the launch table's ``"fold"`` entry decides.
     The dot runs on tensor cores in tf32x3 (fp32-level error, as the decode fold's): ptxas (compile_check, 16 x 4
     warps, L = 16, in order) gives 148 registers without spills, 180 with the bf16 copy, where the fp32 FMA dot
     ("ieee") took 242 and 255, two programs per SM instead of three.
@@ -198,9 +186,7 @@ def flush_ring(
     if batch == 0:
         return
     tuned = fold_launch_for(state_bf16 is not None, ssm_state.device)
-    prefetch, stages = tuned.prefetch if prefetch is None else prefetch, tuned.stages if stages is None else stages
-    if prefetch and stages:
-        raise ValueError("flush_ring: give prefetch or stages, not both (the pipelined loop prefetches on its own)")
+    prefetch = tuned.prefetch if prefetch is None else prefetch
     BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p, floor=16)
     copy = state_bf16 if state_bf16 is not None else ssm_state
     rows, count = work_list if work_list is not None else (flush_len, flush_len)
@@ -212,7 +198,7 @@ def flush_ring(
         *ring_entries(ring_x).stride(), *ring_entries(ring_B).stride(), *ring_entries(ring_dt).stride(),
         HAS_LIST=work_list is not None, HAS_BF16=state_bf16 is not None,
         PREFETCH=prefetch, BLOCK_L=block_size(ring_len_of(ring_x), floor=16), BLOCK_P=BLOCK_P,
-        BLOCK_N=block_size(d_state, floor=16), P_BLOCKS=triton.cdiv(head_dim, BLOCK_P), STAGES=stages,
+        BLOCK_N=block_size(d_state, floor=16), P_BLOCKS=triton.cdiv(head_dim, BLOCK_P),
         num_warps=num_warps or tuned.num_warps,
         **register_cap(tuned.maxnreg if maxnreg is None else maxnreg),
     )  # fmt: skip
@@ -234,11 +220,10 @@ def flush_ring_reference(
     num_warps: int | None = None,
     prefetch: bool | None = None,
     maxnreg: int | None = None,
-    stages: int | None = None,
 ) -> None:
     """Plain-PyTorch twin of ``flush_ring`` (same arguments; the work list and the tuning knobs are ignored: every
     row with flush_len > 0 folds), in fp32."""
-    del work_list, block_p, num_warps, prefetch, maxnreg, stages
+    del work_list, block_p, num_warps, prefetch, maxnreg
     nheads = ssm_state.shape[1]
     A = per_head(A, nheads).float()
     rows = (valid_rows(state_indices, pad_slot_id) & (flush_len > 0)).nonzero().squeeze(1)

@@ -71,7 +71,7 @@ class VerifyLaunch(ReplayLaunch):
 @dataclass(frozen=True)
 class FoldLaunch:
     """Head_dim rows per program, warps, whether each head_dim block's loads go before the previous block's stores,
-    a cap on registers per thread (0: none) and pipeline stages (0: in order), of the flush launch
+    and a cap on registers per thread (0: none), of the flush launch
     (``flush.flush_ring``: the fold before a speculative verify and before a prefill). ptxas at the verify ring's
     32-entry tile: 184-189 registers, two 4-warp programs per SM; capped at 168, three (32-36 bytes spilled)."""
 
@@ -79,12 +79,10 @@ class FoldLaunch:
     num_warps: int = 4
     prefetch: bool = False
     maxnreg: int = 0
-    stages: int = 0  # > 0: the head_dim blocks pipelined through shared memory that deep (not yet timed)
 
     def as_key(self) -> str:
         return (f"{self.block_p}x{self.num_warps}w" + (" prefetch" if self.prefetch else "")
-                + (f" <={self.maxnreg} regs" if self.maxnreg else "")
-                + (f" {self.stages} stages" if self.stages else ""))  # fmt: skip
+                + (f" <={self.maxnreg} regs" if self.maxnreg else ""))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -206,14 +206,13 @@ def _written(cache: ReplayCache, slots: torch.Tensor, write_pos: torch.Tensor) -
     return mask
 
 
-@pytest.mark.parametrize(("prefetch", "stages", "listed"),
-                         [(False, 0, False), (True, 0, False), (True, 0, True), (False, 2, True)],
-                         ids=["in-order", "prefetch", "prefetch, listed rows", "pipelined, listed rows"])  # fmt: skip
+@pytest.mark.parametrize(("prefetch", "listed"), [(False, False), (True, False), (True, True), (False, True)],
+                         ids=["in-order", "prefetch", "prefetch, listed rows", "in-order, listed rows"])  # fmt: skip
 @pytest.mark.parametrize("split", [False, True], ids=["fp32", "split"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_flush_matches_reference_and_fp64(shape: Shape, split: bool, prefetch: bool, stages: int, listed: bool) -> None:
-    """Every order of the launch's head_dim blocks (head_dim 24: two blocks of 16, the second one partly masked):
-    in order, the next block's loads first, or a loop the pipeliner feeds; and a fixed grid walking the list of
+def test_flush_matches_reference_and_fp64(shape: Shape, split: bool, prefetch: bool, listed: bool) -> None:
+    """Both orders of the launch's head_dim blocks (head_dim 24: two blocks of 16, the second one partly masked):
+    in order or the next block's loads first; each with a program per row or a fixed grid walking the list of
     folding rows (as the verify's fold runs)."""
     gen = seeded(shape, split, "flush")
     layer = make_layer(shape, gen)
@@ -236,7 +235,7 @@ def test_flush_matches_reference_and_fp64(shape: Shape, split: bool, prefetch: b
     for fn in (flush_ring, flush_ring_reference):
         run = cache.clone()
         fn(run.ssm_state, run.ring_x, run.ring_B, run.ring_dt, layer.A, indices, flush_len, state_bf16=run.state_bf16,
-           prefetch=prefetch, stages=stages, work_list=work_list)  # fmt: skip
+           prefetch=prefetch, work_list=work_list)  # fmt: skip
         results.append(run)
     c_tri, c_ref = results
 
@@ -484,15 +483,3 @@ def test_decode_step_folds_exactly_the_listed_rows(split: bool) -> None:
     assert rel_err(runs["listed"].ssm_state[real], runs["reference"].ssm_state[real]) <= FP32_TOL
     if split:
         assert rel_err(runs["listed"].state_bf16[real], runs["listed"].ssm_state[real]) <= BF16_ULP
-
-
-def test_a_fold_given_both_the_prefetch_and_stages_is_refused() -> None:
-    shape = SHAPES[0]
-    gen = seeded(shape, False, "refusal")
-    layer = make_layer(shape, gen)
-    indices, slots = layout_rows(shape.batch, gen, -1)
-    cache = make_cache(shape, slots, False, gen)
-    flush_len = torch.zeros(shape.batch, dtype=torch.int32)
-    with pytest.raises(ValueError, match="give prefetch or stages, not both"):
-        flush_ring(cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt, layer.A, indices, flush_len,
-                   prefetch=True, stages=2)  # fmt: skip
