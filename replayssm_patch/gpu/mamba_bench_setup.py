@@ -64,6 +64,11 @@ class Plan(BenchPlan):
         # is, at 112 registers (fp32 no spills, 9 % fewer instructions at T = 4; split 8 bytes spilled) and 128; the
         # winner's form at 96 (split: no spills, 21 programs per SM instead of 18; fp32 spills 12 bytes)
         (32, 32, 1, 112, 3, 1), (32, 32, 1, 128, 3, 1), (32, 32, 1, 96, 3),
+        # the committed form as a programmatic dependent launch of the coefficient launch (session 25): its checkpoint
+        # reads take the model's C and overlap that launch's end (batch 128: 14.5 µs at 24 % of HBM, a latency chain;
+        # ptxas, fp32 / split: 148 / 168 registers uncapped, at 112 28 / 12 bytes spilled, at 128 126 / 128 registers
+        # with 0 / 36)
+        (32, 32, 1, 112, 3, 0, 1), (32, 32, 1, 128, 3, 0, 1),
     )  # fmt: skip
     # (block_p, num_warps, prefetch) of the flush launch that folds before a verify (``flush.flush_ring``): its
     # default 16 x 4, wider tiles and more warps, with and without the next block's loads before the stores (ptxas
@@ -88,7 +93,7 @@ class Plan(BenchPlan):
 SMOKE_PLAN = Plan(
     nheads=4, head_dim=8, d_state=16, ngroups=2, buffer_len=4, eq_batch=3, eq_steps=6, batches=(2,),
     warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
-    verify_configs=((16, 64, 1), (8, 16, 2, 80, 2), (8, 16, 1, 0, 2, 1)),
+    verify_configs=((16, 64, 1), (8, 16, 2, 80, 2), (8, 16, 1, 0, 2, 1), (8, 16, 1, 0, 2, 0, 1)),
     fold_configs=((16, 4, 0), (16, 4, 1, 168)), verify_long_ring=5, verify_token_sweep=(2,),
     rotation_layers=2, rotation_pool=9,
 )  # fmt: skip
@@ -160,9 +165,10 @@ class Baseline:
         return self if problem is None else Baseline(None, problem)
 
 
-# (block_p, block_n, num_warps[, maxnreg[, mma_stages[, mma_ring]]]) of a replay or verify launch, (block_p,
+# (block_p, block_n, num_warps[, maxnreg[, mma_stages[, mma_ring[, pdl]]]]) of a replay or verify launch, (block_p,
 # num_warps, prefetch[, maxnreg]) of the fold: maxnreg caps the registers per thread, mma_stages puts the verify's
-# checkpoint reads on the tensor cores and mma_ring its ring's product too (kernels.launch_config)
+# checkpoint reads on the tensor cores, mma_ring its ring's product too, and pdl makes it a programmatic dependent
+# launch of the coefficient launch (kernels.launch_config)
 Shape = tuple[int, ...]
 
 
@@ -190,8 +196,8 @@ def sweep_markdown(sweep: dict[str, Any], what: str, shape: str = "block_p x blo
     return lines
 
 
-REPLAY_KNOBS = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages", "mma_ring")  # the verify's last three
-# only where a shape names them
+REPLAY_KNOBS = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages", "mma_ring", "pdl")  # the verify's last
+# four only where a shape names them
 FOLD_KNOBS = ("block_p", "num_warps", "prefetch", "maxnreg")
 
 

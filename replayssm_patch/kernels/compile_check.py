@@ -50,10 +50,10 @@ _FOLD_POINTERS = {
 # they are fixed here too: without them the compiler cannot vectorise and reports other register counts.
 _UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sr_n", "srx_p", "so_p")}
 _FOLD_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sm_n", "sc_n", "srx_p", "srB_n", "so_p")}
-_VERIFY_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sr_n", "srx_p", "so_p")}
+_VERIFY_UNIT_STRIDES = {name: 1 for name in ("sx_p", "sC_n", "sr_n", "srx_p", "so_p")}
 _VERIFY_COEF_POINTERS = {**_COEF_POINTERS, "qsl_ptr": "*i32", "c32_ptr": "*fp32"}
 _VERIFY_STEP_POINTERS = {
-    "x_ptr": "*bf16", "c32_ptr": "*fp32", "D_ptr": "*fp32", "ring_x_ptr": "*bf16", "slot_ptr": "*i32",
+    "x_ptr": "*bf16", "C_ptr": "*bf16", "c32_ptr": "*fp32", "D_ptr": "*fp32", "ring_x_ptr": "*bf16", "slot_ptr": "*i32",
     "pos_ptr": "*i32", "qsl_ptr": "*i32", "bc_ptr": "*fp32", "w_ptr": "*fp32", "decay_ptr": "*fp32", "out_ptr": "*bf16",
 }  # fmt: skip
 _FLUSH_POINTERS = {
@@ -166,18 +166,19 @@ def ptxas_usage(ptx: str) -> tuple[int, int]:
 
 
 def verify_step_launch(
-    read: str, tokens: int, block_p: int, block_n: int, stages: int, ring: bool
+    read: str, tokens: int, block_p: int, block_n: int, stages: int, ring: bool, pdl: bool = False
 ) -> tuple[dict[str, str], dict[str, object]]:
     """Pointer types and constexprs of the verify's output launch as the engine sets them: bf16 activations, ring
     and C, head_dim 64 and d_state 128 at unit inner strides, the ring L + T padded to 32, rows of ``tokens`` query
     tokens; ``read`` the checkpoint's type ("*fp32", or "*bf16": the split copy), ``stages`` its tensor-core reads
-    (0: CUDA cores) and ``ring`` the ring's product there too."""
+    (0: CUDA cores), ``ring`` the ring's product there too and ``pdl`` the programmatic dependent launch (on a GPU,
+    with its grid-dependency wait)."""
     from replayssm_patch.kernels.verify import DOT_EXTENT
 
     consts = {"HAS_D": True, "BLOCK_T": tokens, "BLOCK_L": 32, "BLOCK_P": block_p, "BLOCK_N": block_n,
               "N_TILES": 128 // block_n, "C_STRIDE": 128, "EVEN": True,
               "TILE_T": max(tokens, DOT_EXTENT) if stages else tokens, "MMA_STAGES": stages, "C_IN_TF32": True,
-              "RING_MMA": ring, "RING_IN_TF32": True, **_VERIFY_UNIT_STRIDES}  # fmt: skip
+              "RING_MMA": ring, "RING_IN_TF32": True, "PDL": pdl, "GDC": pdl, **_VERIFY_UNIT_STRIDES}  # fmt: skip
     return {**_VERIFY_STEP_POINTERS, "read_ptr": read}, consts
 
 
@@ -246,17 +247,21 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     found.append(("take pending", _take_pending_kernel, take_pointers, take_flags, 4))  # every branch compiled
     # MTP k = 3 (T = 4) on the L = 16 ring plus T: BLOCK_L 32
     verify_coef = {**coef, "BLOCK_T": 4, "BLOCK_L": 32, "HEAD_CHUNK": VERIFY_HEAD_CHUNK}
-    found.append(("verify coefficients, T=4", _verify_coefficients_kernel, _VERIFY_COEF_POINTERS, verify_coef,
-                  VERIFY_COEF_NUM_WARPS))  # fmt: skip
+    for pdl in (False, True):  # before a programmatic dependent output launch: lets it start, writes no fp32 C
+        consts = {**verify_coef, "PDL": pdl, "GDC": pdl}
+        found.append((f"verify coefficients, T=4{', pdl' if pdl else ''}", _verify_coefficients_kernel,
+                      _VERIFY_COEF_POINTERS, consts, VERIFY_COEF_NUM_WARPS))  # fmt: skip
     verify_launches = (  # the CUDA-core sums at the default shape; the tensor-core form at 64 x 32 x 4 warps, 3
-        # stages (wgmma), and with the ring's product there too at session 23's winner, 32 x 32 x 1 warp, 3 stages
-        ("", DEFAULT.block_p, DEFAULT.block_n, DEFAULT.num_warps, 0, False), (", tensor cores", 64, 32, 4, 3, False),
-        (", tensor cores with the ring", 32, 32, 1, 3, True),
+        # stages (wgmma), with the ring's product there too at session 23's winner, 32 x 32 x 1 warp, 3 stages, and
+        # that winner as a programmatic dependent launch
+        ("", DEFAULT.block_p, DEFAULT.block_n, DEFAULT.num_warps, 0, False, False),
+        (", tensor cores", 64, 32, 4, 3, False, False), (", tensor cores with the ring", 32, 32, 1, 3, True, False),
+        (", tensor cores, pdl", 32, 32, 1, 3, False, True),
     )  # fmt: skip
-    for (label, read), (form, block_p, block_n, num_warps, stages, ring) in itertools.product(
+    for (label, read), (form, block_p, block_n, num_warps, stages, ring, pdl) in itertools.product(
         (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")), verify_launches
     ):
-        pointers, consts = verify_step_launch(read, 4, block_p, block_n, stages, ring)
+        pointers, consts = verify_step_launch(read, 4, block_p, block_n, stages, ring, pdl)
         found.append((f"verify step T=4, {label}{form}", _verify_step_kernel, pointers, consts, num_warps))
     for label, kernel, pointers, blocks, num_warps in (
         ("gdn coefficients", _gdn_coefficients_kernel, _GDN_COEF_POINTERS, {"V_PER_K": 2, "HEAD_CHUNK": 2},

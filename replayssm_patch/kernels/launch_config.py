@@ -61,11 +61,14 @@ class VerifyLaunch(ReplayLaunch):
     x 1 warp, 3 stages, 505.2 against 548.0 µs for the verify step; the engine on that host could not tell."""
 
     mma_stages: int = 0
-    mma_ring: int = 0  # 1: the ring's T x (m + T) product on the tensor cores too (needs mma_stages; not yet timed)
+    mma_ring: int = 0  # 1: the ring's T x (m + T) product on the tensor cores too (needs mma_stages)
+    # 1: a programmatic dependent launch of the coefficient launch (needs mma_stages; not yet timed): its checkpoint
+    # reads overlap that launch's last programs, ~15 µs at batch 128 that the bench measured at 24 % of HBM
+    pdl: int = 0
 
     def as_key(self) -> str:
         return (super().as_key() + (f" mma {self.mma_stages} stages" if self.mma_stages else "")
-                + (" ring mma" if self.mma_ring else ""))  # fmt: skip
+                + (" ring mma" if self.mma_ring else "") + (" pdl" if self.pdl else ""))  # fmt: skip
 
 
 @dataclass(frozen=True)

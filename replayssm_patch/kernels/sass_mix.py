@@ -37,7 +37,8 @@ _OPCODE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_
 @dataclass(frozen=True)
 class VerifyForm:
     """A launch of the verify's output kernel: the committed H200 tile and register cap, its checkpoint reads on the
-    tensor cores ``stages`` deep, and the ring's product there too or not."""
+    tensor cores ``stages`` deep, the ring's product there too or not, and as a programmatic dependent launch (the
+    model's C, the grid-dependency wait) or not."""
 
     label: str
     checkpoint: str  # "*fp32" or "*bf16" (split precision)
@@ -47,6 +48,7 @@ class VerifyForm:
     num_warps: int = 1
     maxnreg: int = 112
     stages: int = 3
+    pdl: bool = False
 
 
 FORMS = (
@@ -54,6 +56,8 @@ FORMS = (
     VerifyForm("fp32, ring on the tensor cores", "*fp32", True),
     VerifyForm("split, CUDA-core ring sums (committed)", "*bf16", False),
     VerifyForm("split, ring on the tensor cores", "*bf16", True),
+    VerifyForm("fp32, programmatic dependent launch", "*fp32", False, pdl=True),
+    VerifyForm("split, programmatic dependent launch", "*bf16", False, pdl=True),
 )
 
 
@@ -83,7 +87,7 @@ def count_form(form: VerifyForm, tokens: int) -> FormCount:
     from replayssm_patch.kernels.verify import _verify_step_kernel
 
     pointers, consts = verify_step_launch(
-        form.checkpoint, tokens, form.block_p, form.block_n, form.stages, form.ring_mma
+        form.checkpoint, tokens, form.block_p, form.block_n, form.stages, form.ring_mma, form.pdl
     )
     compiled = hopper_kernel(_verify_step_kernel, pointers, consts, form.num_warps, form.maxnreg)
     mix = instruction_mix(compiled.asm["cubin"])

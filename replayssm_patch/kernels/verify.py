@@ -22,7 +22,10 @@ rows to the ring after its last load (its coefficient loads waited for that stor
 415 µs). The ring must hold m + T_r entries (the layout gives verify rows L + T); a row that does not fit is skipped,
 like padding. The output launch's checkpoint reads run on the CUDA cores, or (``mma_stages``, a launch knob the
 kernel bench sweeps) as tensor-core products over d_state tiles pipelined through shared memory, and (``mma_ring``)
-the ring's T x (m+T) product as one more into the same accumulator. A fold that also
+the ring's T x (m+T) product as one more into the same accumulator. With ``pdl`` (a launch knob, not yet timed) the
+output launch is a programmatic dependent launch of the coefficient launch: it starts while that launch's last
+programs run, reads the checkpoint against the model's C, and waits for the coefficient launch only before it reads
+the coefficients (the interpreter runs launches in order, so there only the form is tested). A fold that also
 wrote its rows' h'·C_j from the tile in registers, so that the verify skips those checkpoints (~1 row in ceil(L /
 AL)), lost (session 22, batch 128): the fold took 255 registers and 147.6 against 68.8 µs, the step 361.5 against
 343.2.
@@ -35,6 +38,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from replayssm_patch.kernels.common import (
     block_size,
@@ -94,8 +98,10 @@ def _verify_coefficients_kernel(
     sdt_t, sdt_h, sB_t, sB_g, sB_n, sC_t, sC_g, sC_n,
     srB_slot, srB_g, srB_l, srB_n, srdt_slot, srdt_h, srdt_l,
     HEADS_PER_GROUP: tl.constexpr, HEAD_CHUNK: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, GDC: tl.constexpr,
 ):  # fmt: skip
+    if GDC:  # the output launch (PDL) may start once every program here has: it waits before reading our results
+        gdc_launch_dependents()
     row = tl.program_id(0)
     group = tl.program_id(1)
     chunk = tl.program_id(2)  # the group's heads in [HEAD_CHUNK, L] tiles, one per program (not a serial loop)
@@ -122,7 +128,8 @@ def _verify_coefficients_kernel(
             C_j = tl.load(C_at, mask=mask_n & (j < count), other=0.0)
             bc_j = tl.sum(all_B * C_j.to(tl.float32)[None, :], axis=1)
             tl.store(bc_ptr + ((row * groups + group) * BLOCK_T + j) * BLOCK_L + offs_l, bc_j)
-            tl.store(c32_ptr + ((row * groups + group) * BLOCK_T + j) * BLOCK_N + offs_n, C_j.to(tl.float32))
+            if not PDL:  # with PDL the output launch reads the model's C itself, before it waits for this launch
+                tl.store(c32_ptr + ((row * groups + group) * BLOCK_T + j) * BLOCK_N + offs_n, C_j.to(tl.float32))
 
     heads = HEADS_PER_GROUP * groups
     head = group * HEADS_PER_GROUP + chunk * HEAD_CHUNK + tl.arange(0, HEAD_CHUNK)
@@ -218,12 +225,14 @@ def _fp32_dot(a, b, acc, A_IN_TF32: tl.constexpr, B_IN_TF32: tl.constexpr):
 
 @triton.jit
 def _checkpoint_reads_mma(
-    state_at, C_at, sr_p, sr_n, mask_p, d_state,
-    BLOCK_T: tl.constexpr, TILE_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
-    C_STRIDE: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr, C_IN_TF32: tl.constexpr,
+    state_at, C_at, sC_t, sC_n, c_count, sr_p, sr_n, mask_p, d_state,
+    TILE_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
+    EVEN: tl.constexpr, STAGES: tl.constexpr, C_IN_TF32: tl.constexpr,
 ):  # fmt: skip
     """``_checkpoint_reads`` on the tensor cores, transposed: [BLOCK_P, TILE_T] (tokens padded to tl.dot's 16, 0 past
-    BLOCK_T), checkpoint [P, N] x C^T [N, TILE_T] per d_state tile (``_fp32_dot``; the split copy is exact in tf32).
+    ``c_count``), checkpoint [P, N] x C^T [N, TILE_T] per d_state tile (``_fp32_dot``; the split copy is exact in
+    tf32). C_at: the row's first token's C, token j's at C_at + j·sC_t (the coefficient launch's fp32 copy, or with
+    PDL the model's own C).
     The tiles run in a ``tl.range`` loop, so Triton's pipeliner copies them to shared memory ``STAGES`` deep and the
     MMAs read them there: session 20's form (static tiles through registers) lost; this one won session 23's sweep
     (the verify step at batch 256 505.2 against 548.0 µs on the CUDA cores, T = 8 499.7 against 688.3 without folds)."""
@@ -233,20 +242,24 @@ def _checkpoint_reads_mma(
     for t in tl.range(0, N_TILES, num_stages=STAGES):
         offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
         h = _checkpoint_tile(state_at, offs_p[:, None], offs_n[None, :], sr_p, sr_n, mask_p[:, None], d_state, EVEN)
-        C_T = tl.load(C_at + offs_t[None, :] * C_STRIDE + offs_n[:, None], mask=(offs_t < BLOCK_T)[None, :], other=0.0)
+        live = (offs_t < c_count)[None, :]
+        if not EVEN:  # the fp32 copy is 0 past d_state; the model's C ends there
+            live = live & (offs_n < d_state)[:, None]
+        C_T = tl.load(C_at + offs_t[None, :] * sC_t + offs_n[:, None] * sC_n, mask=live, other=0.0).to(tl.float32)
         read_T = _fp32_dot(h.to(tl.float32), C_T, read_T, h.dtype == tl.bfloat16, C_IN_TF32 or h.dtype == tl.bfloat16)
     return read_T
 
 
-@triton.jit(do_not_specialize_on_alignment=["x_ptr", "out_ptr"])
+@triton.jit(do_not_specialize_on_alignment=["x_ptr", "C_ptr", "out_ptr"])
 def _verify_step_kernel(
-    x_ptr, c32_ptr, D_ptr, read_ptr, ring_x_ptr, slot_ptr, pos_ptr, qsl_ptr, bc_ptr, w_ptr, decay_ptr, out_ptr,
+    x_ptr, C_ptr, c32_ptr, D_ptr, read_ptr, ring_x_ptr, slot_ptr, pos_ptr, qsl_ptr, bc_ptr, w_ptr, decay_ptr, out_ptr,
     head_dim, d_state, ring_len, max_tokens, nheads, heads_per_group, pad_slot_id,
-    sx_t, sx_h, sx_p, sr_slot, sr_h, sr_p, sr_n, srx_slot, srx_h, srx_l, srx_p,
+    sx_t, sx_h, sx_p, sC_t, sC_g, sC_n, sr_slot, sr_h, sr_p, sr_n, srx_slot, srx_h, srx_l, srx_p,
     so_t, so_h, so_p,
     HAS_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     N_TILES: tl.constexpr, C_STRIDE: tl.constexpr, EVEN: tl.constexpr, TILE_T: tl.constexpr, MMA_STAGES: tl.constexpr,
-    C_IN_TF32: tl.constexpr, RING_MMA: tl.constexpr, RING_IN_TF32: tl.constexpr,
+    C_IN_TF32: tl.constexpr, RING_MMA: tl.constexpr, RING_IN_TF32: tl.constexpr, PDL: tl.constexpr,
+    GDC: tl.constexpr,
 ):  # fmt: skip
     pblock = tl.program_id(0)
     row = tl.program_id(1)
@@ -268,8 +281,13 @@ def _verify_step_kernel(
     bc_row = (row * (nheads // heads_per_group) + group) * BLOCK_T
     state_at, C_at = read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p, c32_ptr + bc_row * C_STRIDE
     if MMA_STAGES > 0:
-        read_T = _checkpoint_reads_mma(state_at, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T, TILE_T, BLOCK_P, BLOCK_N,
-                                       N_TILES, C_STRIDE, EVEN, MMA_STAGES, C_IN_TF32)  # fmt: skip
+        if PDL:  # the model's C: nothing before the wait below reads what the coefficient launch writes
+            read_T = _checkpoint_reads_mma(state_at, C_ptr + start * sC_t + group * sC_g, sC_t, sC_n, count, sr_p,
+                                           sr_n, mask_p, d_state, TILE_T, BLOCK_P, BLOCK_N, N_TILES, EVEN, MMA_STAGES,
+                                           C_IN_TF32)  # fmt: skip
+        else:
+            read_T = _checkpoint_reads_mma(state_at, C_at, C_STRIDE, 1, BLOCK_T, sr_p, sr_n, mask_p, d_state, TILE_T,
+                                           BLOCK_P, BLOCK_N, N_TILES, EVEN, MMA_STAGES, C_IN_TF32)  # fmt: skip
         read = tl.trans(read_T)
     else:
         read = _checkpoint_reads(state_at, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES,
@@ -281,6 +299,8 @@ def _verify_step_kernel(
     )  # fmt: skip
     mask_tp = (offs_t < count)[:, None] & mask_p[None, :]
     x_tok = tl.load(x_ptr + (start + offs_t)[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p, mask=mask_tp)
+    if GDC:  # launched before the coefficient launch ended (PDL): its results from here on
+        gdc_wait()
     coef_row = (row * nheads + head) * BLOCK_T
     decay = tl.load(decay_ptr + coef_row + offs_t, mask=offs_t < BLOCK_T, other=0.0)
     if RING_MMA:  # the masked T x (m+T) product on the tensor cores too, into the checkpoint reads' accumulator
@@ -318,12 +338,15 @@ def verify_coefficients(
     dt_bias: torch.Tensor | None,
     dt_softplus: bool,
     pad_slot_id: int,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The verify's first launch (dt, A, dt_bias per head, as ``replay_verify`` has them): appends B and dt to the
     rings and returns bc [batch, groups, T, L], the weights [batch, heads, T, L], the checkpoint decays
     [batch, heads, T] (blocks of powers of two, flat), and C in fp32 [batch, groups, T, N] (0 past each row's
-    tokens and past d_state): the output launch reads C in every program, so it is converted once here. Its own
-    function so the kernel bench can time it alone."""
+    tokens and past d_state): the output launch reads C in every program, so it is converted once here. ``pdl``:
+    the output launch follows as a programmatic dependent launch, which reads the model's C itself (no fp32 copy
+    is written), and this launch lets it start early (on a GPU). Its own function so the kernel bench can time it
+    alone."""
     batch, nheads = state_indices.shape[0], dt.shape[1]
     ngroups, d_state = B.shape[1], B.shape[2]
     ring_len = ring_len_of(ring_B)
@@ -340,7 +363,8 @@ def verify_coefficients(
         d_state, ring_len, max_query_len, pad_slot_id,
         *dt.stride(), *B.stride(), *C.stride(), *ring_B.stride(), *ring_dt.stride(),
         HEADS_PER_GROUP=nheads // ngroups, HEAD_CHUNK=head_tile, HAS_DT_BIAS=dt_bias is not None,
-        DT_SOFTPLUS=dt_softplus, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_N=BLOCK_N, num_warps=VERIFY_COEF_NUM_WARPS,
+        DT_SOFTPLUS=dt_softplus, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_N=BLOCK_N, PDL=pdl,
+        GDC=pdl and dt.device.type == "cuda", num_warps=VERIFY_COEF_NUM_WARPS,
     )  # fmt: skip
     return bc, weight, decay, c32
 
@@ -371,6 +395,7 @@ def replay_verify(
     maxnreg: int | None = None,
     mma_stages: int | None = None,
     mma_ring: bool | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """Append every row's query tokens to its ring at write_pos.. and return y [num_tokens, nheads, head_dim].
 
@@ -381,8 +406,11 @@ def replay_verify(
     passed, not read from the metadata. Padding rows, rows with no tokens and rows that would not fit the
     ring are skipped (their ``out`` rows left as they were). Tuning knobs as in ``replay_decode``, ``maxnreg``
     (registers per thread of the output launch; 0: ptxas decides), ``mma_stages`` (the checkpoint reads on the
-    tensor cores, pipelined that deep; 0: on the CUDA cores) and ``mma_ring`` (the ring's product there too; needs
-    ``mma_stages``) (``launch_config.VerifyLaunch``); unset, the table's.
+    tensor cores, pipelined that deep; 0: on the CUDA cores), ``mma_ring`` (the ring's product there too; needs
+    ``mma_stages``) and ``pdl`` (the output launch as a programmatic dependent launch of the coefficient launch:
+    its checkpoint reads, from the model's C, overlap that launch's end; it waits for the coefficients only; needs
+    ``mma_stages``) (``launch_config.VerifyLaunch``); unset, the table's. The interpreter runs launches one after
+    the other, so there PDL is only its form (the model's C), without the grid-dependency instructions.
     """
     check_launchable(x, state)
     nheads, head_dim = x.shape[1], x.shape[2]
@@ -392,31 +420,35 @@ def replay_verify(
     if batch == 0 or x.shape[0] == 0:
         return out
     tuned = verify_launch_for(state.dtype, x.device)
+    stages = tuned.mma_stages if mma_stages is None else mma_stages
+    ring_on_tensor_cores = bool(tuned.mma_ring if mma_ring is None else mma_ring)
+    dependent = bool(tuned.pdl if pdl is None else pdl)
+    if ring_on_tensor_cores and not stages:
+        raise ValueError("mma_ring needs mma_stages > 0: the ring's product adds into the tensor-core checkpoint reads")
+    if dependent and not stages:
+        raise ValueError("pdl needs mma_stages > 0: only the tensor-core checkpoint reads take the model's C")
     bc, weight, decay, c32 = verify_coefficients(
         dt, A, B, C, ring_B, ring_dt, state_indices, write_pos, query_start_loc, max_query_len,
-        dt_bias=dt_bias, dt_softplus=dt_softplus, pad_slot_id=pad_slot_id,
+        dt_bias=dt_bias, dt_softplus=dt_softplus, pad_slot_id=pad_slot_id, pdl=dependent,
     )  # fmt: skip
     ring_len = ring_len_of(ring_x)
     BLOCK_T = block_size(max_query_len)
     BLOCK_L = block_size(ring_len, floor=16)
-    stages = tuned.mma_stages if mma_stages is None else mma_stages
-    ring_on_tensor_cores = bool(tuned.mma_ring if mma_ring is None else mma_ring)
-    if ring_on_tensor_cores and not stages:
-        raise ValueError("mma_ring needs mma_stages > 0: the ring's product adds into the tensor-core checkpoint reads")
     floor = DOT_EXTENT if stages else 1  # the masks cover what the head and d_state lack
     BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p, floor=floor)
     BLOCK_N = block_size(d_state, cap=block_n or tuned.block_n, floor=floor)
+    gdc = dependent and x.device.type == "cuda"
     _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
-        x, c32, D if D is not None else A, state, ring_x, state_indices, write_pos, query_start_loc,
+        x, C, c32, D if D is not None else A, state, ring_x, state_indices, write_pos, query_start_loc,
         bc, weight, decay, out,
         head_dim, d_state, ring_len, max_query_len, nheads, nheads // ngroups, pad_slot_id,
-        *x.stride(), *state.stride(), *ring_x.stride(), *out.stride(),
+        *x.stride(), *C.stride(), *state.stride(), *ring_x.stride(), *out.stride(),
         HAS_D=D is not None, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
         N_TILES=triton.cdiv(d_state, BLOCK_N), C_STRIDE=c32.shape[-1],
         EVEN=head_dim % BLOCK_P == 0 and d_state % BLOCK_N == 0, TILE_T=max(BLOCK_T, floor),
         MMA_STAGES=stages, C_IN_TF32=C.dtype.itemsize <= 2, RING_MMA=ring_on_tensor_cores,
-        RING_IN_TF32=ring_x.dtype.itemsize <= 2, num_warps=num_warps or tuned.num_warps,
-        **register_cap(tuned.maxnreg if maxnreg is None else maxnreg),
+        RING_IN_TF32=ring_x.dtype.itemsize <= 2, PDL=dependent, GDC=gdc, num_warps=num_warps or tuned.num_warps,
+        launch_pdl=gdc, **register_cap(tuned.maxnreg if maxnreg is None else maxnreg),
     )  # fmt: skip
     return out
 
@@ -447,9 +479,10 @@ def replay_verify_reference(
     maxnreg: int | None = None,
     mma_stages: int | None = None,
     mma_ring: bool | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``replay_verify`` (same arguments; the tuning knobs are ignored), in fp32, row by row."""
-    del block_p, block_n, num_warps, maxnreg, mma_stages, mma_ring
+    del block_p, block_n, num_warps, maxnreg, mma_stages, mma_ring, pdl
     nheads = x.shape[1]
     dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
     ring_len = ring_len_of(ring_x)

@@ -73,16 +73,17 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     verify = data["verify"]
     assert verify["status"] == "ok", verify.get("traceback")
     assert verify["tokens_per_row"] == 4 and verify["ring_len"] == SMOKE_PLAN.buffer_len + 4
-    assert set(verify["sweep"]) == {"fp32", "split"} and len(verify["sweep"]["split"]["us"]) == 3
+    assert set(verify["sweep"]) == {"fp32", "split"} and len(verify["sweep"]["split"]["us"]) == 4
     assert {mode: tuple(cfg) for mode, cfg in verify["configs"].items()} == {
         mode: tuple(found["best"]) for mode, found in verify["sweep"].items()
     }, "the verify rows run the verify sweep's winners"
-    keys = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages", "mma_ring")  # the last three where named
+    keys = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages", "mma_ring", "pdl")  # the last four where named
     assert table["verify_step"] == {
         mode: dict(zip(keys, cfg, strict=False)) for mode, cfg in verify["configs"].items()
     }, "the verify's winners reach the launch table (section (d) held them)"
     assert "8x16x2x80x2" in verify["sweep"]["fp32"]["us"], "a register cap and tensor-core reads are swept"
     assert "8x16x1x0x2x1" in verify["sweep"]["fp32"]["us"], "and the ring's product on the tensor cores"
+    assert "8x16x1x0x2x0x1" in verify["sweep"]["split"]["us"], "and the programmatic dependent launch"
     assert set(verify["fold_sweep"]) == {"fp32", "split"} and len(verify["fold_sweep"]["fp32"]["us"]) == 2
     assert set(verify["fold_sweep_per_row"]) == {"fp32", "split"}, "the fold swept without the list too"
     fold_keys = ("block_p", "num_warps", "prefetch", "maxnreg")
@@ -367,15 +368,15 @@ def compile_check_lines() -> tuple[str, ...]:
 def test_kernels_compile_for_hopper() -> None:
     """The real Triton compiler (not the interpreter) accepts every default kernel variant for sm_90."""
     lines = compile_check_lines()
-    assert len(lines) == 25, lines  # 11 decode-path and flush ones, the take before a prefill, 8 of the verify, 5 GDN
+    assert len(lines) == 28, lines  # 11 decode-path and flush ones, the take before a prefill, 11 of the verify, 5 GDN
     registers = [int(line.split(" registers")[0].rsplit(" ", 1)[1]) for line in lines]
     assert all(0 < count <= 255 for count in registers), lines  # ptxas -v was read for every kernel
     every_step = [line for line in lines if line.startswith(("replay step", "decode fold", "ring coefficients"))]
     assert len(every_step) == 5 and all(" 0 B spilled" in line for line in every_step), lines
     flushes = [line for line in lines if line.startswith("flush, bf16 copy")]
     assert len(flushes) == 5 and all(" 0 B spilled" in line for line in flushes), lines
-    verify_steps = [line for line in lines if line.startswith("verify step")]  # both dtypes, the three forms
-    assert len(verify_steps) == 6 and all(" 0 B spilled" in line for line in verify_steps), lines
+    verify_steps = [line for line in lines if line.startswith("verify step")]  # both dtypes, the four forms
+    assert len(verify_steps) == 8 and all(" 0 B spilled" in line for line in verify_steps), lines
 
 
 _COUNT_VERIFY_FORMS = """
@@ -406,6 +407,32 @@ def test_the_verify_instruction_mix_counts_the_per_token_sums_and_their_tensor_c
     table = result["table"].splitlines()
     assert table[0].startswith("| form | T | instructions | registers | spilled B | SHFL | HMMA |") and len(table) == 5
     assert table[3].startswith(f"| fp32, CUDA-core ring sums (committed) | 4 | {n4:,} | {r4} | 0 | {shfl4} | {hmma4} |")
+
+
+_GRID_DEPENDENCY_PTX = """
+import json
+from replayssm_patch.kernels.compile_check import hopper_kernel, variants
+ptx = {label: hopper_kernel(kernel, pointers, consts, warps).asm["ptx"]
+       for label, kernel, pointers, consts, warps in variants() if label.startswith("verify")}
+print(json.dumps({label: [code.count("griddepcontrol.launch_dependents"), code.count("griddepcontrol.wait")]
+                  for label, code in ptx.items()}))
+"""
+
+
+def test_only_the_programmatic_dependent_verify_carries_the_grid_dependency_instructions() -> None:
+    """sm_90a PTX, no GPU: with ``pdl`` the coefficient launch lets the output launch start and the output launch
+    waits once (before it reads the coefficients); without it neither instruction is there, so the committed
+    launches are untouched."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _GRID_DEPENDENCY_PTX], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    counts = json.loads(done.stdout)
+    assert counts["verify coefficients, T=4, pdl"] == [1, 0] and counts["verify coefficients, T=4"] == [0, 0]
+    dependent = {label: found for label, found in counts.items() if label.startswith("verify step")}
+    assert len(dependent) == 8
+    for label, found in dependent.items():
+        assert found == ([0, 1] if label.endswith(", pdl") else [0, 0]), (label, found)
 
 
 def test_gdn_decode_step_kernels_do_not_spill() -> None:

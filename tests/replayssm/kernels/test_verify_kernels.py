@@ -76,10 +76,11 @@ def decays(cache, slot: int, m: int, step: StepInputs, layer, first: int, count:
     return torch.exp(layer.A.double() * (ring + now))
 
 
-# the output launch's forms: sums on the CUDA cores; the checkpoint reads as pipelined tensor-core products; and
-# the ring's product on the tensor cores too
+# the output launch's forms: sums on the CUDA cores; the checkpoint reads as pipelined tensor-core products; the
+# ring's product on the tensor cores too; and the programmatic dependent launch's form (the model's C, not the
+# coefficient launch's fp32 copy, which it does not write then)
 FORMS = {"cuda-cores": {"mma_stages": 0}, "tensor-cores": {"mma_stages": 2},
-         "tensor-cores-ring": {"mma_stages": 2, "mma_ring": True}}  # fmt: skip
+         "tensor-cores-ring": {"mma_stages": 2, "mma_ring": True}, "pdl": {"mma_stages": 2, "pdl": True}}  # fmt: skip
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -200,7 +201,8 @@ def test_verify_steps_track_fp64_across_folds(shape: Shape, T: int, pattern: str
 
 
 @pytest.mark.parametrize(("pattern", "form"), [("all", "cuda-cores"), ("mixed", "cuda-cores"),
-                                               ("mixed", "tensor-cores"), ("mixed", "tensor-cores-ring")])  # fmt: skip
+                                               ("mixed", "tensor-cores"), ("mixed", "tensor-cores-ring"),
+                                               ("mixed", "pdl")])  # fmt: skip
 def test_verify_steps_in_split_precision_stay_within_the_bf16_bound(pattern: str, form: str) -> None:
     """The bf16 copy read on the CUDA cores, or as tf32 tensor-core products (bf16 and C are exact in tf32)."""
     shape, T = VERIFY_SHAPES[1]
@@ -213,7 +215,9 @@ def test_verify_steps_with_the_ring_on_the_tensor_cores_track_fp64_across_folds(
                      form="tensor-cores-ring")  # fmt: skip
 
 
-def test_the_ring_on_the_tensor_cores_without_the_checkpoint_there_is_refused() -> None:
+@pytest.mark.parametrize(("knob", "refusal"), [("mma_ring", "mma_ring needs mma_stages > 0"),
+                                               ("pdl", "pdl needs mma_stages > 0")])  # fmt: skip
+def test_a_tensor_core_knob_without_the_checkpoint_there_is_refused(knob: str, refusal: str) -> None:
     shape, T = VERIFY_SHAPES[0]
     gen = seeded(shape, T, "refusal")
     layer = make_layer(shape, gen)
@@ -221,8 +225,8 @@ def test_the_ring_on_the_tensor_cores_without_the_checkpoint_there_is_refused() 
     step = tokens(shape, layer, T, gen)
     args = (step.x, step.dt, layer.A, step.B, step.C, cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt)
     one = torch.zeros(1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="mma_ring needs mma_stages > 0"):
-        replay_verify(*args, one, one, torch.tensor([0, T], dtype=torch.int32), T, mma_stages=0, mma_ring=True)
+    with pytest.raises(ValueError, match=refusal):
+        replay_verify(*args, one, one, torch.tensor([0, T], dtype=torch.int32), T, mma_stages=0, **{knob: True})
 
 
 def test_verify_plan_kernel_matches_its_reference() -> None:
