@@ -288,7 +288,7 @@ def gdn_replay_variant(
     bench compiles its sweep's shapes with this to keep only those that do not spill."""
     from replayssm_patch.kernels.gdn_decode import _gdn_replay_kernel
 
-    consts = {**_GDN_BLOCKS, "BLOCK_V": block_v, **_unit_strides(_gdn_replay_kernel, _GDN_UNIT_STRIDES)}
+    consts = {**_GDN_BLOCKS, "BLOCK_V": block_v, "EVEN": True, **_unit_strides(_gdn_replay_kernel, _GDN_UNIT_STRIDES)}
     return "gdn replay", _gdn_replay_kernel, _GDN_REPLAY_POINTERS, consts, num_warps
 
 

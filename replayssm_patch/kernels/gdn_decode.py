@@ -32,6 +32,8 @@ from replayssm_patch.kernels.gdn_common import (
     default_scale,
     fold_reference,
     gdn_gates_reference,
+    gdn_state_tile,
+    gdn_tiles_divide,
     l2_normalise_reference,
     row_cursor,
 )
@@ -47,7 +49,7 @@ def _gdn_replay_kernel(
     qhat_ptr, khat_ptr, kk_ptr, kq_ptr, weight_ptr, decay_ptr, beta_ptr, out_ptr,
     head_k_dim, head_v_dim, ring_len, num_v_heads, v_per_k, pad_slot_id,
     sv_b, sv_h, sv_v, ss_slot, ss_h, ss_v, ss_k, sru_slot, sru_l, sru_h, sru_v, so_b, so_h, so_v,
-    BLOCK_L: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
     vblock = tl.program_id(0)
     head = tl.program_id(1)
@@ -61,10 +63,7 @@ def _gdn_replay_kernel(
     mask_v = offs_v < head_v_dim
     mask_k = offs_k < head_k_dim
     # The checkpoint tile is the one big read, never written here: issue it first, keep it out of L2's way.
-    state = tl.load(
-        state_ptr + slot * ss_slot + head * ss_h + offs_v[:, None] * ss_v + offs_k[None, :] * ss_k,
-        mask=mask_v[:, None] & mask_k[None, :], other=0.0, eviction_policy="evict_first",
-    )  # fmt: skip
+    state = gdn_state_tile(state_ptr + slot * ss_slot + head * ss_h, offs_v, offs_k, ss_v, ss_k, mask_v, mask_k, EVEN)
     key = row * (num_v_heads // v_per_k) + head // v_per_k
     k = tl.load(khat_ptr + key * BLOCK_K + offs_k, mask=mask_k, other=0.0)
     q = tl.load(qhat_ptr + key * BLOCK_K + offs_k, mask=mask_k, other=0.0)
@@ -78,10 +77,11 @@ def _gdn_replay_kernel(
     )  # fmt: skip
     decay = tl.load(decay_ptr + per_head)
     kk = tl.load(kk_ptr + key * BLOCK_L + offs_l)  # 0 from pos on
+    kq = tl.load(kq_ptr + key * BLOCK_L + offs_l)  # k̂·q̂ at pos, 0 after; every load before the store below
+    beta = tl.load(beta_ptr + per_head)
     base = decay * tl.sum(state * k[None, :], axis=1) + tl.sum((weight * kk)[:, None] * ring_u, axis=0)
-    u = tl.load(beta_ptr + per_head) * (v - base)
+    u = beta * (v - base)
     tl.store(ru_at + pos * sru_l + offs_v * sru_v, u, mask=mask_v)
-    kq = tl.load(kq_ptr + key * BLOCK_L + offs_l)  # k̂·q̂ at pos, 0 after
     o = decay * tl.sum(state * q[None, :], axis=1) + tl.sum((weight * kq)[:, None] * ring_u, axis=0)
     o += tl.sum(tl.where(offs_l == pos, kq, 0.0), axis=0) * u
     tl.store(out_ptr + row * so_b + head * so_h + offs_v * so_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
@@ -113,7 +113,8 @@ def launch_gdn_replay(
         c.q_hat, c.k_hat, c.kk, c.kq, c.weight, c.decay, c.beta, out,
         head_k_dim, head_v_dim, ring_u.shape[1], num_v_heads, num_v_heads // c.num_k_heads, pad_slot_id,
         *v.stride(), *ssm_state.stride(), *ring_u.stride(), *out.stride(),
-        BLOCK_L=c.block_l, BLOCK_V=BLOCK_V, BLOCK_K=c.block_k, num_warps=launch.replay_num_warps,
+        BLOCK_L=c.block_l, BLOCK_V=BLOCK_V, BLOCK_K=c.block_k,
+        EVEN=gdn_tiles_divide(head_v_dim, BLOCK_V, head_k_dim, c.block_k), num_warps=launch.replay_num_warps,
     )  # fmt: skip
 
 

@@ -62,17 +62,19 @@ def _gdn_fold_kernel(
             ru_at + offs_l[:, None] * sru_l + offs_v[None, :] * sru_v,
             mask=(offs_l < pos)[:, None] & mask_v[None, :], other=0.0,
         )  # fmt: skip
-        state = tl.load(decay_ptr + per_head) * state  # e^G_c S_c: decayed to this step
-        base = tl.sum(state * k[None, :], axis=1) + tl.sum((weight * kk)[:, None] * ring_u, axis=0)
-        u = tl.load(beta_ptr + per_head) * (v - base)
-        tl.store(ru_at + pos * sru_l + offs_v * sru_v, u, mask=mask_v)
-
-        # the ring with this step appended (the coefficient launch wrote k̂ at pos); entries past pos are 0
-        values = tl.where((offs_l == pos)[:, None], u[None, :], ring_u)
+        # the ring's keys with this step's (the coefficient launch wrote k̂ at pos; entries past pos are 0): loaded
+        # before the u store below, as every load here, since a load issued after a store waits for its data
         keys = tl.load(
             ring_k_ptr + slot * srk_slot + khead * srk_h + offs_l[:, None] * srk_l + offs_k[None, :] * srk_k,
             mask=(offs_l <= pos)[:, None] & mask_k[None, :], other=0.0,
         )  # fmt: skip
+        beta = tl.load(beta_ptr + per_head)
+        state = tl.load(decay_ptr + per_head) * state  # e^G_c S_c: decayed to this step
+        base = tl.sum(state * k[None, :], axis=1) + tl.sum((weight * kk)[:, None] * ring_u, axis=0)
+        u = beta * (v - base)
+        tl.store(ru_at + pos * sru_l + offs_v * sru_v, u, mask=mask_v)
+
+        values = tl.where((offs_l == pos)[:, None], u[None, :], ring_u)  # the ring with this step appended
         state += tl.dot(tl.trans(values * weight[:, None]), keys, input_precision=FOLD_PRECISION)
         tl.store(state_at, state, mask=mask_vk)
         o = tl.sum(state * q[None, :], axis=1)
