@@ -63,6 +63,7 @@ if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET
 CONV_WIDTH = 4  # Qwen3.5's conv kernel: vLLM keeps its last 3 inputs per channel
 NULL_SLOT = 0  # vLLM 0.24's packed decode skips rows whose state index is <= 0 (its null block)
 PAD = -1  # ReplaySSM's padding rows
+REPLAY_KNOBS = ("replay_block_v", "replay_num_warps", "replay_mma_stages")  # a swept replay shape's parts, in order
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,12 @@ class Plan(BenchPlan):
     num_v_heads: int = 32
     head_k_dim: int = 128
     head_v_dim: int = 128
-    replay_shapes: tuple[tuple[int, int], ...] = tuple((v, w) for v in (16, 32, 64) for w in (2, 4, 8))
+    # (block_v, num_warps[, mma_stages]) of the replay: CUDA-core sums, then (session 25) the checkpoint products on
+    # the tensor cores around the Mamba-2 verify's winner, 32 rows x 1 warp x 3 stages (ptxas: 123 registers; 16 x 1:
+    # 79; 32 x 2: 80; 64 x 2: 121; no spills)
+    replay_shapes: tuple[tuple[int, ...], ...] = (
+        *((v, w) for v in (16, 32, 64) for w in (2, 4, 8)), (32, 1, 3), (32, 1, 2), (16, 1, 3), (32, 2, 3), (64, 2, 3),
+    )  # fmt: skip
     fold_shapes: tuple[tuple[int, int], ...] = ((16, 4), (16, 8), (32, 4), (32, 8))
 
     @property
@@ -95,7 +101,8 @@ class Plan(BenchPlan):
 
 SMOKE_PLAN = Plan(
     num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=32, buffer_len=4, eq_batch=3, eq_steps=10,
-    batches=(2,), warmup=1, graph_calls=1, repeats=1, replay_shapes=((16, 2), (32, 4)), fold_shapes=((16, 4),),
+    batches=(2,), warmup=1, graph_calls=1, repeats=1, replay_shapes=((16, 2), (32, 4), (16, 1, 2)),
+    fold_shapes=((16, 4),),
 )  # fmt: skip
 
 
@@ -388,8 +395,8 @@ def run_sweep(plan: Plan, device: str) -> dict[str, Any]:
     """Time the decode step (1/L rows flushing) at the largest batch for each spill-free replay launch shape
     (default fold), then for each fold launch shape with the fastest replay shape."""
     setup = KernelSetup(plan, device, max(plan.batches))
-    spills = {f"{v}x{w}": replay_spills(plan, v, w) for v, w in plan.replay_shapes}
-    replay = {f"{v}x{w}": {"replay_block_v": v, "replay_num_warps": w} for v, w in plan.replay_shapes}
+    spills = {"x".join(map(str, shape)): replay_spills(plan, *shape) for shape in plan.replay_shapes}
+    replay = {"x".join(map(str, shape)): dict(zip(REPLAY_KNOBS, shape, strict=False)) for shape in plan.replay_shapes}
     timings = setup.sweep({name: shape for name, shape in replay.items() if not spills[name]}, "replay")
     for name in (name for name, spilled in spills.items() if spilled):
         print(f"[gdn_kernel_bench]   sweep {name}: skipped, {spills[name]} B spilled", flush=True)
@@ -409,18 +416,18 @@ def launch_of(knobs: dict[str, int]) -> Any:
     return GdnLaunch(**knobs)
 
 
-def replay_spills(plan: Plan, block_v: int, num_warps: int) -> int | None:
+def replay_spills(plan: Plan, block_v: int, num_warps: int, mma_stages: int = 0) -> int | None:
     """Spill bytes ptxas reports for the replay launch at this shape (compile_check, sm_90); None where it cannot
     tell: under the interpreter, for block sizes other than compile_check's Qwen3.5 ones, or if compiling failed."""
     if os.environ.get("TRITON_INTERPRET") == "1" or not plan.qwen35_blocks:
         return None
     from replayssm_patch.kernels.compile_check import compile_for_hopper, gdn_replay_variant
 
-    _, kernel, pointers, consts, warps = gdn_replay_variant(block_v, num_warps)
+    _, kernel, pointers, consts, warps = gdn_replay_variant(block_v, num_warps, mma_stages)
     try:
         return compile_for_hopper(kernel, pointers, consts, warps).spill_bytes
     except Exception as exc:  # no ptxas here, say: time the shape anyway rather than lose the sweep
-        print(f"[gdn_kernel_bench]   spill check {block_v}x{num_warps} failed: {exc!r}", flush=True)
+        print(f"[gdn_kernel_bench]   spill check {block_v}x{num_warps}x{mma_stages} failed: {exc!r}", flush=True)
         return None
 
 
@@ -626,7 +633,7 @@ def _equivalence_markdown(eq: dict[str, Any]) -> list[str]:
 def _sweep_markdown(sweep: dict[str, Any]) -> list[str]:
     skipped = [name for name, spilled in sweep["spill_bytes"].items() if spilled]
     return [
-        f"Decode step (1/L rows flushing) at batch {sweep['batch']}, block_v x num_warps, us. "
+        f"Decode step (1/L rows flushing) at batch {sweep['batch']}, block_v x num_warps[ x mma_stages], us. "
         f"Replay (default fold): {ranked_shapes(sweep['us'])}. "
         f"Fold (fastest replay): {ranked_shapes(sweep.get('fold_us', {}))}.",
         f"Skipped (ptxas spills): {', '.join(skipped) or 'none'}. Fastest: {launch_of(sweep['best']).as_key()}.",

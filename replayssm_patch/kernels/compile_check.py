@@ -71,7 +71,7 @@ _GDN_COEF_POINTERS = {
 }  # fmt: skip
 _GDN_REPLAY_POINTERS = {
     "v_ptr": "*bf16", "state_ptr": "*fp32", "ring_u_ptr": "*fp32", "slot_ptr": "*i32", "pos_ptr": "*i32",
-    "flush_ptr": "*i32", "out_ptr": "*bf16", **_GDN_SCRATCH_POINTERS,
+    "flush_ptr": "*i32", "out_ptr": "*bf16", "qk_ptr": "*fp32", **_GDN_SCRATCH_POINTERS,
 }  # fmt: skip
 _GDN_FOLD_POINTERS = {
     **_GDN_REPLAY_POINTERS, "ring_k_ptr": "*fp32", "rows_ptr": "*i32", "count_ptr": "*i32",
@@ -173,7 +173,7 @@ def verify_step_launch(
     tokens; ``read`` the checkpoint's type ("*fp32", or "*bf16": the split copy), ``stages`` its tensor-core reads
     (0: CUDA cores), ``ring`` the ring's product there too and ``pdl`` the programmatic dependent launch (on a GPU,
     with its grid-dependency wait)."""
-    from replayssm_patch.kernels.verify import DOT_EXTENT
+    from replayssm_patch.kernels.state_products import DOT_EXTENT
 
     consts = {"HAS_D": True, "BLOCK_T": tokens, "BLOCK_L": 32, "BLOCK_P": block_p, "BLOCK_N": block_n,
               "N_TILES": 128 // block_n, "C_STRIDE": 128, "EVEN": True,
@@ -277,19 +277,24 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
         consts = {**_GDN_BLOCKS, **blocks, **_unit_strides(kernel, _GDN_UNIT_STRIDES)}
         found.append((label, kernel, pointers, consts, num_warps))
     replay = gdn_replay_variant(GDN_DEFAULT.replay_block_v, GDN_DEFAULT.replay_num_warps)
-    found.insert(-3, replay)  # between coefficients and fold
+    # and its checkpoint products on the tensor cores at the Mamba-2 verify's winning tile, 32 x 32 x 1 warp, 3 stages
+    found[-3:-3] = [replay, gdn_replay_variant(32, 1, 3)]  # between coefficients and fold
     return found
 
 
 def gdn_replay_variant(
-    block_v: int, num_warps: int
+    block_v: int, num_warps: int, mma_stages: int = 0
 ) -> tuple[str, triton.JITFunction, dict[str, str], dict[str, object], int]:
-    """The GDN replay launch at one launch shape (Qwen3.5 block sizes), as ``variants`` lists it; the GDN kernel
-    bench compiles its sweep's shapes with this to keep only those that do not spill."""
-    from replayssm_patch.kernels.gdn_decode import _gdn_replay_kernel
+    """The GDN replay launch at one launch shape (Qwen3.5 block sizes; ``mma_stages`` > 0: its checkpoint products on
+    the tensor cores), as ``variants`` lists it; the GDN kernel bench compiles its sweep's shapes with this to keep
+    only those that do not spill."""
+    from replayssm_patch.kernels.gdn_decode import MMA_TILE_K, _gdn_replay_kernel
+    from replayssm_patch.kernels.state_products import DOT_EXTENT
 
-    consts = {**_GDN_BLOCKS, "BLOCK_V": block_v, "EVEN": True, **_unit_strides(_gdn_replay_kernel, _GDN_UNIT_STRIDES)}
-    return "gdn replay", _gdn_replay_kernel, _GDN_REPLAY_POINTERS, consts, num_warps
+    consts = {**_GDN_BLOCKS, "BLOCK_V": block_v, "EVEN": True, "MMA_STAGES": mma_stages, "TILE_K": MMA_TILE_K,
+              "TILE_T": DOT_EXTENT, **_unit_strides(_gdn_replay_kernel, _GDN_UNIT_STRIDES)}  # fmt: skip
+    label = "gdn replay" + (", tensor cores" if mma_stages else "")
+    return label, _gdn_replay_kernel, _GDN_REPLAY_POINTERS, consts, num_warps
 
 
 def main() -> int:

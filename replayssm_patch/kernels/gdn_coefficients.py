@@ -79,8 +79,7 @@ class GdnCoefficients:
     """The scratch the coefficient launch writes and the replay and fold launches read (fp32, rows padded to
     BLOCK_K / BLOCK_L entries; rows the launch skips hold garbage, and the other launches skip them too)."""
 
-    q_hat: torch.Tensor  # [batch * num_k_heads * BLOCK_K]
-    k_hat: torch.Tensor
+    key_query: torch.Tensor  # [2, batch * num_k_heads * BLOCK_K]: k̂, then q̂ (the replay reads both as one operand)
     kk: torch.Tensor  # [batch * num_k_heads * BLOCK_L]
     kq: torch.Tensor
     weight: torch.Tensor  # [batch * num_v_heads * BLOCK_L]
@@ -95,10 +94,18 @@ class GdnCoefficients:
                  device: torch.device) -> GdnCoefficients:  # fmt: skip
         """One buffer for all of it (a graph-safe allocation from the caching allocator)."""
         block_l, block_k = block_size(ring_len, floor=16), block_size(head_k_dim, floor=16)
-        sizes = [batch * num_k_heads * block_k] * 2 + [batch * num_k_heads * block_l] * 2
+        sizes = [2 * batch * num_k_heads * block_k] + [batch * num_k_heads * block_l] * 2
         sizes += [batch * num_v_heads * block_l, batch * num_v_heads, batch * num_v_heads]
-        parts = torch.empty(sum(sizes), dtype=torch.float32, device=device).split(sizes)
-        return cls(*parts, num_k_heads=num_k_heads, block_l=block_l, block_k=block_k)
+        key_query, *parts = torch.empty(sum(sizes), dtype=torch.float32, device=device).split(sizes)
+        return cls(key_query.view(2, -1), *parts, num_k_heads=num_k_heads, block_l=block_l, block_k=block_k)
+
+    @property
+    def k_hat(self) -> torch.Tensor:
+        return self.key_query[0]
+
+    @property
+    def q_hat(self) -> torch.Tensor:
+        return self.key_query[1]
 
 
 def launch_gdn_coefficients(

@@ -54,19 +54,8 @@ def append_key(q, k, scale, rk_at, srk_l, srk_k, offs_l, offs_k, mask_k, pos):
     return q, k, kk, kq
 
 
-@triton.jit
-def gdn_state_tile(state_at, offs_v, offs_k, ss_v, ss_k, mask_v, mask_k, EVEN: tl.constexpr):
-    """A (row, value head)'s checkpoint tile [BV, BK] (``state_at``: its first element), read to be dropped from L2
-    soon; unmasked when the blocks divide the head dims (``EVEN``: a masked load zeroes its registers first, one
-    instruction per two, as the Mamba-2 verify measured)."""
-    at = state_at + offs_v[:, None] * ss_v + offs_k[None, :] * ss_k
-    if EVEN:
-        return tl.load(at, eviction_policy="evict_first")
-    return tl.load(at, mask=mask_v[:, None] & mask_k[None, :], other=0.0, eviction_policy="evict_first")
-
-
 def gdn_tiles_divide(head_v_dim: int, block_v: int, head_k_dim: int, block_k: int) -> bool:
-    """Whether a launch's [block_v, block_k] state tiles cover the head exactly (``gdn_state_tile``'s EVEN)."""
+    """Whether a launch's [block_v, block_k] state tiles cover the head exactly (``checkpoint_tile``'s EVEN)."""
     return head_v_dim % block_v == 0 and head_k_dim == block_k
 
 

@@ -15,7 +15,10 @@ Three launches with grids fixed by the shapes (CUDA graphs), as the Mamba-2 step
    instead of in every value-head program; appends k̂ and g.
 2. ``_gdn_replay_kernel``, per (head_v_dim block, value head, row), block fastest so the programs sharing a
    key head's scratch run together: the checkpoint tile [BLOCK_V, head_k_dim] is the one big read, u and o
-   the products above; it appends u and skips flush rows. No fold code, so no program pays its registers.
+   the products above; it appends u and skips flush rows. No fold code, so no program pays its registers. The
+   tile's products with k̂ and q̂ are sums across lanes (182 of a 2-warp program's 968 sm_90a instructions are
+   shuffles) or, with the launch table's ``replay_mma_stages``, the Mamba-2 verify's tensor-core reads
+   (``state_products``: k̂ and q̂ as the columns of one operand, tf32x3; not yet timed on a GPU).
 3. ``gdn_fold``: a fixed grid over the compacted list of flush rows (1 row in L per step).
 """
 
@@ -32,7 +35,6 @@ from replayssm_patch.kernels.gdn_common import (
     default_scale,
     fold_reference,
     gdn_gates_reference,
-    gdn_state_tile,
     gdn_tiles_divide,
     l2_normalise_reference,
     row_cursor,
@@ -41,15 +43,20 @@ from replayssm_patch.kernels.gdn_fold import launch_gdn_fold
 from replayssm_patch.kernels.gdn_layout import require_fp32_checkpoint
 from replayssm_patch.kernels.launch_config import GdnLaunch, gdn_launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, valid_rows
+from replayssm_patch.kernels.state_products import DOT_EXTENT, checkpoint_reads_mma, checkpoint_tile
+
+# Columns of the checkpoint per tensor-core product of the replay's MMA form: the Mamba-2 verify's winning tile
+MMA_TILE_K = 32
 
 
 @triton.jit
 def _gdn_replay_kernel(
     v_ptr, state_ptr, ring_u_ptr, slot_ptr, pos_ptr, flush_ptr,
-    qhat_ptr, khat_ptr, kk_ptr, kq_ptr, weight_ptr, decay_ptr, beta_ptr, out_ptr,
-    head_k_dim, head_v_dim, ring_len, num_v_heads, v_per_k, pad_slot_id,
+    qk_ptr, kk_ptr, kq_ptr, weight_ptr, decay_ptr, beta_ptr, out_ptr,
+    head_k_dim, head_v_dim, ring_len, num_v_heads, v_per_k, pad_slot_id, s_qk,
     sv_b, sv_h, sv_v, ss_slot, ss_h, ss_v, ss_k, sru_slot, sru_l, sru_h, sru_v, so_b, so_h, so_v,
     BLOCK_L: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+    MMA_STAGES: tl.constexpr, TILE_K: tl.constexpr, TILE_T: tl.constexpr,
 ):  # fmt: skip
     vblock = tl.program_id(0)
     head = tl.program_id(1)
@@ -62,11 +69,23 @@ def _gdn_replay_kernel(
     offs_l = tl.arange(0, BLOCK_L)
     mask_v = offs_v < head_v_dim
     mask_k = offs_k < head_k_dim
-    # The checkpoint tile is the one big read, never written here: issue it first, keep it out of L2's way.
-    state = gdn_state_tile(state_ptr + slot * ss_slot + head * ss_h, offs_v, offs_k, ss_v, ss_k, mask_v, mask_k, EVEN)
+    # The checkpoint tile is the one big read, never written here: issue it first. Its products with k̂ and q̂ (k̂ at
+    # qk_ptr, q̂ s_qk after it): sums across lanes, or (MMA_STAGES) the two vectors as the columns of one tensor-core
+    # product per TILE_K columns of the tile, pipelined that deep.
     key = row * (num_v_heads // v_per_k) + head // v_per_k
-    k = tl.load(khat_ptr + key * BLOCK_K + offs_k, mask=mask_k, other=0.0)
-    q = tl.load(qhat_ptr + key * BLOCK_K + offs_k, mask=mask_k, other=0.0)
+    state_at = state_ptr + slot * ss_slot + head * ss_h + vblock * BLOCK_V * ss_v
+    if MMA_STAGES > 0:
+        reads = checkpoint_reads_mma(state_at, qk_ptr + key * BLOCK_K, s_qk, 1, 2, ss_v, ss_k, mask_v, head_k_dim,
+                                     TILE_T, BLOCK_V, TILE_K, BLOCK_K // TILE_K, EVEN, MMA_STAGES, False)  # fmt: skip
+        column = tl.arange(0, TILE_T)[None, :]  # k̂'s products in column 0, q̂'s in 1, the padding's 0 after
+        state_k = tl.sum(tl.where(column == 0, reads, 0.0), axis=1)
+        state_q = tl.sum(tl.where(column == 1, reads, 0.0), axis=1)
+    else:
+        state = checkpoint_tile(state_at, tl.arange(0, BLOCK_V)[:, None], offs_k[None, :], ss_v, ss_k,
+                                mask_v[:, None], head_k_dim, EVEN)  # fmt: skip
+        k = tl.load(qk_ptr + key * BLOCK_K + offs_k, mask=mask_k, other=0.0)
+        q = tl.load(qk_ptr + s_qk + key * BLOCK_K + offs_k, mask=mask_k, other=0.0)
+        state_k, state_q = tl.sum(state * k[None, :], axis=1), tl.sum(state * q[None, :], axis=1)
     v = tl.load(v_ptr + row * sv_b + head * sv_h + offs_v * sv_v, mask=mask_v, other=0.0).to(tl.float32)
     per_head = row * num_v_heads + head
     weight = tl.load(weight_ptr + per_head * BLOCK_L + offs_l)
@@ -79,10 +98,10 @@ def _gdn_replay_kernel(
     kk = tl.load(kk_ptr + key * BLOCK_L + offs_l)  # 0 from pos on
     kq = tl.load(kq_ptr + key * BLOCK_L + offs_l)  # k̂·q̂ at pos, 0 after; every load before the store below
     beta = tl.load(beta_ptr + per_head)
-    base = decay * tl.sum(state * k[None, :], axis=1) + tl.sum((weight * kk)[:, None] * ring_u, axis=0)
+    base = decay * state_k + tl.sum((weight * kk)[:, None] * ring_u, axis=0)
     u = beta * (v - base)
     tl.store(ru_at + pos * sru_l + offs_v * sru_v, u, mask=mask_v)
-    o = decay * tl.sum(state * q[None, :], axis=1) + tl.sum((weight * kq)[:, None] * ring_u, axis=0)
+    o = decay * state_q + tl.sum((weight * kq)[:, None] * ring_u, axis=0)
     o += tl.sum(tl.where(offs_l == pos, kq, 0.0), axis=0) * u
     tl.store(out_ptr + row * so_b + head * so_h + offs_v * so_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
 
@@ -106,15 +125,17 @@ def launch_gdn_replay(
     """The non-flush rows' u and o (after the coefficient launch)."""
     batch, num_v_heads, head_v_dim = v.shape
     head_k_dim = ssm_state.shape[3]
-    BLOCK_V = block_size(head_v_dim, cap=launch.replay_block_v)
+    stages = launch.replay_mma_stages
+    BLOCK_V = block_size(head_v_dim, cap=launch.replay_block_v, floor=DOT_EXTENT if stages else 1)
     c = coefficients
     _gdn_replay_kernel[(triton.cdiv(head_v_dim, BLOCK_V), num_v_heads, batch)](
         v, ssm_state, ring_u, state_indices, write_pos, flush_len,
-        c.q_hat, c.k_hat, c.kk, c.kq, c.weight, c.decay, c.beta, out,
+        c.key_query, c.kk, c.kq, c.weight, c.decay, c.beta, out,
         head_k_dim, head_v_dim, ring_u.shape[1], num_v_heads, num_v_heads // c.num_k_heads, pad_slot_id,
-        *v.stride(), *ssm_state.stride(), *ring_u.stride(), *out.stride(),
+        c.key_query.stride(0), *v.stride(), *ssm_state.stride(), *ring_u.stride(), *out.stride(),
         BLOCK_L=c.block_l, BLOCK_V=BLOCK_V, BLOCK_K=c.block_k,
-        EVEN=gdn_tiles_divide(head_v_dim, BLOCK_V, head_k_dim, c.block_k), num_warps=launch.replay_num_warps,
+        EVEN=gdn_tiles_divide(head_v_dim, BLOCK_V, head_k_dim, c.block_k), MMA_STAGES=stages,
+        TILE_K=min(c.block_k, MMA_TILE_K), TILE_T=DOT_EXTENT, num_warps=launch.replay_num_warps,
     )  # fmt: skip
 
 

@@ -52,8 +52,8 @@ DEFAULT = ReplayLaunch()
 class VerifyLaunch(ReplayLaunch):
     """The replay step's knobs for the speculative verify's output launch, and ``mma_stages``: 0 sums its checkpoint
     reads on the CUDA cores; n > 0 forms them on the tensor cores (checkpoint x C^T in tf32, two passes on the fp32
-    checkpoint, one on the split copy, the tokens padded to 16; ``verify._checkpoint_reads_mma``) over d_state tiles
-    that Triton pipelines through shared memory in n stages. Why: at 4 tokens a row the CUDA-core sums held the
+    checkpoint, one on the split copy, the tokens padded to 16; ``state_products.checkpoint_reads_mma``) over d_state
+    tiles that Triton pipelines through shared memory in n stages. Why: at 4 tokens a row the CUDA-core sums held the
     launch at 65 % of HBM, against 97 % at one (session 22). ptxas at 64 x 32 x 4 warps (wgmma), 3 stages, fp32
     checkpoint and bf16 C: 94 registers, no spills, 1,312 instructions per warp for 32 KB of checkpoint, ~1.25x the
     CUDA-core form's per KB, so it can only win where that form waits on latency rather than issue (it issues ~1.3
@@ -103,9 +103,14 @@ class GdnLaunch:
     replay_num_warps: int = 4
     fold_block_v: int = 16
     fold_num_warps: int = 4
+    # > 0: the replay's checkpoint products with k̂ and q̂ on the tensor cores (tf32x3), its head_k_dim tiles pipelined
+    # through shared memory that deep, as the Mamba-2 verify's reads (not yet timed; ptxas: see compile_check)
+    replay_mma_stages: int = 0
 
     def as_key(self) -> str:
-        return f"replay {self.replay_block_v}x{self.replay_num_warps}w, fold {self.fold_block_v}x{self.fold_num_warps}w"
+        replay = f"replay {self.replay_block_v}x{self.replay_num_warps}w"
+        mma = f" mma {self.replay_mma_stages} stages" if self.replay_mma_stages else ""
+        return f"{replay}{mma}, fold {self.fold_block_v}x{self.fold_num_warps}w"
 
 
 GDN_DEFAULT = GdnLaunch()

@@ -53,12 +53,11 @@ from replayssm_patch.kernels.flush import flush_ring, flush_ring_reference
 from replayssm_patch.kernels.launch_config import verify_launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, ring_entries, ring_len_of
 from replayssm_patch.kernels.replay_decode import _step_inputs
+from replayssm_patch.kernels.state_products import DOT_EXTENT, checkpoint_reads_mma, checkpoint_tile, fp32_dot
 
 # T coefficient rows per (row, group) hold ~T times the decode step's registers: 4 warps keep them from spilling
 # (ptxas at T = 4, L + T = 20, d_state 128: 254 registers per thread at 2 warps).
 VERIFY_COEF_NUM_WARPS = 4
-# tl.dot's least extent: the tensor-core form's tiles and its token rows are at least this
-DOT_EXTENT = 16
 # Heads per [heads, L] tile of the coefficient launch: the masked decay sums hold HEAD_CHUNK x L x L values
 # (L + T = 20 -> 32); 4 heads keep them at 32 per thread over 4 warps (ptxas: see compile_check).
 VERIFY_HEAD_CHUNK = 4
@@ -157,16 +156,6 @@ def _verify_coefficients_kernel(
 
 
 @triton.jit
-def _checkpoint_tile(state_at, offs_p, offs_n, sr_p, sr_n, mask_p, d_state, EVEN: tl.constexpr):
-    """A tile of the checkpoint in its own dtype (offsets and mask_p broadcast to its shape); unmasked when the blocks
-    divide head_dim and d_state (``EVEN``): a masked load zeroes its registers first, one instruction per two."""
-    at = state_at + offs_p * sr_p + offs_n * sr_n
-    if EVEN:
-        return tl.load(at, eviction_policy="evict_first")
-    return tl.load(at, mask=mask_p & (offs_n < d_state), other=0.0, eviction_policy="evict_first")
-
-
-@triton.jit
 def _checkpoint_reads(
     state_at, C_at, sr_p, sr_n, mask_p, d_state,
     BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
@@ -187,67 +176,13 @@ def _checkpoint_reads(
     read = tl.zeros((BLOCK_T, BLOCK_P), dtype=tl.float32)
     for t in tl.static_range(N_TILES):
         offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        h = _checkpoint_tile(
+        h = checkpoint_tile(
             state_at, tl.arange(0, BLOCK_P)[:, None], offs_n[None, :], sr_p, sr_n, mask_p[:, None], d_state, EVEN
         ).to(tl.float32)
         for j in tl.static_range(BLOCK_T):
             part = tl.sum(h * tl.load(C_at + j * C_STRIDE + offs_n)[None, :], axis=1)
             read = tl.where(offs_t[:, None] == j, read + part[None, :], read)
     return read
-
-
-@triton.jit
-def _tf32_head(v):
-    """v's tf32 part (its 10 leading mantissa bits): v - head is exact, and so is each in tf32."""
-    return (v.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _fp32_dot(a, b, acc, A_IN_TF32: tl.constexpr, B_IN_TF32: tl.constexpr):
-    """a @ b + acc (fp32 operands) on the tensor cores at fp32-level error: one tf32 pass where both are exact in tf32
-    (``*_IN_TF32``: they came in 16 bits), two where one is (the other's tf32 head and its remainder, ~2^-21
-    relative; ptxas: 1,312 instructions per warp for the verify's checkpoint reads against ~2,030 for tf32x3, which
-    splits both), else tf32x3."""
-    if A_IN_TF32 and B_IN_TF32:
-        acc = tl.dot(a, b, acc, input_precision="tf32")
-    elif B_IN_TF32:
-        head = _tf32_head(a)
-        acc = tl.dot(head, b, acc, input_precision="tf32")
-        acc = tl.dot(a - head, b, acc, input_precision="tf32")
-    elif A_IN_TF32:
-        head = _tf32_head(b)
-        acc = tl.dot(a, head, acc, input_precision="tf32")
-        acc = tl.dot(a, b - head, acc, input_precision="tf32")
-    else:
-        acc = tl.dot(a, b, acc, input_precision="tf32x3")
-    return acc
-
-
-@triton.jit
-def _checkpoint_reads_mma(
-    state_at, C_at, sC_t, sC_n, c_count, sr_p, sr_n, mask_p, d_state,
-    TILE_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
-    EVEN: tl.constexpr, STAGES: tl.constexpr, C_IN_TF32: tl.constexpr,
-):  # fmt: skip
-    """``_checkpoint_reads`` on the tensor cores, transposed: [BLOCK_P, TILE_T] (tokens padded to tl.dot's 16, 0 past
-    ``c_count``), checkpoint [P, N] x C^T [N, TILE_T] per d_state tile (``_fp32_dot``; the split copy is exact in
-    tf32). C_at: the row's first token's C, token j's at C_at + j·sC_t (the coefficient launch's fp32 copy, or with
-    PDL the model's own C).
-    The tiles run in a ``tl.range`` loop, so Triton's pipeliner copies them to shared memory ``STAGES`` deep and the
-    MMAs read them there: session 20's form (static tiles through registers) lost; this one won session 23's sweep
-    (the verify step at batch 256 505.2 against 548.0 µs on the CUDA cores, T = 8 499.7 against 688.3 without folds)."""
-    offs_p = tl.arange(0, BLOCK_P)
-    offs_t = tl.arange(0, TILE_T)
-    read_T = tl.zeros((BLOCK_P, TILE_T), dtype=tl.float32)
-    for t in tl.range(0, N_TILES, num_stages=STAGES):
-        offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        h = _checkpoint_tile(state_at, offs_p[:, None], offs_n[None, :], sr_p, sr_n, mask_p[:, None], d_state, EVEN)
-        live = (offs_t < c_count)[None, :]
-        if not EVEN:  # the fp32 copy is 0 past d_state; the model's C ends there
-            live = live & (offs_n < d_state)[:, None]
-        C_T = tl.load(C_at + offs_t[None, :] * sC_t + offs_n[:, None] * sC_n, mask=live, other=0.0).to(tl.float32)
-        read_T = _fp32_dot(h.to(tl.float32), C_T, read_T, h.dtype == tl.bfloat16, C_IN_TF32 or h.dtype == tl.bfloat16)
-    return read_T
 
 
 @triton.jit(do_not_specialize_on_alignment=["x_ptr", "C_ptr", "out_ptr"])
@@ -282,11 +217,11 @@ def _verify_step_kernel(
     state_at, C_at = read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p, c32_ptr + bc_row * C_STRIDE
     if MMA_STAGES > 0:
         if PDL:  # the model's C: nothing before the wait below reads what the coefficient launch writes
-            read_T = _checkpoint_reads_mma(state_at, C_ptr + start * sC_t + group * sC_g, sC_t, sC_n, count, sr_p,
+            read_T = checkpoint_reads_mma(state_at, C_ptr + start * sC_t + group * sC_g, sC_t, sC_n, count, sr_p,
                                            sr_n, mask_p, d_state, TILE_T, BLOCK_P, BLOCK_N, N_TILES, EVEN, MMA_STAGES,
                                            C_IN_TF32)  # fmt: skip
         else:
-            read_T = _checkpoint_reads_mma(state_at, C_at, C_STRIDE, 1, BLOCK_T, sr_p, sr_n, mask_p, d_state, TILE_T,
+            read_T = checkpoint_reads_mma(state_at, C_at, C_STRIDE, 1, BLOCK_T, sr_p, sr_n, mask_p, d_state, TILE_T,
                                            BLOCK_P, BLOCK_N, N_TILES, EVEN, MMA_STAGES, C_IN_TF32)  # fmt: skip
         read = tl.trans(read_T)
     else:
@@ -307,7 +242,7 @@ def _verify_step_kernel(
         at_T, real_T = offs_l[:, None] + offs_t[None, :] * BLOCK_L, (offs_t < BLOCK_T)[None, :]
         coef_T = tl.load(w_ptr + coef_row * BLOCK_L + at_T, mask=real_T, other=0.0)  # [L, TILE_T]
         coef_T *= tl.load(bc_ptr + bc_row * BLOCK_L + at_T, mask=real_T, other=0.0)
-        y = tl.trans(_fp32_dot(tl.trans(xs), coef_T, decay[None, :] * read_T, RING_IN_TF32, False))
+        y = tl.trans(fp32_dot(tl.trans(xs), coef_T, decay[None, :] * read_T, RING_IN_TF32, False))
     else:
         y = decay[:, None] * read
         for j in tl.static_range(BLOCK_T):  # the masked T x (m+T) product, one query token per pass

@@ -42,6 +42,7 @@ from replayssm_patch.kernels.gdn_common import gdn_gates_reference, l2_normalise
 from replayssm_patch.kernels.gdn_ground_truth import gdn_recurrence_step
 from replayssm_patch.kernels.gdn_layout import SPLIT_PRECISION_REFUSED
 from replayssm_patch.kernels.gdn_synthetic import BETA_RANGE, LOG_DECAY_RANGE, GdnLayerParams, GdnStepInputs
+from replayssm_patch.kernels.launch_config import GdnLaunch
 from replayssm_patch.kernels.layout import group_of_head
 from tests.replayssm.kernels.numerics import layout_rows, rel_err, seeded
 
@@ -49,7 +50,16 @@ OUT_TOL = 1e-5
 STATE_TOL = 1e-6
 BASELINE_TOL = 1e-6
 BF16_ULP = 2.0**-7
-STEP_TWINS = [gdn_decode_step, gdn_decode_step_reference]
+# the replay's checkpoint products with k̂ and q̂ on the tensor cores, pipelined 2 deep (16-row blocks: tl.dot's least)
+TENSOR_CORE_REPLAY = GdnLaunch(replay_block_v=16, replay_num_warps=1, replay_mma_stages=2)
+
+
+def gdn_decode_step_on_tensor_cores(*args, **kwargs) -> torch.Tensor:
+    """``gdn_decode_step`` with ``TENSOR_CORE_REPLAY``: the third twin every step test runs."""
+    return gdn_decode_step(*args, launch=TENSOR_CORE_REPLAY, **kwargs)
+
+
+STEP_TWINS = [gdn_decode_step, gdn_decode_step_reference, gdn_decode_step_on_tensor_cores]
 FLUSH_TWINS = [gdn_flush_ring, gdn_flush_ring_reference]
 
 

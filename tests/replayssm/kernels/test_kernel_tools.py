@@ -307,13 +307,18 @@ def test_gdn_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert mixed["max_rel_err"] <= 2e-2 and mixed["final_state_rel_err"] <= 2e-2 and mixed["conv_state_equal"]
     sweep = data["sweep"]
     assert sweep["status"] == "ok", sweep.get("traceback")
-    assert set(sweep["us"]) == {"16x2", "32x4"} and sweep["spill_bytes"] == {"16x2": None, "32x4": None}
+    assert set(sweep["us"]) == {"16x2", "32x4", "16x1x2"}, "CUDA-core shapes and the tensor-core form are swept"
+    assert sweep["spill_bytes"] == {"16x2": None, "32x4": None, "16x1x2": None}
     assert set(sweep["fold_us"]) == {"16x4"}, "the fold sweep runs with the fastest replay shape"
     table = json.loads((tmp_path / "gdn_launch_config.json").read_text())
     tuned = table["gdn"]
     assert tuned == sweep["best"] and tuned["fold_block_v"] == 16 and tuned["fold_num_warps"] == 4
     assert table["gdn_native_max_batch"] == 0, "no vLLM baseline row here: never the native regime"
-    assert [tuned["replay_block_v"], tuned["replay_num_warps"]] in ([16, 2], [32, 4])
+    assert [tuned["replay_block_v"], tuned["replay_num_warps"], tuned.get("replay_mma_stages", 0)] in (
+        [16, 2, 0],
+        [32, 4, 0],
+        [16, 1, 2],
+    )
     assert data["timing"]["launch"] == GdnLaunch(**tuned).as_key(), "the timing runs the sweep's fastest shapes"
     timing = data["timing"]
     assert timing["status"] == "ok", timing.get("traceback")
@@ -368,7 +373,7 @@ def compile_check_lines() -> tuple[str, ...]:
 def test_kernels_compile_for_hopper() -> None:
     """The real Triton compiler (not the interpreter) accepts every default kernel variant for sm_90."""
     lines = compile_check_lines()
-    assert len(lines) == 28, lines  # 11 decode-path and flush ones, the take before a prefill, 11 of the verify, 5 GDN
+    assert len(lines) == 29, lines  # 11 decode-path and flush ones, the take before a prefill, 11 of the verify, 6 GDN
     registers = [int(line.split(" registers")[0].rsplit(" ", 1)[1]) for line in lines]
     assert all(0 < count <= 255 for count in registers), lines  # ptxas -v was read for every kernel
     every_step = [line for line in lines if line.startswith(("replay step", "decode fold", "ring coefficients"))]
@@ -436,10 +441,11 @@ def test_only_the_programmatic_dependent_verify_carries_the_grid_dependency_inst
 
 
 def test_gdn_decode_step_kernels_do_not_spill() -> None:
-    """The three launches of every GDN decode step (coefficients, replay, fold) fit their registers on sm_90."""
+    """The three launches of every GDN decode step (coefficients, replay in both forms, fold) fit their registers on
+    sm_90."""
     every_step = [line for line in compile_check_lines() if line.startswith(("gdn coefficients", "gdn replay",
                                                                              "gdn fold"))]  # fmt: skip
-    assert len(every_step) == 3 and all(" 0 B spilled" in line for line in every_step), every_step
+    assert len(every_step) == 4 and all(" 0 B spilled" in line for line in every_step), every_step
 
 
 def test_gdn_mixed_step_kernel_does_not_spill() -> None:
