@@ -8,6 +8,7 @@ baseline call and its probe, the rows and the section's Markdown.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -83,13 +84,13 @@ def run_verify(plan: Plan, device: str, baseline: Baseline, sweep: bool = True) 
     for batch in plan.batches:
         print(f"[kernel_bench]   verify batch {batch}", flush=True)
         setup = largest if batch == largest.batch else VerifySetup(plan, device, batch)
-        result["cursors"][str(batch)] = setup.cursors()
+        result["cursors"][str(batch)] = setup.cursors
         result["rows"].extend(setup.table(baseline if problem is None else None, configs, folds))
     long_ring = dataclasses.replace(plan, buffer_len=plan.verify_long_ring)
     for batch in plan.batches[-2:]:  # the ring length as a knob: fewer folds against a longer history to replay
         print(f"[kernel_bench]   verify batch {batch}, L = {long_ring.buffer_len}", flush=True)
         setup = VerifySetup(long_ring, device, batch)
-        result["cursors"][f"{batch}, L = {long_ring.buffer_len}"] = setup.cursors()
+        result["cursors"][f"{batch}, L = {long_ring.buffer_len}"] = setup.cursors
         # at issue 17's batch (128), the same step over the engine's footprint too
         result["rows"].extend(setup.table(baseline if problem is None else None, configs, folds,
                                           f", L = {long_ring.buffer_len}", with_baseline=False,
@@ -97,7 +98,7 @@ def run_verify(plan: Plan, device: str, baseline: Baseline, sweep: bool = True) 
     for tokens in plan.verify_token_sweep:  # what the T-token products cost beside the checkpoint read they share
         print(f"[kernel_bench]   verify batch {largest.batch}, T = {tokens}", flush=True)
         setup = VerifySetup(plan, device, largest.batch, tokens)
-        result["cursors"][f"{largest.batch}, T = {tokens}"] = setup.cursors()
+        result["cursors"][f"{largest.batch}, T = {tokens}"] = setup.cursors
         result["rows"].extend(setup.table(baseline if problem is None else None, configs, folds, f", T = {tokens}"))
     result["registers"] = compiled_registers(_verify_kernels())
     return result
@@ -161,7 +162,10 @@ class VerifySetup:
         self.base_state.normal_(generator=gen)
         self.blocks = scattered_slots(blocks, batch * T, gen).view(batch, T)
 
+    @functools.cached_property
     def cursors(self) -> dict[str, Any]:
+        """Folding rows, their mean fold length and the mean history of the cursors ``__init__`` planned (fixed for
+        the setup's life, so read from the device once)."""
         folding = int((self.fold_len > 0).sum())
         return {
             "rows_folding": folding,
@@ -225,7 +229,7 @@ class VerifySetup:
 
     def step_bytes(self, mode: str) -> tuple[float, float]:
         """HBM bytes of the verify (outputs and coefficients) and of its fold at this batch's cursors."""
-        model, cursors = TrafficModel(self.plan, self.batch), self.cursors()
+        model, cursors = TrafficModel(self.plan, self.batch), self.cursors
         verify = model.verify(4 if mode == "fp32" else 2, self.tokens, cursors["mean_history"])
         fold = model.flush(cursors["rows_folding"] / self.batch, 2 if mode == "split" else 0, cursors["mean_fold_len"])
         return verify, fold
@@ -266,7 +270,7 @@ class VerifySetup:
                 self.query_start_loc, self.out,
             )  # fmt: skip
             timed.measure(baseline_row, call, model.baseline(4, T))
-        cursors = self.cursors()
+        cursors = self.cursors
         for mode in ("fp32", "split"):
             verify, fold = self.step_bytes(mode)
             cfg, fold_cfg = configs[mode], folds[mode]
