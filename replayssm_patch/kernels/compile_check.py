@@ -71,7 +71,7 @@ _GDN_COEF_POINTERS = {
 }  # fmt: skip
 _GDN_REPLAY_POINTERS = {
     "v_ptr": "*bf16", "state_ptr": "*fp32", "ring_u_ptr": "*fp32", "slot_ptr": "*i32", "pos_ptr": "*i32",
-    "flush_ptr": "*i32", "out_ptr": "*bf16", "qk_ptr": "*fp32", **_GDN_SCRATCH_POINTERS,
+    "flush_ptr": "*i32", "out_ptr": "*bf16", "key_query_ptr": "*fp32", **_GDN_SCRATCH_POINTERS,
 }  # fmt: skip
 _GDN_FOLD_POINTERS = {
     **_GDN_REPLAY_POINTERS, "ring_k_ptr": "*fp32", "rows_ptr": "*i32", "count_ptr": "*i32",

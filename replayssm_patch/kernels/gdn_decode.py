@@ -52,8 +52,8 @@ MMA_TILE_K = 32
 @triton.jit
 def _gdn_replay_kernel(
     v_ptr, state_ptr, ring_u_ptr, slot_ptr, pos_ptr, flush_ptr,
-    qk_ptr, kk_ptr, kq_ptr, weight_ptr, decay_ptr, beta_ptr, out_ptr,
-    head_k_dim, head_v_dim, ring_len, num_v_heads, v_per_k, pad_slot_id, s_qk,
+    key_query_ptr, kk_ptr, kq_ptr, weight_ptr, decay_ptr, beta_ptr, out_ptr,
+    head_k_dim, head_v_dim, ring_len, num_v_heads, v_per_k, pad_slot_id, s_query,
     sv_b, sv_h, sv_v, ss_slot, ss_h, ss_v, ss_k, sru_slot, sru_l, sru_h, sru_v, so_b, so_h, so_v,
     BLOCK_L: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
     MMA_STAGES: tl.constexpr, TILE_K: tl.constexpr, TILE_T: tl.constexpr,
@@ -70,21 +70,22 @@ def _gdn_replay_kernel(
     mask_v = offs_v < head_v_dim
     mask_k = offs_k < head_k_dim
     # The checkpoint tile is the one big read, never written here: issue it first. Its products with k̂ and q̂ (k̂ at
-    # qk_ptr, q̂ s_qk after it): sums across lanes, or (MMA_STAGES) the two vectors as the columns of one tensor-core
-    # product per TILE_K columns of the tile, pipelined that deep.
+    # key_query_ptr, q̂ s_query after it): sums across lanes, or (MMA_STAGES) the two vectors as the columns of one
+    # tensor-core product per TILE_K columns of the tile, pipelined that deep.
     key = row * (num_v_heads // v_per_k) + head // v_per_k
     state_at = state_ptr + slot * ss_slot + head * ss_h + vblock * BLOCK_V * ss_v
     if MMA_STAGES > 0:
-        reads = checkpoint_reads_mma(state_at, qk_ptr + key * BLOCK_K, s_qk, 1, 2, ss_v, ss_k, mask_v, head_k_dim,
-                                     TILE_T, BLOCK_V, TILE_K, BLOCK_K // TILE_K, EVEN, MMA_STAGES, False)  # fmt: skip
+        reads = checkpoint_reads_mma(state_at, key_query_ptr + key * BLOCK_K, s_query, 1, 2, ss_v, ss_k, mask_v,
+                                     head_k_dim, TILE_T, BLOCK_V, TILE_K, BLOCK_K // TILE_K, EVEN, MMA_STAGES,
+                                     False)  # fmt: skip
         column = tl.arange(0, TILE_T)[None, :]  # k̂'s products in column 0, q̂'s in 1, the padding's 0 after
         state_k = tl.sum(tl.where(column == 0, reads, 0.0), axis=1)
         state_q = tl.sum(tl.where(column == 1, reads, 0.0), axis=1)
     else:
         state = checkpoint_tile(state_at, tl.arange(0, BLOCK_V)[:, None], offs_k[None, :], ss_v, ss_k,
                                 mask_v[:, None], head_k_dim, EVEN)  # fmt: skip
-        k = tl.load(qk_ptr + key * BLOCK_K + offs_k, mask=mask_k, other=0.0)
-        q = tl.load(qk_ptr + s_qk + key * BLOCK_K + offs_k, mask=mask_k, other=0.0)
+        k = tl.load(key_query_ptr + key * BLOCK_K + offs_k, mask=mask_k, other=0.0)
+        q = tl.load(key_query_ptr + s_query + key * BLOCK_K + offs_k, mask=mask_k, other=0.0)
         state_k, state_q = tl.sum(state * k[None, :], axis=1), tl.sum(state * q[None, :], axis=1)
     v = tl.load(v_ptr + row * sv_b + head * sv_h + offs_v * sv_v, mask=mask_v, other=0.0).to(tl.float32)
     per_head = row * num_v_heads + head
