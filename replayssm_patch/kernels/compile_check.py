@@ -221,16 +221,17 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
         }  # fmt: skip
         pointers = {**_STEP_POINTERS, "read_ptr": read}
         found.append((f"replay step, {label}", _replay_step_kernel, pointers, consts, DEFAULT.num_warps))
-        fold = {"HAS_D": True, "HAS_COPY": read == "*bf16", "BLOCK_L": 16, "BLOCK_P": FOLD_BLOCK_P,
+        fold = {"HAS_D": True, "HAS_COPY": read == "*bf16", "B_IN_TF32": True, "BLOCK_L": 16, "BLOCK_P": FOLD_BLOCK_P,
                 "P_BLOCKS": 64 // FOLD_BLOCK_P, "BLOCK_N": FOLD_BLOCK_N, "N_TILES": 128 // FOLD_BLOCK_N,
                 **_FOLD_UNIT_STRIDES}  # fmt: skip
         found.append((f"decode fold, {label}", _decode_fold_kernel, {**_FOLD_POINTERS, "copy_ptr": read}, fold,
                       FOLD_NUM_WARPS))  # fmt: skip
     for copy, prefetch, listed in (*itertools.product((False, True), (False, True), (False,)), (False, True, True)):
-        # ptxas: 148 / 180 registers, 234 / 242 with the prefetch (no spills); the last walks a list of rows: 230
+        # ptxas (two-pass tf32 dots on a bf16 ring): 156 / 156 registers, 196 / 238 with the prefetch (no spills); the
+        # last walks a list of rows: 208 (tf32x3: 148 / 180, 234 / 242, 230)
         pointers = {**_FLUSH_POINTERS, "bf16_ptr": "*bf16" if copy else "*fp32"}
         consts = {"HAS_LIST": listed, "HAS_BF16": copy, "PREFETCH": prefetch, "BLOCK_L": 16, "BLOCK_P": 16,
-                  "BLOCK_N": 128, "P_BLOCKS": 4}  # head_dim 64  # fmt: skip
+                  "BLOCK_N": 128, "P_BLOCKS": 4, "B_IN_TF32": True}  # head_dim 64, a bf16 ring  # fmt: skip
         label = f"flush, bf16 copy {copy}" + (", prefetch" if prefetch else "") + (", listed rows" if listed else "")
         found.append((label, _flush_kernel, pointers, consts, 4))
     plan_pointers = {"slot_ptr": "*i32", "positions_ptr": "*i32", "window_end_ptr": "*i32", "write_pos_ptr": "*i32",

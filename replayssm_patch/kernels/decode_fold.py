@@ -5,8 +5,9 @@ as a per-row branch, the fold had to run as a dependent FMA loop in 1-warp progr
 costs every program its registers, flush or not), so each flushing row cost several rows' worth of time. Here
 a fixed grid of 4-warp programs walks the (flush row, head, head_dim block) items of the rows the cursor plan
 listed (``flush_rows``, the first ``flush_count`` entries): the grid is the same every step (CUDA graphs),
-programs without items exit at once, and each item is one rank-(pos+1) product on tensor cores in tf32x3
-(three tf32 products: fp32-level error, measured in the tests against fp64). Per item (row r, head h,
+programs without items exit at once, and each item is one rank-(pos+1) product on tensor cores at fp32-level
+error, measured in the tests against fp64 (``state_products.fp32_dot``: B from a 16-bit ring is exact in tf32, so
+two tf32 products, x·w's tf32 head and its remainder, where tf32x3 takes three). Per item (row r, head h,
 entries s = 0..pos, entry pos = this step):
     h' = decay * h_master + (X ⊙ w)ᵀ B          (fp32, written to the master and its bf16 copy)
     y  = h' · C_t + D * x_t                      (the flush row's output: the replay kernel skips these rows)
@@ -24,14 +25,15 @@ import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size
 from replayssm_patch.kernels.layout import valid_rows
+from replayssm_patch.kernels.state_products import fp32_dot
 
-# ptxas (compile_check): 4 warps over [32 head_dim rows, 128 d_state columns] tiles take 168 registers without
-# spills in tf32x3; whole-head [64, 64] tiles spill with the bf16 copy, and fp32 FMA ("ieee") dots need 255.
+# ptxas (compile_check): 4 warps over [32 head_dim rows, 128 d_state columns] tiles take 146 registers without
+# spills (148 with the bf16 copy; tf32x3 took 168); whole-head [64, 64] tiles spilled with the bf16 copy, and fp32
+# FMA ("ieee") dots need 255.
 FOLD_NUM_WARPS = 4
 FOLD_BLOCK_P = 32
 FOLD_BLOCK_N = 128
 PROGRAMS_PER_SM = 3  # as many as 168-register 4-warp programs an SM holds
-FOLD_PRECISION: tl.constexpr = tl.constexpr("tf32x3")
 
 
 @triton.jit
@@ -48,7 +50,7 @@ def _decode_fold_kernel(
     sx_b, sx_h, sx_p, sC_b, sC_g, sC_n, sm_slot, sm_h, sm_p, sm_n, sc_slot, sc_h, sc_p, sc_n,
     srx_slot, srx_h, srx_l, srx_p, srB_slot, srB_g, srB_l, srB_n, so_b, so_h, so_p,
     HAS_D: tl.constexpr, HAS_COPY: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
-    P_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
+    P_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr, B_IN_TF32: tl.constexpr,
 ):  # fmt: skip
     items = tl.load(count_ptr) * nheads * P_BLOCKS
     offs_l = tl.arange(0, BLOCK_L)
@@ -83,8 +85,7 @@ def _decode_fold_kernel(
             ).to(tl.float32)  # fmt: skip
             mask_pn = mask_p[:, None] & mask_n[None, :]
             tile = offs_p[:, None] * sm_p + offs_n[None, :] * sm_n
-            h = decay * tl.load(master + tile, mask=mask_pn, other=0.0)
-            h += tl.dot(weighted_x, B, input_precision=FOLD_PRECISION)
+            h = fp32_dot(weighted_x, B, decay * tl.load(master + tile, mask=mask_pn, other=0.0), False, B_IN_TF32)
             tl.store(master + tile, h.to(master_ptr.dtype.element_ty), mask=mask_pn)
             if HAS_COPY:
                 copy = copy_ptr + slot * sc_slot + head * sc_h + offs_p[:, None] * sc_p + offs_n[None, :] * sc_n
@@ -156,5 +157,5 @@ def launch_decode_fold(
         *out.stride(),
         HAS_D=D is not None, HAS_COPY=fold.state_bf16 is not None,
         BLOCK_L=block_l, BLOCK_P=BLOCK_P, P_BLOCKS=P_BLOCKS, BLOCK_N=BLOCK_N, N_TILES=triton.cdiv(d_state, BLOCK_N),
-        num_warps=FOLD_NUM_WARPS,
+        B_IN_TF32=ring_B.dtype.itemsize <= 2, num_warps=FOLD_NUM_WARPS,
     )  # fmt: skip

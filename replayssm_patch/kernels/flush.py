@@ -21,9 +21,10 @@ from replayssm_patch.kernels.common import (
     decay_sum_after_reference,
     register_cap,
 )
-from replayssm_patch.kernels.decode_fold import FOLD_PRECISION, fold_programs
+from replayssm_patch.kernels.decode_fold import fold_programs
 from replayssm_patch.kernels.launch_config import fold_launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head, ring_entries, ring_len_of, valid_rows
+from replayssm_patch.kernels.state_products import fp32_dot
 
 
 # Before a prefill, the prefill rows' indices are a slice at the decode rows' offset: never specialise on its
@@ -35,7 +36,7 @@ def _flush_kernel(
     ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n,
     srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h,
     HAS_LIST: tl.constexpr, HAS_BF16: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_L: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, P_BLOCKS: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, P_BLOCKS: tl.constexpr, B_IN_TF32: tl.constexpr,
 ):  # fmt: skip
     if HAS_LIST:  # a fixed grid walks the (listed row, head) items: a row that does not fold takes no program
         items = tl.load(count_ptr) * nheads
@@ -46,7 +47,7 @@ def _flush_kernel(
                 tl.load(rows_ptr + item // nheads), item % nheads, head_dim, d_state, ring_len, heads_per_group,
                 pad_slot_id, ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n, srx_slot, srx_l, srx_h, srx_p,
                 srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h, HAS_BF16, PREFETCH, BLOCK_L, BLOCK_P,
-                BLOCK_N, P_BLOCKS,
+                BLOCK_N, P_BLOCKS, B_IN_TF32,
             )  # fmt: skip
             item += tl.num_programs(0)
     else:
@@ -54,7 +55,7 @@ def _flush_kernel(
             A_ptr, state_ptr, bf16_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, slot_ptr, len_ptr, tl.program_id(0),
             tl.program_id(1), head_dim, d_state, ring_len, heads_per_group, pad_slot_id, ss_slot, ss_h, ss_p, ss_n,
             sc_slot, sc_h, sc_p, sc_n, srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot,
-            srdt_l, srdt_h, HAS_BF16, PREFETCH, BLOCK_L, BLOCK_P, BLOCK_N, P_BLOCKS,
+            srdt_l, srdt_h, HAS_BF16, PREFETCH, BLOCK_L, BLOCK_P, BLOCK_N, P_BLOCKS, B_IN_TF32,
         )  # fmt: skip
 
 
@@ -65,7 +66,7 @@ def _fold_row_head(
     ss_slot, ss_h, ss_p, ss_n, sc_slot, sc_h, sc_p, sc_n,
     srx_slot, srx_l, srx_h, srx_p, srB_slot, srB_l, srB_g, srB_n, srdt_slot, srdt_l, srdt_h,
     HAS_BF16: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr, P_BLOCKS: tl.constexpr,
+    BLOCK_N: tl.constexpr, P_BLOCKS: tl.constexpr, B_IN_TF32: tl.constexpr,
 ):  # fmt: skip
     """Fold one (row, head): every head_dim block of its master tile; a padding row or one with nothing to fold
     returns at once. Not inlined: in the listed kernel's loop over items the compiler kept the tiles' address
@@ -106,19 +107,18 @@ def _fold_row_head(
             block = _fold_block_loads(state_row, x_row, head_dim, d_state, live, ss_p, ss_n, srx_l, srx_p, pblock + 1,
                                       BLOCK_L, BLOCK_P, BLOCK_N)  # fmt: skip
         _fold_block(current, weight, ring_B, decay, bf16_ptr, slot, head, sc_slot, sc_h, sc_p, sc_n, pblock,
-                    HAS_BF16, BLOCK_P, BLOCK_N)  # fmt: skip
+                    HAS_BF16, BLOCK_P, BLOCK_N, B_IN_TF32)  # fmt: skip
 
 
 @triton.jit
 def _fold_block(
     block, weight, ring_B, decay, bf16_ptr, slot, head, sc_slot, sc_h, sc_p, sc_n, pblock,
-    HAS_BF16: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BF16: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, B_IN_TF32: tl.constexpr,
 ):  # fmt: skip
     """Fold one head_dim block as ``_fold_block_loads`` read it: h' = decay * h + (X ⊙ w)ᵀ B, stored to the master
-    (and to the bf16 copy)."""
+    (and to the bf16 copy); the product accumulates into the decayed tile."""
     ring_x, h_old, state_at, mask_pn = block
-    update = tl.dot(tl.trans(ring_x * weight[:, None]), ring_B, input_precision=FOLD_PRECISION)  # [P, N]
-    h = decay * h_old + update
+    h = fp32_dot(tl.trans(ring_x * weight[:, None]), ring_B, decay * h_old, False, B_IN_TF32)  # [P, N]
     tl.store(state_at, h.to(state_at.dtype.element_ty), mask=mask_pn)
     if HAS_BF16:
         offs_p, offs_n = pblock * BLOCK_P + tl.arange(0, BLOCK_P), tl.arange(0, BLOCK_N)
@@ -174,9 +174,11 @@ def flush_ring(
     rows per program, at least 16 for tl.dot), ``num_warps``, ``prefetch`` (each head_dim block's loads before the
     previous block's stores) and ``maxnreg`` (registers per thread, 0: ptxas decides) are GPU tuning knobs only;
     unset, the launch table's ``"fold"`` entry decides.
-    The dot runs on tensor cores in tf32x3 (fp32-level error, as the decode fold's): ptxas (compile_check, 16 x 4
-    warps, L = 16, in order) gives 148 registers without spills, 180 with the bf16 copy, where the fp32 FMA dot
-    ("ieee") took 242 and 255, two programs per SM instead of three.
+    The dot runs on tensor cores at fp32-level error (``state_products.fp32_dot``): B from a 16-bit ring is exact in
+    tf32, so two passes (x·w's tf32 head and its remainder) do what tf32x3 did in three. ptxas at the verify ring's
+    32 entries, 16 x 4 warps, walking the list (session 25): in order 159 registers and 1,968 instructions against
+    tf32x3's 189 and 2,496; with the prefetch 224 registers and no spills (tf32x3: 255, 64 bytes spilled); the
+    split copy's prefetch form 247, no spills (255, 196 bytes spilled). The fp32 FMA dot ("ieee") took 242-255.
     """
     check_launchable(ssm_state, ring_x)
     nheads, head_dim, d_state = ssm_state.shape[1:]
@@ -199,6 +201,7 @@ def flush_ring(
         HAS_LIST=work_list is not None, HAS_BF16=state_bf16 is not None,
         PREFETCH=prefetch, BLOCK_L=block_size(ring_len_of(ring_x), floor=16), BLOCK_P=BLOCK_P,
         BLOCK_N=block_size(d_state, floor=16), P_BLOCKS=triton.cdiv(head_dim, BLOCK_P),
+        B_IN_TF32=ring_B.dtype.itemsize <= 2,
         num_warps=num_warps or tuned.num_warps,
         **register_cap(tuned.maxnreg if maxnreg is None else maxnreg),
     )  # fmt: skip

@@ -20,9 +20,10 @@ import triton
 import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size
-from replayssm_patch.kernels.decode_fold import FOLD_PRECISION, fold_programs, fold_work_item
+from replayssm_patch.kernels.decode_fold import fold_programs, fold_work_item
 from replayssm_patch.kernels.gdn_coefficients import GdnCoefficients
 from replayssm_patch.kernels.launch_config import GdnLaunch
+from replayssm_patch.kernels.state_products import fp32_dot
 
 
 @triton.jit
@@ -75,7 +76,7 @@ def _gdn_fold_kernel(
         tl.store(ru_at + pos * sru_l + offs_v * sru_v, u, mask=mask_v)
 
         values = tl.where((offs_l == pos)[:, None], u[None, :], ring_u)  # the ring with this step appended
-        state += tl.dot(tl.trans(values * weight[:, None]), keys, input_precision=FOLD_PRECISION)
+        state = fp32_dot(tl.trans(values * weight[:, None]), keys, state, False, False)  # fp32 keys: tf32x3
         tl.store(state_at, state, mask=mask_vk)
         o = tl.sum(state * q[None, :], axis=1)
         tl.store(out_ptr + row * so_b + head * so_h + offs_v * so_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
