@@ -134,6 +134,9 @@ def hopper_kernel(
     """One specialisation compiled for sm_90 (other scalar arguments as i32), capped at ``maxnreg`` registers (0:
     none), specialised as a launch of the real shapes would be: pointers 16-byte aligned unless the kernel opts out
     (``do_not_specialize_on_alignment``), the scalars ``_ALIGNED_SCALAR`` names divisible by 16."""
+    if missing := [param.name for param in kernel.params if param.is_constexpr and param.name not in constexprs]:
+        # else each would compile as an i32 argument: both sides of its branches, and other register counts
+        raise ValueError(f"{kernel.__name__}: no value for the constexprs {missing}")
     signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32") for name in kernel.arg_names}
     unaligned = set(kernel.do_not_specialize_on_alignment or ()) | set(kernel.do_not_specialize or ())
     aligned = [

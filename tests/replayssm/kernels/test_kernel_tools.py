@@ -440,6 +440,28 @@ def test_only_the_programmatic_dependent_verify_carries_the_grid_dependency_inst
         assert found == ([0, 1] if label.endswith(", pdl") else [0, 0]), (label, found)
 
 
+_MISSING_CONSTEXPR = """
+from replayssm_patch.kernels.compile_check import hopper_kernel, verify_step_launch
+from replayssm_patch.kernels.verify import _verify_step_kernel
+pointers, consts = verify_step_launch("*fp32", 4, 32, 32, 3, False)
+del consts["GDC"]
+try:
+    hopper_kernel(_verify_step_kernel, pointers, consts, 1)
+except ValueError as exc:
+    print(exc)
+"""
+
+
+def test_a_compile_without_a_value_for_every_constexpr_is_refused() -> None:
+    """A constexpr left out would compile as an i32 argument (both sides of its branches, other register counts)
+    without an error: the compile check names it instead."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _MISSING_CONSTEXPR], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "_verify_step_kernel: no value for the constexprs ['GDC']"
+
+
 def test_gdn_decode_step_kernels_do_not_spill() -> None:
     """The three launches of every GDN decode step (coefficients, replay in both forms, fold) fit their registers on
     sm_90."""
