@@ -83,6 +83,8 @@ def _decode_fold_kernel(
                 rB + offs_l[:, None] * srB_l + offs_n[None, :] * srB_n,
                 mask=(offs_l <= pos)[:, None] & mask_n[None, :], other=0.0,
             ).to(tl.float32)  # fmt: skip
+            # C before the stores below: a load issued after a store waits for the store's data
+            C = tl.load(C_row + offs_n * sC_n, mask=mask_n, other=0.0).to(tl.float32)
             mask_pn = mask_p[:, None] & mask_n[None, :]
             tile = offs_p[:, None] * sm_p + offs_n[None, :] * sm_n
             h = fp32_dot(weighted_x, B, decay * tl.load(master + tile, mask=mask_pn, other=0.0), False, B_IN_TF32)
@@ -90,7 +92,6 @@ def _decode_fold_kernel(
             if HAS_COPY:
                 copy = copy_ptr + slot * sc_slot + head * sc_h + offs_p[:, None] * sc_p + offs_n[None, :] * sc_n
                 tl.store(copy, h.to(copy_ptr.dtype.element_ty), mask=mask_pn)
-            C = tl.load(C_row + offs_n * sC_n, mask=mask_n, other=0.0).to(tl.float32)
             y += tl.sum(h * C[None, :], axis=1)
         if HAS_D:
             y += tl.load(D_ptr + head).to(tl.float32) * x

@@ -81,9 +81,9 @@ def _ring_coefficients_kernel(
     ).to(tl.float32)  # fmt: skip
     bc = tl.where(earlier, tl.sum(ring_B * C[None, :], axis=1), 0.0)
     bc = tl.where(offs_l == pos, tl.sum(B_raw.to(tl.float32) * C, axis=0), bc)
-    tl.store(bc_ptr + (row * tl.num_programs(1) + group) * BLOCK_L + offs_l, bc)
-    tl.store(rB + pos * srB_l + offs_n * srB_n, B_raw.to(ring_B_ptr.dtype.element_ty), mask=mask_n)
 
+    # the heads' loads before any store (a load issued after a store waits for the store's data): with one chunk,
+    # as every Nemotron-H group has, every load of the program
     heads = HEADS_PER_GROUP * tl.num_programs(1)
     for chunk in tl.static_range(HEADS_PER_GROUP // HEAD_CHUNK):  # one chunk unless a group has > 16 heads
         head = group * HEADS_PER_GROUP + chunk * HEAD_CHUNK + tl.arange(0, HEAD_CHUNK)
@@ -100,6 +100,8 @@ def _ring_coefficients_kernel(
         tl.store(w_ptr + (row * heads + head)[:, None] * BLOCK_L + offs_l[None, :], weight)
         tl.store(decay_ptr + row * heads + head, tl.exp(A * tl.sum(all_dt, axis=1)))
         tl.store(rdt + pos * srdt_l, dt.to(ring_dt_ptr.dtype.element_ty))
+    tl.store(bc_ptr + (row * tl.num_programs(1) + group) * BLOCK_L + offs_l, bc)
+    tl.store(rB + pos * srB_l + offs_n * srB_n, B_raw.to(ring_B_ptr.dtype.element_ty), mask=mask_n)
 
 
 @triton.jit(do_not_specialize_on_alignment=["x_ptr", "C_ptr", "out_ptr"])
@@ -132,7 +134,6 @@ def _replay_step_kernel(
         rx + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p,
         mask=(offs_l < pos)[:, None] & mask_p[None, :], other=0.0,
     ).to(tl.float32)  # fmt: skip
-    tl.store(rx + pos * srx_l + offs_p * srx_p, x_raw.to(ring_x_ptr.dtype.element_ty), mask=mask_p)
     xs = tl.where((offs_l == pos)[:, None], x[None, :], ring_x)  # [L, P]: the ring with this step appended
     weight = tl.load(w_ptr + (row * nheads + head) * BLOCK_L + offs_l)
     bc = tl.load(bc_ptr + (row * (nheads // heads_per_group) + group) * BLOCK_L + offs_l)
@@ -152,6 +153,9 @@ def _replay_step_kernel(
     if HAS_D:
         y += tl.load(D_ptr + head).to(tl.float32) * x
     tl.store(out_ptr + row * so_b + head * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
+    # the ring's append last: a load issued after a store waits for the store's data (x's, one memory latency
+    # before the checkpoint's loads could issue), as the verify's launches measured (session 20: 590 -> 446 µs)
+    tl.store(rx + pos * srx_l + offs_p * srx_p, x_raw.to(ring_x_ptr.dtype.element_ty), mask=mask_p)
 
 
 def _step_inputs(
