@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size, decay_sums_after, head_chunk
-from replayssm_patch.kernels.gdn_common import append_key, gdn_gates, row_cursor
+from replayssm_patch.kernels.gdn_common import gdn_gates, key_products, row_cursor
 
 COEF_NUM_WARPS = 2
 
@@ -49,13 +49,10 @@ def _gdn_coefficients_kernel(
     q = tl.load(q_ptr + row * sq_b + khead * sq_h + offs_k * sq_k, mask=mask_k, other=0.0).to(tl.float32)
     k = tl.load(k_ptr + row * sk_b + khead * sk_h + offs_k * sk_k, mask=mask_k, other=0.0).to(tl.float32)
     rk_at = ring_k_ptr + slot * srk_slot + khead * srk_h
-    q, k, kk, kq = append_key(q, k, scale, rk_at, srk_l, srk_k, offs_l, offs_k, mask_k, pos)
-    key = row * tl.num_programs(1) + khead
-    tl.store(qhat_ptr + key * BLOCK_K + offs_k, q)
-    tl.store(khat_ptr + key * BLOCK_K + offs_k, k)
-    tl.store(kk_ptr + key * BLOCK_L + offs_l, kk)
-    tl.store(kq_ptr + key * BLOCK_L + offs_l, kq)
+    q, k, kk, kq = key_products(q, k, scale, rk_at, srk_l, srk_k, offs_l, offs_k, mask_k, pos)
 
+    # the value heads' loads before any store (a load issued after a store waits for the store's data): with one
+    # chunk, as every Qwen3.5 key head has, every load of the program
     num_v_heads = V_PER_K * tl.num_programs(1)
     for chunk in tl.static_range(V_PER_K // HEAD_CHUNK):  # one chunk unless a key head has > 16 value heads
         head = khead * V_PER_K + chunk * HEAD_CHUNK + tl.arange(0, HEAD_CHUNK)
@@ -72,6 +69,12 @@ def _gdn_coefficients_kernel(
         tl.store(decay_ptr + per_head, tl.exp(tl.sum(all_g, axis=1)))
         tl.store(beta_ptr + per_head, beta)
         tl.store(rg_at + pos * srg_l, g)
+    key = row * tl.num_programs(1) + khead
+    tl.store(qhat_ptr + key * BLOCK_K + offs_k, q)
+    tl.store(khat_ptr + key * BLOCK_K + offs_k, k)
+    tl.store(kk_ptr + key * BLOCK_L + offs_l, kk)
+    tl.store(kq_ptr + key * BLOCK_L + offs_l, kq)
+    tl.store(rk_at + pos * srk_l + offs_k * srk_k, k, mask=mask_k)  # k̂ appended to the ring
 
 
 @dataclass(frozen=True)

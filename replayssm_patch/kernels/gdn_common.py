@@ -38,10 +38,10 @@ def row_cursor(slot_ptr, pos_ptr, row, pad_slot_id, ring_len):
 
 
 @triton.jit
-def append_key(q, k, scale, rk_at, srk_l, srk_k, offs_l, offs_k, mask_k, pos):
-    """Normalise one (row, key head)'s q and k (fp32 [BLOCK_K], masked lanes 0), read its ring keys before pos, and
-    append k̂ at pos. Returns q̂ (scaled), k̂, kk_s = k̂_s·k̂ and kq_s = k̂_s·q̂ for s < pos, and kq_pos = k̂·q̂ (both 0
-    after pos)."""
+def key_products(q, k, scale, rk_at, srk_l, srk_k, offs_l, offs_k, mask_k, pos):
+    """Normalise one (row, key head)'s q and k (fp32 [BLOCK_K], masked lanes 0) and read its ring keys before pos.
+    Returns q̂ (scaled), k̂, kk_s = k̂_s·k̂ and kq_s = k̂_s·q̂ for s < pos, and kq_pos = k̂·q̂ (both 0 after pos). Loads
+    only: the caller appends k̂ at pos (``append_key``, or after its own last load)."""
     q = l2_normalise(q) * scale
     k = l2_normalise(k)
     earlier, now = offs_l < pos, offs_l == pos
@@ -50,6 +50,13 @@ def append_key(q, k, scale, rk_at, srk_l, srk_k, offs_l, offs_k, mask_k, pos):
     )  # fmt: skip
     kk = tl.sum(ring_k * k[None, :], axis=1)
     kq = tl.where(now, tl.sum(k * q, axis=0), tl.sum(ring_k * q[None, :], axis=1))
+    return q, k, kk, kq
+
+
+@triton.jit
+def append_key(q, k, scale, rk_at, srk_l, srk_k, offs_l, offs_k, mask_k, pos):
+    """``key_products``, and k̂ appended to the ring at pos at once."""
+    q, k, kk, kq = key_products(q, k, scale, rk_at, srk_l, srk_k, offs_l, offs_k, mask_k, pos)
     tl.store(rk_at + pos * srk_l + offs_k * srk_k, k, mask=mask_k)
     return q, k, kk, kq
 
