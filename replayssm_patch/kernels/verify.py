@@ -140,9 +140,9 @@ def _verify_coefficients_kernel(
         dt = softplus_f32(dt)
     rdt = ring_dt_ptr + slot * srdt_slot + head[:, None] * srdt_h + offs_l[None, :] * srdt_l
     ring_dt = tl.load(rdt, mask=history[None, :], other=0.0).to(tl.float32)  # before the store, as _append_rows
+    A = tl.load(A_ptr + head).to(tl.float32)  # before the store too: a load issued after a store waits for its data
     tl.store(rdt, dt.to(ring_dt_ptr.dtype.element_ty), mask=new_h)
     all_dt = tl.where(new_h, dt, ring_dt)  # 0 past the appended entries
-    A = tl.load(A_ptr + head).to(tl.float32)
     at = (row * heads + head) * BLOCK_T
     for j in tl.static_range(BLOCK_T):
         upto = ((offs_l <= pos + j) & (j < count))[None, :]
