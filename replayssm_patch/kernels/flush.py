@@ -93,10 +93,10 @@ def _fold_row_head(
     ).to(tl.float32)  # fmt: skip
     # All head_dim blocks in one program (an idle row exits once). PREFETCH issues each block's loads before the
     # previous block's stores (a load after a store the compiler cannot prove apart from it waits for the store),
-    # at the price of registers (ptxas, 16 x 128 on 4 warps: 234 against 148 at L = 16; at the verify ring's 32 it
-    # spills, 8 warps do not). A form that fed the blocks through shared memory instead (a tl.range loop Triton's
-    # pipeliner ran 2-3 stages deep) lost at every shape (session 24, batch 256: 170.5 / 184.6 µs at 3 / 2 stages
-    # against 129.9 in order) and is removed.
+    # at the price of registers (ptxas, 16 x 128 on 4 warps, the two-pass dot: 196 against 156 at L = 16; 224 against
+    # 159 at the verify ring's 32, where tf32x3 spilled). A form that fed the blocks through shared memory instead (a
+    # tl.range loop Triton's pipeliner ran 2-3 stages deep) lost at every shape (session 24, batch 256: 170.5 / 184.6
+    # µs at 3 / 2 stages against 129.9 in order) and is removed.
     state_row, x_row = state_ptr + slot * ss_slot + head * ss_h, ring_x_ptr + slot * srx_slot + head * srx_h
     for pblock in tl.static_range(P_BLOCKS):
         if pblock == 0 or not PREFETCH:  # in order: this block's loads after the previous block's stores
