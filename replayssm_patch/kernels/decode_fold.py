@@ -33,7 +33,7 @@ from replayssm_patch.kernels.state_products import fp32_dot
 FOLD_NUM_WARPS = 4
 FOLD_BLOCK_P = 32
 FOLD_BLOCK_N = 128
-PROGRAMS_PER_SM = 3  # as many as 168-register 4-warp programs an SM holds
+PROGRAMS_PER_SM = 3  # as many as the folds' 4-warp programs (146-189 registers) an SM holds
 
 
 @triton.jit
