@@ -181,6 +181,7 @@ def verify_step_launch(
     consts = {"HAS_D": True, "BLOCK_T": tokens, "BLOCK_L": 32, "BLOCK_P": block_p, "BLOCK_N": block_n,
               "N_TILES": 128 // block_n, "C_STRIDE": 128, "EVEN": True,
               "TILE_T": max(tokens, DOT_EXTENT) if stages else tokens, "MMA_STAGES": stages, "C_IN_TF32": True,
+              "C_IN_BF16": True,
               "RING_MMA": ring, "RING_IN_TF32": True, "PDL": pdl, "GDC": pdl, **_VERIFY_UNIT_STRIDES}  # fmt: skip
     return {**_VERIFY_STEP_POINTERS, "read_ptr": read}, consts
 

@@ -77,7 +77,7 @@ def _gdn_replay_kernel(
     if MMA_STAGES > 0:
         reads = checkpoint_reads_mma(state_at, key_query_ptr + key * BLOCK_K, s_query, 1, 2, ss_v, ss_k, mask_v,
                                      head_k_dim, TILE_T, BLOCK_V, TILE_K, BLOCK_K // TILE_K, EVEN, MMA_STAGES,
-                                     False)  # fmt: skip
+                                     False, False)  # fmt: skip
         column = tl.arange(0, TILE_T)[None, :]  # k̂'s products in column 0, q̂'s in 1, the padding's 0 after
         state_k = tl.sum(tl.where(column == 0, reads, 0.0), axis=1)
         state_q = tl.sum(tl.where(column == 1, reads, 0.0), axis=1)

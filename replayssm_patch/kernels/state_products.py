@@ -8,8 +8,15 @@ tile (``checkpoint_reads_mma``), at fp32-level error (``fp32_dot``).
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
+
+from replayssm_patch.kernels.interpreter_dot import bf16_dots_by_value
+
+if os.environ.get("TRITON_INTERPRET") == "1":  # the bf16 products below, by value on the CPU too
+    bf16_dots_by_value()
 
 # tl.dot's least extent: the tensor-core form's tiles and its vector columns are at least this
 DOT_EXTENT = 16
@@ -58,12 +65,14 @@ def fp32_dot(a, b, acc, A_IN_TF32: tl.constexpr, B_IN_TF32: tl.constexpr):
 def checkpoint_reads_mma(
     state_at, C_at, sC_t, sC_n, c_count, sr_p, sr_n, mask_p, d_state,
     TILE_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
-    EVEN: tl.constexpr, STAGES: tl.constexpr, C_IN_TF32: tl.constexpr,
+    EVEN: tl.constexpr, STAGES: tl.constexpr, C_IN_TF32: tl.constexpr, C_IN_BF16: tl.constexpr,
 ):  # fmt: skip
     """A checkpoint tile's products with up to TILE_T vectors, transposed: [BLOCK_P, TILE_T] (the vectors padded to
     tl.dot's 16, 0 past ``c_count``), checkpoint [P, N] x C^T [N, TILE_T] per column tile (``fp32_dot``: one tf32
     pass where both are exact in tf32, as the bf16 split copy and C from bf16 are). C_at: the first vector, vector j
-    at C_at + j·sC_t, its columns sC_n apart (the verify's tokens' C; the GDN replay's k̂ and q̂).
+    at C_at + j·sC_t, its columns sC_n apart (the verify's tokens' C; the GDN replay's k̂ and q̂). Where both are
+    bf16 (``C_IN_BF16``: the vectors came from bf16, and a bf16 tile, the split copy), the products are bf16 MMAs
+    (m16n8k16, exact products summed in fp32, as the one tf32 pass is, with half its MMAs).
     The tiles run in a ``tl.range`` loop, so Triton's pipeliner copies them to shared memory ``STAGES`` deep and the
     MMAs read them there: session 20's form (static tiles through registers) lost; this one won session 23's sweep
     (the verify step at batch 256 505.2 against 548.0 µs on the CUDA cores, T = 8 499.7 against 688.3 without folds)."""
@@ -76,6 +85,10 @@ def checkpoint_reads_mma(
         live = (offs_t < c_count)[None, :]
         if not EVEN:  # the fp32 copy is 0 past d_state; the model's C ends there
             live = live & (offs_n < d_state)[:, None]
-        C_T = tl.load(C_at + offs_t[None, :] * sC_t + offs_n[:, None] * sC_n, mask=live, other=0.0).to(tl.float32)
-        read_T = fp32_dot(h.to(tl.float32), C_T, read_T, h.dtype == tl.bfloat16, C_IN_TF32 or h.dtype == tl.bfloat16)
+        C_T = tl.load(C_at + offs_t[None, :] * sC_t + offs_n[:, None] * sC_n, mask=live, other=0.0)
+        if C_IN_BF16 and h.dtype == tl.bfloat16:  # both exact in bf16: its products, half the tf32 pass's MMAs
+            read_T = tl.dot(h, C_T.to(tl.bfloat16), read_T)
+        else:
+            h32, C32 = h.to(tl.float32), C_T.to(tl.float32)
+            read_T = fp32_dot(h32, C32, read_T, h.dtype == tl.bfloat16, C_IN_TF32 or h.dtype == tl.bfloat16)
     return read_T

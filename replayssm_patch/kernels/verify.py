@@ -193,8 +193,8 @@ def _verify_step_kernel(
     so_t, so_h, so_p,
     HAS_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     N_TILES: tl.constexpr, C_STRIDE: tl.constexpr, EVEN: tl.constexpr, TILE_T: tl.constexpr, MMA_STAGES: tl.constexpr,
-    C_IN_TF32: tl.constexpr, RING_MMA: tl.constexpr, RING_IN_TF32: tl.constexpr, PDL: tl.constexpr,
-    GDC: tl.constexpr,
+    C_IN_TF32: tl.constexpr, C_IN_BF16: tl.constexpr, RING_MMA: tl.constexpr, RING_IN_TF32: tl.constexpr,
+    PDL: tl.constexpr, GDC: tl.constexpr,
 ):  # fmt: skip
     pblock = tl.program_id(0)
     row = tl.program_id(1)
@@ -219,10 +219,11 @@ def _verify_step_kernel(
         if PDL:  # the model's C: nothing before the wait below reads what the coefficient launch writes
             read_T = checkpoint_reads_mma(state_at, C_ptr + start * sC_t + group * sC_g, sC_t, sC_n, count, sr_p,
                                            sr_n, mask_p, d_state, TILE_T, BLOCK_P, BLOCK_N, N_TILES, EVEN, MMA_STAGES,
-                                           C_IN_TF32)  # fmt: skip
+                                           C_IN_TF32, C_IN_BF16)  # fmt: skip
         else:
             read_T = checkpoint_reads_mma(state_at, C_at, C_STRIDE, 1, BLOCK_T, sr_p, sr_n, mask_p, d_state, TILE_T,
-                                           BLOCK_P, BLOCK_N, N_TILES, EVEN, MMA_STAGES, C_IN_TF32)  # fmt: skip
+                                           BLOCK_P, BLOCK_N, N_TILES, EVEN, MMA_STAGES, C_IN_TF32,
+                                           C_IN_BF16)  # fmt: skip
         read = tl.trans(read_T)
     else:
         read = _checkpoint_reads(state_at, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES,
@@ -381,9 +382,10 @@ def replay_verify(
         HAS_D=D is not None, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
         N_TILES=triton.cdiv(d_state, BLOCK_N), C_STRIDE=c32.shape[-1],
         EVEN=head_dim % BLOCK_P == 0 and d_state % BLOCK_N == 0, TILE_T=max(BLOCK_T, floor),
-        MMA_STAGES=stages, C_IN_TF32=C.dtype.itemsize <= 2, RING_MMA=ring_on_tensor_cores,
-        RING_IN_TF32=ring_x.dtype.itemsize <= 2, PDL=dependent, GDC=gdc, num_warps=num_warps or tuned.num_warps,
-        launch_pdl=gdc, **register_cap(tuned.maxnreg if maxnreg is None else maxnreg),
+        MMA_STAGES=stages, C_IN_TF32=C.dtype.itemsize <= 2, C_IN_BF16=C.dtype == torch.bfloat16,
+        RING_MMA=ring_on_tensor_cores, RING_IN_TF32=ring_x.dtype.itemsize <= 2, PDL=dependent, GDC=gdc,
+        num_warps=num_warps or tuned.num_warps, launch_pdl=gdc,
+        **register_cap(tuned.maxnreg if maxnreg is None else maxnreg),
     )  # fmt: skip
     return out
 
