@@ -79,6 +79,10 @@ class Plan(BenchPlan):
         # session 22's cap for three 4-warp programs per SM (tf32x3 took 189 registers at the verify ring's 32 entries;
         # the two-pass dot of session 25 takes 159 uncapped, and 224 with the prefetch, no longer spilling)
         (16, 4, 0, 168),
+        # the listed grid sized to what an SM holds (session 25, the two-pass dot at the ring's 32 entries): four
+        # in-order programs capped at 128 registers (ptxas: 76 bytes spilled), two of the prefetch form (224-247
+        # registers, which leave room for two, so a third program per SM waited for a slot)
+        (16, 4, 0, 128, 4), (16, 4, 1, 0, 2),
     )  # fmt: skip
     # a second ring the verify section times at its two largest batches: at T = 4, L = 28 fills the 32-entry tile the
     # kernels already pad L + T = 20 to, and a row folds every ceil(28 / AL) verifies instead of every ceil(16 / AL)
@@ -96,7 +100,7 @@ SMOKE_PLAN = Plan(
     nheads=4, head_dim=8, d_state=16, ngroups=2, buffer_len=4, eq_batch=3, eq_steps=6, batches=(2,),
     warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
     verify_configs=((16, 64, 1), (8, 16, 2, 80, 2), (8, 16, 1, 0, 2, 1), (8, 16, 1, 0, 2, 0, 1)),
-    fold_configs=((16, 4, 0), (16, 4, 1, 168)), verify_long_ring=5, verify_token_sweep=(2,),
+    fold_configs=((16, 4, 0), (16, 4, 1, 168), (16, 4, 0, 0, 2)), verify_long_ring=5, verify_token_sweep=(2,),
     rotation_layers=2, rotation_pool=9,
 )  # fmt: skip
 
@@ -168,9 +172,10 @@ class Baseline:
 
 
 # (block_p, block_n, num_warps[, maxnreg[, mma_stages[, mma_ring[, pdl]]]]) of a replay or verify launch, (block_p,
-# num_warps, prefetch[, maxnreg]) of the fold: maxnreg caps the registers per thread, mma_stages puts the verify's
-# checkpoint reads on the tensor cores, mma_ring its ring's product too, and pdl makes it a programmatic dependent
-# launch of the coefficient launch (kernels.launch_config)
+# num_warps, prefetch[, maxnreg[, programs_per_sm]]) of the fold: maxnreg caps the registers per thread (0: none),
+# programs_per_sm sizes the fold's listed grid, mma_stages puts the verify's checkpoint reads on the tensor cores,
+# mma_ring its ring's product too, and pdl makes it a programmatic dependent launch of the coefficient launch
+# (kernels.launch_config)
 Shape = tuple[int, ...]
 
 
@@ -200,7 +205,7 @@ def sweep_markdown(sweep: dict[str, Any], what: str, shape: str = "block_p x blo
 
 REPLAY_KNOBS = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages", "mma_ring", "pdl")  # the verify's last
 # four only where a shape names them
-FOLD_KNOBS = ("block_p", "num_warps", "prefetch", "maxnreg")
+FOLD_KNOBS = ("block_p", "num_warps", "prefetch", "maxnreg", "programs_per_sm")
 
 
 def tuning_of(cfg: Shape | None) -> dict[str, int]:

@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET
 VERIFY_TOKENS = 1 + SPEC_TOKENS  # T, the query tokens of a verify row
 # what the parts of a swept shape's name are (mamba_bench_setup.Shape)
 VERIFY_SHAPE = "block_p x block_n x warps[ x maxnreg[ x mma_stages[ x mma_ring[ x pdl]]]]"
-FOLD_SHAPE = "block_p x warps x prefetch[ x maxnreg]"
+FOLD_SHAPE = "block_p x warps x prefetch[ x maxnreg[ x programs per SM]]"
 ACCEPTED_TOKENS = int(ACCEPTANCE_LENGTH)  # tokens every verify commits: the engine runs' mean length, whole
 
 

@@ -112,11 +112,12 @@ class FoldPlan:
 
 
 @functools.cache
-def fold_programs(device: torch.device) -> int:
-    """Programs of the fold's fixed grid: one resident wave (a handful under the CPU interpreter)."""
+def fold_programs(device: torch.device, per_sm: int = PROGRAMS_PER_SM) -> int:
+    """Programs of the fold's fixed grid: one resident wave of ``per_sm`` a multiprocessor (a handful under the CPU
+    interpreter)."""
     if device.type != "cuda":
         return 8
-    return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def flush_work_list(

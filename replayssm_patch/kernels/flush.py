@@ -21,7 +21,7 @@ from replayssm_patch.kernels.common import (
     decay_sum_after_reference,
     register_cap,
 )
-from replayssm_patch.kernels.decode_fold import fold_programs
+from replayssm_patch.kernels.decode_fold import PROGRAMS_PER_SM, fold_programs
 from replayssm_patch.kernels.launch_config import fold_launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head, ring_entries, ring_len_of, valid_rows
 from replayssm_patch.kernels.state_products import fp32_dot
@@ -161,6 +161,7 @@ def flush_ring(
     num_warps: int | None = None,
     prefetch: bool | None = None,
     maxnreg: int | None = None,
+    programs_per_sm: int | None = None,
 ) -> None:
     """Fold ring entries [0, flush_len) of each row into ssm_state in place (and into state_bf16 if given).
 
@@ -172,8 +173,9 @@ def flush_ring(
     (row, head) gets a program and the idle rows' returns cost the launch time (session 22, the verify's fold at
     batch 128 / 256: 68.8 / 131.6 µs walking the list, 74.8 / 145.7 with a program per row). ``block_p`` (head_dim
     rows per program, at least 16 for tl.dot), ``num_warps``, ``prefetch`` (each head_dim block's loads before the
-    previous block's stores) and ``maxnreg`` (registers per thread, 0: ptxas decides) are GPU tuning knobs only;
-    unset, the launch table's ``"fold"`` entry decides.
+    previous block's stores), ``maxnreg`` (registers per thread, 0: ptxas decides) and ``programs_per_sm`` (the
+    listed grid's, 0: ``PROGRAMS_PER_SM``) are GPU tuning knobs only; unset, the launch table's ``"fold"`` entry
+    decides.
     The dot runs on tensor cores at fp32-level error (``state_products.fp32_dot``): B from a 16-bit ring is exact in
     tf32, so two passes (x·w's tf32 head and its remainder) do what tf32x3 did in three. ptxas at the verify ring's
     32 entries, 16 x 4 warps, walking the list (session 25): in order 159 registers and 1,968 instructions against
@@ -192,7 +194,9 @@ def flush_ring(
     BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p, floor=16)
     copy = state_bf16 if state_bf16 is not None else ssm_state
     rows, count = work_list if work_list is not None else (flush_len, flush_len)
-    grid = (min(batch * nheads, fold_programs(ssm_state.device)),) if work_list is not None else (batch, nheads)
+    per_sm = (tuned.programs_per_sm if programs_per_sm is None else programs_per_sm) or PROGRAMS_PER_SM
+    listed = (min(batch * nheads, fold_programs(ssm_state.device, per_sm)),)
+    grid = listed if work_list is not None else (batch, nheads)
     _flush_kernel[grid](
         A, ssm_state, copy, ring_x, ring_B, ring_dt, state_indices, flush_len, rows, count,
         head_dim, d_state, ring_len_of(ring_x), nheads, nheads // ngroups, pad_slot_id,
@@ -223,10 +227,11 @@ def flush_ring_reference(
     num_warps: int | None = None,
     prefetch: bool | None = None,
     maxnreg: int | None = None,
+    programs_per_sm: int | None = None,
 ) -> None:
     """Plain-PyTorch twin of ``flush_ring`` (same arguments; the work list and the tuning knobs are ignored: every
     row with flush_len > 0 folds), in fp32."""
-    del work_list, block_p, num_warps, prefetch, maxnreg
+    del work_list, block_p, num_warps, prefetch, maxnreg, programs_per_sm
     nheads = ssm_state.shape[1]
     A = per_head(A, nheads).float()
     rows = (valid_rows(state_indices, pad_slot_id) & (flush_len > 0)).nonzero().squeeze(1)

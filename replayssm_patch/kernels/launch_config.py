@@ -82,10 +82,14 @@ class FoldLaunch:
     num_warps: int = 4
     prefetch: bool = False
     maxnreg: int = 0
+    # programs per SM of the fixed grid that walks the folding rows (0: decode_fold.PROGRAMS_PER_SM, 3): as many as
+    # the registers let an SM hold, one wave, so no program waits for another's slot
+    programs_per_sm: int = 0
 
     def as_key(self) -> str:
         return (f"{self.block_p}x{self.num_warps}w" + (" prefetch" if self.prefetch else "")
-                + (f" <={self.maxnreg} regs" if self.maxnreg else ""))  # fmt: skip
+                + (f" <={self.maxnreg} regs" if self.maxnreg else "")
+                + (f" {self.programs_per_sm}/SM" if self.programs_per_sm else ""))  # fmt: skip
 
 
 @dataclass(frozen=True)

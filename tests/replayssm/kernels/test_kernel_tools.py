@@ -84,13 +84,14 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert "8x16x2x80x2" in verify["sweep"]["fp32"]["us"], "a register cap and tensor-core reads are swept"
     assert "8x16x1x0x2x1" in verify["sweep"]["fp32"]["us"], "and the ring's product on the tensor cores"
     assert "8x16x1x0x2x0x1" in verify["sweep"]["split"]["us"], "and the programmatic dependent launch"
-    assert set(verify["fold_sweep"]) == {"fp32", "split"} and len(verify["fold_sweep"]["fp32"]["us"]) == 2
+    assert set(verify["fold_sweep"]) == {"fp32", "split"} and len(verify["fold_sweep"]["fp32"]["us"]) == 3
     assert set(verify["fold_sweep_per_row"]) == {"fp32", "split"}, "the fold swept without the list too"
-    fold_keys = ("block_p", "num_warps", "prefetch", "maxnreg")
+    fold_keys = ("block_p", "num_warps", "prefetch", "maxnreg", "programs_per_sm")
     assert table["fold"] == {
         mode: dict(zip(fold_keys, (*cfg[:2], bool(cfg[2]), *cfg[3:]), strict=False))
         for mode, cfg in verify["fold_configs"].items()
-    }, "so do the fold's, with or without the prefetch and a register cap"
+    }, "so do the fold's, with or without the prefetch, a register cap and a grid size"
+    assert "16x4x0x0x2" in verify["fold_sweep"]["fp32"]["us"], "the listed grid's programs per SM are swept"
     assert "Sweep, verify fold split (block_p x warps x prefetch" in markdown
     assert "Sweep, verify step split" in markdown
     assert verify["baseline"].startswith("none, ReplaySSM timed alone: fp64 reference")
