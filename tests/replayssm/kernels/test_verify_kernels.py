@@ -204,7 +204,8 @@ def test_verify_steps_track_fp64_across_folds(shape: Shape, T: int, pattern: str
                                                ("mixed", "tensor-cores"), ("mixed", "tensor-cores-ring"),
                                                ("mixed", "pdl")])  # fmt: skip
 def test_verify_steps_in_split_precision_stay_within_the_bf16_bound(pattern: str, form: str) -> None:
-    """The bf16 copy read on the CUDA cores, or as tf32 tensor-core products (bf16 and C are exact in tf32)."""
+    """The bf16 copy read on the CUDA cores, or as tensor-core products: bf16 ones where C is bf16 (this shape's: the
+    products are exact either way), as the model's C with ``pdl``."""
     shape, T = VERIFY_SHAPES[1]
     run_verify_steps(shape, T, split=True, pattern=pattern, steps=8, form=form)
 
