@@ -64,6 +64,7 @@ CONV_WIDTH = 4  # Qwen3.5's conv kernel: vLLM keeps its last 3 inputs per channe
 NULL_SLOT = 0  # vLLM 0.24's packed decode skips rows whose state index is <= 0 (its null block)
 PAD = -1  # ReplaySSM's padding rows
 REPLAY_KNOBS = ("replay_block_v", "replay_num_warps", "replay_mma_stages")  # a swept replay shape's parts, in order
+FOLD_KNOBS = ("fold_block_v", "fold_num_warps", "fold_maxnreg", "fold_programs_per_sm")  # and a fold shape's
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,11 @@ class Plan(BenchPlan):
     replay_shapes: tuple[tuple[int, ...], ...] = (
         *((v, w) for v in (16, 32, 64) for w in (2, 4, 8)), (32, 1, 3), (32, 1, 2), (16, 1, 3), (32, 2, 3), (64, 2, 3),
     )  # fmt: skip
-    fold_shapes: tuple[tuple[int, int], ...] = ((16, 4), (16, 8), (32, 4), (32, 8))
+    # (block_v, num_warps[, maxnreg, programs per SM]) of the fold; session 25: the listed grid sized to what an SM
+    # holds (16 x 4 capped at 128 registers: 4, no spills; 8 warps at 110-128 registers: 2, where the grid had 3)
+    fold_shapes: tuple[tuple[int, ...], ...] = (
+        (16, 4), (16, 8), (32, 4), (32, 8), (16, 4, 128, 4), (16, 8, 0, 2), (32, 8, 0, 2),
+    )  # fmt: skip
 
     @property
     def conv_dim(self) -> int:
@@ -102,7 +107,7 @@ class Plan(BenchPlan):
 SMOKE_PLAN = Plan(
     num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=32, buffer_len=4, eq_batch=3, eq_steps=10,
     batches=(2,), warmup=1, graph_calls=1, repeats=1, replay_shapes=((16, 2), (32, 4), (16, 1, 2)),
-    fold_shapes=((16, 4),),
+    fold_shapes=((16, 4), (16, 4, 128, 4)),
 )  # fmt: skip
 
 
@@ -401,7 +406,8 @@ def run_sweep(plan: Plan, device: str) -> dict[str, Any]:
     for name in (name for name, spilled in spills.items() if spilled):
         print(f"[gdn_kernel_bench]   sweep {name}: skipped, {spills[name]} B spilled", flush=True)
     best_replay = replay[min(timings, key=timings.__getitem__)]
-    folds = {f"{v}x{w}": best_replay | {"fold_block_v": v, "fold_num_warps": w} for v, w in plan.fold_shapes}
+    folds = {"x".join(map(str, shape)): best_replay | dict(zip(FOLD_KNOBS, shape, strict=False))
+             for shape in plan.fold_shapes}  # fmt: skip
     fold_timings = setup.sweep(folds, "fold")
     best = folds[min(fold_timings, key=fold_timings.__getitem__)]
     print(f"[gdn_kernel_bench]   sweep: best {launch_of(best).as_key()} ({min(fold_timings.values()):.1f} us)",
@@ -633,9 +639,10 @@ def _equivalence_markdown(eq: dict[str, Any]) -> list[str]:
 def _sweep_markdown(sweep: dict[str, Any]) -> list[str]:
     skipped = [name for name, spilled in sweep["spill_bytes"].items() if spilled]
     return [
-        f"Decode step (1/L rows flushing) at batch {sweep['batch']}, block_v x num_warps[ x mma_stages], us. "
-        f"Replay (default fold): {ranked_shapes(sweep['us'])}. "
-        f"Fold (fastest replay): {ranked_shapes(sweep.get('fold_us', {}))}.",
+        f"Decode step (1/L rows flushing) at batch {sweep['batch']}, us. "
+        f"Replay, block_v x num_warps[ x mma_stages] (default fold): {ranked_shapes(sweep['us'])}. "
+        f"Fold, block_v x num_warps[ x maxnreg x programs per SM] (fastest replay): "
+        f"{ranked_shapes(sweep.get('fold_us', {}))}.",
         f"Skipped (ptxas spills): {', '.join(skipped) or 'none'}. Fastest: {launch_of(sweep['best']).as_key()}.",
         "",
     ]

@@ -110,11 +110,21 @@ class GdnLaunch:
     # > 0: the replay's checkpoint products with k̂ and q̂ on the tensor cores (tf32x3), its head_k_dim tiles pipelined
     # through shared memory that deep, as the Mamba-2 verify's reads (not yet timed; ptxas: see compile_check)
     replay_mma_stages: int = 0
+    # the fold's cap on registers per thread (0: none) and its listed grid's programs per SM (0: 3): the fold is
+    # latency-bound (34 % of HBM with every row folding), and 3 programs of 4 warps hold 12 warps an SM (ptxas:
+    # 16 x 4 warps capped at 128 registers, no spills, so 4 fit; 8 warps take 110-128, so 2 fit, not the grid's 3)
+    fold_maxnreg: int = 0
+    fold_programs_per_sm: int = 0
 
     def as_key(self) -> str:
         replay = f"replay {self.replay_block_v}x{self.replay_num_warps}w"
         mma = f" mma {self.replay_mma_stages} stages" if self.replay_mma_stages else ""
-        return f"{replay}{mma}, fold {self.fold_block_v}x{self.fold_num_warps}w"
+        fold = (
+            f"fold {self.fold_block_v}x{self.fold_num_warps}w"
+            + (f" <={self.fold_maxnreg} regs" if self.fold_maxnreg else "")
+            + (f" {self.fold_programs_per_sm}/SM" if self.fold_programs_per_sm else "")
+        )
+        return f"{replay}{mma}, {fold}"
 
 
 GDN_DEFAULT = GdnLaunch()

@@ -50,8 +50,11 @@ OUT_TOL = 1e-5
 STATE_TOL = 1e-6
 BASELINE_TOL = 1e-6
 BF16_ULP = 2.0**-7
-# the replay's checkpoint products with k̂ and q̂ on the tensor cores, pipelined 2 deep (16-row blocks: tl.dot's least)
-TENSOR_CORE_REPLAY = GdnLaunch(replay_block_v=16, replay_num_warps=1, replay_mma_stages=2)
+# the replay's checkpoint products with k̂ and q̂ on the tensor cores, pipelined 2 deep (16-row blocks: tl.dot's least),
+# and the fold's register cap and grid per SM set (the interpreter's grid stays its handful)
+TENSOR_CORE_REPLAY = GdnLaunch(
+    replay_block_v=16, replay_num_warps=1, replay_mma_stages=2, fold_maxnreg=128, fold_programs_per_sm=4
+)
 
 
 def gdn_decode_step_on_tensor_cores(*args, **kwargs) -> torch.Tensor:
