@@ -1,4 +1,4 @@
-"""The GPU benchmark's --smoke run and the Hopper compile check, both on CPU, as a user would start them."""
+"""The GPU benchmarks' --smoke runs on CPU as a user would start them, their launch tables and stand-ins."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import itertools
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,30 +17,7 @@ from replayssm_patch.gpu.kernel_bench import render_markdown, run_equivalence, r
 from replayssm_patch.gpu.mamba_bench_setup import SMOKE_PLAN, Baseline
 from replayssm_patch.gpu.verify_bench import run_verify, verify_problem
 from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-def run_module(module: str, *args: str, interpret: bool, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """Run `python -m module args` in its own process group; kill the whole group if it overruns."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", module, *args], cwd=REPO, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"{module} overran {timeout} s")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+from tests.replayssm.kernels.processes import REPO, run_module
 
 
 def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
@@ -348,133 +324,10 @@ def test_gdn_kernel_bench_traffic_model_counts_what_each_call_must_move() -> Non
     assert model.replay() < 0.6 * model.baseline()
 
 
-def test_gdn_replay_sweep_keeps_only_shapes_that_do_not_spill() -> None:
-    """The sweep asks the real compiler (sm_90 ptxas) for the replay's spills; today's default shape has none."""
-    code = "from replayssm_patch.gpu.gdn_kernel_bench import Plan, replay_spills; print(replay_spills(Plan(), 32, 4))"
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={k: v for k, v in os.environ.items()
-                          if k != "TRITON_INTERPRET"}, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "0"
-
-
 def test_gdn_kernel_bench_without_gpu_or_smoke_refuses(tmp_path: Path) -> None:
     done = run_module("replayssm_patch.gpu.gdn_kernel_bench", "--out", str(tmp_path), interpret=False, timeout=60)
     assert done.returncode == 2
     assert done.stdout.strip().splitlines()[-1].startswith("error: no CUDA GPU")
-
-
-@functools.cache
-def compile_check_lines() -> tuple[str, ...]:
-    """The compile check's "ok" lines (one run shared by the tests below); fails the test if any variant failed."""
-    done = run_module("replayssm_patch.kernels.compile_check", interpret=False)
-    assert done.returncode == 0, done.stdout
-    return tuple(line for line in done.stdout.splitlines() if ": ok" in line)
-
-
-def test_kernels_compile_for_hopper() -> None:
-    """The real Triton compiler (not the interpreter) accepts every default kernel variant for sm_90."""
-    lines = compile_check_lines()
-    assert len(lines) == 29, lines  # 11 decode-path and flush ones, the take before a prefill, 11 of the verify, 6 GDN
-    registers = [int(line.split(" registers")[0].rsplit(" ", 1)[1]) for line in lines]
-    assert all(0 < count <= 255 for count in registers), lines  # ptxas -v was read for every kernel
-    every_step = [line for line in lines if line.startswith(("replay step", "decode fold", "ring coefficients"))]
-    assert len(every_step) == 5 and all(" 0 B spilled" in line for line in every_step), lines
-    flushes = [line for line in lines if line.startswith("flush, bf16 copy")]
-    assert len(flushes) == 5 and all(" 0 B spilled" in line for line in flushes), lines
-    verify_steps = [line for line in lines if line.startswith("verify step")]  # both dtypes, the four forms
-    assert len(verify_steps) == 8 and all(" 0 B spilled" in line for line in verify_steps), lines
-
-
-_COUNT_VERIFY_FORMS = """
-import json
-from replayssm_patch.kernels.sass_mix import FORMS, count_form, markdown
-sums, ring = FORMS[0], FORMS[1]
-counts = [count_form(sums, 1), count_form(sums, 4), count_form(ring, 4)]
-print(json.dumps({"rows": [[c.tokens, c.instructions, c.registers, c.spill_bytes, c.mix["SHFL"], c.mix["HMMA"]]
-                           for c in counts], "table": markdown(counts)}))
-"""
-
-
-def test_the_verify_instruction_mix_counts_the_per_token_sums_and_their_tensor_core_form() -> None:
-    """sm_90a machine code, no GPU (kernels/sass_mix.py): the committed form's ring sums add the same cross-lane
-    shuffles for every query token; with the ring's product on the tensor cores there are none and more HMMA; both
-    stay within the 112-register cap the committed table sets."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COUNT_VERIFY_FORMS], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=REPO)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout)
-    sums_1, sums_4, ring_4 = result["rows"]
-    (t1, n1, r1, _, shfl1, hmma1), (t4, n4, r4, s4, shfl4, hmma4) = sums_1, sums_4
-    _, n_ring, r_ring, _, shfl_ring, hmma_ring = ring_4
-    assert (t1, t4) == (1, 4) and shfl1 > 0 and shfl4 == 4 * shfl1 and n4 > n1 and hmma4 == hmma1
-    assert shfl_ring == 0 and hmma_ring > hmma4 and n_ring < n4
-    assert max(r1, r4, r_ring) <= 112 and s4 == 0
-    table = result["table"].splitlines()
-    assert table[0].startswith("| form | T | instructions | registers | spilled B | SHFL | HMMA |") and len(table) == 5
-    assert table[3].startswith(f"| fp32, CUDA-core ring sums (committed) | 4 | {n4:,} | {r4} | 0 | {shfl4} | {hmma4} |")
-
-
-_GRID_DEPENDENCY_PTX = """
-import json
-from replayssm_patch.kernels.compile_check import hopper_kernel, variants
-ptx = {label: hopper_kernel(kernel, pointers, consts, warps).asm["ptx"]
-       for label, kernel, pointers, consts, warps in variants() if label.startswith("verify")}
-print(json.dumps({label: [code.count("griddepcontrol.launch_dependents"), code.count("griddepcontrol.wait")]
-                  for label, code in ptx.items()}))
-"""
-
-
-def test_only_the_programmatic_dependent_verify_carries_the_grid_dependency_instructions() -> None:
-    """sm_90a PTX, no GPU: with ``pdl`` the coefficient launch lets the output launch start and the output launch
-    waits once (before it reads the coefficients); without it neither instruction is there, so the committed
-    launches are untouched."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _GRID_DEPENDENCY_PTX], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=REPO)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    counts = json.loads(done.stdout)
-    assert counts["verify coefficients, T=4, pdl"] == [1, 0] and counts["verify coefficients, T=4"] == [0, 0]
-    dependent = {label: found for label, found in counts.items() if label.startswith("verify step")}
-    assert len(dependent) == 8
-    for label, found in dependent.items():
-        assert found == ([0, 1] if label.endswith(", pdl") else [0, 0]), (label, found)
-
-
-_MISSING_CONSTEXPR = """
-from replayssm_patch.kernels.compile_check import hopper_kernel, verify_step_launch
-from replayssm_patch.kernels.verify import _verify_step_kernel
-pointers, consts = verify_step_launch("*fp32", 4, 32, 32, 3, False)
-del consts["GDC"]
-try:
-    hopper_kernel(_verify_step_kernel, pointers, consts, 1)
-except ValueError as exc:
-    print(exc)
-"""
-
-
-def test_a_compile_without_a_value_for_every_constexpr_is_refused() -> None:
-    """A constexpr left out would compile as an i32 argument (both sides of its branches, other register counts)
-    without an error: the compile check names it instead."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _MISSING_CONSTEXPR], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=REPO)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "_verify_step_kernel: no value for the constexprs ['GDC']"
-
-
-def test_gdn_decode_step_kernels_do_not_spill() -> None:
-    """The three launches of every GDN decode step (coefficients, replay in both forms, fold) fit their registers on
-    sm_90."""
-    every_step = [line for line in compile_check_lines() if line.startswith(("gdn coefficients", "gdn replay",
-                                                                             "gdn fold"))]  # fmt: skip
-    assert len(every_step) == 4 and all(" 0 B spilled" in line for line in every_step), every_step
-
-
-def test_gdn_mixed_step_kernel_does_not_spill() -> None:
-    """The one launch of a mixed step's GDN decode rows (conv, coefficients, replay or fold) fits on sm_90."""
-    mixed = [line for line in compile_check_lines() if line.startswith("gdn mixed-step decode")]
-    assert len(mixed) == 1 and " 0 B spilled" in mixed[0], mixed
 
 
 def selective_state_update_stand_in(
