@@ -112,12 +112,12 @@ class FoldPlan:
 
 
 @functools.cache
-def fold_programs(device: torch.device, per_sm: int = PROGRAMS_PER_SM) -> int:
-    """Programs of the fold's fixed grid: one resident wave of ``per_sm`` a multiprocessor (a handful under the CPU
-    interpreter)."""
+def fold_programs(device: torch.device, per_sm: int = 0) -> int:
+    """Programs of the fold's fixed grid: one resident wave of ``per_sm`` a multiprocessor (0: ``PROGRAMS_PER_SM``, as
+    the launch tables' 0 says; a handful under the CPU interpreter)."""
     if device.type != "cuda":
         return 8
-    return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
+    return (per_sm or PROGRAMS_PER_SM) * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def flush_work_list(

@@ -21,7 +21,7 @@ from replayssm_patch.kernels.common import (
     decay_sum_after_reference,
     register_cap,
 )
-from replayssm_patch.kernels.decode_fold import PROGRAMS_PER_SM, fold_programs
+from replayssm_patch.kernels.decode_fold import fold_programs
 from replayssm_patch.kernels.launch_config import fold_launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, per_head, ring_entries, ring_len_of, valid_rows
 from replayssm_patch.kernels.state_products import fp32_dot
@@ -194,7 +194,7 @@ def flush_ring(
     BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p, floor=16)
     copy = state_bf16 if state_bf16 is not None else ssm_state
     rows, count = work_list if work_list is not None else (flush_len, flush_len)
-    per_sm = (tuned.programs_per_sm if programs_per_sm is None else programs_per_sm) or PROGRAMS_PER_SM
+    per_sm = tuned.programs_per_sm if programs_per_sm is None else programs_per_sm
     listed = (min(batch * nheads, fold_programs(ssm_state.device, per_sm)),)
     grid = listed if work_list is not None else (batch, nheads)
     _flush_kernel[grid](

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size, register_cap
-from replayssm_patch.kernels.decode_fold import PROGRAMS_PER_SM, fold_programs, fold_work_item
+from replayssm_patch.kernels.decode_fold import fold_programs, fold_work_item
 from replayssm_patch.kernels.gdn_coefficients import GdnCoefficients
 from replayssm_patch.kernels.launch_config import GdnLaunch
 from replayssm_patch.kernels.state_products import fp32_dot
@@ -102,7 +102,7 @@ def launch_gdn_fold(
     BLOCK_V = block_size(head_v_dim, cap=launch.fold_block_v, floor=16)  # tl.dot needs 16 in every dimension
     V_BLOCKS = triton.cdiv(head_v_dim, BLOCK_V)
     c = coefficients
-    programs = fold_programs(v.device, launch.fold_programs_per_sm or PROGRAMS_PER_SM)
+    programs = fold_programs(v.device, launch.fold_programs_per_sm)
     _gdn_fold_kernel[(min(batch * num_v_heads * V_BLOCKS, programs),)](
         v, ssm_state, ring_k, ring_u, state_indices, write_pos, flush_rows, flush_count,
         c.q_hat, c.k_hat, c.kk, c.weight, c.decay, c.beta, out,
