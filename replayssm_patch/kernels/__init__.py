@@ -83,7 +83,7 @@ from replayssm_patch.kernels.decode_step import replay_decode_step, replay_decod
 from replayssm_patch.kernels.flush import flush_ring, flush_ring_reference
 from replayssm_patch.kernels.gdn_decode import gdn_decode_step, gdn_decode_step_reference
 from replayssm_patch.kernels.gdn_flush import gdn_flush_ring, gdn_flush_ring_reference
-from replayssm_patch.kernels.gdn_layout import GdnReplayCache, GdnRingShapes, gdn_ring_shapes
+from replayssm_patch.kernels.gdn_layout import GdnReplayCache, GdnRingShapes, GdnSplitTensors, gdn_ring_shapes
 from replayssm_patch.kernels.gdn_mixed_decode import gdn_mixed_decode, gdn_mixed_decode_reference
 from replayssm_patch.kernels.layout import (
     PAD_SLOT_ID,
@@ -105,6 +105,7 @@ __all__ = [
     "PAD_SLOT_ID",
     "GdnReplayCache",
     "GdnRingShapes",
+    "GdnSplitTensors",
     "ReplayCache",
     "RingShapes",
     "copy_state_to_bf16",

@@ -9,8 +9,8 @@ up to and including this step (G_c: over all of them):
     q̂, k̂                                    normalised (q̂ scaled), [batch, num_k_heads, BLOCK_K]
     kk_s = k̂_s·k̂ (s < m),  kq_s = k̂_s·q̂ (s < m),  kq_m = k̂·q̂ (else 0)       [batch, num_k_heads, BLOCK_L]
     w_s = e^G_s (s <= m, else 0),  e^G_c,  β      per value head of the key head, [batch, num_v_heads, ...]
-It appends k̂ and its value heads' g to the ring at m (the only program that owns them); ring entries at or
-after m are never read, so a reused slot's stale (even non-finite) entries cannot leak.
+It appends k̂ and its value heads' g (and, in split precision, β) to the ring at m (the only program that owns
+them); ring entries at or after m are never read, so a reused slot's stale (even non-finite) entries cannot leak.
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ COEF_NUM_WARPS = 2
 
 @triton.jit
 def _gdn_coefficients_kernel(
-    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, ring_k_ptr, ring_g_ptr, slot_ptr, pos_ptr,
+    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, ring_k_ptr, ring_g_ptr, ring_beta_ptr, slot_ptr, pos_ptr,
     qhat_ptr, khat_ptr, kk_ptr, kq_ptr, weight_ptr, decay_ptr, beta_ptr,
     scale, head_k_dim, ring_len, pad_slot_id,
     sq_b, sq_h, sq_k, sk_b, sk_h, sk_k, sa_b, sa_h, sb_b, sb_h, srk_slot, srk_l, srk_h, srk_k, srg_slot, srg_l, srg_h,
+    srb_slot, srb_l, srb_h,
     V_PER_K: tl.constexpr, HEAD_CHUNK: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     khead = tl.program_id(1)
@@ -69,6 +71,8 @@ def _gdn_coefficients_kernel(
         tl.store(decay_ptr + per_head, tl.exp(tl.sum(all_g, axis=1)))
         tl.store(beta_ptr + per_head, beta)
         tl.store(rg_at + pos * srg_l, g)
+        if SPLIT:  # the exact replay of a split-precision flush needs β
+            tl.store(ring_beta_ptr + slot * srb_slot + pos * srb_l + head * srb_h, beta)
     key = row * tl.num_programs(1) + khead
     tl.store(qhat_ptr + key * BLOCK_K + offs_k, q)
     tl.store(khat_ptr + key * BLOCK_K + offs_k, k)
@@ -125,18 +129,22 @@ def launch_gdn_coefficients(
     scale: float,
     pad_slot_id: int,
     num_v_heads: int,
+    ring_beta: torch.Tensor | None = None,
 ) -> GdnCoefficients:
-    """One program per (row, key head): write the scratch, append k̂ and g at write_pos."""
+    """One program per (row, key head): write the scratch, append k̂ and g (and β to ``ring_beta``, split precision's
+    [slots, L, num_v_heads] ring) at write_pos."""
     batch, num_k_heads, head_k_dim = q.shape
     ring_len = ring_g.shape[1]
     c = GdnCoefficients.allocate(batch, num_k_heads, num_v_heads, head_k_dim, ring_len, q.device)
     v_per_k = num_v_heads // num_k_heads
+    split = ring_beta is not None
+    ring_beta = ring_g if ring_beta is None else ring_beta  # never written without split precision
     _gdn_coefficients_kernel[(batch, num_k_heads)](
-        q, k, a, b, A_log, dt_bias, ring_k, ring_g, state_indices, write_pos,
+        q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_beta, state_indices, write_pos,
         c.q_hat, c.k_hat, c.kk, c.kq, c.weight, c.decay, c.beta,
         scale, head_k_dim, ring_len, pad_slot_id,
-        *q.stride(), *k.stride(), *a.stride(), *b.stride(), *ring_k.stride(), *ring_g.stride(),
-        V_PER_K=v_per_k, HEAD_CHUNK=head_chunk(v_per_k), BLOCK_L=c.block_l, BLOCK_K=c.block_k,
+        *q.stride(), *k.stride(), *a.stride(), *b.stride(), *ring_k.stride(), *ring_g.stride(), *ring_beta.stride(),
+        V_PER_K=v_per_k, HEAD_CHUNK=head_chunk(v_per_k), BLOCK_L=c.block_l, BLOCK_K=c.block_k, SPLIT=split,
         num_warps=COEF_NUM_WARPS,
     )  # fmt: skip
     return c

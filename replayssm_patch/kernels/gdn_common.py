@@ -83,6 +83,27 @@ def fold_into(state, ring_u, weight, ring_k):
     return state + tl.dot(tl.trans(ring_u * weight[:, None]), ring_k, input_precision="ieee")
 
 
+@triton.jit
+def replay_exact(
+    state, rk_at, srk_l, srk_k, offs_k, mask_k, rv_at, srv_l, srv_v, offs_v, mask_v, rb_at, srb_l, rg_at, srg_l,
+    count, now, v_now,
+):  # fmt: skip
+    """A split-precision flush: ring entries [0, count) replayed one at a time on the fp32 state tile [BV, BK] as
+    vLLM's step computes them, S = e^g S, u = β (v − S k̂), S += u k̂ᵀ, so the master never reads the bf16 copy
+    (whose u only answered the window's outputs). Entry ``now`` takes v_now [BV] (this step's v, not yet in
+    the ring; −1: none). The *_at pointers: the entry-0 base of this (slot, head)'s key, value, β and g rings."""
+    s = 0
+    while s < count:  # a while loop: count lives on the device
+        k = tl.load(rk_at + s * srk_l + offs_k * srk_k, mask=mask_k, other=0.0)
+        v = tl.load(rv_at + s * srv_l + offs_v * srv_v, mask=mask_v & (s != now), other=0.0).to(tl.float32)
+        v = tl.where(s == now, v_now, v)
+        state = tl.exp(tl.load(rg_at + s * srg_l)) * state
+        u = tl.load(rb_at + s * srb_l) * (v - tl.sum(state * k[None, :], axis=1))
+        state += u[:, None] * k[None, :]
+        s += 1
+    return state
+
+
 def l2_normalise_reference(x: torch.Tensor) -> torch.Tensor:
     """PyTorch twin of ``l2_normalise`` along the last dimension."""
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
@@ -96,6 +117,25 @@ def gdn_gates_reference(
     g = -torch.exp(A_log.to(dtype)) * softplus_reference(a.to(dtype) + dt_bias.to(dtype))
     beta = torch.sigmoid(b.to(dtype)).to(b.dtype).to(dtype)
     return g, beta
+
+
+def replay_exact_reference(
+    state: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    count: torch.Tensor,
+) -> torch.Tensor:
+    """PyTorch twin of ``replay_exact`` for rows: state [R, HV, V, K] advanced by entries [0, count) of keys
+    [R, L, HV, K] (gathered per value head), values [R, L, HV, V], beta and g [R, L, HV], in state's dtype."""
+    for s in range(int(count.max()) if count.numel() else 0):
+        k = keys[:, s].to(state.dtype)
+        advanced = torch.exp(g[:, s].to(state.dtype))[:, :, None, None] * state
+        u = beta[:, s, :, None].to(state.dtype) * (values[:, s].to(state.dtype) - (advanced * k[:, :, None]).sum(-1))
+        advanced = advanced + u[:, :, :, None] * k[:, :, None, :]
+        state = torch.where((s < count)[:, None, None, None], advanced, state)
+    return state
 
 
 def fold_reference(

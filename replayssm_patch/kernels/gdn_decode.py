@@ -10,6 +10,11 @@ o = S q̂ unrolled over the ring. A non-flush row reads the checkpoint once for 
 its ring entry. A flush row (flush_len > 0; the builder sets it when the append fills the ring) instead folds
 the whole ring, this step included, into a new checkpoint S_new and answers o = S_new q̂.
 
+Split precision (``split``: ``GdnSplitTensors``): non-flush rows read the bf16 copy instead of S_c, half the
+step's one big read, and also append β and the raw v; a flush row replays its window exactly on the fp32 master,
+one step at a time (``gdn_common.replay_exact``: the copy's u never reaches the master), and refreshes the copy.
+Outputs between flushes carry the copy's rounding (one bf16 ulp of S_c's share of o); the master does not.
+
 Three launches with grids fixed by the shapes (CUDA graphs), as the Mamba-2 step (``decode_step``):
 1. ``gdn_coefficients``, per (row, key head): q̂, k̂, the ring-key products and decay weights, computed once
    instead of in every value-head program; appends k̂ and g.
@@ -37,10 +42,11 @@ from replayssm_patch.kernels.gdn_common import (
     gdn_gates_reference,
     gdn_tiles_divide,
     l2_normalise_reference,
+    replay_exact_reference,
     row_cursor,
 )
 from replayssm_patch.kernels.gdn_fold import launch_gdn_fold
-from replayssm_patch.kernels.gdn_layout import require_fp32_checkpoint
+from replayssm_patch.kernels.gdn_layout import GdnSplitTensors, require_fp32_checkpoint
 from replayssm_patch.kernels.launch_config import GdnLaunch, gdn_launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, valid_rows
 from replayssm_patch.kernels.state_products import DOT_EXTENT, checkpoint_reads_mma, checkpoint_tile
@@ -51,12 +57,13 @@ MMA_TILE_K = 32
 
 @triton.jit
 def _gdn_replay_kernel(
-    v_ptr, state_ptr, ring_u_ptr, slot_ptr, pos_ptr, flush_ptr,
+    v_ptr, state_ptr, ring_u_ptr, ring_v_ptr, slot_ptr, pos_ptr, flush_ptr,
     key_query_ptr, kk_ptr, kq_ptr, weight_ptr, decay_ptr, beta_ptr, out_ptr,
     head_k_dim, head_v_dim, ring_len, num_v_heads, v_per_k, pad_slot_id, s_query,
-    sv_b, sv_h, sv_v, ss_slot, ss_h, ss_v, ss_k, sru_slot, sru_l, sru_h, sru_v, so_b, so_h, so_v,
+    sv_b, sv_h, sv_v, ss_slot, ss_h, ss_v, ss_k, sru_slot, sru_l, sru_h, sru_v, srv_slot, srv_l, srv_h, srv_v,
+    so_b, so_h, so_v,
     BLOCK_L: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
-    MMA_STAGES: tl.constexpr, TILE_K: tl.constexpr, TILE_T: tl.constexpr,
+    MMA_STAGES: tl.constexpr, TILE_K: tl.constexpr, TILE_T: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     vblock = tl.program_id(0)
     head = tl.program_id(1)
@@ -86,8 +93,10 @@ def _gdn_replay_kernel(
                                 mask_v[:, None], head_k_dim, EVEN)  # fmt: skip
         k = tl.load(key_query_ptr + key * BLOCK_K + offs_k, mask=mask_k, other=0.0)
         q = tl.load(key_query_ptr + s_query + key * BLOCK_K + offs_k, mask=mask_k, other=0.0)
+        state = state.to(tl.float32)  # the split copy's bf16 is exact in fp32
         state_k, state_q = tl.sum(state * k[None, :], axis=1), tl.sum(state * q[None, :], axis=1)
-    v = tl.load(v_ptr + row * sv_b + head * sv_h + offs_v * sv_v, mask=mask_v, other=0.0).to(tl.float32)
+    v_raw = tl.load(v_ptr + row * sv_b + head * sv_h + offs_v * sv_v, mask=mask_v, other=0.0)
+    v = v_raw.to(tl.float32)
     per_head = row * num_v_heads + head
     weight = tl.load(weight_ptr + per_head * BLOCK_L + offs_l)
     ru_at = ring_u_ptr + slot * sru_slot + head * sru_h
@@ -102,6 +111,8 @@ def _gdn_replay_kernel(
     base = decay * state_k + tl.sum((weight * kk)[:, None] * ring_u, axis=0)
     u = beta * (v - base)
     tl.store(ru_at + pos * sru_l + offs_v * sru_v, u, mask=mask_v)
+    if SPLIT:  # the raw v, for the exact replay at the flush
+        tl.store(ring_v_ptr + slot * srv_slot + pos * srv_l + head * srv_h + offs_v * srv_v, v_raw, mask=mask_v)
     o = decay * state_q + tl.sum((weight * kq)[:, None] * ring_u, axis=0)
     o += tl.sum(tl.where(offs_l == pos, kq, 0.0), axis=0) * u
     tl.store(out_ptr + row * so_b + head * so_h + offs_v * so_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
@@ -122,21 +133,25 @@ def launch_gdn_replay(
     pad_slot_id: int,
     out: torch.Tensor,
     launch: GdnLaunch,
+    split: GdnSplitTensors | None = None,
 ) -> None:
-    """The non-flush rows' u and o (after the coefficient launch)."""
+    """The non-flush rows' u and o (after the coefficient launch); from the bf16 copy with ``split``."""
     batch, num_v_heads, head_v_dim = v.shape
     head_k_dim = ssm_state.shape[3]
     stages = launch.replay_mma_stages
     BLOCK_V = block_size(head_v_dim, cap=launch.replay_block_v, floor=DOT_EXTENT if stages else 1)
     c = coefficients
+    checkpoint = ssm_state if split is None else split.state_bf16
+    ring_v = ring_u if split is None else split.ring_v  # never written without split precision
     _gdn_replay_kernel[(triton.cdiv(head_v_dim, BLOCK_V), num_v_heads, batch)](
-        v, ssm_state, ring_u, state_indices, write_pos, flush_len,
+        v, checkpoint, ring_u, ring_v, state_indices, write_pos, flush_len,
         c.key_query, c.kk, c.kq, c.weight, c.decay, c.beta, out,
         head_k_dim, head_v_dim, ring_u.shape[1], num_v_heads, num_v_heads // c.num_k_heads, pad_slot_id,
-        c.key_query.stride(0), *v.stride(), *ssm_state.stride(), *ring_u.stride(), *out.stride(),
+        c.key_query.stride(0), *v.stride(), *checkpoint.stride(), *ring_u.stride(), *ring_v.stride(), *out.stride(),
         BLOCK_L=c.block_l, BLOCK_V=BLOCK_V, BLOCK_K=c.block_k,
         EVEN=gdn_tiles_divide(head_v_dim, BLOCK_V, head_k_dim, c.block_k), MMA_STAGES=stages,
-        TILE_K=min(c.block_k, MMA_TILE_K), TILE_T=DOT_EXTENT, num_warps=launch.replay_num_warps,
+        TILE_K=min(c.block_k, MMA_TILE_K), TILE_T=DOT_EXTENT, SPLIT=split is not None,
+        num_warps=launch.replay_num_warps,
     )  # fmt: skip
 
 
@@ -162,9 +177,11 @@ def gdn_decode_step(
     pad_slot_id: int = PAD_SLOT_ID,
     out: torch.Tensor | None = None,
     launch: GdnLaunch | None = None,
+    split: GdnSplitTensors | None = None,
 ) -> torch.Tensor:
     """The whole GDN decode step (Triton): append (k̂, u, g) at write_pos, return o [batch, num_v_heads,
-    head_v_dim] (the z gate and out_proj stay vLLM's), and fold the ring into ssm_state on flush rows.
+    head_v_dim] (the z gate and out_proj stay vLLM's), and fold the ring into ssm_state on flush rows (with
+    ``split``, split precision: replay from its bf16 copy, append β and v too, flush by exact replay, refresh the copy).
 
     q, k [batch, num_k_heads, head_k_dim] and v [batch, num_v_heads, head_v_dim] are post-conv and not yet
     normalised (views into vLLM's mixed_qkv are fine); a, b [batch, num_v_heads] raw gate inputs; A_log,
@@ -189,13 +206,17 @@ def gdn_decode_step(
         flush_rows, flush_count = flush_work_list(flush_len, state_indices, write_pos, ring_g.shape[1], pad_slot_id)
     scale = default_scale(q.shape[2]) if scale is None else scale
     coefficients = launch_gdn_coefficients(
-        q, k, a, b, A_log, dt_bias, ring_k, ring_g, state_indices, write_pos, scale, pad_slot_id, num_v_heads
-    )
+        q, k, a, b, A_log, dt_bias, ring_k, ring_g, state_indices, write_pos, scale, pad_slot_id, num_v_heads,
+        ring_beta=None if split is None else split.ring_beta,
+    )  # fmt: skip
     launch = launch or gdn_launch_for(q.device)
-    launch_gdn_replay(v, ssm_state, ring_u, state_indices, write_pos, flush_len, coefficients, pad_slot_id, out, launch)
-    launch_gdn_fold(
-        v, ssm_state, ring_k, ring_u, state_indices, write_pos, flush_rows, flush_count, coefficients, out, launch
+    launch_gdn_replay(
+        v, ssm_state, ring_u, state_indices, write_pos, flush_len, coefficients, pad_slot_id, out, launch, split
     )
+    launch_gdn_fold(
+        v, ssm_state, ring_k, ring_u, ring_g, state_indices, write_pos, flush_rows, flush_count, coefficients, out,
+        launch, split,
+    )  # fmt: skip
     return out
 
 
@@ -221,9 +242,11 @@ def gdn_decode_step_reference(
     pad_slot_id: int = PAD_SLOT_ID,
     out: torch.Tensor | None = None,
     launch: GdnLaunch | None = None,
+    split: GdnSplitTensors | None = None,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``gdn_decode_step`` (same arguments; the fold list and tuning knobs are ignored),
-    in fp32: the replay of every row, then the fold of the flush rows, which answer from the folded state."""
+    in fp32: the replay of every row, then the fold (with ``split``: the exact replay) of the flush rows, which
+    answer from the folded state."""
     del flush_rows, flush_count, launch
     require_fp32_checkpoint(ssm_state)
     num_v_heads, num_k_heads, head_k_dim = v.shape[1], q.shape[1], q.shape[2]
@@ -248,13 +271,17 @@ def gdn_decode_step_reference(
     weight = torch.where(upto[:, :, None], torch.exp(decay_sum_after_reference(all_g, 1)), 0.0)  # [R, L, HV]
     old_k = torch.where(earlier[:, :, None, None], ring_k[slots][:, :, key_of], 0.0)  # [R, L, HV, K]
     old_u = torch.where(earlier[:, :, None, None], ring_u[slots], 0.0)  # [R, L, HV, V]
-    state = torch.exp(all_g.sum(1))[:, :, None, None] * ssm_state[slots]  # [R, HV, V, K]
+    checkpoint = ssm_state if split is None else split.state_bf16
+    state = torch.exp(all_g.sum(1))[:, :, None, None] * checkpoint[slots].float()  # [R, HV, V, K]
     base = torch.einsum("rhvk,rhk->rhv", state, k_hat)
     base += torch.einsum("rlh,rlhv->rhv", weight * torch.einsum("rlhk,rhk->rlh", old_k, k_hat), old_u)
     u = beta[:, :, None] * (v[rows].float() - base)
     ring_u[slots, pos] = u
     ring_g[slots, pos] = g
     ring_k[slots, pos] = k_keys
+    if split is not None:
+        split.ring_beta[slots, pos] = beta
+        split.ring_v[slots, pos] = v[rows]
 
     o = torch.einsum("rhvk,rhk->rhv", state, q_hat)
     o += torch.einsum("rlh,rlhv->rhv", weight * torch.einsum("rlhk,rhk->rlh", old_k, q_hat), old_u)
@@ -265,7 +292,13 @@ def gdn_decode_step_reference(
         now = torch.arange(ring_len, device=v.device)[None, :] == fp[:, None]
         all_u = torch.where(now[:, :, None, None], u[flushing, None], old_u[flushing])
         all_k = torch.where(now[:, :, None, None], k_hat[flushing, None], old_k[flushing])
-        folded = fold_reference(state[flushing], weight[flushing], all_u, all_k)
+        if split is None:
+            folded = fold_reference(state[flushing], weight[flushing], all_u, all_k)
+        else:
+            folded = replay_exact_reference(
+                ssm_state[fs], all_k, split.ring_v[fs], split.ring_beta[fs], all_g[flushing], fp + 1
+            )  # fmt: skip
+            split.state_bf16[fs] = folded.to(torch.bfloat16)
         ssm_state[fs] = folded
         o[flushing] = torch.einsum("rhvk,rhk->rhv", folded, q_hat[flushing])
     out[rows] = o.to(out.dtype)

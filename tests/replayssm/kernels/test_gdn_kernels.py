@@ -40,7 +40,6 @@ from replayssm_patch.kernels import (
 )
 from replayssm_patch.kernels.gdn_common import gdn_gates_reference, l2_normalise_reference
 from replayssm_patch.kernels.gdn_ground_truth import gdn_recurrence_step
-from replayssm_patch.kernels.gdn_layout import SPLIT_PRECISION_REFUSED
 from replayssm_patch.kernels.gdn_synthetic import BETA_RANGE, LOG_DECAY_RANGE, GdnLayerParams, GdnStepInputs
 from replayssm_patch.kernels.launch_config import GdnLaunch
 from replayssm_patch.kernels.layout import group_of_head
@@ -110,11 +109,13 @@ def make_step(shape: Shape, layer: GdnLayerParams, gen: torch.Generator, batch: 
     )
 
 
-def make_cache(shape: Shape, slots: int, gen: torch.Generator) -> GdnReplayCache:
-    """Random checkpoints; every ring entry NaN until written."""
-    spec = gdn_ring_shapes(shape.num_k_heads, shape.num_v_heads, shape.head_k_dim, shape.head_v_dim, shape.ring_len)
-    cache = GdnReplayCache.allocate(slots, spec, ring_fill=math.nan)
-    cache.ssm_state.copy_(torch.randn(cache.ssm_state.shape, generator=gen))
+def make_cache(shape: Shape, slots: int, gen: torch.Generator, split: bool = False) -> GdnReplayCache:
+    """Random checkpoints (and, ``split``, their bf16 copies); every ring entry NaN until written."""
+    spec = gdn_ring_shapes(
+        shape.num_k_heads, shape.num_v_heads, shape.head_k_dim, shape.head_v_dim, shape.ring_len, split
+    )
+    cache = GdnReplayCache.allocate(slots, spec, model_dtype=shape.dtype, ring_fill=math.nan)
+    cache.set_checkpoint(torch.arange(slots), torch.randn(cache.ssm_state.shape, generator=gen))
     return cache
 
 
@@ -126,6 +127,11 @@ def fill_ring(shape: Shape, cache: GdnReplayCache, slots: torch.Tensor, count: t
         cache.ring_k[slot, :n] = l2_normalise_reference(keys)
         cache.ring_u[slot, :n] = torch.randn(n, shape.num_v_heads, shape.head_v_dim, generator=gen)
         cache.ring_g[slot, :n] = low + (high - low) * torch.rand(n, shape.num_v_heads, generator=gen)
+        if cache.split is not None:  # what the exact replay reads: β in its range, raw values in the model dtype
+            low, high = BETA_RANGE
+            cache.split.ring_beta[slot, :n] = low + (high - low) * torch.rand(n, shape.num_v_heads, generator=gen)
+            values = torch.randn(n, shape.num_v_heads, shape.head_v_dim, generator=gen)
+            cache.split.ring_v[slot, :n] = values.to(shape.dtype)
 
 
 def ring_fp64_state(cache: GdnReplayCache, slots: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -549,17 +555,15 @@ def test_low_precision_checkpoint_is_refused(fn) -> None:
         fn(*args, *metadata)
 
 
-def test_split_precision_is_refused_with_the_reason() -> None:
-    with pytest.raises(ValueError, match="fp32 checkpoint only") as refused:
-        gdn_ring_shapes(16, 32, 128, 128, 16, split_precision=True)
-    assert str(refused.value) == SPLIT_PRECISION_REFUSED and "u depends on the state" in SPLIT_PRECISION_REFUSED
-
-
 def test_ring_shapes_and_bytes_for_qwen3_5() -> None:
     """Qwen3.5 / Qwen3-Next GDN layer at TP 1: 16 key heads, 32 value heads, head dims 128, L = 16."""
     spec = gdn_ring_shapes(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, buffer_len=16)
     assert spec.ring_k == (16, 16, 128) and spec.ring_u == (16, 32, 128) and spec.ring_g == (16, 32)
-    assert spec.nbytes() == 16 * (16 * 128 + 32 * 128 + 32) * 4 == 395_264
+    assert spec.nbytes(torch.bfloat16) == 16 * (16 * 128 + 32 * 128 + 32) * 4 == 395_264
+    assert not spec.split_precision and spec.state_bf16 is None
+    split = gdn_ring_shapes(16, 32, 128, 128, 16, split_precision=True)
+    assert split.ring_beta == (16, 32) and split.ring_v == (16, 32, 128) and split.state_bf16 == (32, 128, 128)
+    assert split.nbytes(torch.bfloat16) == 395_264 + 16 * 32 * 4 + 16 * 32 * 128 * 2 + 32 * 128 * 128 * 2
     with pytest.raises(ValueError, match="multiple of num_k_heads"):
         gdn_ring_shapes(num_k_heads=3, num_v_heads=4, head_k_dim=16, head_v_dim=16, buffer_len=4)
     with pytest.raises(ValueError, match="buffer_len must be >= 1"):
