@@ -24,9 +24,6 @@ from replayssm_patch.kernels import (
     GdnReplayCache,
     decode_flush_len,
     gdn_decode_step,
-    gdn_decode_step_reference,
-    gdn_flush_ring,
-    gdn_flush_ring_reference,
 )
 from replayssm_patch.kernels.gdn_common import gdn_gates_reference
 from replayssm_patch.kernels.layout import group_of_head
