@@ -66,15 +66,18 @@ _GDN_SCRATCH_POINTERS = {
 }
 _GDN_COEF_POINTERS = {
     "q_ptr": "*bf16", "k_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "A_log_ptr": "*fp32",
-    "dt_bias_ptr": "*fp32", "ring_k_ptr": "*fp32", "ring_g_ptr": "*fp32", "slot_ptr": "*i32", "pos_ptr": "*i32",
-    "scale": "fp32", **_GDN_SCRATCH_POINTERS,
+    "dt_bias_ptr": "*fp32", "ring_k_ptr": "*fp32", "ring_g_ptr": "*fp32", "ring_beta_ptr": "*fp32", "slot_ptr": "*i32",
+    "pos_ptr": "*i32", "scale": "fp32", **_GDN_SCRATCH_POINTERS,
 }  # fmt: skip
+# split precision's tensors (typed as split precision has them; without it the kernels never touch them)
+_GDN_SPLIT_POINTERS = {"copy_ptr": "*bf16", "ring_v_ptr": "*bf16", "ring_beta_ptr": "*fp32"}
 _GDN_REPLAY_POINTERS = {
-    "v_ptr": "*bf16", "state_ptr": "*fp32", "ring_u_ptr": "*fp32", "slot_ptr": "*i32", "pos_ptr": "*i32",
-    "flush_ptr": "*i32", "out_ptr": "*bf16", "key_query_ptr": "*fp32", **_GDN_SCRATCH_POINTERS,
+    "v_ptr": "*bf16", "state_ptr": "*fp32", "ring_u_ptr": "*fp32", "ring_v_ptr": "*bf16", "slot_ptr": "*i32",
+    "pos_ptr": "*i32", "flush_ptr": "*i32", "out_ptr": "*bf16", "key_query_ptr": "*fp32", **_GDN_SCRATCH_POINTERS,
 }  # fmt: skip
 _GDN_FOLD_POINTERS = {
-    **_GDN_REPLAY_POINTERS, "ring_k_ptr": "*fp32", "rows_ptr": "*i32", "count_ptr": "*i32",
+    **_GDN_REPLAY_POINTERS, **_GDN_SPLIT_POINTERS, "ring_k_ptr": "*fp32", "ring_g_ptr": "*fp32", "rows_ptr": "*i32",
+    "count_ptr": "*i32",
 }  # fmt: skip
 _GDN_MIXED_POINTERS = {
     "x_ptr": "*bf16", "conv_ptr": "*bf16", "cw_ptr": "*bf16", "cb_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16",
@@ -84,7 +87,10 @@ _GDN_MIXED_POINTERS = {
 }  # fmt: skip
 # innermost strides of the GDN tensors (the ring_g and gate tensors are [..., num_v_heads]; mixed_qkv's channels;
 # the conv weight's taps)
-_GDN_UNIT_STRIDES = {"sq_k", "sk_k", "sa_h", "sb_h", "sv_v", "ss_k", "srk_k", "sru_v", "srg_h", "so_v", "sx_c", "sw_t"}
+_GDN_UNIT_STRIDES = {
+    "sq_k", "sk_k", "sa_h", "sb_h", "sv_v", "ss_k", "srk_k", "sru_v", "srg_h", "so_v", "sx_c", "sw_t", "sc_k", "srv_v",
+    "srb_h",
+}  # fmt: skip
 
 
 def _unit_strides(kernel: triton.JITFunction, names: set[str]) -> dict[str, int]:
@@ -94,7 +100,7 @@ def _unit_strides(kernel: triton.JITFunction, names: set[str]) -> dict[str, int]
 
 _GDN_FLUSH_POINTERS = {
     "state_ptr": "*fp32", "ring_k_ptr": "*fp32", "ring_u_ptr": "*fp32", "ring_g_ptr": "*fp32", "slot_ptr": "*i32",
-    "len_ptr": "*i32",
+    "len_ptr": "*i32", **_GDN_SPLIT_POINTERS,
 }  # fmt: skip
 # Qwen3.5 / Qwen3-Next (TP 1): head dims 128, 2 value heads per key head, L = 16; the materialise fold keeps
 # its own default block_v of 16.
@@ -196,12 +202,8 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     )
     from replayssm_patch.kernels.decode_fold import FOLD_BLOCK_N, FOLD_BLOCK_P, FOLD_NUM_WARPS, _decode_fold_kernel
     from replayssm_patch.kernels.flush import _flush_kernel
-    from replayssm_patch.kernels.gdn_coefficients import COEF_NUM_WARPS as GDN_COEF_NUM_WARPS
-    from replayssm_patch.kernels.gdn_coefficients import _gdn_coefficients_kernel
-    from replayssm_patch.kernels.gdn_flush import _gdn_flush_kernel
-    from replayssm_patch.kernels.gdn_fold import _gdn_fold_kernel
     from replayssm_patch.kernels.gdn_mixed_decode import MIXED_BLOCK_V, MIXED_NUM_WARPS, _gdn_mixed_decode_kernel
-    from replayssm_patch.kernels.launch_config import DEFAULT, GDN_DEFAULT
+    from replayssm_patch.kernels.launch_config import DEFAULT
     from replayssm_patch.kernels.replay_decode import (
         COEF_NUM_WARPS,
         _replay_step_kernel,
@@ -268,27 +270,41 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     ):
         pointers, consts = verify_step_launch(read, 4, block_p, block_n, stages, ring, pdl)
         found.append((f"verify step T=4, {label}{form}", _verify_step_kernel, pointers, consts, num_warps))
+    found += gdn_variants(split=False) + gdn_variants(split=True)
+    found.append(("gdn mixed-step decode", _gdn_mixed_decode_kernel, _GDN_MIXED_POINTERS,
+                  {**_GDN_BLOCKS, "V_PER_K": 2, "WIDTH": 4, "BLOCK_W": 4, "HAS_BIAS": False, "SILU": True,
+                   "BLOCK_V": MIXED_BLOCK_V, "V_BLOCKS": 128 // MIXED_BLOCK_V,
+                   **_unit_strides(_gdn_mixed_decode_kernel, _GDN_UNIT_STRIDES)}, MIXED_NUM_WARPS))  # fmt: skip
+    return found
+
+
+def gdn_variants(split: bool) -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, object], int]]:
+    """The GDN decode step's launches (coefficients, the replay on the CUDA cores and on the tensor cores, the fold)
+    and the materialise fold, at their defaults, with or without split precision."""
+    from replayssm_patch.kernels.gdn_coefficients import COEF_NUM_WARPS, _gdn_coefficients_kernel
+    from replayssm_patch.kernels.gdn_flush import _gdn_flush_kernel
+    from replayssm_patch.kernels.gdn_fold import _gdn_fold_kernel
+    from replayssm_patch.kernels.launch_config import GDN_DEFAULT
+
+    found = []
     for label, kernel, pointers, blocks, num_warps in (
         ("gdn coefficients", _gdn_coefficients_kernel, _GDN_COEF_POINTERS, {"V_PER_K": 2, "HEAD_CHUNK": 2},
-         GDN_COEF_NUM_WARPS),
+         COEF_NUM_WARPS),
         ("gdn fold", _gdn_fold_kernel, _GDN_FOLD_POINTERS,
          {"BLOCK_V": GDN_DEFAULT.fold_block_v, "V_BLOCKS": 128 // GDN_DEFAULT.fold_block_v},
          GDN_DEFAULT.fold_num_warps),
         ("gdn flush", _gdn_flush_kernel, _GDN_FLUSH_POINTERS, {"BLOCK_V": 16}, 4),
-        ("gdn mixed-step decode", _gdn_mixed_decode_kernel, _GDN_MIXED_POINTERS,
-         {"V_PER_K": 2, "WIDTH": 4, "BLOCK_W": 4, "HAS_BIAS": False, "SILU": True, "BLOCK_V": MIXED_BLOCK_V,
-          "V_BLOCKS": 128 // MIXED_BLOCK_V}, MIXED_NUM_WARPS),
     ):  # fmt: skip
-        consts = {**_GDN_BLOCKS, **blocks, **_unit_strides(kernel, _GDN_UNIT_STRIDES)}
-        found.append((label, kernel, pointers, consts, num_warps))
-    replay = gdn_replay_variant(GDN_DEFAULT.replay_block_v, GDN_DEFAULT.replay_num_warps)
+        consts = {**_GDN_BLOCKS, **blocks, "SPLIT": split, **_unit_strides(kernel, _GDN_UNIT_STRIDES)}
+        found.append((label + (", split precision" if split else ""), kernel, pointers, consts, num_warps))
+    replay = gdn_replay_variant(GDN_DEFAULT.replay_block_v, GDN_DEFAULT.replay_num_warps, split=split)
     # and its checkpoint products on the tensor cores at the Mamba-2 verify's winning tile, 32 x 32 x 1 warp, 3 stages
-    found[-3:-3] = [replay, gdn_replay_variant(32, 1, 3)]  # between coefficients and fold
+    found[1:1] = [replay, gdn_replay_variant(32, 1, 3, split=split)]  # between coefficients and fold
     return found
 
 
 def gdn_replay_variant(
-    block_v: int, num_warps: int, mma_stages: int = 0
+    block_v: int, num_warps: int, mma_stages: int = 0, split: bool = False
 ) -> tuple[str, triton.JITFunction, dict[str, str], dict[str, object], int]:
     """The GDN replay launch at one launch shape (Qwen3.5 block sizes; ``mma_stages`` > 0: its checkpoint products on
     the tensor cores), as ``variants`` lists it; the GDN kernel bench compiles its sweep's shapes with this to keep
@@ -297,9 +313,10 @@ def gdn_replay_variant(
     from replayssm_patch.kernels.state_products import DOT_EXTENT
 
     consts = {**_GDN_BLOCKS, "BLOCK_V": block_v, "EVEN": True, "MMA_STAGES": mma_stages, "TILE_K": MMA_TILE_K,
-              "TILE_T": DOT_EXTENT, **_unit_strides(_gdn_replay_kernel, _GDN_UNIT_STRIDES)}  # fmt: skip
-    label = "gdn replay" + (", tensor cores" if mma_stages else "")
-    return label, _gdn_replay_kernel, _GDN_REPLAY_POINTERS, consts, num_warps
+              "TILE_T": DOT_EXTENT, "SPLIT": split, **_unit_strides(_gdn_replay_kernel, _GDN_UNIT_STRIDES)}  # fmt: skip
+    label = "gdn replay" + (", tensor cores" if mma_stages else "") + (", split precision" if split else "")
+    pointers = {**_GDN_REPLAY_POINTERS, "state_ptr": "*bf16" if split else "*fp32"}  # split: it reads the copy
+    return label, _gdn_replay_kernel, pointers, consts, num_warps
 
 
 def main() -> int:

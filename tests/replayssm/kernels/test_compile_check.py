@@ -19,7 +19,8 @@ def compile_check_lines() -> tuple[str, ...]:
 def test_kernels_compile_for_hopper() -> None:
     """The real Triton compiler (not the interpreter) accepts every default kernel variant for sm_90."""
     lines = compile_check_lines()
-    assert len(lines) == 29, lines  # 11 decode-path and flush ones, the take before a prefill, 11 of the verify, 6 GDN
+    # 11 decode-path and flush ones, the take before a prefill, 11 of the verify, 11 GDN (5 of them split precision)
+    assert len(lines) == 34, lines
     registers = [int(line.split(" registers")[0].rsplit(" ", 1)[1]) for line in lines]
     assert all(0 < count <= 255 for count in registers), lines  # ptxas -v was read for every kernel
     every_step = [line for line in lines if line.startswith(("replay step", "decode fold", "ring coefficients"))]
@@ -28,6 +29,8 @@ def test_kernels_compile_for_hopper() -> None:
     assert len(flushes) == 5 and all(" 0 B spilled" in line for line in flushes), lines
     verify_steps = [line for line in lines if line.startswith("verify step")]  # both dtypes, the four forms
     assert len(verify_steps) == 8 and all(" 0 B spilled" in line for line in verify_steps), lines
+    gdn_split = [line for line in lines if line.startswith("gdn") and "split precision" in line]
+    assert len(gdn_split) == 5 and all(" 0 B spilled" in line for line in gdn_split), lines
 
 
 _COUNT_VERIFY_FORMS = """
