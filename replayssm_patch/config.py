@@ -15,15 +15,6 @@ MAX_BUFFER_LEN = 64
 DEFAULT_BUFFER_LEN = 16
 
 
-# Why a GDN layer refuses a low-precision checkpoint copy (kernels, refusals and tests share the wording; kept
-# here, free of Triton, so the refusals import where only vLLM is installed and before any kernel module).
-SPLIT_PRECISION_REFUSED = (
-    "ReplaySSM for Gated DeltaNet keeps an fp32 checkpoint only: a bf16/fp16 checkpoint copy would feed its "
-    "rounding into the fp32 state at every flush (u depends on the state it was computed from); "
-    "set split_precision to false"
-)
-
-
 class ReplaySSMConfigError(ValueError):
     """A bad ``replayssm`` entry in ``--additional-config``; the message names the fix."""
 

@@ -77,9 +77,11 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
 
         knobs = replayssm_config_of(vllm_config)
         self.buffer_len, self.stagger_windows = knobs.buffer_len, knobs.stagger_windows
-        self.native_mixed_steps = knobs.native_mixed_steps
-        # no speculation and no split precision to rule out here: the plugin refuses both for GDN
-        self.native_max_batch = gdn_native_max_batch(device)
+        self.native_mixed_steps = knobs.native_mixed_steps  # refused with split precision
+        self.split_precision = knobs.split_precision
+        # no speculation to rule out here (the plugin refuses it for GDN); none with split precision, since vLLM's
+        # own path would leave the bf16 copy stale
+        self.native_max_batch = 0 if knobs.split_precision else gdn_native_max_batch(device)
         self.ring_may_hold = False  # rings may hold entries a native step must fold first (CPU only)
         self.eager_kernels_warmed = False
         # one block per request (the plugin refuses prefix caching): the first group's metadata serves every group
@@ -185,11 +187,13 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
         return indices.index_select(0, metadata.replay_fresh_rows.to(indices.device)).long()
 
     def _zero_states(self, slots: torch.Tensor) -> None:
-        """New sequences vLLM lets decode from a reused slot start from a zero checkpoint and conv state (their
-        cursor restarts once, in the first group's build)."""
+        """New sequences vLLM lets decode from a reused slot start from a zero checkpoint (and copy) and conv state
+        (their cursor restarts once, in the first group's build)."""
+        from replayssm_patch.gdn_state_layout import STATE_BF16  # kernels load after Triton's mode is set
+
         for layer in self._layers():
-            layer.kv_cache[0].index_fill_(0, slots, 0)
-            layer.kv_cache[1].index_fill_(0, slots, 0)
+            for state in (0, 1, STATE_BF16) if self.split_precision else (0, 1):
+                layer.kv_cache[state].index_fill_(0, slots, 0)
 
     def _fold_transition(self, metadata: ReplayGDNAttentionMetadata) -> None:
         """The first native step after replay-regime ones: fold this group's rings into its checkpoints, eagerly

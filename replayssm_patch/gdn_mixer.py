@@ -11,6 +11,10 @@ rows first fold what their ring still holds, then run vLLM's own path on a prefi
 metadata. At the builder's native batches (``gdn_backend.plan_gdn_ring``), and at every step with prefills
 under ``native_mixed_steps``, the whole step is vLLM's own path on the checkpoint, which the builder made
 current; the ring is not used.
+With ``split_precision`` the replay reads a bf16 copy of the checkpoint and a flush replays the window exactly
+(``kernels.gdn_decode``); vLLM's own path would leave the copy stale, so there are no native batches, a prefill's
+checkpoints are copied after it, and a mixed step's decode rows take the replay's launches (the one-launch kernel
+has no split form yet).
 """
 
 from __future__ import annotations
@@ -31,7 +35,16 @@ from vllm.v1.kv_cache_interface import MambaSpec
 from replayssm_patch.config import ReplaySSMConfig, replayssm_config_of
 from replayssm_patch.cursors import NULL_BLOCK_ID
 from replayssm_patch.gdn_backend import ReplayGDNAttentionBackend, ReplayGDNAttentionMetadata
-from replayssm_patch.gdn_state_layout import RING_G, RING_K, RING_U, gdn_replay_state_dtypes, gdn_replay_state_shapes
+from replayssm_patch.gdn_state_layout import (
+    RING_BETA,
+    RING_G,
+    RING_K,
+    RING_U,
+    RING_V,
+    STATE_BF16,
+    gdn_replay_state_dtypes,
+    gdn_replay_state_shapes,
+)
 
 logger = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: same handler and level as its own lines
 
@@ -54,7 +67,7 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
         return replace(
             spec,
             shapes=gdn_replay_state_shapes(spec.shapes, self.replayssm, is_conv_state_dim_first()),
-            dtypes=gdn_replay_state_dtypes(spec.dtypes),
+            dtypes=gdn_replay_state_dtypes(spec.dtypes, vllm_config.model_config.dtype, self.replayssm),
         )
 
     def get_attn_backend(self) -> type[ReplayGDNAttentionBackend]:
@@ -76,7 +89,7 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
             return
         if metadata.num_decodes:
             decode = self._replay_decode
-            if metadata.num_prefills and self.replayssm.gdn_one_launch_mixed:
+            if metadata.num_prefills and self._one_launch_mixed:
                 decode = self._replay_mixed_decode  # eager: one launch instead of four
             decode(mixed_qkv, b, a, core_attn_out, metadata)
         if metadata.num_prefills:
@@ -99,15 +112,21 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
         self._materialise_prefill_rows(metadata)
         if metadata.prefill_view is None:  # no decode rows: the step is its own prefill view
             super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
-            return
-        skip = metadata.num_decode_tokens
-        raw[self.prefix] = metadata.prefill_view
-        try:
-            super()._forward_core(
-                mixed_qkv=mixed_qkv[skip:], b=b[skip:], a=a[skip:], core_attn_out=core_attn_out[skip:]
-            )
-        finally:
-            raw[self.prefix] = metadata
+        else:
+            skip = metadata.num_decode_tokens
+            raw[self.prefix] = metadata.prefill_view
+            try:
+                super()._forward_core(
+                    mixed_qkv=mixed_qkv[skip:], b=b[skip:], a=a[skip:], core_attn_out=core_attn_out[skip:]
+                )
+            finally:
+                raw[self.prefix] = metadata
+        if self.replayssm.split_precision:  # vLLM's prefill wrote the masters only
+            from replayssm_patch.kernels import copy_state_to_bf16
+
+            assert metadata.prefill_state_indices is not None
+            copy_state_to_bf16(self.kv_cache[1], self.kv_cache[STATE_BF16], metadata.prefill_state_indices,
+                               pad_slot_id=None)  # eager: no pads  # fmt: skip
 
     def _materialise_prefill_rows(self, metadata: ReplayGDNAttentionMetadata) -> None:
         """Fold what the prefill rows' rings hold before vLLM's prefill reads their checkpoints."""
@@ -124,7 +143,7 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
         cache = self.kv_cache
         null = torch.full((1,), NULL_BLOCK_ID, dtype=torch.int32, device=cache[1].device)
         self.materialise(null, torch.zeros_like(null))
-        if not self.replayssm.gdn_one_launch_mixed:
+        if not self._one_launch_mixed:
             return
         (k_heads, heads), dtype = self._local_heads(), self.conv1d.weight.dtype
         tokens = torch.zeros(1, self.conv_dim // self.tp_size, dtype=dtype, device=null.device)
@@ -142,7 +161,8 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
         from replayssm_patch.kernels import gdn_flush_ring
 
         cache = self.kv_cache
-        gdn_flush_ring(cache[1], cache[RING_K], cache[RING_U], cache[RING_G], slots, pending, pad_slot_id=NULL_BLOCK_ID)
+        gdn_flush_ring(cache[1], cache[RING_K], cache[RING_U], cache[RING_G], slots, pending, pad_slot_id=NULL_BLOCK_ID,
+                       split=self._split_tensors())  # fmt: skip
 
     def _replay_decode(
         self,
@@ -170,7 +190,7 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
             q, k, v, a[:n], b[:n], self.A_log, self.dt_bias, cache[1], cache[RING_K], cache[RING_U], cache[RING_G],
             slots, metadata.replay_write_pos, metadata.replay_flush_len,
             flush_rows=metadata.replay_flush_rows, flush_count=metadata.replay_flush_count,
-            scale=self.head_k_dim**-0.5, pad_slot_id=NULL_BLOCK_ID, out=core_attn_out[:n],
+            scale=self.head_k_dim**-0.5, pad_slot_id=NULL_BLOCK_ID, out=core_attn_out[:n], split=self._split_tensors(),
         )  # fmt: skip
 
     def _replay_mixed_decode(
@@ -194,6 +214,20 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
             activation=self.activation, scale=self.head_k_dim**-0.5, pad_slot_id=NULL_BLOCK_ID,
             out=core_attn_out[:n],
         )  # fmt: skip
+
+    @property
+    def _one_launch_mixed(self) -> bool:
+        """Whether a mixed step's decode rows run ``gdn_mixed_decode`` (which has no split-precision form)."""
+        return self.replayssm.gdn_one_launch_mixed and not self.replayssm.split_precision
+
+    def _split_tensors(self) -> Any:
+        """Split precision's copy, β and value rings (``kernels.GdnSplitTensors``), or None without it."""
+        if not self.replayssm.split_precision:
+            return None
+        from replayssm_patch.kernels import GdnSplitTensors
+
+        cache = self.kv_cache
+        return GdnSplitTensors(state_bf16=cache[STATE_BF16], ring_beta=cache[RING_BETA], ring_v=cache[RING_V])
 
     def _decode_rows(self, metadata: ReplayGDNAttentionMetadata) -> tuple[int, torch.Tensor]:
         """How many decode rows the step replays, and their state slots (they come first)."""
@@ -220,4 +254,7 @@ def install_replay_gdn(config: ReplaySSMConfig) -> None:
     per process). Logs one line through vLLM's logger, which the harness's plugin check reads."""
     if op_registry_oot.get(LAYER_NAME) is not ReplayGatedDeltaNet:
         PluggableLayer.register_oot(ReplayGatedDeltaNet, name=LAYER_NAME)
-        logger.info("ReplaySSM active: %s layers replaced (buffer_len=%d)", LAYER_NAME, config.buffer_len)
+        logger.info(
+            "ReplaySSM active: %s layers replaced (buffer_len=%d, split_precision=%s)",
+            LAYER_NAME, config.buffer_len, config.split_precision,
+        )  # fmt: skip

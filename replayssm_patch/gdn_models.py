@@ -56,7 +56,8 @@ class ReplayGDNModelMixin:
     @classmethod
     def get_mamba_state_dtype_from_config(cls, vllm_config: Any) -> tuple[torch.dtype, ...]:
         stock = super().get_mamba_state_dtype_from_config(vllm_config)  # type: ignore[misc]
-        return gdn_replay_state_dtypes(stock) if cls.active_config(vllm_config).enable else stock
+        config = cls.active_config(vllm_config)
+        return gdn_replay_state_dtypes(stock, vllm_config.model_config.dtype, config) if config.enable else stock
 
 
 class ReplayQwen3NextForCausalLM(ReplayGDNModelMixin, Qwen3NextForCausalLM):

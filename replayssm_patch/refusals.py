@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from replayssm_patch.config import SPLIT_PRECISION_REFUSED, replayssm_config_of
+from replayssm_patch.config import replayssm_config_of
 
 logger = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: the refusal shows like its own lines
 
@@ -83,15 +83,20 @@ def unsupported_settings(vllm_config: Any, split_precision: bool) -> list[str]:
         reasons.append(
             "split_precision keeps an fp32 master beside a bf16 copy; start with --mamba-ssm-cache-dtype float32"
         )
-    if replayssm_config_of(vllm_config).native_mixed_steps:
-        if split_precision:
-            reasons.append(
-                "native_mixed_steps runs vLLM's own path, which leaves split_precision's bf16 copy stale; "
-                "drop one of the two"
-            )
-        if getattr(vllm_config, "speculative_config", None) is not None:
-            reasons.append("native_mixed_steps is not implemented for speculative verify rows; drop one of the two")
+    reasons += _stale_copy_reasons(vllm_config, split_precision)
+    if replayssm_config_of(vllm_config).native_mixed_steps and getattr(vllm_config, "speculative_config", None):
+        reasons.append("native_mixed_steps is not implemented for speculative verify rows; drop one of the two")
     return reasons
+
+
+def _stale_copy_reasons(vllm_config: Any, split_precision: bool) -> list[str]:
+    """Split precision next to a knob that hands decode rows to vLLM's own path, which writes the master only."""
+    if split_precision and replayssm_config_of(vllm_config).native_mixed_steps:
+        return [
+            "native_mixed_steps runs vLLM's own path, which leaves split_precision's bf16 copy stale; "
+            "drop one of the two"
+        ]
+    return []
 
 
 def gdn_unsupported_settings(
@@ -107,8 +112,7 @@ def gdn_unsupported_settings(
         reasons.append(
             "speculative decoding on Gated DeltaNet layers is not implemented yet; drop --speculative-config"
         )
-    if split_precision:
-        reasons.append(SPLIT_PRECISION_REFUSED)
+    reasons += _stale_copy_reasons(vllm_config, split_precision)
     if ssm_dtype != torch.float32:
         dtype = str(ssm_dtype).removeprefix("torch.")
         reasons.append(

@@ -9,7 +9,9 @@
     state), the kernel vLLM's layer runs on a pure-decode step; worst per-step output error and the checkpoint
     error after folding what is left in the rings (target <= 1e-4 relative: the fold runs tf32x3 on the GPU).
     Without vLLM the fp64 recurrence (``gdn_ground_truth``) is the baseline, and the output says so. Then the
-    same steps through the one-launch kernel of a mixed step's decode rows (``gdn_mixed_decode``, bf16 conv
+    same in split precision (the replay reads a bf16 copy, flushes replay the window exactly): the target holds
+    for the checkpoint; outputs carry the copy's rounding and are reported. Then the same steps through the
+    one-launch kernel of a mixed step's decode rows (``gdn_mixed_decode``, bf16 conv
     inside) against vLLM's ``causal_conv1d_update`` and ``gdn_decode_step``: outputs, final checkpoints and
     conv states.
 (b) launch-shape sweep at the largest batch, of the replay launch (block_v x num_warps, only shapes that ptxas
@@ -18,10 +20,11 @@
     REPLAYSSM_LAUNCH_CONFIG=<file> makes the plugin use it; the H200's committed table holds the measured best).
 (c) timing (CUDA graphs of back-to-back calls, CUDA events) at batch 1/8/16/32/64/128/256 on paged states, slots
     scattered over a pool 4x the batch: vLLM's decode, ReplaySSM's step with 1/L of the rows flushing
-    (staggered), the replay alone (no row flushing), all rows flushing (aligned) and the one-launch step of a
-    mixed step's decode rows (``gdn_mixed_decode``, conv inside, 1/L flushing), with bytes moved, share
-    of 4.3 TB/s and the speed-up; the largest batch up to which vLLM's decode was faster at every batch goes to
-    gdn_launch_config.json as the plugin's native batches (``gdn_native_max_batch``).
+    (staggered), the replay alone (no row flushing), all rows flushing (aligned), the first two in split
+    precision too, and the one-launch step of a mixed step's decode rows (``gdn_mixed_decode``, conv inside,
+    1/L flushing), with bytes moved, share of 4.3 TB/s and the speed-up; the largest batch up to which vLLM's
+    decode was faster at every batch goes to gdn_launch_config.json as the plugin's native batches
+    (``gdn_native_max_batch``).
 Writes DIR/gdn_kernel_bench.json and .md, rewritten after each section so a crash keeps the rest.
 """
 
@@ -121,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     report.data["meta"]["baseline"] = baseline.note
     report.log(f"device={device} baseline: {baseline.note}")
     report.section("equivalence", lambda: run_equivalence(plan, device, baseline))
+    report.section("split_equivalence", lambda: run_equivalence(plan, device, baseline, split=True))
     report.section("mixed_equivalence", lambda: run_mixed_equivalence(plan, device))
     if not args.no_sweep:
         report.section("sweep", lambda: run_sweep(plan, device))
@@ -233,7 +237,9 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 # ----------------------------------------------------------------------------------------------- equivalence
 
 
-def run_equivalence(plan: Plan, device: str, baseline: Baseline) -> dict[str, Any]:
+def run_equivalence(plan: Plan, device: str, baseline: Baseline, split: bool = False) -> dict[str, Any]:
+    """The decode step against the baseline over ``plan.eq_steps`` steps (``split``: in split precision, where the
+    target holds for the checkpoint only)."""
     import torch
 
     from replayssm_patch.kernels import GdnReplayCache, gdn_decode_step, gdn_flush_ring
@@ -245,10 +251,11 @@ def run_equivalence(plan: Plan, device: str, baseline: Baseline) -> dict[str, An
     gen = torch.Generator(device).manual_seed(1234)
     layer = GdnLayerParams.random(plan.num_v_heads, gen, device)
     slots, slot_of_row, start = staggered_rows(plan, gen, device)
-    spec = ring_shapes(plan.num_k_heads, plan.num_v_heads, plan.head_k_dim, plan.head_v_dim, L)
-    cache = GdnReplayCache.allocate(slots, spec, device=device, ring_fill=math.nan)  # stale entries: never read
+    spec = ring_shapes(plan.num_k_heads, plan.num_v_heads, plan.head_k_dim, plan.head_v_dim, L, split)
+    # stale entries: never read
+    cache = GdnReplayCache.allocate(slots, spec, model_dtype=torch.bfloat16, device=device, ring_fill=math.nan)
     h0 = torch.randn(batch, *state_shape(plan), generator=gen, device=device)
-    cache.ssm_state[slot_of_row.long()] = h0
+    cache.set_checkpoint(slot_of_row, h0)
     use_vllm = baseline.fn is not None
     if use_vllm:
         base_state = torch.zeros_like(cache.ssm_state)
@@ -270,6 +277,7 @@ def run_equivalence(plan: Plan, device: str, baseline: Baseline) -> dict[str, An
         gdn_decode_step(
             *inputs.fields(), layer.A_log, layer.dt_bias, cache.ssm_state, cache.ring_k, cache.ring_u, cache.ring_g,
             torch.where(active, slot_of_row, PAD).to(torch.int32), write_pos, flush_len, pad_slot_id=PAD, out=ours,
+            split=cache.split,
         )  # fmt: skip
         diff = torch.where(active[:, None, None], ours.double() - y_base, 0.0)
         errors.append(torch.stack([diff.abs().max() / y_base.abs().max(), diff.norm() / y_base.norm()]))
@@ -277,19 +285,22 @@ def run_equivalence(plan: Plan, device: str, baseline: Baseline) -> dict[str, An
             print(f"[gdn_kernel_bench]   step {t + 1}/{plan.eq_steps}", flush=True)
 
     in_ring = ((plan.eq_steps - start) % L).to(torch.int32)  # entries each row still holds in its ring
-    master = cache.ssm_state.clone()
-    gdn_flush_ring(master, cache.ring_k, cache.ring_u, cache.ring_g, slot_of_row, in_ring, pad_slot_id=PAD)
+    folded = cache.clone()
+    gdn_flush_ring(folded.ssm_state, folded.ring_k, folded.ring_u, folded.ring_g, slot_of_row, in_ring,
+                   pad_slot_id=PAD, split=folded.split)  # fmt: skip
     final_base = base_state[slot_of_row.long()] if use_vllm else base_state
     per_step = torch.stack(errors).cpu()
     result = {
         "baseline": baseline.note,
+        "checkpoint": "split" if split else "fp32",
         "batch": batch,
         "steps": plan.eq_steps,
         "target": TARGET_REL_ERR,
         **error_summary(per_step),
-        "final_state_rel_err": relative_error(master[slot_of_row.long()], final_base),
+        "final_state_rel_err": relative_error(folded.ssm_state[slot_of_row.long()], final_base),
     }
-    result["within_target"] = max(result["max_rel_err"], result["final_state_rel_err"]) <= TARGET_REL_ERR
+    held = [result["final_state_rel_err"]] + ([] if split else [result["max_rel_err"]])
+    result["within_target"] = max(held) <= TARGET_REL_ERR
     return result
 
 
@@ -487,6 +498,9 @@ class KernelSetup:
         tensors[RING_U].normal_(generator=gen)
         tensors[RING_G].uniform_(-0.1, -1e-3, generator=gen)
         self.state, self.ring_k, self.ring_u, self.ring_g = (tensors[i] for i in (1, RING_K, RING_U, RING_G))
+        self.split_tensors = paged_gdn_tensors(plan, pool, replay=True, device=device, split=True)
+        for index, fill in enumerate(self.split_tensors):
+            fill.normal_(generator=gen) if index != RING_G else fill.uniform_(-0.1, -1e-3, generator=gen)
         self.conv_state = tensors[0].normal_(generator=gen)
         self.conv_weight = torch.randn(self.conv_state.shape[1], CONV_WIDTH, generator=gen, device=device) * 0.5
         self.conv_weight = self.conv_weight.to(torch.bfloat16)
@@ -498,18 +512,26 @@ class KernelSetup:
         self.flush_all = torch.full((batch,), L, dtype=torch.int32, device=device)
         self.out = torch.empty(batch, plan.num_v_heads, plan.head_v_dim, dtype=torch.bfloat16, device=device)
 
-    def step(self, write_pos: torch.Tensor, flush_len: torch.Tensor, launch: Any) -> Callable[[], Any]:
-        """ReplaySSM's decode step in one graph (coefficients, replay, fold) with ``launch`` (a ``GdnLaunch``),
-        its flush-row list made once beforehand as the builder's cursor plan makes it (not timed: one plan
-        serves every layer)."""
-        from replayssm_patch.kernels import gdn_decode_step
+    def step(
+        self, write_pos: torch.Tensor, flush_len: torch.Tensor, launch: Any, split: bool = False
+    ) -> Callable[[], Any]:
+        """ReplaySSM's decode step in one graph (coefficients, replay, fold) with ``launch`` (a ``GdnLaunch``; with
+        ``split`` in split precision, on its own pages), its flush-row list made once beforehand as the builder's
+        cursor plan makes it (not timed: one plan serves every layer)."""
+        from replayssm_patch.gdn_state_layout import RING_BETA, RING_G, RING_K, RING_U, RING_V, STATE_BF16
+        from replayssm_patch.kernels import GdnSplitTensors, gdn_decode_step
         from replayssm_patch.kernels.decode_fold import flush_work_list
 
         rows, count = flush_work_list(flush_len, self.indices, write_pos, self.plan.buffer_len, PAD)
+        state, ring_k, ring_u, ring_g, extra = self.state, self.ring_k, self.ring_u, self.ring_g, None
+        if split:
+            t = self.split_tensors
+            state, ring_k, ring_u, ring_g = t[1], t[RING_K], t[RING_U], t[RING_G]
+            extra = GdnSplitTensors(state_bf16=t[STATE_BF16], ring_beta=t[RING_BETA], ring_v=t[RING_V])
         return lambda: gdn_decode_step(
-            *self.inputs.fields(), self.layer.A_log, self.layer.dt_bias, self.state, self.ring_k, self.ring_u,
-            self.ring_g, self.indices, write_pos, flush_len, flush_rows=rows, flush_count=count, pad_slot_id=PAD,
-            out=self.out, launch=launch,
+            *self.inputs.fields(), self.layer.A_log, self.layer.dt_bias, state, ring_k, ring_u, ring_g, self.indices,
+            write_pos, flush_len, flush_rows=rows, flush_count=count, pad_slot_id=PAD, out=self.out, launch=launch,
+            split=extra,
         )  # fmt: skip
 
     def mixed_step(self) -> Callable[[], Any]:
@@ -544,18 +566,24 @@ class KernelSetup:
         measure(RING_ROW, staggered, model.replay() + model.fold(1 / self.plan.buffer_len))
         measure("replay (no row flushing)", self.step(self.write_pos, self.flush_none, launch), model.replay())
         measure("decode step (all rows flushing)", self.step(self.aligned_pos, self.flush_all, launch), model.aligned())
+        split_staggered = self.step(self.write_pos, self.flush_staggered, launch, split=True)
+        measure(SPLIT_RING_ROW, split_staggered, model.replay(split=True) + model.fold(1 / self.plan.buffer_len, True))
+        measure("split replay (no row flushing)", self.step(self.write_pos, self.flush_none, launch, split=True),
+                model.replay(split=True))  # fmt: skip
         measure(MIXED_ROW, self.mixed_step(), model.replay() + model.fold(1 / self.plan.buffer_len) + model.conv())
         return timed.rows(BASELINE_ROW)
 
 
 BASELINE_ROW = "vllm gdn decode (fp32 state)"
 RING_ROW = "decode step (1/L rows flushing)"
+SPLIT_RING_ROW = "split decode step (1/L rows flushing)"
 MIXED_ROW = "mixed-step decode rows, one launch with the conv (1/L rows flushing)"
 
 
-def paged_gdn_tensors(plan: Plan, slots: int, replay: bool, device: str) -> list[torch.Tensor]:
-    """A GDN layer's state tensors (conv, ssm, then with ``replay`` ring_k, ring_u, ring_g) as views into one
-    page per slot, shapes and dtypes from the plugin's own MambaSpec functions."""
+def paged_gdn_tensors(plan: Plan, slots: int, replay: bool, device: str, split: bool = False) -> list[torch.Tensor]:
+    """A GDN layer's state tensors (conv, ssm, then with ``replay`` ring_k, ring_u, ring_g, and with ``split``
+    ring_beta, ring_v and the bf16 copy) as views into one page per slot, shapes and dtypes from the plugin's own
+    MambaSpec functions."""
     import torch
 
     from replayssm_patch.config import ReplaySSMConfig
@@ -564,15 +592,17 @@ def paged_gdn_tensors(plan: Plan, slots: int, replay: bool, device: str) -> list
     shapes: tuple[tuple[int, ...], ...] = ((plan.conv_dim, CONV_WIDTH - 1), state_shape(plan))
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
     if replay:
-        shapes = gdn_replay_state_shapes(shapes, ReplaySSMConfig(enable=True, buffer_len=plan.buffer_len), True)
-        dtypes = gdn_replay_state_dtypes(dtypes)
+        config = ReplaySSMConfig(enable=True, buffer_len=plan.buffer_len, split_precision=split)
+        shapes = gdn_replay_state_shapes(shapes, config, True)
+        dtypes = gdn_replay_state_dtypes(dtypes, torch.bfloat16, config)
     return paged_tensors(shapes, dtypes, slots, device)
 
 
 @dataclass(frozen=True)
 class TrafficModel:
-    """Bytes each call must move from/to HBM: bf16 activations and gates, fp32 state and ring (the coefficient
-    launch's scratch, ~1% of a row's state, is left out)."""
+    """Bytes each call must move from/to HBM: bf16 activations and gates, fp32 state and ring, in split precision the
+    bf16 copy read instead and the β and raw-v entries (the coefficient launch's scratch, ~1% of a row's state, is
+    left out)."""
 
     plan: Plan
     batch: int
@@ -599,13 +629,28 @@ class TrafficModel:
     def baseline(self) -> float:
         return self._io_bytes + 2 * self._state_bytes
 
-    def replay(self) -> float:
-        earlier = (self.plan.buffer_len - 1) / 2  # mean ring entries read with staggered cursors
-        return self._io_bytes + self._state_bytes + self.batch * (earlier + 1) * self._entry_bytes
+    @property
+    def _split_entry_bytes(self) -> int:  # what split precision adds to one ring entry of one row: β, raw v (bf16)
+        p = self.plan
+        return p.num_v_heads * (4 + 2 * p.head_v_dim)
 
-    def fold(self, share: float) -> float:
-        """What flushing rows add to a replay: the new checkpoint written and their ring of keys read again."""
-        return share * (self._state_bytes + self.batch * self.plan.buffer_len * self._key_entry_bytes)
+    def replay(self, split: bool = False) -> float:
+        """The checkpoint (or its bf16 copy) read, the earlier entries read, this step's appended."""
+        earlier = (self.plan.buffer_len - 1) / 2  # mean ring entries read with staggered cursors
+        entries = self.batch * (earlier + 1) * self._entry_bytes + (
+            self.batch * self._split_entry_bytes if split else 0
+        )
+        return self._io_bytes + self._state_bytes / (2 if split else 1) + entries
+
+    def fold(self, share: float, split: bool = False) -> float:
+        """What flushing rows add to a replay: the new checkpoint written and their ring of keys read again; in split
+        precision the master read and written, the copy written, the window's k̂, g, β and v read."""
+        L, rows = self.plan.buffer_len, share * self.batch
+        if not split:
+            return share * self._state_bytes + rows * L * self._key_entry_bytes
+        window = self._key_entry_bytes + self._split_entry_bytes + 4 * self.plan.num_v_heads
+        # the master read and written and the copy written, less the copy read the replay's term counts for them
+        return share * self._state_bytes * 2 + rows * L * window
 
     def conv(self) -> float:
         """What the causal conv inside the one-launch kernel adds: each channel's conv state read and shifted (bf16)."""
@@ -622,8 +667,13 @@ class TrafficModel:
 
 def _equivalence_markdown(eq: dict[str, Any]) -> list[str]:
     return [
-        f"{eq['steps']} consecutive decode steps, batch {eq['batch']}, fp32 checkpoint, vs {eq['baseline']}. "
-        f"Relative error = max |o - o_base| / max |o_base| per step (target <= {eq['target']:g}).",
+        f"{eq['steps']} consecutive decode steps, batch {eq['batch']}, {eq.get('checkpoint', 'fp32')} checkpoint, "
+        f"vs {eq['baseline']}. Relative error = max |o - o_base| / max |o_base| per step (target <= {eq['target']:g}"
+        + (
+            "; split precision: for the checkpoint, outputs carry the bf16 copy's rounding)."
+            if eq.get("checkpoint") == "split"
+            else ")."
+        ),
         "",
         "| worst step rel. err | at step | worst normwise | last step | checkpoint after final fold | finite |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -662,6 +712,7 @@ def render_markdown(data: dict[str, Any]) -> str:
     return "\n".join([
         *report_head("ReplaySSM Gated DeltaNet kernel benchmark", data.get("meta", {})),
         *section_markdown(data, "equivalence", "Equivalence", _equivalence_markdown),
+        *section_markdown(data, "split_equivalence", "Equivalence in split precision", _equivalence_markdown),
         *section_markdown(data, "mixed_equivalence", "Mixed-step decode rows in one launch", _equivalence_markdown),
         *section_markdown(data, "sweep", "Launch-shape sweep", _sweep_markdown),
         *section_markdown(data, "timing", "Timing", _timing_markdown),

@@ -9,10 +9,11 @@ Both layers get the same weights with realistic gates (log-decay g in about [-0.
 (0.05, 0.95), not the dummy init's g ≈ -0.69 that hides checkpoint errors), the paged state cache vLLM's
 GPU runner lays out, and the same start state and inputs. vLLM's layer takes its default pure-decode path
 (causal-conv update, then the packed recurrent decode kernel, which rewrites every state each step);
-ReplaySSM's replays from checkpoint + ring and folds every ``buffer_len`` steps. Writes DIR/
-gdn_layer_check.json and .md: the worst output relative error (max |o - o_vllm| / max |o_vllm|) over the
-steps and the checkpoint error after the final fold. ``--smoke`` runs the same code on the CPU with Triton's
-interpreter (TRITON_INTERPRET=1, CUDA_VISIBLE_DEVICES="", vLLM's CPU venv), as the CI test does.
+ReplaySSM's replays from checkpoint + ring and folds every ``buffer_len`` steps, once with the fp32 checkpoint
+and once in split precision (the replay reads a bf16 copy; folds replay the window exactly on the fp32 master).
+Writes DIR/gdn_layer_check.json and .md: per variant the worst output relative error (max |o - o_vllm| /
+max |o_vllm|) over the steps and the checkpoint error after the final fold. ``--smoke`` runs the same code on
+the CPU with Triton's interpreter (TRITON_INTERPRET=1, CUDA_VISIBLE_DEVICES="", vLLM's CPU venv), as the CI test does.
 """
 
 from __future__ import annotations
@@ -69,17 +70,23 @@ def core_inputs(layer: Any, tokens: int, gen: torch.Generator, device: str) -> t
     return tuple(t.to(device, dtype) for t in (mixed, b, a))
 
 
-def run(model_dir: Path, steps: int, batch: int, buffer_len: int, dtype: str, device: str) -> dict[str, Any]:
+def run(
+    model_dir: Path, steps: int, batch: int, buffer_len: int, dtype: str, device: str, split: bool
+) -> dict[str, Any]:
     """Drive vLLM's and ReplaySSM's layer through ``steps`` decode steps of ``batch`` sequences."""
     from vllm.forward_context import set_forward_context
+
+    from replayssm_patch.gdn_state_layout import STATE_BF16
 
     gen = torch.Generator().manual_seed(0)
     engine = {"max_num_seqs": max(batch, 8), "dtype": dtype}
     base_cfg = vllm_config(None, model_dir, **engine)
-    rep_cfg = vllm_config({"replayssm": {"enable": True, "buffer_len": buffer_len}}, model_dir, **engine)
+    knobs = {"enable": True, "buffer_len": buffer_len, "split_precision": split}
+    rep_cfg = vllm_config({"replayssm": knobs}, model_dir, **engine)
+    tag = "split" if split else "fp32"
     layers = {
-        "base": (make_gdn_layer(base_cfg, "base.layers.0.linear_attn", device), base_cfg),
-        "rep": (make_gdn_layer(rep_cfg, "rep.layers.0.linear_attn", device), rep_cfg),
+        "base": (make_gdn_layer(base_cfg, f"base_{tag}.layers.0.linear_attn", device), base_cfg),
+        "rep": (make_gdn_layer(rep_cfg, f"rep_{tag}.layers.0.linear_attn", device), rep_cfg),
     }
     base, rep = layers["base"][0], layers["rep"][0]
     realistic_gates(base, gen)
@@ -95,6 +102,8 @@ def run(model_dir: Path, steps: int, batch: int, buffer_len: int, dtype: str, de
     for layer in (base, rep):
         layer.kv_cache[0].copy_(conv0)
         layer.kv_cache[1].copy_(ssm0)
+    if split:  # as a prefill leaves it: the copy of the checkpoint
+        rep.kv_cache[STATE_BF16].copy_(ssm0)
     slots = list(range(1, batch + 1))
     heads, head_v_dim = base.num_v_heads // base.tp_size, base.head_v_dim
     errors = []
@@ -110,13 +119,10 @@ def run(model_dir: Path, steps: int, batch: int, buffer_len: int, dtype: str, de
         errors.append(relative_error(outs["rep"], outs["base"]))
     index = torch.tensor(slots, device=device, dtype=torch.int32)
     pending = builders["rep"].cursors.take_pending(index)  # what a prefill of every row would fold first
-    from replayssm_patch.gdn_state_layout import RING_G, RING_K, RING_U
-    from replayssm_patch.kernels import gdn_flush_ring
-
-    cache = rep.kv_cache
-    gdn_flush_ring(cache[1], cache[RING_K], cache[RING_U], cache[RING_G], index, pending, pad_slot_id=0)
+    rep.materialise(index, pending)
     return {
-        "steps": steps, "batch": batch, "buffer_len": buffer_len, "dtype": str(base_cfg.model_config.dtype),
+        "variant": tag, "steps": steps, "batch": batch, "buffer_len": buffer_len,
+        "dtype": str(base_cfg.model_config.dtype),
         "output_rel_err": errors,
         "worst_output_rel_err": max(errors), "pending_before_fold": pending.tolist()[:4],
         "final_state_rel_err": relative_error(rep.kv_cache[1][1:], base.kv_cache[1][1:]),
@@ -124,15 +130,17 @@ def run(model_dir: Path, steps: int, batch: int, buffer_len: int, dtype: str, de
     }  # fmt: skip
 
 
-def write_report(out: Path, result: dict[str, Any]) -> None:
-    (out / "gdn_layer_check.json").write_text(json.dumps(result, indent=1))
+def write_report(out: Path, results: dict[str, dict[str, Any]]) -> None:
+    (out / "gdn_layer_check.json").write_text(json.dumps(results, indent=1))
+    first = results["fp32"]
     lines = [
         "# ReplaySSM GDN layer vs vLLM's QwenGatedDeltaNetAttention (vLLM 0.24.0, real builders, paged cache)", "",
-        f"{result['steps']} decode steps, {result['batch']} sequences, ring {result['buffer_len']}, fp32 state, "
-        f"{result['dtype']} activations.", "",
-        "| worst output rel. error | checkpoint rel. error after the final fold | conv states equal |", "|---|---|---|",
-        f"| {result['worst_output_rel_err']:.2e} | {result['final_state_rel_err']:.2e} "
-        f"| {result['conv_state_equal']} |",
+        f"{first['steps']} decode steps, {first['batch']} sequences, ring {first['buffer_len']}, fp32 state, "
+        f"{first['dtype']} activations.", "",
+        "| checkpoint | worst output rel. error | checkpoint rel. error after the final fold | conv states equal |",
+        "|---|---|---|---|",
+        *(f"| {name} | {r['worst_output_rel_err']:.2e} | {r['final_state_rel_err']:.2e} | {r['conv_state_equal']} |"
+          for name, r in results.items()),
     ]  # fmt: skip
     (out / "gdn_layer_check.md").write_text("\n".join(lines) + "\n")
 
@@ -194,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     install_replay_gdn(ReplaySSMConfig(enable=True, buffer_len=sizes["buffer_len"]))
     torch.set_grad_enabled(False)
     args.out.mkdir(parents=True, exist_ok=True)
-    write_report(args.out, run(args.model, device="cpu" if args.smoke else "cuda", **sizes))
+    device = "cpu" if args.smoke else "cuda"
+    write_report(args.out, {name: run(args.model, device=device, split=name == "split", **sizes)
+                            for name in ("fp32", "split")})  # fmt: skip
     print((args.out / "gdn_layer_check.md").read_text())
     return 0
 

@@ -276,6 +276,11 @@ def test_gdn_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert eq["status"] == "ok", eq.get("traceback")
     assert eq["finite"] and eq["steps"] == 10 and eq["within_target"]
     assert eq["max_rel_err"] <= 1e-5 and eq["final_state_rel_err"] <= 1e-5  # the CPU bar vs fp64
+    split = data["split_equivalence"]
+    assert split["status"] == "ok", split.get("traceback")
+    assert (split["checkpoint"], split["steps"], split["finite"], split["within_target"]) == ("split", 10, True, True)
+    # the master stays on the fp64 trajectory; outputs carry the copy's bf16 rounding (test_gdn_split_kernels.py)
+    assert split["final_state_rel_err"] <= 1e-5 and 1e-5 < split["max_rel_err"] <= 2**-6
     mixed = data["mixed_equivalence"]
     assert mixed["status"] == "ok", mixed.get("traceback")
     assert "PyTorch causal conv" in mixed["baseline"] and mixed["steps"] == 10 and mixed["finite"]
@@ -302,13 +307,15 @@ def test_gdn_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     rows = {row["kernel"]: row for row in timing["rows"]}
     assert set(rows) == {
         "decode step (1/L rows flushing)", "replay (no row flushing)", "decode step (all rows flushing)",
-        "mixed-step decode rows, one launch with the conv (1/L rows flushing)",
+        "mixed-step decode rows, one launch with the conv (1/L rows flushing)", "split decode step (1/L rows flushing)",
+        "split replay (no row flushing)",
     }  # fmt: skip
     assert all(row["batch"] == 2 and row["us"] > 0 and row["bytes"] > 0 for row in rows.values())
     replay = rows["replay (no row flushing)"]["bytes"]
     step = rows["decode step (1/L rows flushing)"]["bytes"]
     assert replay < step < rows["decode step (all rows flushing)"]["bytes"]
     assert rows["mixed-step decode rows, one launch with the conv (1/L rows flushing)"]["bytes"] > step, "+ the conv"
+    assert rows["split replay (no row flushing)"]["bytes"] < replay, "the bf16 copy read instead of the checkpoint"
     markdown = (tmp_path / "gdn_kernel_bench.md").read_text()
     assert "| 2 | replay (no row flushing) |" in markdown and "Within target: **True**" in markdown
 
@@ -322,6 +329,9 @@ def test_gdn_kernel_bench_traffic_model_counts_what_each_call_must_move() -> Non
     assert model.baseline() - 2 * state == model.replay() - state - 256 * 8.5 * (16 * 128 + 32 * 129) * 4
     assert model.aligned() - model.replay() > state
     assert model.replay() < 0.6 * model.baseline()
+    # split precision: half the checkpoint read, plus each row's appended β and raw v
+    assert model.replay(split=True) == model.replay() - state / 2 + 256 * 32 * (4 + 2 * 128)
+    assert model.fold(1 / 16, split=True) > model.fold(1 / 16), "the master read and written, the copy written"
 
 
 def test_gdn_kernel_bench_without_gpu_or_smoke_refuses(tmp_path: Path) -> None:
