@@ -80,7 +80,7 @@ def test_gdn_enabled_spec_appends_the_fp32_ring_and_equals_the_model_classmethod
     [
         ("cpu_platform", "only vLLM's CUDA forward of the Gated DeltaNet layer is wrapped"),
         ("bf16_state", "checkpoint must be fp32 (vLLM resolved bfloat16); start with --mamba-ssm-cache-dtype float32"),
-        ("split_precision", "set split_precision to false"),
+        ("split_native_mixed", "native_mixed_steps runs vLLM's own path, which leaves split_precision's bf16 copy"),
         ("prefix_caching", "mamba prefix caching mode 'align'"),
     ],
 )
@@ -91,7 +91,30 @@ def test_gdn_unsupported_settings_are_refused_from_real_configs(gdn_checks, case
 
 def test_gdn_fp32_state_on_cuda_is_accepted(gdn_checks):
     assert gdn_checks["refused"]["fp32_supported"] is None
+    assert gdn_checks["refused"]["split_precision"] is None  # with the flush's exact replay
     assert gdn_checks["refused"]["native_mixed_steps"] is None  # the knob is Gated DeltaNet's
+
+
+def test_gdn_split_precision_spec_adds_beta_values_and_the_bf16_copy(gdn_checks):
+    """Qwen3.5-4B shape, L=16, after the fp32 ring: β [16, 32] fp32, raw v [16, 32, 128] in the model dtype (bf16)
+    and the copy [32, 128, 128] bf16; the layer's spec is the model classmethods'."""
+    got = gdn_checks["split"]
+    assert got["spec"] == got["model_spec"]
+    assert got["spec"]["shapes"][2:] == [[16, 16, 128], [16, 32, 128], [16, 32], [16, 32], [16, 32, 128],
+                                         [32, 128, 128]]  # fmt: skip
+    assert got["spec"]["dtypes"][2:] == ["torch.float32"] * 4 + ["torch.bfloat16"] * 2
+    fp32_ring = 4 * 16 * (16 * 128 + 32 * 128 + 32)
+    assert got["spec"]["page_size_bytes"] == 2146304 + fp32_ring + 4 * 16 * 32 + 2 * 16 * 32 * 128 + 2 * 32 * 128 * 128
+
+
+def test_gdn_split_precision_keeps_the_copy_current_and_every_step_on_the_replay(gdn_checks):
+    """No native batches (vLLM's decode would leave the copy stale); a new one-token prompt's copy is zeroed with its
+    checkpoint; after vLLM's prefill the layer copies the prefill rows' checkpoints, and only theirs; a mixed step's
+    decode rows take the replay's launches (the one-launch kernel has no split form)."""
+    got = gdn_checks["split"]
+    assert got["native_max_batch"] == 0 and got["one_launch_mixed"] is False
+    assert got["fresh"] == {"copy_zeroed": True, "other_copy_kept": True}
+    assert got["copy_after_prefill"] and got["decode_copy_untouched"]
 
 
 def test_gdn_native_mixed_steps_fold_decode_rows_and_run_vllms_own_path(gdn_checks):
@@ -204,13 +227,16 @@ def gdn_layer_smoke(vllm_python, tmp_path_factory) -> dict:
     return json.loads((root / "out" / "gdn_layer_check.json").read_text())
 
 
-def test_gdn_layer_matches_vllms_own_decode_path_across_folds(gdn_layer_smoke):
+@pytest.mark.parametrize("variant", ["fp32", "split"])
+def test_gdn_layer_matches_vllms_own_decode_path_across_folds(gdn_layer_smoke, variant):
     """ReplayGatedDeltaNet._forward_core vs vLLM's (causal-conv update + packed recurrent decode, interpreted),
     both through their real builders on a paged cache: 9 steps with L=4 (two folds), realistic gates
-    (observed <= 2.3e-7); the checkpoint after folding what the rings hold equals vLLM's state."""
-    got = gdn_layer_smoke
-    assert (got["steps"], got["batch"], got["buffer_len"], got["dtype"]) == (9, 3, 4, "torch.float32")
-    assert len(got["output_rel_err"]) == 9 and got["worst_output_rel_err"] <= 1e-5
+    (observed <= 2.3e-7); the checkpoint after folding what the rings hold equals vLLM's state. In split precision
+    outputs carry the bf16 copy's rounding (2^-6 bound, test_gdn_split_kernels.py) and the checkpoint does not."""
+    got = gdn_layer_smoke[variant]
+    assert (got["variant"], got["steps"], got["batch"], got["buffer_len"]) == (variant, 9, 3, 4)
+    assert got["dtype"] == "torch.float32" and len(got["output_rel_err"]) == 9
+    assert got["worst_output_rel_err"] <= (2**-6 if variant == "split" else 1e-5)
     # staggered first windows: each ring holds 0..L-1 entries after 9 steps, folded into the checkpoint below
     assert len(got["pending_before_fold"]) == 3 and all(0 <= n < 4 for n in got["pending_before_fold"])
     assert got["final_state_rel_err"] <= 1e-6 and got["conv_state_equal"]

@@ -21,7 +21,7 @@ prepare_cpu()
 import json  # noqa: E402
 
 import vllm.platforms as platforms  # noqa: E402
-from vllm.forward_context import set_forward_context  # noqa: E402
+from vllm.forward_context import get_forward_context, set_forward_context  # noqa: E402
 from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention  # noqa: E402
 from vllm.model_executor.models import ModelRegistry  # noqa: E402
 from vllm.platforms.cpu import CpuPlatform  # noqa: E402
@@ -40,11 +40,12 @@ from vllm_checks import (  # noqa: E402
 
 from replayssm_patch.config import replayssm_config_of  # noqa: E402
 from replayssm_patch.gdn_mixer import install_replay_gdn  # noqa: E402
-from replayssm_patch.gdn_state_layout import RING_K, RING_U  # noqa: E402
+from replayssm_patch.gdn_state_layout import RING_K, RING_U, STATE_BF16  # noqa: E402
 from replayssm_patch.gpu.gdn_layer_check import core_inputs, realistic_gates  # noqa: E402
 from replayssm_patch.gpu.layer_check import common_metadata, paged_state_tensors, relative_error, vllm_config  # noqa: E402
 
 ENABLED = {"replayssm": {"enable": True, "buffer_len": 16}}
+ENABLED_SPLIT = {"replayssm": {"enable": True, "buffer_len": 16, "split_precision": True}}
 # L = 4 with every window aligned to the prefill, so the checks can name exact cursors
 ALIGNED_L4 = {"replayssm": {"enable": True, "buffer_len": 4, "stagger_windows": False}}
 OTHER_GROUP_OFFSET = 4  # a second KV-cache group holds each request at block slot + 4
@@ -167,6 +168,49 @@ def builder_steps(tiny: Path) -> dict:
     other_group["per_group_builds"] = {"shares": per_group.supports_update_block_table,
                                        "own_plan": per_group.plan_buffers is not builder.plan_buffers}  # fmt: skip
     return {"steps": steps, "fresh_prompt_fold_pending": m.replay_fold_pending, "other_group": other_group}
+
+
+def split_precision(model_dir: Path, tiny: Path) -> dict:
+    """Split precision through the real layer and builder: the layer spec equals the model classmethods'; the
+    builder has no native batches; a new one-token prompt's copy is zeroed with its checkpoint; after vLLM's prefill
+    (which cannot run here, so its place is taken by a stand-in that writes the prefill rows' checkpoints, as vLLM's
+    does) the layer copies exactly those checkpoints to bf16."""
+    config = vllm_config(ENABLED_SPLIT, model_dir)
+    _, model, _ = model_spec(config)
+    spec = describe(make_gdn_layer(config, "split_spec.layers.0.linear_attn").get_kv_cache_spec(config))
+    knobs = {"replayssm": {**ALIGNED_L4["replayssm"], "split_precision": True}}
+    tiny_config = vllm_config(knobs, tiny, max_model_len=512, dtype="float32")
+    layer = make_gdn_layer(tiny_config, "split.layers.0.linear_attn")
+    layer_spec = layer.get_kv_cache_spec(tiny_config)
+    layer.kv_cache = paged_state_tensors(layer_spec, 8)
+    builder = layer.get_attn_backend().get_builder_cls()(layer_spec, [layer.prefix], tiny_config, torch.device("cpu"))
+    builder.build(0, common_metadata([1, 1], [10, 20], [3, 5], [False, False]))
+    layer.kv_cache[1][5] = layer.kv_cache[STATE_BF16][5] = 1.0  # block 5's previous owner
+    layer.kv_cache[STATE_BF16][3] = 2.0
+    builder.build(0, common_metadata([1, 1], [11, 1], [3, 5], [False, True]))  # a fresh one-token prompt in 5
+    fresh = {"copy_zeroed": bool((layer.kv_cache[STATE_BF16][5] == 0).all()),
+             "other_copy_kept": bool((layer.kv_cache[STATE_BF16][3] == 2).all())}  # fmt: skip
+
+    def vllm_prefill_stand_in(self, mixed_qkv, b, a, core_attn_out) -> None:
+        view = get_forward_context().attn_metadata[self.prefix]
+        self.kv_cache[1][view.non_spec_state_indices_tensor.long()] = 3.0
+
+    m = builder.build(0, common_metadata([1, 5], [12, 5], [3, 6], [False, True]))  # block 3 decodes, 6 prefills
+    qkv, b, a = core_inputs(layer, 6, torch.Generator().manual_seed(5), "cpu")
+    vllm_forward = QwenGatedDeltaNetAttention._forward_core
+    QwenGatedDeltaNetAttention._forward_core = vllm_prefill_stand_in
+    try:
+        with set_forward_context({layer.prefix: m}, tiny_config):
+            layer._prefill(qkv, b, a, torch.zeros(6, layer.num_v_heads, layer.head_v_dim), m,
+                           get_forward_context().attn_metadata)  # fmt: skip
+    finally:
+        QwenGatedDeltaNetAttention._forward_core = vllm_forward
+    return {
+        "spec": spec, "model_spec": describe(model), "native_max_batch": builder.native_max_batch, "fresh": fresh,
+        "copy_after_prefill": bool((layer.kv_cache[STATE_BF16][6] == 3).all()),
+        "decode_copy_untouched": bool((layer.kv_cache[STATE_BF16][3] == 2).all()),
+        "one_launch_mixed": layer._one_launch_mixed,
+    }  # fmt: skip
 
 
 def native_mixed(tiny: Path) -> dict:
@@ -381,11 +425,13 @@ def main(model_dir: Path, tiny: Path, result_file: Path) -> None:
         "cpu_platform": refusal(model_dir, {}, cuda=False),
         "bf16_state": refusal(model_dir, {}, mamba_ssm_cache_dtype="bfloat16"),
         "split_precision": refusal(model_dir, {"split_precision": True}),
+        "split_native_mixed": refusal(model_dir, {"split_precision": True, "native_mixed_steps": True}),
         "prefix_caching": refusal(model_dir, {}, enable_prefix_caching=True),
         "native_mixed_steps": refusal(model_dir, {"native_mixed_steps": True}),
         "fp32_supported": refusal(model_dir, {}),
     }
     out["builder"] = builder_steps(tiny)
+    out["split"] = split_precision(model_dir, tiny)
     out["native"] = native_scenario(tiny)
     out["native_mixed"] = native_mixed(tiny)
     out["mixed_decode_rows"] = mixed_decode_rows(tiny)
