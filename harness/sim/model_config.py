@@ -51,7 +51,9 @@ class RecurrentShape:
     `step_input_bytes` is what ReplaySSM keeps per step in its ring: Mamba-2 post-conv x and B (bf16) and
     softplus'ed dt (fp32); Gated DeltaNet the normalised key k̂ (per key head), the corrected value
     u = β(v − e^g·S·k̂) (per value head) and the log-decay g, all fp32 because they are folded into the fp32
-    checkpoint (the plugin's `replayssm_patch/kernels/gdn_layout.py`).
+    checkpoint (the plugin's `replayssm_patch/kernels/gdn_layout.py`). `split_entry_bytes` is what split precision
+    adds to each entry: nothing for Mamba-2 (its ring already holds raw inputs); for Gated DeltaNet β (fp32) and
+    the raw v (bf16) per value head, which a flush replays exactly on the fp32 master.
     """
 
     kind: str  # "mamba2" | "gated_deltanet"
@@ -60,6 +62,7 @@ class RecurrentShape:
     conv_elements: int  # rolling conv window per layer per sequence (kept in bf16)
     step_input_bytes: int  # per layer per step
     params_per_layer: int
+    split_entry_bytes: int = 0  # per layer per step, split precision only
 
 
 @dataclass(frozen=True)
@@ -292,6 +295,7 @@ def _gated_deltanet_hybrid(config: dict[str, Any], name: str) -> ModelShape:
         conv_elements=(kernel - 1) * conv_channels,
         step_input_bytes=(key_width + value_width + v_heads) * FP32_BYTES,  # k̂, u, g
         params_per_layer=deltanet_params,
+        split_entry_bytes=v_heads * FP32_BYTES + value_width * BF16_BYTES,  # β, raw v
     )
     return ModelShape(
         name=name,

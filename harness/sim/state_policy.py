@@ -11,8 +11,9 @@ entry per verified token. The drafter's own passes are not modelled: they cost t
 
 The same accounting serves Mamba-2 and Gated DeltaNet layers; only the state size and the ring entry differ
 (`RecurrentShape`). A GDN step reads its checkpoint once for both mat-vecs (S·k̂ and S·q̂), as a Mamba-2 step
-reads its once for h·C. GDN ReplaySSM keeps an fp32 checkpoint only, as the plugin does: its ring's u is
-computed from the state it read, so a bf16 state or bf16 copy would feed rounding into every fold.
+reads its once for h·C. GDN ReplaySSM keeps an fp32 checkpoint, as the plugin does (its ring's u is computed from
+the state it read, so a bf16 state would feed rounding into every fold); with split precision its replay reads a
+bf16 copy and its ring also keeps β and the raw v, which the flush replays exactly on the master.
 """
 
 from __future__ import annotations
@@ -85,18 +86,13 @@ class StatePolicy:
         else:
             per_layer += (self.buffer_len + spec_tokens) * rec.step_input_bytes
             if self.split_precision:
-                per_layer += rec.state_elements * BF16_BYTES
+                per_layer += rec.state_elements * BF16_BYTES + (self.buffer_len + spec_tokens) * rec.split_entry_bytes
         return rec.layers * per_layer
 
     def require_supported(self, rec: RecurrentShape | None) -> None:
         """Refuse what the plugin refuses on this model's recurrent layers (one clear line each)."""
         if rec is None or rec.kind != "gated_deltanet" or self.name != "replayssm":
             return
-        if self.split_precision:
-            raise UserError(
-                "--split-precision is refused for Gated DeltaNet models: u depends on the state it was computed "
-                "from, so a bf16 copy would feed its rounding into the fp32 checkpoint at every flush; drop it"
-            )
         if self.ssm_dtype != "float32":
             raise UserError(
                 "ReplaySSM on a Gated DeltaNet model keeps an fp32 checkpoint (the ring's u is folded into it); "
@@ -105,18 +101,20 @@ class StatePolicy:
 
     def decode_traffic(self, rec: RecurrentShape) -> DecodeTraffic:
         """Per-layer bytes of one decode step: baseline reads and writes the state; ReplaySSM reads the
-        checkpoint, on average (L-1)/2 ring entries, appends one, and writes the checkpoint every L steps."""
+        checkpoint, on average (L-1)/2 ring entries, appends one, and writes the checkpoint every L steps (split
+        precision: its entries' extra part appended every step and read once, by the flush)."""
         state, conv = self._state_bytes(rec), 2 * self._conv_bytes(rec)
         if self.name == "baseline":
             return DecodeTraffic(checkpoint_read=state, checkpoint_write=state, conv=conv)
         length = self.buffer_len
         copy = rec.state_elements * BF16_BYTES if self.split_precision else 0
+        extra = rec.split_entry_bytes if self.split_precision else 0
         return DecodeTraffic(
             # non-flush steps read the bf16 copy when there is one; the flush reads the master
             checkpoint_read=((length - 1) * copy + state) / length if copy else state,
             checkpoint_write=(state + copy) / length,
-            ring_read=(length - 1) / 2 * rec.step_input_bytes,
-            ring_append=rec.step_input_bytes,
+            ring_read=(length - 1) / 2 * rec.step_input_bytes + extra,
+            ring_append=rec.step_input_bytes + extra,
             conv=conv,
         )
 

@@ -76,7 +76,7 @@ def test_port_in_use_is_one_clear_error() -> None:
         (["--gpu", "tpu"], "--gpu"),
         (["--model-config", "nope.json"], "no such model config"),
         (["--model-config", "qwen9"], "unknown model 'qwen9'"),
-        (["--model-config", "qwen3.5-4b", "--policy", "replayssm", "--split-precision"], "Gated DeltaNet"),
+        (["--model-config", "qwen3.5-4b", "--policy", "replayssm", "--ssm-dtype", "bfloat16"], "Gated DeltaNet"),
     ],
 )
 def test_bad_options_are_one_clear_error(args: list[str], needle: str) -> None:

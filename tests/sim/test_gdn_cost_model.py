@@ -58,6 +58,26 @@ def test_the_ring_costs_l_entries_of_memory_per_layer() -> None:
     assert extra == 24 * 16 * RING_ENTRY
 
 
+SPLIT = StatePolicy("replayssm", "float32", buffer_len=16, split_precision=True)
+SPLIT_ENTRY = 32 * 4 + 32 * 128 * 2  # β (fp32) and the raw v (bf16) per value head, for the flush's exact replay
+COPY = STATE // 2  # the bf16 copy the replay reads
+
+
+def test_split_precision_gdn_decode_reads_the_bf16_copy_and_keeps_beta_and_raw_v() -> None:
+    assert QWEN35_4B.recurrent.split_entry_bytes == SPLIT_ENTRY == 8_320
+    traffic = SPLIT.decode_traffic(QWEN35_4B.recurrent)
+    assert traffic == DecodeTraffic(
+        checkpoint_read=(15 * COPY + STATE) / 16,  # the copy on 15 steps, the master on the flush
+        checkpoint_write=(STATE + COPY) / 16,  # the flush writes both
+        ring_read=7.5 * RING_ENTRY + SPLIT_ENTRY,  # (β, v) read once, by the flush's replay
+        ring_append=RING_ENTRY + SPLIT_ENTRY,
+        conv=2 * CONV,
+    )
+    assert traffic.total < 0.66 * REPLAY.decode_traffic(QWEN35_4B.recurrent).total
+    extra = SPLIT.memory_bytes_per_seq(QWEN35_4B.recurrent) - REPLAY.memory_bytes_per_seq(QWEN35_4B.recurrent)
+    assert extra == 24 * (COPY + 16 * SPLIT_ENTRY)
+
+
 def decode(batch: int) -> StepWork:
     return StepWork(decode_seqs=batch, context_tokens=batch * CONTEXT, attention_pairs=batch * CONTEXT)
 
@@ -114,8 +134,7 @@ def test_moe_shapes_gain_less_than_the_dense_one() -> None:
 
 
 def test_gdn_replayssm_refuses_what_the_plugin_refuses() -> None:
-    with pytest.raises(UserError, match="--split-precision is refused for Gated DeltaNet"):
-        build_spec("qwen3.5-4b", "h200", StatePolicy("replayssm", "float32", 16, True))
+    assert build_spec("qwen3.5-4b", "h200", SPLIT).policy.split_precision, "the plugin serves it since session 26"
     with pytest.raises(UserError, match="use --ssm-dtype float32"):
         build_spec("qwen3.5-4b", "h200", StatePolicy("replayssm", "bfloat16"))
     # the baseline may keep a bf16 state (Qwen3-Next's default), and Mamba-2 keeps split precision
