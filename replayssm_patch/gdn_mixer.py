@@ -12,9 +12,8 @@ metadata. At the builder's native batches (``gdn_backend.plan_gdn_ring``), and a
 under ``native_mixed_steps``, the whole step is vLLM's own path on the checkpoint, which the builder made
 current; the ring is not used.
 With ``split_precision`` the replay reads a bf16 copy of the checkpoint and a flush replays the window exactly
-(``kernels.gdn_decode``); vLLM's own path would leave the copy stale, so there are no native batches, a prefill's
-checkpoints are copied after it, and a mixed step's decode rows take the replay's launches (the one-launch kernel
-has no split form yet).
+(``kernels.gdn_decode``, and the one-launch kernel's split form); vLLM's own path would leave the copy stale, so
+there are no native batches and a prefill's checkpoints are copied after it.
 """
 
 from __future__ import annotations
@@ -89,7 +88,7 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
             return
         if metadata.num_decodes:
             decode = self._replay_decode
-            if metadata.num_prefills and self._one_launch_mixed:
+            if metadata.num_prefills and self.replayssm.gdn_one_launch_mixed:
                 decode = self._replay_mixed_decode  # eager: one launch instead of four
             decode(mixed_qkv, b, a, core_attn_out, metadata)
         if metadata.num_prefills:
@@ -143,7 +142,7 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
         cache = self.kv_cache
         null = torch.full((1,), NULL_BLOCK_ID, dtype=torch.int32, device=cache[1].device)
         self.materialise(null, torch.zeros_like(null))
-        if not self._one_launch_mixed:
+        if not self.replayssm.gdn_one_launch_mixed:
             return
         (k_heads, heads), dtype = self._local_heads(), self.conv1d.weight.dtype
         tokens = torch.zeros(1, self.conv_dim // self.tp_size, dtype=dtype, device=null.device)
@@ -153,6 +152,7 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
             cache[1], cache[RING_K], cache[RING_U], cache[RING_G], null, torch.zeros_like(null), torch.zeros_like(null),
             num_k_heads=k_heads, head_k_dim=self.head_k_dim, activation=self.activation,
             pad_slot_id=NULL_BLOCK_ID, out=torch.zeros(1, heads, self.head_v_dim, dtype=dtype, device=null.device),
+            split=self._split_tensors(),
         )  # fmt: skip
 
     def materialise(self, slots: torch.Tensor, pending: torch.Tensor) -> None:
@@ -212,13 +212,8 @@ class ReplayGatedDeltaNet(QwenGatedDeltaNetAttention):
             self.dt_bias, cache[1], cache[RING_K], cache[RING_U], cache[RING_G], slots, metadata.replay_write_pos,
             metadata.replay_flush_len, num_k_heads=self._local_heads()[0], head_k_dim=self.head_k_dim,
             activation=self.activation, scale=self.head_k_dim**-0.5, pad_slot_id=NULL_BLOCK_ID,
-            out=core_attn_out[:n],
+            out=core_attn_out[:n], split=self._split_tensors(),
         )  # fmt: skip
-
-    @property
-    def _one_launch_mixed(self) -> bool:
-        """Whether a mixed step's decode rows run ``gdn_mixed_decode`` (which has no split-precision form)."""
-        return self.replayssm.gdn_one_launch_mixed and not self.replayssm.split_precision
 
     def _split_tensors(self) -> Any:
         """Split precision's copy, β and value rings (``kernels.GdnSplitTensors``), or None without it."""

@@ -83,13 +83,13 @@ _GDN_MIXED_POINTERS = {
     "x_ptr": "*bf16", "conv_ptr": "*bf16", "cw_ptr": "*bf16", "cb_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16",
     "A_log_ptr": "*fp32", "dt_bias_ptr": "*fp32", "state_ptr": "*fp32", "ring_k_ptr": "*fp32", "ring_u_ptr": "*fp32",
     "ring_g_ptr": "*fp32", "slot_ptr": "*i32", "pos_ptr": "*i32", "flush_ptr": "*i32", "out_ptr": "*bf16",
-    "scale": "fp32",
+    "scale": "fp32", **_GDN_SPLIT_POINTERS,
 }  # fmt: skip
 # innermost strides of the GDN tensors (the ring_g and gate tensors are [..., num_v_heads]; mixed_qkv's channels;
 # the conv weight's taps)
 _GDN_UNIT_STRIDES = {
     "sq_k", "sk_k", "sa_h", "sb_h", "sv_v", "ss_k", "srk_k", "sru_v", "srg_h", "so_v", "sx_c", "sw_t", "sc_k", "srv_v",
-    "srb_h",
+    "srb_h", "scp_k",
 }  # fmt: skip
 
 
@@ -271,10 +271,12 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
         pointers, consts = verify_step_launch(read, 4, block_p, block_n, stages, ring, pdl)
         found.append((f"verify step T=4, {label}{form}", _verify_step_kernel, pointers, consts, num_warps))
     found += gdn_variants(split=False) + gdn_variants(split=True)
-    found.append(("gdn mixed-step decode", _gdn_mixed_decode_kernel, _GDN_MIXED_POINTERS,
-                  {**_GDN_BLOCKS, "V_PER_K": 2, "WIDTH": 4, "BLOCK_W": 4, "HAS_BIAS": False, "SILU": True,
-                   "BLOCK_V": MIXED_BLOCK_V, "V_BLOCKS": 128 // MIXED_BLOCK_V,
-                   **_unit_strides(_gdn_mixed_decode_kernel, _GDN_UNIT_STRIDES)}, MIXED_NUM_WARPS))  # fmt: skip
+    for split in (False, True):
+        mixed = {**_GDN_BLOCKS, "V_PER_K": 2, "WIDTH": 4, "BLOCK_W": 4, "HAS_BIAS": False, "SILU": True,
+                 "BLOCK_V": MIXED_BLOCK_V, "V_BLOCKS": 128 // MIXED_BLOCK_V, "SPLIT": split,
+                 **_unit_strides(_gdn_mixed_decode_kernel, _GDN_UNIT_STRIDES)}  # fmt: skip
+        label = "gdn mixed-step decode" + (", split precision" if split else "")
+        found.append((label, _gdn_mixed_decode_kernel, _GDN_MIXED_POINTERS, mixed, MIXED_NUM_WARPS))
     return found
 
 

@@ -85,38 +85,42 @@ def fold_into(state, ring_u, weight, ring_k):
 
 @triton.jit
 def window_entry(rk_at, srk_l, srk_k, offs_k, mask_k, rv_at, srv_l, srv_v, offs_v, mask_v, rb_at, srb_l, rg_at, srg_l,
-                 s, count, now, v_now):  # fmt: skip
-    """Ring entry s of a window of ``count`` (k̂, v, β, g; v_now at ``now``): zeros past count, loads masked off."""
-    live = s < count
+                 s, count, now, k_now, v_now, beta_now, g_now):  # fmt: skip
+    """Ring entry s of a window of ``count``: (k̂, v, β, g), the *_now values at ``now``, zeros past count (loads
+    masked off at both)."""
+    live = (s < count) & (s != now)
     k = tl.load(rk_at + s * srk_l + offs_k * srk_k, mask=mask_k & live, other=0.0)
-    v = tl.load(rv_at + s * srv_l + offs_v * srv_v, mask=mask_v & live & (s != now), other=0.0).to(tl.float32)
+    v = tl.load(rv_at + s * srv_l + offs_v * srv_v, mask=mask_v & live, other=0.0).to(tl.float32)
     beta = tl.load(rb_at + s * srb_l, mask=live, other=0.0)
     g = tl.load(rg_at + s * srg_l, mask=live, other=0.0)
-    return k, tl.where(s == now, v_now, v), beta, g
+    at_now = s == now
+    return (tl.where(at_now, k_now, k), tl.where(at_now, v_now, v), tl.where(at_now, beta_now, beta),
+            tl.where(at_now, g_now, g))  # fmt: skip
 
 
 @triton.jit
 def replay_exact(
     state, rk_at, srk_l, srk_k, offs_k, mask_k, rv_at, srv_l, srv_v, offs_v, mask_v, rb_at, srb_l, rg_at, srg_l,
-    count, now, v_now,
+    count, now, k_now, v_now, beta_now, g_now,
 ):  # fmt: skip
-    """A split-precision flush: ring entries [0, count) replayed one at a time on the fp32 state tile [BV, BK] as
+    """A split-precision flush: window entries [0, count) replayed one at a time on the fp32 state tile [BV, BK] as
     vLLM's step computes them, S = e^g S, u = β (v − S k̂), S += u k̂ᵀ, so the master never reads the bf16 copy
-    (whose u only answered the window's outputs). Entry ``now`` takes v_now [BV] (this step's v, not yet in
-    the ring; −1: none). The *_at pointers: the entry-0 base of this (slot, head)'s key, value, β and g rings.
+    (whose u only answered the window's outputs). Entry ``now`` is this step's, (k_now [BK], v_now [BV], β, g), held
+    by the caller and not read from the ring (−1: none). The *_at pointers: the entry-0 base of this (slot, head)'s
+    key, value, β and g rings.
 
     Each entry's loads are issued one entry ahead, so they overlap the previous entry's math instead of stalling
     the chain (the steps depend on each other through the tile, the loads do not). Session 26 also compiled the
     window as one triangular solve on the tensor cores (products S k̂_s and the keys' Gram matrix, forward
     substitution, the fold's product): 255 registers and spills on sm_90 at fp32-level (tf32x3) precision,
-    against this loop's 63, so the loop stays until a GPU can time both."""
+    against this loop's 79, so the loop stays until a GPU can time both."""
     entry = window_entry(rk_at, srk_l, srk_k, offs_k, mask_k, rv_at, srv_l, srv_v, offs_v, mask_v, rb_at, srb_l,
-                         rg_at, srg_l, 0, count, now, v_now)  # fmt: skip
+                         rg_at, srg_l, 0, count, now, k_now, v_now, beta_now, g_now)  # fmt: skip
     s = 0
     while s < count:  # a while loop: count lives on the device
         k, v, beta, g = entry
         entry = window_entry(rk_at, srk_l, srk_k, offs_k, mask_k, rv_at, srv_l, srv_v, offs_v, mask_v, rb_at, srb_l,
-                             rg_at, srg_l, s + 1, count, now, v_now)  # fmt: skip
+                             rg_at, srg_l, s + 1, count, now, k_now, v_now, beta_now, g_now)  # fmt: skip
         state = tl.exp(g) * state
         u = beta * (v - tl.sum(state * k[None, :], axis=1))
         state += u[:, None] * k[None, :]

@@ -54,7 +54,7 @@ def _gdn_flush_kernel(
         state = replay_exact(
             state, rk_at, srk_l, srk_k, offs_k, mask_k, ring_v_ptr + slot * srv_slot + head * srv_h, srv_l, srv_v,
             offs_v, mask_v, ring_beta_ptr + slot * srb_slot + head * srb_h, srb_l, rg_at, srg_l, count, -1,
-            tl.zeros((BLOCK_V,), dtype=tl.float32),
+            tl.zeros((BLOCK_K,), dtype=tl.float32), tl.zeros((BLOCK_V,), dtype=tl.float32), 0.0, 0.0,
         )  # fmt: skip
         copy_at = copy_ptr + slot * sc_slot + head * sc_h + offs_v[:, None] * sc_v + offs_k[None, :] * sc_k
         tl.store(copy_at, state.to(copy_ptr.dtype.element_ty), mask=mask_vk)

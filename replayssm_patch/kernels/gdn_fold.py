@@ -61,12 +61,15 @@ def _gdn_fold_kernel(
         key = (row * num_k_heads + khead) * BLOCK_K + offs_k
         q = tl.load(qhat_ptr + key, mask=mask_k, other=0.0)
         v = tl.load(v_ptr + row * sv_b + head * sv_h + offs_v * sv_v, mask=mask_v, other=0.0).to(tl.float32)
-        if SPLIT:  # every ring entry up to pos but this step's v was appended by the coefficient launch
+        if SPLIT:  # this step's entry from the coefficient launch's scratch and ring_g (which it appended), and v
+            per_head = row * num_v_heads + head
+            rg_at = ring_g_ptr + slot * srg_slot + head * srg_h
             state = replay_exact(
                 state, ring_k_ptr + slot * srk_slot + khead * srk_h, srk_l, srk_k, offs_k, mask_k,
                 ring_v_ptr + slot * srv_slot + head * srv_h, srv_l, srv_v, offs_v, mask_v,
-                ring_beta_ptr + slot * srb_slot + head * srb_h, srb_l, ring_g_ptr + slot * srg_slot + head * srg_h,
-                srg_l, pos + 1, pos, v,
+                ring_beta_ptr + slot * srb_slot + head * srb_h, srb_l, rg_at, srg_l, pos + 1, pos,
+                tl.load(khat_ptr + key, mask=mask_k, other=0.0), v, tl.load(beta_ptr + per_head),
+                tl.load(rg_at + pos * srg_l),
             )  # fmt: skip
             tl.store(state_at, state, mask=mask_vk)
             copy_at = copy_ptr + slot * sc_slot + head * sc_h + offs_v[:, None] * sc_v + offs_k[None, :] * sc_k

@@ -19,6 +19,9 @@ write_pos, and its value heads' checkpoint tiles. It
    checkpoint and o from it (``gdn_fold``): fp32 rank-1 updates, one per entry, which read the earlier entries
    again (from L2). A tensor-core product would need the ring's keys held as a tile through the loop: that took
    248 registers per thread (2 programs per SM), this 148.
+In split precision (``SPLIT``) a non-flush row reads the bf16 copy instead of the checkpoint and also appends β and
+v; a flush row replays its window exactly on the fp32 master (``gdn_common.replay_exact``, this step's entry from
+registers) and writes the new checkpoint and its copy.
 A row whose slot is padding or whose write_pos is off the ring is skipped entirely, its conv state included.
 """
 
@@ -29,9 +32,9 @@ import triton
 import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size, check_launchable, decay_sum_after
-from replayssm_patch.kernels.gdn_common import append_key, default_scale, gdn_gates, row_cursor
+from replayssm_patch.kernels.gdn_common import append_key, default_scale, gdn_gates, replay_exact, row_cursor
 from replayssm_patch.kernels.gdn_decode import gdn_decode_step_reference
-from replayssm_patch.kernels.gdn_layout import require_fp32_checkpoint, split_packed_qkv
+from replayssm_patch.kernels.gdn_layout import GdnSplitTensors, require_fp32_checkpoint, split_packed_qkv
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, valid_rows
 
 MIXED_BLOCK_V = 32  # head_v_dim rows per tile: 148 registers, no spill on sm_90 (16: 128 and a spill; compile_check)
@@ -88,12 +91,14 @@ def weight_at(weight, offs_l, s):
 def _gdn_mixed_decode_kernel(
     x_ptr, conv_ptr, cw_ptr, cb_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
     state_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, slot_ptr, pos_ptr, flush_ptr, out_ptr,
+    copy_ptr, ring_v_ptr, ring_beta_ptr,
     scale, head_k_dim, head_v_dim, ring_len, pad_slot_id, k_channels, v_channels,
     sx_b, sx_c, sc_slot, sc_c, sc_t, sw_c, sw_t, sa_b, sa_h, sb_b, sb_h, ss_slot, ss_h, ss_v, ss_k,
     srk_slot, srk_l, srk_h, srk_k, sru_slot, sru_l, sru_h, sru_v, srg_slot, srg_l, srg_h, so_b, so_h, so_v,
+    scp_slot, scp_h, scp_v, scp_k, srv_slot, srv_l, srv_h, srv_v, srb_slot, srb_l, srb_h,
     V_PER_K: tl.constexpr, WIDTH: tl.constexpr, BLOCK_W: tl.constexpr, HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    V_BLOCKS: tl.constexpr,
+    V_BLOCKS: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     khead = tl.program_id(1)
@@ -137,29 +142,49 @@ def _gdn_mixed_decode_kernel(
             v = _conv_step(x_row, conv_row, cw_ptr, cb_ptr, v_channels + head * head_v_dim + offs_v, mask_v,
                            sx_c, sc_c, sc_t, sw_c, sw_t, WIDTH, BLOCK_W, HAS_BIAS, SILU)  # fmt: skip
             state_at = state_ptr + slot * ss_slot + head * ss_h + offs_v[:, None] * ss_v + offs_k[None, :] * ss_k
-            state = decay * tl.load(state_at, mask=mask_vk, other=0.0)  # e^G_c S_c: decayed to this step
+            copy_at = copy_ptr + slot * scp_slot + head * scp_h + offs_v[:, None] * scp_v + offs_k[None, :] * scp_k
+            if SPLIT:  # the copy on a non-flush row, the master on a flush row (a masked-off load reads nothing)
+                master = tl.load(state_at, mask=mask_vk & flush, other=0.0)
+                state = decay * tl.load(copy_at, mask=mask_vk & ~flush, other=0.0).to(tl.float32)
+            else:
+                state = decay * tl.load(state_at, mask=mask_vk, other=0.0)  # e^G_c S_c: decayed to this step
             ring_u = tl.load(
                 ru_at + offs_l[:, None] * sru_l + offs_v[None, :] * sru_v,
                 mask=earlier[:, None] & mask_v[None, :], other=0.0,
             )  # fmt: skip
             base = tl.sum(state * k[None, :], axis=1) + tl.sum((weight * kk)[:, None] * ring_u, axis=0)
             u = beta * (v - base)
-            tl.store(ru_at + pos * sru_l + offs_v * sru_v, u, mask=mask_v)
-            if flush:
-                folded = state + (weight_at(weight, offs_l, pos) * u)[:, None] * k[None, :]  # this step's entry
-                # the earlier entries, one rank-1 update each, their rows read again from L2 (a while loop: the
-                # bound is a loaded value, which Triton's interpreter cannot take as a range)
-                s = 0
-                while s < pos:
-                    u_s = tl.load(ru_at + s * sru_l + offs_v * sru_v, mask=mask_v, other=0.0)
-                    k_s = tl.load(rk_at + s * srk_l + offs_k * srk_k, mask=mask_k, other=0.0)
-                    folded += (weight_at(weight, offs_l, s) * u_s)[:, None] * k_s[None, :]
-                    s += 1
+            if SPLIT and vblock == 0:  # β for the exact replay at the flush, as the coefficient launch appends it
+                tl.store(ring_beta_ptr + slot * srb_slot + pos * srb_l + head * srb_h, beta)
+            if SPLIT and flush:  # the window replayed exactly from (k̂, v, β, g); this step's from registers
+                folded = replay_exact(
+                    master, rk_at, srk_l, srk_k, offs_k, mask_k, ring_v_ptr + slot * srv_slot + head * srv_h, srv_l,
+                    srv_v, offs_v, mask_v, ring_beta_ptr + slot * srb_slot + head * srb_h, srb_l, rg_at, srg_l,
+                    pos + 1, pos, k, v, beta, g,
+                )  # fmt: skip
                 tl.store(state_at, folded, mask=mask_vk)
+                tl.store(copy_at, folded.to(copy_ptr.dtype.element_ty), mask=mask_vk)
                 o = tl.sum(folded * q[None, :], axis=1)
             else:
-                o = tl.sum(state * q[None, :], axis=1) + tl.sum((weight * kq)[:, None] * ring_u, axis=0)
-                o += kq_now * u
+                tl.store(ru_at + pos * sru_l + offs_v * sru_v, u, mask=mask_v)
+                if SPLIT:  # the raw v, for the exact replay at the flush
+                    rv_at = ring_v_ptr + slot * srv_slot + pos * srv_l + head * srv_h + offs_v * srv_v
+                    tl.store(rv_at, v.to(ring_v_ptr.dtype.element_ty), mask=mask_v)
+                if flush:
+                    folded = state + (weight_at(weight, offs_l, pos) * u)[:, None] * k[None, :]  # this step's entry
+                    # the earlier entries, one rank-1 update each, their rows read again from L2 (a while loop: the
+                    # bound is a loaded value, which Triton's interpreter cannot take as a range)
+                    s = 0
+                    while s < pos:
+                        u_s = tl.load(ru_at + s * sru_l + offs_v * sru_v, mask=mask_v, other=0.0)
+                        k_s = tl.load(rk_at + s * srk_l + offs_k * srk_k, mask=mask_k, other=0.0)
+                        folded += (weight_at(weight, offs_l, s) * u_s)[:, None] * k_s[None, :]
+                        s += 1
+                    tl.store(state_at, folded, mask=mask_vk)
+                    o = tl.sum(folded * q[None, :], axis=1)
+                else:
+                    o = tl.sum(state * q[None, :], axis=1) + tl.sum((weight * kq)[:, None] * ring_u, axis=0)
+                    o += kq_now * u
             out_at = out_ptr + row * so_b + head * so_h + offs_v * so_v
             tl.store(out_at, o.to(out_ptr.dtype.element_ty), mask=mask_v)
 
@@ -187,6 +212,7 @@ def gdn_mixed_decode(
     scale: float | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
     out: torch.Tensor,
+    split: GdnSplitTensors | None = None,
 ) -> torch.Tensor:
     """The GDN decode step of ``gdn_decode_step`` for rows still before their causal conv, in one launch.
 
@@ -207,17 +233,21 @@ def gdn_mixed_decode(
     width = conv_weight.shape[1]
     block_v = block_size(head_v_dim, cap=MIXED_BLOCK_V)
     k_channels = num_k_heads * head_k_dim
+    # without split precision its tensors are never touched: stand-ins of the right rank
+    copy, ring_v, ring_beta = (ssm_state, ring_u, ring_g) if split is None else (split.state_bf16, split.ring_v,
+                                                                                  split.ring_beta)  # fmt: skip
     _gdn_mixed_decode_kernel[(batch, num_k_heads)](
         mixed_qkv, conv_state, conv_weight, conv_bias, a, b, A_log, dt_bias,
-        ssm_state, ring_k, ring_u, ring_g, state_indices, write_pos, flush_len, out,
+        ssm_state, ring_k, ring_u, ring_g, state_indices, write_pos, flush_len, out, copy, ring_v, ring_beta,
         default_scale(head_k_dim) if scale is None else scale, head_k_dim, head_v_dim, ring_g.shape[1], pad_slot_id,
         k_channels, 2 * k_channels,
         *mixed_qkv.stride(), *conv_state.stride(), *conv_weight.stride(), *a.stride(), *b.stride(),
         *ssm_state.stride(), *ring_k.stride(), *ring_u.stride(), *ring_g.stride(), *out.stride(),
+        *copy.stride(), *ring_v.stride(), *ring_beta.stride(),
         V_PER_K=num_v_heads // num_k_heads, WIDTH=width, BLOCK_W=block_size(width), HAS_BIAS=conv_bias is not None,
         SILU=activation is not None, BLOCK_L=block_size(ring_g.shape[1], floor=16),
         BLOCK_K=block_size(head_k_dim, floor=16), BLOCK_V=block_v, V_BLOCKS=triton.cdiv(head_v_dim, block_v),
-        num_warps=MIXED_NUM_WARPS,
+        SPLIT=split is not None, num_warps=MIXED_NUM_WARPS,
     )  # fmt: skip
     return out
 
@@ -267,6 +297,7 @@ def gdn_mixed_decode_reference(
     scale: float | None = None,
     pad_slot_id: int = PAD_SLOT_ID,
     out: torch.Tensor,
+    split: GdnSplitTensors | None = None,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``gdn_mixed_decode`` (same arguments): the conv of the rows the step runs, then
     ``gdn_decode_step_reference``."""
@@ -280,5 +311,5 @@ def gdn_mixed_decode_reference(
     q, k, v = split_packed_qkv(qkv, num_k_heads, head_k_dim, out.shape[1], out.shape[2])
     return gdn_decode_step_reference(
         q, k, v, a, b, A_log, dt_bias, ssm_state, ring_k, ring_u, ring_g, state_indices, write_pos, flush_len,
-        scale=scale, pad_slot_id=pad_slot_id, out=out,
+        scale=scale, pad_slot_id=pad_slot_id, out=out, split=split,
     )  # fmt: skip

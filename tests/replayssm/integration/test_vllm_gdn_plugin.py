@@ -109,10 +109,9 @@ def test_gdn_split_precision_spec_adds_beta_values_and_the_bf16_copy(gdn_checks)
 
 def test_gdn_split_precision_keeps_the_copy_current_and_every_step_on_the_replay(gdn_checks):
     """No native batches (vLLM's decode would leave the copy stale); a new one-token prompt's copy is zeroed with its
-    checkpoint; after vLLM's prefill the layer copies the prefill rows' checkpoints, and only theirs; a mixed step's
-    decode rows take the replay's launches (the one-launch kernel has no split form)."""
+    checkpoint; after vLLM's prefill the layer copies the prefill rows' checkpoints, and only theirs."""
     got = gdn_checks["split"]
-    assert got["native_max_batch"] == 0 and got["one_launch_mixed"] is False
+    assert got["native_max_batch"] == 0
     assert got["fresh"] == {"copy_zeroed": True, "other_copy_kept": True}
     assert got["copy_after_prefill"] and got["decode_copy_untouched"]
 
@@ -179,12 +178,13 @@ def test_gdn_mixed_step_replays_decode_rows_and_hands_vllm_a_prefill_only_view(g
                              "has_initial_state": [True, False], "conv_programs": 2}  # fmt: skip
 
 
-def test_gdn_mixed_step_decode_rows_in_one_launch_equal_the_four_launch_path(gdn_checks):
+@pytest.mark.parametrize("case", ["mixed_decode_rows", "mixed_decode_rows_split"])
+def test_gdn_mixed_step_decode_rows_in_one_launch_equal_the_four_launch_path(gdn_checks, case):
     """Three decode-only steps, then three with a prefill beside the two decode rows (the first folds their rings):
     the one-launch path (conv inside) answers as vLLM's conv update plus the replay's three launches (observed
-    <= 1e-7), shifts the same conv states bit for bit, appends the same ring entries and folds the same states, and
-    leaves the prefill rows' outputs to vLLM's path."""
-    steps = gdn_checks["mixed_decode_rows"]["steps"]
+    <= 1e-7), shifts the same conv states bit for bit, appends the same ring entries (split precision: and the same
+    β, raw v and copy) and folds the same states, and leaves the prefill rows' outputs to vLLM's path."""
+    steps = gdn_checks[case]["steps"]
     assert [step["prefills"] for step in steps] == [0, 0, 0, 1, 1, 1]
     assert [step["flush_len"] for step in steps][3:] == [[4, 4], [0, 0], [0, 0]]
     for step in steps:

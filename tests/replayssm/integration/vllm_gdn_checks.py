@@ -209,7 +209,6 @@ def split_precision(model_dir: Path, tiny: Path) -> dict:
         "spec": spec, "model_spec": describe(model), "native_max_batch": builder.native_max_batch, "fresh": fresh,
         "copy_after_prefill": bool((layer.kv_cache[STATE_BF16][6] == 3).all()),
         "decode_copy_untouched": bool((layer.kv_cache[STATE_BF16][3] == 2).all()),
-        "one_launch_mixed": layer._one_launch_mixed,
     }  # fmt: skip
 
 
@@ -325,16 +324,17 @@ MIXED_SCHEDULE = [
 ]
 
 
-def mixed_decode_rows(tiny: Path) -> dict:
+def mixed_decode_rows(tiny: Path, split: bool = False) -> dict:
     """The decode rows of steps with prefills, through the layer's one-launch path ("one") and its four-launch
     control ("four": vLLM's conv update, then the replay's three launches, which the native-regime check holds
-    against vLLM's own decode), on the real builder's metadata and a paged cache. vLLM's GDN prefill cannot run
-    here (its chunked kernels refuse fp32 and need a GPU driver; its conv's grid function breaks Triton's
-    interpreter), so the prefill rows are left out: the GPU's served agreement runs them."""
+    against vLLM's own decode), on the real builder's metadata and a paged cache, with or without split precision.
+    vLLM's GDN prefill cannot run here (its chunked kernels refuse fp32 and need a GPU driver; its conv's grid
+    function breaks Triton's interpreter), so the prefill rows are left out: the GPU's served agreement runs them."""
     gen = torch.Generator().manual_seed(11)
-    four = {"replayssm": {**ALIGNED_L4["replayssm"], "gdn_one_launch_mixed": False}}
+    one = {"replayssm": {**ALIGNED_L4["replayssm"], "split_precision": split}}
+    four = {"replayssm": {**one["replayssm"], "gdn_one_launch_mixed": False}}
     configs = {name: vllm_config(knobs, tiny, max_model_len=512, dtype="float32")
-               for name, knobs in (("one", ALIGNED_L4), ("four", four))}  # fmt: skip
+               for name, knobs in (("one", one), ("four", four))}  # fmt: skip
     layers = {name: make_gdn_layer(config, f"mixed_{name}.layers.0.linear_attn") for name, config in configs.items()}
     realistic_gates(layers["one"], gen)
     layers["four"].load_state_dict(layers["one"].state_dict())
@@ -348,6 +348,8 @@ def mixed_decode_rows(tiny: Path) -> dict:
         start = torch.randn(layers["one"].kv_cache[index].shape, generator=gen) * scale
         for layer in layers.values():
             layer.kv_cache[index].copy_(start)
+            if split and index == 1:  # as a prefill leaves it: the copy of the checkpoint
+                layer.kv_cache[STATE_BF16].copy_(start)
     one = layers["one"]
     heads, head_v_dim = one.num_v_heads // one.tp_size, one.head_v_dim
     steps = []
@@ -435,6 +437,7 @@ def main(model_dir: Path, tiny: Path, result_file: Path) -> None:
     out["native"] = native_scenario(tiny)
     out["native_mixed"] = native_mixed(tiny)
     out["mixed_decode_rows"] = mixed_decode_rows(tiny)
+    out["mixed_decode_rows_split"] = mixed_decode_rows(tiny, split=True)
     out["stock_path"] = stock_path(tiny)
     out["whole_model"] = whole_model(tiny)
     result_file.write_text(json.dumps(out))

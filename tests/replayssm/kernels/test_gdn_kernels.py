@@ -127,11 +127,26 @@ def fill_ring(shape: Shape, cache: GdnReplayCache, slots: torch.Tensor, count: t
         cache.ring_k[slot, :n] = l2_normalise_reference(keys)
         cache.ring_u[slot, :n] = torch.randn(n, shape.num_v_heads, shape.head_v_dim, generator=gen)
         cache.ring_g[slot, :n] = low + (high - low) * torch.rand(n, shape.num_v_heads, generator=gen)
-        if cache.split is not None:  # what the exact replay reads: β in its range, raw values in the model dtype
-            low, high = BETA_RANGE
-            cache.split.ring_beta[slot, :n] = low + (high - low) * torch.rand(n, shape.num_v_heads, generator=gen)
-            values = torch.randn(n, shape.num_v_heads, shape.head_v_dim, generator=gen)
-            cache.split.ring_v[slot, :n] = values.to(shape.dtype)
+        if cache.split is not None:
+            fill_split_window(shape, cache, slot, n, gen)
+
+
+def fill_split_window(shape: Shape, cache: GdnReplayCache, slot: int, n: int, gen: torch.Generator) -> None:
+    """Split precision: β in its range and raw values in the model dtype for entries [0, n), and the ring's u as the
+    replay computed them, from the bf16 copy (a random u would answer outputs no recurrence gives)."""
+    assert cache.split is not None
+    low, high = BETA_RANGE
+    cache.split.ring_beta[slot, :n] = low + (high - low) * torch.rand(n, shape.num_v_heads, generator=gen)
+    cache.split.ring_v[slot, :n] = torch.randn(n, shape.num_v_heads, shape.head_v_dim, generator=gen).to(shape.dtype)
+    key_of = group_of_head(shape.num_v_heads, shape.num_k_heads, cache.ring_k.device)
+    state = cache.split.state_bf16[slot].float()
+    for s in range(n):
+        k = cache.ring_k[slot, s][key_of]
+        state = torch.exp(cache.ring_g[slot, s])[:, None, None] * state
+        v, beta = cache.split.ring_v[slot, s].float(), cache.split.ring_beta[slot, s]
+        u = beta[:, None] * (v - (state * k[:, None, :]).sum(-1))
+        cache.ring_u[slot, s] = u
+        state = state + u[:, :, None] * k[:, None, :]
 
 
 def ring_fp64_state(cache: GdnReplayCache, slots: torch.Tensor, count: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ Inputs, stale NaN ring entries and ``rel_err`` as in ``test_gdn_kernels``. Toler
   through S_c q̂ and again through every u of the window (β < 1 and unit keys keep each share below S_c k̂'s), so
   two ulps bound it; observed <= 4.2e-3. A missed ring entry or a wrong decay gives O(1e-1).
 - The copy after a flush vs the master: one bf16 ulp (BF16_ULP).
+The one-launch kernel of a mixed step's decode rows is held to the same bars (its conv as in test_gdn_mixed_decode).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from replayssm_patch.kernels import (
     gdn_decode_step,
 )
 from replayssm_patch.kernels.gdn_common import gdn_gates_reference
+from replayssm_patch.kernels.gdn_ground_truth import gdn_recurrence_step
 from replayssm_patch.kernels.layout import group_of_head
 from tests.replayssm.kernels.numerics import layout_rows, rel_err, seeded
 from tests.replayssm.kernels.test_gdn_kernels import (
@@ -48,6 +50,8 @@ from tests.replayssm.kernels.test_gdn_kernels import (
     step_args,
     truth_step,
 )
+from tests.replayssm.kernels.test_gdn_mixed_decode import BF16_SHAPE, FP32_SHAPE, Conv, mixed_args, truth_inputs
+from tests.replayssm.kernels.test_gdn_mixed_decode import TWINS as MIXED_TWINS
 
 SPLIT_OUT_TOL = 2 * BF16_ULP
 SPLIT_NAMES = ("state_bf16", "ring_beta", "ring_v")
@@ -95,6 +99,8 @@ def test_split_steps_keep_the_master_on_the_fp64_trajectory(shape: Shape) -> Non
     cache = make_cache(shape, slots, gen, split=True)
     write_pos = torch.randint(0, shape.ring_len, (shape.batch,), generator=gen, dtype=torch.int32)
     write_pos[0] = shape.ring_len - 1
+    if shape.batch > 2:  # a row that answers from a window it did not write: the u the replay kept from the copy
+        write_pos[1] = (shape.ring_len - 1) // 2
     fill_ring(shape, cache, real, write_pos[:-1], gen)
     h = window_fp64_state(cache, real, write_pos[:-1].long())
     runs = [cache.clone() for _ in STEP_TWINS]
@@ -241,3 +247,52 @@ def test_split_null_rows_read_and_write_nothing() -> None:
         assert (out[[1, 3]] == 7.0).all() and torch.isfinite(out[[0, 2]]).all(), step_fn.__name__
         for name, tensor in tensors_of(run).items():
             assert_same(tensor[[0, 2]], tensors_of(cache)[name][[0, 2]], f"{step_fn.__name__}: {name} of a null row")
+
+
+@pytest.mark.parametrize("shape", [FP32_SHAPE, BF16_SHAPE], ids=str)
+def test_split_one_launch_mixed_decode_keeps_the_master_exact(shape: Shape) -> None:
+    """The one-launch kernel of a mixed step's decode rows (conv inside) in split precision, and its twin, over
+    4 L + 2 steps across flushes with a padding row: the master after every flush on the fp64 trajectory, the copy
+    one ulp from it, outputs within the copy's bound (flush rows' within the fp32 one), the conv states bit for bit."""
+    exact = shape.dtype == torch.bfloat16
+    gen = seeded("gdn-split-mixed", shape)
+    layer = make_layer(shape, gen)
+    slots = shape.batch + 2
+    indices = torch.cat([torch.randperm(slots, generator=gen)[: shape.batch - 1], torch.tensor([-1])]).to(torch.int32)
+    real, rows = indices[:-1].long(), slice(0, shape.batch - 1)
+    cache = make_cache(shape, slots, gen, split=True)
+    conv = Conv(shape, slots, gen, exact)
+    write_pos = torch.randint(0, shape.ring_len, (shape.batch,), generator=gen, dtype=torch.int32)
+    write_pos[0] = shape.ring_len - 1
+    fill_ring(shape, cache, real, write_pos[:-1], gen)
+    h = window_fp64_state(cache, real, write_pos[:-1].long())
+    runs = [(cache.clone(), conv.state.clone()) for _ in MIXED_TWINS]
+    truth_conv = conv.state.clone()
+    for t in range(4 * shape.ring_len + 2):
+        step = make_step(shape, layer, gen)
+        x = conv.values((shape.batch, conv.dim), gen)
+        flush_len = decode_flush_len(write_pos, shape.ring_len)
+        flush_len[-1] = shape.ring_len  # the padding row says flush
+        outs = []
+        for fn, (run, conv_state) in zip(MIXED_TWINS, runs, strict=True):
+            out = torch.full((shape.batch, shape.num_v_heads, shape.head_v_dim), 7.0)
+            fn(*mixed_args(x, conv, conv_state, step, layer, run), indices, write_pos, flush_len, out=out,
+               num_k_heads=shape.num_k_heads, head_k_dim=shape.head_k_dim, activation=conv.activation,
+               split=run.split)  # fmt: skip
+            outs.append(out)
+        q, k, v = truth_inputs(x[rows], conv, truth_conv, real, shape)
+        o_true = gdn_recurrence_step(h, q, k, v, step.a[rows], step.b[rows], layer.A_log, layer.dt_bias)
+        folded = flush_len[:-1] > 0
+        for fn, out, (run, conv_state) in zip(MIXED_TWINS, outs, runs, strict=True):
+            assert run.split is not None
+            assert rel_err(out[rows], o_true) <= SPLIT_OUT_TOL, f"{fn.__name__} output, step {t}"
+            assert (out[-1] == 7.0).all(), f"{fn.__name__} wrote the padding row's output, step {t}"
+            if folded.any():
+                assert rel_err(out[rows][folded], o_true[folded]) <= OUT_TOL, f"{fn.__name__} flush output {t}"
+                assert rel_err(run.ssm_state[real[folded]], h[folded]) <= STATE_TOL, f"{fn.__name__} fold, step {t}"
+                copy = run.split.state_bf16[real[folded]].float()
+                assert rel_err(copy, run.ssm_state[real[folded]]) <= BF16_ULP, f"{fn.__name__} copy, step {t}"
+            assert_same(conv_state, truth_conv, f"{fn.__name__} conv state, step {t}")
+        write_pos = (write_pos + 1) % shape.ring_len
+    for run, _ in runs:
+        assert rel_err(window_fp64_state(run, real, write_pos[:-1].long()), h) <= STATE_TOL
