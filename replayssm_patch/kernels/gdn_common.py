@@ -113,7 +113,7 @@ def replay_exact(
     the chain (the steps depend on each other through the tile, the loads do not). Session 26 also compiled the
     window as one triangular solve on the tensor cores (products S k̂_s and the keys' Gram matrix, forward
     substitution, the fold's product): 255 registers and spills on sm_90 at fp32-level (tf32x3) precision,
-    against this loop's 79, so the loop stays until a GPU can time both."""
+    against this loop's 80, so the loop stays until a GPU can time both."""
     entry = window_entry(rk_at, srk_l, srk_k, offs_k, mask_k, rv_at, srv_l, srv_v, offs_v, mask_v, rb_at, srb_l,
                          rg_at, srg_l, 0, count, now, k_now, v_now, beta_now, g_now)  # fmt: skip
     s = 0
