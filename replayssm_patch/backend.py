@@ -12,8 +12,11 @@ ring's three launches per layer, so those steps run vLLM's own decode path on th
 
 Under speculative decoding every decode row is a verify of 1..1+k tokens: the plan commits the accepted prefix of
 each row's last verify (vLLM's num_accepted_tokens, on the device), decides which rows fold their history before
-appending, and gives each row its write position. vLLM then builds every KV-cache group itself (no
-update_block_table), so each group's builder keeps its own cursor table and its own plan buffers.
+appending, and gives each row its write position. vLLM's own builder turns ``update_block_table`` off under
+speculation (its 1 + k state blocks per request); ReplaySSM's keeps one block per request, so it turns it back on:
+vLLM builds the first Mamba group and derives the others, one build and one cursor plan a step instead of one per
+group (Nemotron-H-8B: 6), host time a spec step near vLLM's host floor cannot spare. ``per_group_builds`` keeps
+a build per group, each with its own cursor table and plan buffers (the control arm).
 """
 
 from __future__ import annotations
@@ -103,10 +106,12 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         knobs = replayssm_config_of(vllm_config)
         self.buffer_len, self.stagger_windows = knobs.buffer_len, knobs.stagger_windows
         self.verify_len = verify_len_of(vllm_config)
-        # speculation: every group builds (and commits) on its own, so its plan must not be shared
+        own_builds = bool(self.verify_len) and knobs.per_group_builds  # every group builds (and commits) on its own
+        if self.verify_len:  # vLLM's builder turned it off for its 1 + k blocks per request; ours keeps one
+            self.supports_update_block_table = not own_builds
         self.plan_buffers = (
             RingPlanBuffers.allocate(vllm_config.scheduler_config.max_num_seqs, device)
-            if self.verify_len
+            if own_builds
             else RingPlanBuffers.of_engine(vllm_config, device)
         )
         self.cursors: CursorTable | None = None  # sized at the first build, once the KV cache is bound

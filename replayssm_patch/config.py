@@ -33,9 +33,9 @@ class ReplaySSMConfig:
     # session 13 (gpu/results/churn_step-h200-qwen3.5-4b.json): it does not recover that time (mixed steps 1.22-1.25x
     # the baseline's against the replay's 1.25-1.29x), so it stays off by default.
     native_mixed_steps: bool = False
-    # Gated DeltaNet: every KV-cache group builds its own metadata and ring plan, as before session 14, instead of
-    # the later groups taking the first's (gdn_backend's update_block_table). Off by default; it exists so the two
-    # can be compared on one GPU host (session 14 measured the shared build only on a host of its own).
+    # Every KV-cache group builds its own metadata and ring plan, as before session 14 (Gated DeltaNet) and session 26
+    # (Mamba-2 under speculation), instead of the later groups taking the first's (``update_block_table``). Off by
+    # default; it exists so the two can be compared on one GPU host.
     per_group_builds: bool = False
     # Gated DeltaNet: the decode rows of a step with prefills run one launch per layer (``gdn_mixed_decode``: the
     # causal conv, coefficients and replay or fold together) instead of vLLM's conv update and the replay's three.

@@ -20,10 +20,12 @@ from replayssm_patch.gpu.variants import MODES, SPEC_ARMS
 ARM_TITLES = {"native_standard": "native standard", "native_spec": "native spec",
               "replayssm_standard": "ReplaySSM standard", "replayssm_spec": "ReplaySSM spec",
               "replayssm_split_spec": "ReplaySSM split spec", "replayssm_spec_l28": "ReplaySSM spec, L 28",
-              "replayssm_split_spec_l28": "ReplaySSM split spec, L 28"}  # fmt: skip
+              "replayssm_split_spec_l28": "ReplaySSM split spec, L 28",
+              "replayssm_spec_l28_per_group": "ReplaySSM spec, L 28, a build per group"}  # fmt: skip
 RATIOS = (
     ("replayssm_spec", "native_spec"), ("replayssm_spec", "native_standard"), ("replayssm_split_spec", "native_spec"),
     ("replayssm_spec_l28", "native_spec"), ("replayssm_split_spec_l28", "native_spec"),
+    ("replayssm_spec_l28", "replayssm_spec_l28_per_group"),
 )  # fmt: skip
 NONE = "–"
 

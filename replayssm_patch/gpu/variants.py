@@ -37,6 +37,9 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     # ~10 verifies at AL 3 instead of every ~6 (the kernel bench's verify rows "L = 28")
     "replayssm_fp32_l28": {"replayssm": {"enable": True, "buffer_len": 28, "split_precision": False}},
     "replayssm_split_l28": {"replayssm": {"enable": True, "buffer_len": 28, "split_precision": True}},
+    # every Mamba KV-cache group builds its own verify plan, as before session 26 (config.per_group_builds): the
+    # shared build's control arm under speculation
+    "replayssm_fp32_l28_per_group": {"replayssm": {"enable": True, "buffer_len": 28, "per_group_builds": True}},
 }
 
 # The speculative-decoding benchmark's arms (gpu/spec_step.py): a variant above, with or without speculation
@@ -51,6 +54,7 @@ SPEC_ARMS: dict[str, tuple[str, bool]] = {
     "replayssm_split_spec": ("replayssm_split", True),
     "replayssm_spec_l28": ("replayssm_fp32_l28", True),  # fewer folds for a longer history to replay
     "replayssm_split_spec_l28": ("replayssm_split_l28", True),  # both: the fastest the kernel bench predicts
+    "replayssm_spec_l28_per_group": ("replayssm_fp32_l28_per_group", True),  # one build per group: the control arm
 }
 
 # Speculation in every spec arm and server (spec_step, MODEL=mtp onegpu.sh): MTP drafts k = 3, accepted by vLLM

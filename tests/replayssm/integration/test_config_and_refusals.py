@@ -157,12 +157,14 @@ def test_gdn_fp32_state_on_cuda_passes_and_ignores_the_mamba_ssu_backend():
     """The Mamba SSU backend choice does not concern GDN layers (they never call it)."""
     config = _vllm_config(mamba_config=SimpleNamespace(backend=SimpleNamespace(name="FLASHINFER")))
     assert gdn_unsupported_settings(config, False, torch.float32, on_cuda=True) == []
+    assert gdn_unsupported_settings(config, True, torch.float32, on_cuda=True) == [], "split precision is served"
 
 
 @pytest.mark.parametrize(
     ("overrides", "split", "ssm_dtype", "on_cuda", "needle"),
     [
-        ({}, True, torch.float32, True, "set split_precision to false"),
+        ({"additional_config": {"replayssm": {"enable": True, "native_mixed_steps": True}}}, True, torch.float32, True,
+         "native_mixed_steps runs vLLM's own path, which leaves split_precision's bf16 copy stale; drop one of the two"),
         ({}, False, torch.bfloat16, True, "(vLLM resolved bfloat16); start with --mamba-ssm-cache-dtype float32"),
         ({}, False, torch.float32, False, "run on an NVIDIA GPU or drop the replayssm knob"),
         ({"speculative_config": _spec()}, False, torch.float32, True,

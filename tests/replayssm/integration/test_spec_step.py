@@ -56,7 +56,8 @@ def test_defaults_are_k3_al3_and_the_arm_picks_variant_and_speculation(tmp_path)
     assert [SPEC_ARMS[a] for a in SPEC_ARMS] == [("baseline", False), ("baseline", True),
                                                  ("replayssm_fp32", False), ("replayssm_fp32", True),
                                                  ("replayssm_split", True), ("replayssm_fp32_l28", True),
-                                                 ("replayssm_split_l28", True)]  # fmt: skip
+                                                 ("replayssm_split_l28", True),
+                                                 ("replayssm_fp32_l28_per_group", True)]  # fmt: skip
     assert _args(tmp_path, "--arm", "native_standard").speculative is False
 
 
@@ -254,14 +255,16 @@ def test_summary_table_has_each_arm_and_the_issues_ratios_per_batch():
     assert b128[1:5] == ["8,000 (10.00 ms)", "6,000 (40.00 ms, AL 2.81)", "9,000 (10.00 ms)",
                          "12,000 (window 12,500, 20.00 ms, AL 2.79)"]  # fmt: skip
     assert b128[5:8] == ["13,200 (18.00 ms, AL 2.80)", "12,600 (19.00 ms, AL 2.80)", "13,500 (17.50 ms, AL 2.80)"]
-    assert b128[8:13] == ["2.00×", "1.50×", "2.20×", "2.10×", "2.25×"] and b128[13] == "40.0 → 121.0 (3.02×) |"
+    assert b128[8] == "–", "the per-group control arm did not run"
+    assert b128[9:15] == ["2.00×", "1.50×", "2.20×", "2.10×", "2.25×", "–"] and b128[15] == "40.0 → 121.0 (3.02×) |"
     b256 = next(line for line in table.splitlines() if line.startswith("| 256 |")).split(" | ")
     assert b256[2] == "5,000 (90.00 ms, AL 2.80) **invalid**" and b256[3] == "–"
-    assert b256[5:13] == ["–", "–", "–", "–", "1.50×", "–", "–", "–"]  # no ratio against an invalid row
-    assert b256[13] == "40.0 → 121.0 (3.02×) |"  # capacity still shown
+    assert b256[5:15] == ["–", "–", "–", "–", "–", "1.50×", "–", "–", "–", "–"]  # no ratio against an invalid row
+    assert b256[15] == "40.0 → 121.0 (3.02×) |"  # capacity still shown
     assert "- native_spec default, k 3, AL 2.8, batch 256: the batch did not run at once" in text
     al1 = text.split("AL 1 configured")[1].split("AL 2.8 configured")[0]
-    assert "| 256 | 10,000 (10.00 ms) | – | – | 4,000 (10.00 ms, AL 1.00) | – | – | – | – | 0.40× | – | – | – |" in al1
+    assert ("| 256 | 10,000 (10.00 ms) | – | – | 4,000 (10.00 ms, AL 1.00) | – | – | – | – | – | 0.40× | – | – | – | – "
+            "| – → 121.0 |") in al1  # fmt: skip
 
 
 def test_summary_compares_each_spec_arm_at_the_largest_batch_it_ran():
@@ -291,7 +294,7 @@ def test_a_ratio_across_hosts_is_marked_and_explained():
     def ratio_cell(a: dict, b: dict) -> str:
         text = summary_markdown([a, b])
         line = next(line for line in text.splitlines() if line.startswith("| 128 |"))
-        return line.split(" | ")[8]
+        return line.split(" | ")[9]
 
     same_day = {"date": "2026-12-04"}
     assert ratio_cell(native | same_day, replay | same_day) == "2.00×"

@@ -210,6 +210,17 @@ def test_spec_verify_matches_vllms_speculative_layer_across_commits_rollbacks_an
     assert spec_layer["state_rel_err_after_fold"] <= 1e-5
 
 
+def test_spec_later_kv_cache_groups_take_the_first_groups_verify_plan(spec_layer):
+    """Under speculation vLLM's own builder turns update_block_table off; ReplaySSM's keeps it, so vLLM builds the
+    first group and derives the others: the second group's layer, at its own blocks, answers every verify token as
+    the first group's bit for bit and ends at the same checkpoint, with no cursor table of its own and the one set of
+    plan buffers. ``per_group_builds`` turns it off again, each group with its own buffers."""
+    got = spec_layer["other_group"]
+    assert got["shares"] and got["outputs_equal"] == [True] * 10 and got["states_equal"]
+    assert got["own_table"] is False and got["same_plan_buffers"]
+    assert spec_layer["per_group_builds"] == {"shares": False, "own_plan_buffers": True}
+
+
 def test_spec_capture_builds_are_dry_runs(spec_layer):
     assert spec_layer["capture"] == {"write_pos": [0, 0, 0], "fold_len": [0, 0, 0], "table_allocated": False}
     assert spec_layer["recapture_moved_cursors"] is False

@@ -91,7 +91,7 @@ def main(model_dir: Path, mtp_dir: Path, qwen_dir: Path, result: Path) -> None:
             args = engine_step.parser().parse_args(["--model", str(model_dir), "--variant", variant, "--mode", mode,
                                                     "--out", str(result.parent / "unused.json")])  # fmt: skip
             out["cases"][f"{variant}/{mode}"] = constructed(engine_step.llm_kwargs(args))
-    for arm, length in zip(SPEC_ARMS, (3.0, 3.0, 2.8, 2.8, 2.8, 2.8, 2.8), strict=True):
+    for arm, length in zip(SPEC_ARMS, (3.0, 3.0, 2.8, 2.8, 2.8, 2.8, 2.8, 2.8), strict=True):
         spec = spec_step.parse_args(["--model", str(mtp_dir), "--arm", arm, "--mode", "default", "--acceptance-length",
                                      str(length), "--out", str(result.parent / "unused.json")])  # fmt: skip
         out["cases"][f"{arm}/{length:g}"] = constructed(engine_step.llm_kwargs(spec) | spec_step.arm_kwargs(spec))

@@ -5,7 +5,9 @@ go through their real builders with vLLM's num_accepted_tokens: vLLM's keeps 1 +
 its SSU reads block num_accepted - 1 and writes all T; ReplaySSM keeps one block and the ring, commits the accepted
 prefix in its builder and folds before an overflow. vLLM's SSU does not run in the interpreter, so the baseline's
 backend is the fp64 recurrence with vLLM's speculative indexing. Verify outputs of every token (accepted or not)
-must agree; at the end the ring is folded as before a prefill and the checkpoint compared with vLLM's state.
+must agree; at the end the ring is folded as before a prefill and the checkpoint compared with vLLM's state. A second
+ReplaySSM layer stands for another KV-cache group: vLLM derives its metadata from the first group's
+(``update_block_table``) at its own blocks, and it must answer exactly as the first group's layer.
 vLLM's causal-conv update cannot run its varlen (speculative) path in the interpreter (a loaded token count as a
 loop bound), so both layers get ``spec_conv_update``, a PyTorch copy of its speculative semantics that also
 insists on max_query_len = 1 + k (vLLM's own layer derives it from its 1 + k wide state indices; ReplaySSM's are 1
@@ -126,13 +128,19 @@ def main(tiny: Path, result_file: Path) -> None:
     torch.set_grad_enabled(False)
     gen = torch.Generator().manual_seed(0)
     base, rep = make_layer(base_cfg, "base.mixer"), make_layer(rep_cfg, "rep.mixer")
+    other = make_layer(rep_cfg, "other.mixer")  # a layer of the second KV-cache group
     realistic_weights(base, gen)
     rep.load_state_dict(base.state_dict())
+    other.load_state_dict(base.state_dict())
     specs = {"base": base.get_kv_cache_spec(base_cfg), "rep": rep.get_kv_cache_spec(rep_cfg)}
     model_shapes = ReplayNemotronHForCausalLM.get_mamba_state_shape_from_config(rep_cfg)
     # a launch table whose native limit covers these rows: the verify steps must still be ReplaySSM's
     with launch_table(tiny.parent / "native_table.json", {"native_max_batch": {"fp32": 8}}):
-        builders = {"base": with_cache_and_builder(base, base_cfg), "rep": with_cache_and_builder(rep, rep_cfg)}
+        builders = {"base": with_cache_and_builder(base, base_cfg), "rep": with_cache_and_builder(rep, rep_cfg),
+                    "other": with_cache_and_builder(other, rep_cfg)}  # fmt: skip
+        per_group_cfg = vllm_config({"replayssm": {**knobs, "per_group_builds": True}}, tiny, max_model_len=512,
+                                    speculative_config=SPEC, dtype="float32")  # fmt: skip
+        per_group = with_cache_and_builder(make_layer(per_group_cfg, "per_group.mixer"), per_group_cfg)
 
     # a capture build before any step: a dry run that allocates and moves no cursor
     capture = builders["rep"].build_for_cudagraph_capture(
@@ -142,15 +150,15 @@ def main(tiny: Path, result_file: Path) -> None:
            "table_allocated": builders["rep"].cursors is not None}  # fmt: skip
 
     first_blocks = [b[0] for b in BLOCKS]
+    other_blocks = [b[1] for b in BLOCKS]
     for index, init in ((0, torch.randn(base.kv_cache[0].shape, generator=gen)),
                         (1, torch.randn(base.kv_cache[1].shape, generator=gen) * 0.5)):  # fmt: skip
         base.kv_cache[index].copy_(init)
-        rep.kv_cache[index][first_blocks] = base.kv_cache[index][
-            first_blocks
-        ]  # what a prefill leaves in the request's block
+        rep.kv_cache[index][first_blocks] = base.kv_cache[index][first_blocks]  # what a prefill leaves in the block
+        other.kv_cache[index][other_blocks] = base.kv_cache[index][first_blocks]  # the same requests, other blocks
     width = projected_width(base)
     accepted = [1] * ROWS  # vLLM forces 1 for a request that just prefilled
-    errors, plans, recapture_moved = [], [], None
+    errors, plans, recapture_moved, other_equal = [], [], None, []
     for step in range(STEPS):
         projected = torch.randn(ROWS * T, width, generator=gen)
         seq_lens = [40 + 10 * r + T * step for r in range(ROWS)]
@@ -163,6 +171,12 @@ def main(tiny: Path, result_file: Path) -> None:
             if name == "rep":
                 plans.append({"accepted": list(accepted), "write_pos": md.replay_write_pos.tolist(),
                               "fold_len": md.replay_fold_len.tolist()})  # fmt: skip
+                table = common_metadata([T] * ROWS, seq_lens, other_blocks, [False] * ROWS).block_table_tensor
+                derived = builders["other"].update_block_table(md, table, torch.zeros(0))
+                outs["other"] = torch.zeros(ROWS * T, base.intermediate_size)
+                with set_forward_context({other.prefix: derived}, config):
+                    other.conv_ssm_forward(projected, outs["other"])
+                other_equal.append(torch.equal(outs["other"], outs["rep"]))
         errors.append(relative_error(outs["rep"], outs["base"]))
         if step == STEPS // 2:  # vLLM may capture graphs again (e.g. after a resize): still no commit
             before = builders["rep"].cursors.positions.clone(), builders["rep"].cursors.pending.clone()
@@ -179,6 +193,9 @@ def main(tiny: Path, result_file: Path) -> None:
     # continuing prefill chunks: the ring (its accepted prefix included) is folded before vLLM's prefill reads it
     plan = step_metadata(builders["rep"], accepted, [200] * ROWS, first_blocks, True, T + 2)
     rep.materialise(plan.state_indices_tensor_p.to(torch.int32), plan.replay_pending)
+    table = common_metadata([T + 2] * ROWS, [200] * ROWS, other_blocks, [True] * ROWS).block_table_tensor
+    derived = builders["other"].update_block_table(plan, table, torch.zeros(0))  # the second group folds too
+    other.materialise(derived.state_indices_tensor_p.to(torch.int32), derived.replay_pending)
     current = [BLOCKS[r][accepted[r] - 1] for r in range(ROWS)]  # vLLM's state after the accepted tokens
     result = {
         "specs": {
@@ -193,6 +210,17 @@ def main(tiny: Path, result_file: Path) -> None:
         "plans": plans,
         "pending": plan.replay_pending.tolist(),
         "state_rel_err_after_fold": relative_error(rep.kv_cache[1][first_blocks], base.kv_cache[1][current]),
+        "other_group": {
+            "shares": builders["other"].supports_update_block_table,
+            "outputs_equal": other_equal,
+            "own_table": builders["other"].cursors is not None,
+            "same_plan_buffers": builders["other"].plan_buffers is builders["rep"].plan_buffers,
+            "states_equal": torch.equal(other.kv_cache[1][other_blocks], rep.kv_cache[1][first_blocks]),
+        },
+        "per_group_builds": {
+            "shares": per_group.supports_update_block_table,
+            "own_plan_buffers": per_group.plan_buffers is not builders["rep"].plan_buffers,
+        },
     }
     result_file.write_text(json.dumps(result))
 
