@@ -164,7 +164,7 @@ def test_gdn_fp32_state_on_cuda_passes_and_ignores_the_mamba_ssu_backend():
     ("overrides", "split", "ssm_dtype", "on_cuda", "needle"),
     [
         ({"additional_config": {"replayssm": {"enable": True, "native_mixed_steps": True}}}, True, torch.float32, True,
-         "native_mixed_steps runs vLLM's own path, which leaves split_precision's bf16 copy stale; drop one of the two"),
+         "native_mixed_steps runs vLLM's own path, which leaves split_precision's bf16 copy stale"),
         ({}, False, torch.bfloat16, True, "(vLLM resolved bfloat16); start with --mamba-ssm-cache-dtype float32"),
         ({}, False, torch.float32, False, "run on an NVIDIA GPU or drop the replayssm knob"),
         ({"speculative_config": _spec()}, False, torch.float32, True,
