@@ -22,20 +22,25 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "tests" / "replayssm" / "integration" / "qwen3_5_4b_config.json"  # the H200 runs' shape
 
 
-def main() -> None:
+def rows_in_vllm_venv(benchmark: str, script: str, config: Path) -> list[dict]:
+    """The rows ``bench/<script>`` writes when run in vLLM's CPU venv on a model dir holding ``config``."""
     python, why = vllm_python()
     if python is None:
-        raise SystemExit(f"error: bench_builder needs vLLM's CPU venv: {why}")
+        raise SystemExit(f"error: {benchmark} needs vLLM's CPU venv: {why}")
     with tempfile.TemporaryDirectory() as tmp:
-        model, out = Path(tmp) / "qwen3.5-4b", Path(tmp) / "rows.json"
+        model, out = Path(tmp) / "model", Path(tmp) / "rows.json"
         model.mkdir()
-        shutil.copy(CONFIG, model / "config.json")
+        shutil.copy(config, model / "config.json")
         env = {**os.environ, "PYTHONPATH": plugin_pythonpath(Path(tmp) / "site"),
                "VLLM_CACHE_ROOT": str(Path(tmp) / "cache"), "VLLM_LOGGING_LEVEL": "ERROR"}  # fmt: skip
         env.pop("VLLM_PLUGINS", None)
-        script = REPO / "bench" / "builder_host_cost.py"
-        subprocess.run([str(python), str(script), str(model), str(out)], env=env, check=True, timeout=900)
-        rows = json.loads(out.read_text())
+        subprocess.run([str(python), str(REPO / "bench" / script), str(model), str(out)], env=env, check=True,
+                       timeout=900)  # fmt: skip
+        return json.loads(out.read_text())
+
+
+def main() -> None:
+    rows = rows_in_vllm_venv("bench_builder", "builder_host_cost.py", CONFIG)
     notes = (
         "µs per step for the metadata of Qwen3.5-4B's 3 GDN KV-cache groups, made as vLLM 0.24's model runner makes "
         "it (the first group's `build()`, then `update_block_table` for the others where the builder offers it, "

@@ -12,9 +12,7 @@ launch each on a GPU), so the figures are this machine's, for comparing the two 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,6 +23,7 @@ prepare_cpu()
 from vllm.config import set_current_vllm_config  # noqa: E402
 from vllm.plugins import load_general_plugins  # noqa: E402
 
+from bench.builder_timing import Step, sharing, time_steps  # noqa: E402
 from replayssm_patch.config import replayssm_config_of  # noqa: E402
 from replayssm_patch.gdn_mixer import install_replay_gdn  # noqa: E402
 from replayssm_patch.gpu.layer_check import common_metadata, paged_state_tensors, vllm_config  # noqa: E402
@@ -37,39 +36,12 @@ GROUPS = 3  # Qwen3.5-4B's GDN KV-cache groups: 24 GDN layers, 8 per group
 ARMS = {"vLLM GDN builder": None, "ReplaySSM fp32": {"replayssm": {"enable": True, "buffer_len": 16}}}
 
 
-def step_metadata(mixed: bool) -> object:
+def step_metadata(mixed: bool) -> Step:
     """BATCH decode rows in blocks 1..BATCH; a mixed step adds a fresh PROMPT-token prefill in the next block."""
     query = [1] * BATCH + [PROMPT] * mixed
     seq = [500 + i for i in range(BATCH)] + [PROMPT] * mixed
     blocks = list(range(1, BATCH + 1)) + [BATCH + 1] * mixed
-    return common_metadata(query, seq, blocks, [False] * BATCH + [True] * mixed)
-
-
-def group_metadata(builders: list, m: object) -> None:
-    """One step's metadata of every group, as vLLM 0.24's runner makes it (``_build_attn_group_metadata``)."""
-    first = builders[0].build(0, m)
-    for builder in builders[1:]:
-        if builder.supports_update_block_table:
-            builder.update_block_table(first, m.block_table_tensor, m.slot_mapping)
-        else:
-            builder.build(0, m)
-
-
-def time_builds(builders: list) -> dict[str, float]:
-    """Median over ROUNDS of the mean µs per step over every group, decode-only and mixed steps apart."""
-    steps = [step_metadata(k % 3 == 0) for k in range(STEPS)]
-    for m in steps[:30]:  # warm-up: the cursor table is sized at the first real build
-        group_metadata(builders, m)
-    means: dict[str, list[float]] = {"decode": [], "mixed": []}
-    for _ in range(ROUNDS):
-        spent = {"decode": 0.0, "mixed": 0.0}
-        for k, m in enumerate(steps):
-            began = time.perf_counter()
-            group_metadata(builders, m)
-            spent["mixed" if k % 3 == 0 else "decode"] += time.perf_counter() - began
-        means["mixed"].append(spent["mixed"] / len(steps[::3]) * 1e6)
-        means["decode"].append(spent["decode"] / (len(steps) - len(steps[::3])) * 1e6)
-    return {kind: round(statistics.median(values), 1) for kind, values in means.items()}
+    return Step("mixed" if mixed else "decode", common_metadata(query, seq, blocks, [False] * BATCH + [True] * mixed))
 
 
 def main(model: Path, out: Path) -> None:
@@ -90,10 +62,9 @@ def main(model: Path, out: Path) -> None:
                 cls = layer.get_attn_backend().get_builder_cls()
                 builders.append(cls(spec, [layer.prefix], config, torch.device("cpu")))
         with set_current_vllm_config(config):
-            timed = time_builds(builders)
-        shared = sum(b.supports_update_block_table for b in builders[1:])
-        rows.append({"builder": arm, "builds per step": GROUPS - shared, "block-table updates per step": shared,
-                     "decode step µs": timed["decode"], "mixed step µs": timed["mixed"]})  # fmt: skip
+            timed = time_steps(builders, [step_metadata(k % 3 == 0) for k in range(STEPS)], ROUNDS)
+        rows.append({"builder": arm, **sharing(builders), "decode step µs": timed["decode"],
+                     "mixed step µs": timed["mixed"]})  # fmt: skip
     out.write_text(json.dumps(rows))
 
 

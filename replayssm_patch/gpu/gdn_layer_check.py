@@ -168,14 +168,14 @@ def prepare_cpu() -> None:
     fused_recurrent.exp = interpretable_exp
 
 
-def init_single_rank(model_dir: Path, backend: str) -> None:
+def init_single_rank(model_dir: Path, backend: str, **engine: Any) -> None:
     from vllm.config import set_current_vllm_config
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with set_current_vllm_config(vllm_config(None, model_dir)):
+    with set_current_vllm_config(vllm_config(None, model_dir, **engine)):
         init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, backend=backend)
         ensure_model_parallel_initialized(1, 1)
 
