@@ -41,7 +41,8 @@
 #                    a ReplaySSM row then lists its extra host time per function -> host_profile_churn-h200.json
 #   gdnhostchurn:VARIANT  the same for Qwen3.5-4B -> host_profile_churn-h200-qwen3.5-4b.json
 #   spec:ARM         issue 17: speculative decoding on the engine (spec_step.py) of ARM (native_standard native_spec
-#                    replayssm_standard replayssm_spec replayssm_split_spec replayssm_spec_l28 replayssm_split_spec_l28) on /tmp/model-mtp at
+#                    replayssm_standard replayssm_spec replayssm_split_spec replayssm_spec_l28 replayssm_split_spec_l28
+#                    replayssm_spec_l28_per_group) on /tmp/model-mtp at
 #                    batch 64, 128, 256, k = SPEC_TOKENS [3];
 #                    a spec arm at AL 3.0, or one engine per AL of SWEEP_AL, none started in the call's last 120 s;
 #                    SPEC_BATCHES=64,128,256,fit MAX_NUM_SEQS=768 adds the largest batch the arm holds;

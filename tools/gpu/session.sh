@@ -26,7 +26,8 @@
 #                                   extra over the baseline's row) -> rows merged into host_profile_churn-h200.json
 #   spec ARM GPU [BATCHES]          engine-side speculative decoding (replayssm_patch/gpu/spec_step.py) of ARM
 #                                   (native_standard native_spec replayssm_standard replayssm_spec
-#                                   replayssm_split_spec replayssm_spec_l28 replayssm_split_spec_l28) on /tmp/model-mtp,
+#                                   replayssm_split_spec replayssm_spec_l28 replayssm_split_spec_l28
+#                                   replayssm_spec_l28_per_group) on /tmp/model-mtp,
 #                                   MTP k = SPEC_TOKENS [3], synthetic AL 3.0 or the list SWEEP_AL (one engine each,
 #                                   SPEC_BUDGET_S seconds at most) -> rows merged into spec_step-h200.json; with
 #                                   SPEC_PROFILE_BATCHES the same engine then profiles its verify steps there
