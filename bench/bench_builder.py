@@ -22,8 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "tests" / "replayssm" / "integration" / "qwen3_5_4b_config.json"  # the H200 runs' shape
 
 
-def rows_in_vllm_venv(benchmark: str, script: str, config: Path) -> list[dict]:
-    """The rows ``bench/<script>`` writes when run in vLLM's CPU venv on a model dir holding ``config``."""
+def write_venv_rows(benchmark: str, script: str, config: Path, title: str, notes: str) -> None:
+    """Commit the table of the rows ``bench/<script>`` writes when run in vLLM's CPU venv on a model dir holding
+    ``config``."""
     python, why = vllm_python()
     if python is None:
         raise SystemExit(f"error: {benchmark} needs vLLM's CPU venv: {why}")
@@ -36,11 +37,11 @@ def rows_in_vllm_venv(benchmark: str, script: str, config: Path) -> list[dict]:
         env.pop("VLLM_PLUGINS", None)
         subprocess.run([str(python), str(REPO / "bench" / script), str(model), str(out)], env=env, check=True,
                        timeout=900)  # fmt: skip
-        return json.loads(out.read_text())
+        rows = json.loads(out.read_text())
+    write_results(benchmark, title, rows, notes)
 
 
 def main() -> None:
-    rows = rows_in_vllm_venv("bench_builder", "builder_host_cost.py", CONFIG)
     notes = (
         "µs per step for the metadata of Qwen3.5-4B's 3 GDN KV-cache groups, made as vLLM 0.24's model runner makes "
         "it (the first group's `build()`, then `update_block_table` for the others where the builder offers it, "
@@ -49,4 +50,5 @@ def main() -> None:
         "run their PyTorch twins here, one Triton launch each on a GPU, so these are this CPU's figures for "
         "comparing the builders, not the H200's. Single-threaded torch."
     )
-    write_results("bench_builder", "GDN metadata build: host µs per step, vLLM vs ReplaySSM", rows, notes)
+    title = "GDN metadata build: host µs per step, vLLM vs ReplaySSM"
+    write_venv_rows("bench_builder", "builder_host_cost.py", CONFIG, title, notes)

@@ -9,14 +9,12 @@ script is bench/spec_builder_host_cost.py.
 
 from __future__ import annotations
 
-from bench.bench_builder import REPO, rows_in_vllm_venv
-from bench.report import write_results
+from bench.bench_builder import REPO, write_venv_rows
 
 CONFIG = REPO / "tests" / "replayssm" / "integration" / "nemotron_h_tiny_fp32_config.json"
 
 
 def main() -> None:
-    rows = rows_in_vllm_venv("bench_spec_builder", "spec_builder_host_cost.py", CONFIG)
     notes = (
         "µs per verify step for the metadata of 6 Mamba-2 KV-cache groups (Nemotron-H-8B's count; one layer per "
         "group, the tiny Nemotron-H config's shapes: a builder's work does not grow with the state), 64 decode rows "
@@ -25,7 +23,8 @@ def main() -> None:
         "PyTorch twin here, one Triton launch on a GPU, so these are this CPU's figures for comparing the "
         "builders, not the H200's. Single-threaded torch."
     )
-    write_results("bench_spec_builder", "Mamba-2 speculative metadata: host µs per step", rows, notes)
+    title = "Mamba-2 speculative metadata: host µs per step"
+    write_venv_rows("bench_spec_builder", "spec_builder_host_cost.py", CONFIG, title, notes)
 
 
 if __name__ == "__main__":

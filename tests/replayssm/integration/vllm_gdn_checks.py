@@ -95,13 +95,18 @@ def refusal(model_dir: Path, knobs: dict, cuda: bool = True, **engine) -> str | 
     return None
 
 
+def layer_and_builder(config, prefix: str, blocks: int = 8) -> tuple:
+    """A GDN layer (``prefix`` names its index) over a paged cache of ``blocks`` blocks, and its real builder."""
+    layer = make_gdn_layer(config, prefix)
+    spec = layer.get_kv_cache_spec(config)
+    layer.kv_cache = paged_state_tensors(spec, blocks)
+    return layer, layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device("cpu"))
+
+
 def builder_steps(tiny: Path) -> dict:
     """The real builder (through vLLM's own build()) over capture, decode, a mixed step and a fresh 1-token row."""
     config = vllm_config(ALIGNED_L4, tiny, max_model_len=512, dtype="float32")
-    layer = make_gdn_layer(config, "plan.layers.0.linear_attn")
-    spec = layer.get_kv_cache_spec(config)
-    layer.kv_cache = paged_state_tensors(spec, 8)
-    builder = layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device("cpu"))
+    layer, builder = layer_and_builder(config, "plan.layers.0.linear_attn")
     steps: list[dict] = []
     layer.kv_cache[1].normal_()  # a start-up warm-up that wrote any state would show
     before = [tensor.clone() for tensor in layer.kv_cache]
@@ -124,9 +129,7 @@ def builder_steps(tiny: Path) -> dict:
     m = builder.build(0, common_metadata([1, 5, 7], [16, 30, 7], [3, 5, 6], [False, True, True]))
     view = m.prefill_view
     # a second KV-cache group holds the same requests in blocks 2, 1 and 4 and takes this step's metadata
-    other_layer = make_gdn_layer(config, "plan.layers.1.linear_attn")
-    other_layer.kv_cache = paged_state_tensors(spec, 8)
-    other = type(builder)(spec, [other_layer.prefix], config, torch.device("cpu"))
+    other_layer, other = layer_and_builder(config, "plan.layers.1.linear_attn")
     theirs = other.update_block_table(m, torch.tensor([[2], [1], [4]], dtype=torch.int32), torch.zeros(0))
     other_group = {
         "supported": other.supports_update_block_table, "indices": theirs.non_spec_state_indices_tensor.tolist(),
@@ -159,12 +162,12 @@ def builder_steps(tiny: Path) -> dict:
                   "fresh_state_zero": bool((layer.kv_cache[1][5] == 0).all() and (layer.kv_cache[0][5] == 0).all()),
                   "other_state_kept": bool((layer.kv_cache[1][3] == 0).all())})  # fmt: skip
     # a builder of its own: a decode beside a fresh 9-token prompt, which the CPU knows has no ring to fold
-    fresh_only = type(builder)(spec, [layer.prefix], config, torch.device("cpu"))
+    fresh_only = type(builder)(builder.kv_cache_spec, [layer.prefix], config, torch.device("cpu"))
     m = fresh_only.build(0, common_metadata([1, 9], [12, 9], [3, 7], [False, True]))
     # per_group_builds: every group builds its own (vLLM then never calls update_block_table), with its own plan
     knobs = {"replayssm": {**ALIGNED_L4["replayssm"], "per_group_builds": True}}
     per_group_config = vllm_config(knobs, tiny, max_model_len=512, dtype="float32")
-    per_group = type(builder)(spec, [other_layer.prefix], per_group_config, torch.device("cpu"))
+    per_group = type(builder)(builder.kv_cache_spec, [other_layer.prefix], per_group_config, torch.device("cpu"))
     other_group["per_group_builds"] = {"shares": per_group.supports_update_block_table,
                                        "own_plan": per_group.plan_buffers is not builder.plan_buffers}  # fmt: skip
     return {"steps": steps, "fresh_prompt_fold_pending": m.replay_fold_pending, "other_group": other_group}
@@ -180,10 +183,7 @@ def split_precision(model_dir: Path, tiny: Path) -> dict:
     spec = describe(make_gdn_layer(config, "split_spec.layers.0.linear_attn").get_kv_cache_spec(config))
     knobs = {"replayssm": {**ALIGNED_L4["replayssm"], "split_precision": True}}
     tiny_config = vllm_config(knobs, tiny, max_model_len=512, dtype="float32")
-    layer = make_gdn_layer(tiny_config, "split.layers.0.linear_attn")
-    layer_spec = layer.get_kv_cache_spec(tiny_config)
-    layer.kv_cache = paged_state_tensors(layer_spec, 8)
-    builder = layer.get_attn_backend().get_builder_cls()(layer_spec, [layer.prefix], tiny_config, torch.device("cpu"))
+    layer, builder = layer_and_builder(tiny_config, "split.layers.0.linear_attn")
     builder.build(0, common_metadata([1, 1], [10, 20], [3, 5], [False, False]))
     layer.kv_cache[1][5] = layer.kv_cache[STATE_BF16][5] = 1.0  # block 5's previous owner
     layer.kv_cache[STATE_BF16][3] = 2.0
@@ -218,10 +218,7 @@ def native_mixed(tiny: Path) -> dict:
     after that replays again from an empty ring."""
     knobs = {"replayssm": {**ALIGNED_L4["replayssm"], "native_mixed_steps": True}}
     config = vllm_config(knobs, tiny, max_model_len=512, dtype="float32")
-    layer = make_gdn_layer(config, "mixed_native.layers.0.linear_attn")
-    spec = layer.get_kv_cache_spec(config)
-    layer.kv_cache = paged_state_tensors(spec, 8)
-    builder = layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device("cpu"))
+    layer, builder = layer_and_builder(config, "mixed_native.layers.0.linear_attn")
     for step in range(2):
         builder.build(0, common_metadata([1, 1], [10 + step, 20 + step], [3, 5], [False, False]))
     for ring in (RING_K, RING_U):  # no forward ran, so the rings are empty: fill two entries the fold must apply

@@ -49,6 +49,8 @@ OUT_TOL = 1e-5
 STATE_TOL = 1e-6
 BASELINE_TOL = 1e-6
 BF16_ULP = 2.0**-7
+# split precision's outputs between flushes: the copy's ulp, directly and through the window's u
+SPLIT_OUT_TOL = 2 * BF16_ULP
 # the replay's checkpoint products with k̂ and q̂ on the tensor cores, pipelined 2 deep (16-row blocks: tl.dot's least),
 # and the fold's register cap and grid per SM set (the interpreter's grid stays its handful)
 TENSOR_CORE_REPLAY = GdnLaunch(
@@ -164,6 +166,31 @@ def ring_fp64_state(cache: GdnReplayCache, slots: torch.Tensor, count: torch.Ten
         advanced = torch.exp(g)[:, :, None, None] * h + u[:, :, :, None] * k[:, :, None, :]
         h = torch.where(active[:, None, None, None], advanced, h)
     return h
+
+
+def window_fp64_state(cache: GdnReplayCache, slots: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """fp64 truth of the master after ring entries [0, count) replayed from their raw (k̂, v, β, g), one step at a
+    time as vLLM's recurrence runs them (not from the ring's u, which came from the copy)."""
+    assert cache.split is not None
+    num_v_heads, num_k_heads = cache.ring_u.shape[2], cache.ring_k.shape[2]
+    key_of = group_of_head(num_v_heads, num_k_heads, cache.ring_k.device)
+    h = cache.ssm_state[slots].double()
+    for pos in range(int(count.max()) if count.numel() else 0):
+        active = (pos < count)[:, None, None, None]
+        k = cache.ring_k[slots, pos].double()[:, key_of]
+        decayed = torch.exp(cache.ring_g[slots, pos].double())[:, :, None, None] * h
+        v, beta = cache.split.ring_v[slots, pos].double(), cache.split.ring_beta[slots, pos].double()
+        u = beta[:, :, None] * (v - (decayed * k[:, :, None, :]).sum(-1))
+        h = torch.where(active, decayed + u[:, :, :, None] * k[:, :, None, :], h)
+    return h
+
+
+def cache_tensors(cache: GdnReplayCache) -> dict[str, torch.Tensor]:
+    """Every tensor of a cache by name, split precision's too when it has them."""
+    named = {name: getattr(cache, name) for name in ("ssm_state", "ring_k", "ring_u", "ring_g")}
+    if cache.split is not None:
+        named |= {name: getattr(cache.split, name) for name in ("state_bf16", "ring_beta", "ring_v")}
+    return named
 
 
 def step_args(step: GdnStepInputs, layer: GdnLayerParams, cache: GdnReplayCache) -> tuple[torch.Tensor, ...]:
@@ -350,32 +377,37 @@ def test_split_launches_track_fp64_with_no_all_and_some_rows_flushing(windows: s
             assert_same(getattr(run, name)[unused], getattr(cache, name)[unused], f"{name} of a slot no row uses")
 
 
-def test_ring_of_one_is_the_baseline_recurrence() -> None:
-    """L = 1: every step folds an empty ring, so each step must be the fp32 baseline step (state and output)."""
+@pytest.mark.parametrize("split", [False, True], ids=["fp32", "split"])
+def test_ring_of_one_is_the_baseline_recurrence(split: bool) -> None:
+    """L = 1: every step folds an empty ring, so each step must be the fp32 baseline step (state and output); in
+    split precision each flush is an exact replay of that one step."""
     shape = STEP_CASES[0]
-    gen = seeded("gdn-baseline")
+    gen = seeded("gdn-baseline", *(["split"] if split else []))
     layer = make_layer(shape, gen)
     indices, slots = layout_rows(shape.batch, gen, -1)
     real, rows = indices[:-1].long(), slice(0, shape.batch - 1)
-    cache = make_cache(shape, slots, gen)
+    cache = make_cache(shape, slots, gen, split)
     baseline = cache.ssm_state[real].clone()
     at_zero = torch.zeros(shape.batch, dtype=torch.int32)
     for t in range(6):
         step = make_step(shape, layer, gen)
         flush = decode_flush_len(at_zero, 1)
-        out = gdn_decode_step(*step_args(step, layer, cache), indices, at_zero, flush, **fp32_out(shape))
+        out = gdn_decode_step(*step_args(step, layer, cache), indices, at_zero, flush, split=cache.split,
+                              **fp32_out(shape))  # fmt: skip
         o_base = truth_step(baseline, step, layer, rows)
         assert rel_err(out[rows], o_base) <= BASELINE_TOL, f"output, step {t}"
         assert rel_err(cache.ssm_state[real], baseline) <= BASELINE_TOL, f"state, step {t}"
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["fp32", "split"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_flush_ring_matches_twin_and_fp64(shape: Shape) -> None:
+def test_flush_ring_matches_twin_and_fp64(shape: Shape, split: bool) -> None:
     """Materialise before prefill: a full ring, a partial one, one that must not fold, and a padding row that
-    says fold; entries past flush_len stay NaN and must not reach the checkpoint."""
-    gen = seeded("gdn-flush", shape)
+    says fold; entries past flush_len stay NaN and must not reach the checkpoint. In split precision the entries are
+    replayed exactly from the raw window (k̂, v, β, g) and the bf16 copy follows the master."""
+    gen = seeded("gdn-flush", shape, *(["split"] if split else []))
     indices, slots = layout_rows(shape.batch, gen, -1)
-    cache = make_cache(shape, slots, gen)
+    cache = make_cache(shape, slots, gen, split)
     real = indices[:-1].long()
     flush_len = torch.randint(1, shape.ring_len + 1, (shape.batch,), generator=gen, dtype=torch.int32)
     flush_len[0] = shape.ring_len
@@ -385,16 +417,21 @@ def test_flush_ring_matches_twin_and_fp64(shape: Shape) -> None:
     fill_ring(shape, cache, real, flush_len[:-1], gen)
     runs = [cache.clone() for _ in FLUSH_TWINS]
     for fn, run in zip(FLUSH_TWINS, runs, strict=True):
-        fn(*ring_args(run), indices, flush_len)
+        fn(*ring_args(run), indices, flush_len, split=run.split)
 
-    truth = ring_fp64_state(cache, real, flush_len[:-1].long())
+    truth = (window_fp64_state if split else ring_fp64_state)(cache, real, flush_len[:-1].long())
+    folded = real[flush_len[:-1] > 0]
     untouched = torch.ones(slots, dtype=torch.bool)
-    untouched[real[flush_len[:-1] > 0]] = False
+    untouched[folded] = False
     for run in runs:
         assert rel_err(run.ssm_state[real], truth) <= STATE_TOL
-        assert torch.equal(run.ssm_state[untouched], cache.ssm_state[untouched])
-        for name in ("ring_k", "ring_u", "ring_g"):
-            assert_same(getattr(run, name), getattr(cache, name), f"the fold must not touch {name}")
+        if run.split is not None:
+            assert rel_err(run.split.state_bf16[folded].float(), run.ssm_state[folded]) <= BF16_ULP
+        for name, tensor in cache_tensors(run).items():
+            before = cache_tensors(cache)[name]
+            if name in ("ssm_state", "state_bf16"):
+                tensor, before = tensor[untouched], before[untouched]
+            assert_same(tensor, before, f"the fold wrote {name} where it must not")
 
 
 @pytest.mark.parametrize("step_fn", STEP_TWINS)

@@ -1,4 +1,5 @@
-"""The one-launch GDN decode of mixed steps (conv inside) vs its PyTorch twin vs the fp64 recurrence, interpreted.
+"""The one-launch GDN decode of mixed steps (conv inside) vs its PyTorch twin vs the fp64 recurrence, interpreted,
+with the fp32 checkpoint and in split precision.
 
 Tolerances as in test_gdn_kernels.py. The conv's output is rounded to the model dtype before the recurrence, so in
 bf16 a last-ulp difference of the fp32 sum between NumPy and torch could flip a rounding and move an output by a
@@ -18,7 +19,9 @@ from replayssm_patch.kernels.gdn_layout import split_packed_qkv
 from replayssm_patch.kernels.gdn_mixed_decode import causal_conv_update_reference
 from tests.replayssm.kernels.numerics import rel_err, seeded
 from tests.replayssm.kernels.test_gdn_kernels import (
+    BF16_ULP,
     OUT_TOL,
+    SPLIT_OUT_TOL,
     STATE_TOL,
     Shape,
     assert_same,
@@ -28,6 +31,7 @@ from tests.replayssm.kernels.test_gdn_kernels import (
     make_step,
     ring_args,
     ring_fp64_state,
+    window_fp64_state,
 )
 
 TWINS = [gdn_mixed_decode, gdn_mixed_decode_reference]
@@ -67,22 +71,26 @@ def truth_inputs(x: torch.Tensor, conv: Conv, conv_state: torch.Tensor, slots: t
     return split_packed_qkv(qkv, shape.num_k_heads, shape.head_k_dim, shape.num_v_heads, shape.head_v_dim)
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["fp32", "split"])
 @pytest.mark.parametrize("shape", [FP32_SHAPE, BF16_SHAPE], ids=str)
-def test_one_launch_tracks_fp64_across_flushes_and_shifts_the_conv_state(shape: Shape) -> None:
+def test_one_launch_tracks_fp64_across_flushes_and_shifts_the_conv_state(shape: Shape, split: bool) -> None:
     """4 L + 2 steps, cursors driven as the builder drives them, a padding row last: outputs and folded states
-    against the fp64 recurrence on the same conv outputs, the conv states bit for bit against the twin's."""
+    against the fp64 recurrence on the same conv outputs, the conv states bit for bit against the twin's. In split
+    precision (test_gdn_split_kernels' bars) outputs between flushes are within the copy's bound, flush rows' and
+    the master after every flush on the fp64 trajectory, the copy one ulp from the master."""
     exact = shape.dtype == torch.bfloat16
-    gen = seeded("gdn-mixed", shape)
+    gen = seeded("gdn-mixed", shape, split)
     layer = make_layer(shape, gen)
     slots = shape.batch + 2
     indices = torch.cat([torch.randperm(slots, generator=gen)[: shape.batch - 1], torch.tensor([-1])]).to(torch.int32)
     real, rows = indices[:-1].long(), slice(0, shape.batch - 1)
-    cache = make_cache(shape, slots, gen)
+    cache = make_cache(shape, slots, gen, split)
     conv = Conv(shape, slots, gen, exact)
     write_pos = torch.randint(0, shape.ring_len, (shape.batch,), generator=gen, dtype=torch.int32)
     write_pos[0] = shape.ring_len - 1
     fill_ring(shape, cache, real, write_pos[:-1], gen)
-    h = ring_fp64_state(cache, real, write_pos[:-1].long())
+    truth_state = window_fp64_state if split else ring_fp64_state
+    h = truth_state(cache, real, write_pos[:-1].long())
     runs = [(cache.clone(), conv.state.clone()) for _ in TWINS]
     truth_conv = conv.state.clone()
     folds = 0
@@ -95,24 +103,29 @@ def test_one_launch_tracks_fp64_across_flushes_and_shifts_the_conv_state(shape: 
         for fn, (run, conv_state) in zip(TWINS, runs, strict=True):
             out = torch.full((shape.batch, shape.num_v_heads, shape.head_v_dim), 7.0)
             fn(*mixed_args(x, conv, conv_state, step, layer, run), indices, write_pos, flush_len, out=out,
-               num_k_heads=shape.num_k_heads, head_k_dim=shape.head_k_dim, activation=conv.activation)  # fmt: skip
+               num_k_heads=shape.num_k_heads, head_k_dim=shape.head_k_dim, activation=conv.activation,
+               split=run.split)  # fmt: skip
             outs.append(out)
         q, k, v = truth_inputs(x[rows], conv, truth_conv, real, shape)
         o_true = gdn_recurrence_step(h, q, k, v, step.a[rows], step.b[rows], layer.A_log, layer.dt_bias)
         folded = flush_len[:-1] > 0
         folds += int(folded.sum())
         for fn, out, (run, conv_state) in zip(TWINS, outs, runs, strict=True):
-            assert rel_err(out[rows], o_true) <= OUT_TOL, f"{fn.__name__} output, step {t}"
+            assert rel_err(out[rows], o_true) <= (SPLIT_OUT_TOL if split else OUT_TOL), f"{fn.__name__} output {t}"
             assert (out[-1] == 7.0).all(), f"{fn.__name__} wrote the padding row's output, step {t}"
             if folded.any():
+                assert rel_err(out[rows][folded], o_true[folded]) <= OUT_TOL, f"{fn.__name__} flush output {t}"
                 assert rel_err(run.ssm_state[real[folded]], h[folded]) <= STATE_TOL, f"{fn.__name__} fold, step {t}"
+                if run.split is not None:
+                    copy = run.split.state_bf16[real[folded]].float()
+                    assert rel_err(copy, run.ssm_state[real[folded]]) <= BF16_ULP, f"{fn.__name__} copy, step {t}"
             assert_same(conv_state, truth_conv, f"{fn.__name__} conv state, step {t}")
         write_pos = (write_pos + 1) % shape.ring_len
 
     assert folds >= 4 * (shape.batch - 1)
     assert_same(runs[0][1][..., WIDTH - 1], conv.state[..., WIDTH - 1], "the conv state's spare column changed")
     for run, _ in runs:
-        assert rel_err(ring_fp64_state(run, real, write_pos[:-1].long()), h) <= STATE_TOL
+        assert rel_err(truth_state(run, real, write_pos[:-1].long()), h) <= STATE_TOL
 
 
 @pytest.mark.parametrize("fn", TWINS, ids=lambda fn: fn.__name__)

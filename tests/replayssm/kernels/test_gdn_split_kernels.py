@@ -11,7 +11,8 @@ Inputs, stale NaN ring entries and ``rel_err`` as in ``test_gdn_kernels``. Toler
   through S_c q̂ and again through every u of the window (β < 1 and unit keys keep each share below S_c k̂'s), so
   two ulps bound it; observed <= 4.2e-3. A missed ring entry or a wrong decay gives O(1e-1).
 - The copy after a flush vs the master: one bf16 ulp (BF16_ULP).
-The one-launch kernel of a mixed step's decode rows is held to the same bars (its conv as in test_gdn_mixed_decode).
+The one-launch kernel of a mixed step's decode rows, the materialise fold and L = 1 (the baseline step) are held to
+the same bars in test_gdn_mixed_decode and test_gdn_kernels (their split cases).
 """
 
 from __future__ import annotations
@@ -24,23 +25,21 @@ import torch
 from replayssm_patch.kernels import (
     GdnReplayCache,
     decode_flush_len,
-    gdn_decode_step,
 )
 from replayssm_patch.kernels.gdn_common import gdn_gates_reference
-from replayssm_patch.kernels.gdn_ground_truth import gdn_recurrence_step
-from replayssm_patch.kernels.layout import group_of_head
 from tests.replayssm.kernels.numerics import layout_rows, rel_err, seeded
 from tests.replayssm.kernels.test_gdn_kernels import (
-    BASELINE_TOL,
     BF16_ULP,
     FLUSH_TWINS,
     OUT_TOL,
     SHAPES,
+    SPLIT_OUT_TOL,
     STATE_TOL,
     STEP_CASES,
     STEP_TWINS,
     Shape,
     assert_same,
+    cache_tensors,
     fill_ring,
     fp32_out,
     make_cache,
@@ -49,38 +48,8 @@ from tests.replayssm.kernels.test_gdn_kernels import (
     ring_args,
     step_args,
     truth_step,
+    window_fp64_state,
 )
-from tests.replayssm.kernels.test_gdn_mixed_decode import BF16_SHAPE, FP32_SHAPE, Conv, mixed_args, truth_inputs
-from tests.replayssm.kernels.test_gdn_mixed_decode import TWINS as MIXED_TWINS
-
-SPLIT_OUT_TOL = 2 * BF16_ULP
-SPLIT_NAMES = ("state_bf16", "ring_beta", "ring_v")
-CACHE_NAMES = ("ssm_state", "ring_k", "ring_u", "ring_g")
-
-
-def tensors_of(cache: GdnReplayCache) -> dict[str, torch.Tensor]:
-    """Every tensor of a split cache by name."""
-    assert cache.split is not None
-    return {name: getattr(cache, name) for name in CACHE_NAMES} | {
-        name: getattr(cache.split, name) for name in SPLIT_NAMES
-    }
-
-
-def window_fp64_state(cache: GdnReplayCache, slots: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """fp64 truth of the master after ring entries [0, count) replayed from their raw (k̂, v, β, g), one step at a
-    time as vLLM's recurrence runs them (not from the ring's u, which came from the copy)."""
-    assert cache.split is not None
-    num_v_heads, num_k_heads = cache.ring_u.shape[2], cache.ring_k.shape[2]
-    key_of = group_of_head(num_v_heads, num_k_heads, cache.ring_k.device)
-    h = cache.ssm_state[slots].double()
-    for pos in range(int(count.max()) if count.numel() else 0):
-        active = (pos < count)[:, None, None, None]
-        k = cache.ring_k[slots, pos].double()[:, key_of]
-        decayed = torch.exp(cache.ring_g[slots, pos].double())[:, :, None, None] * h
-        v, beta = cache.split.ring_v[slots, pos].double(), cache.split.ring_beta[slots, pos].double()
-        u = beta[:, :, None] * (v - (decayed * k[:, :, None, :]).sum(-1))
-        h = torch.where(active, decayed + u[:, :, :, None] * k[:, :, None, :], h)
-    return h
 
 
 def split_step(fn, step, layer, run: GdnReplayCache, *args, **kwargs) -> torch.Tensor:
@@ -154,7 +123,7 @@ def test_split_step_appends_beta_and_v_and_touches_nothing_else(pad_slot_id: int
     flushing = real[:1]
     for out, run in zip(outs, runs, strict=True):
         assert (out[-1] == 7.0).all(), "the padding row's output must be left alone"
-        now, then = ({name: t.clone() for name, t in tensors_of(c).items()} for c in (run, cache))
+        now, then = ({name: t.clone() for name, t in cache_tensors(c).items()} for c in (run, cache))
         torch.testing.assert_close(now["ring_beta"][appending], beta[1:-1], rtol=1e-6, atol=0)
         assert torch.equal(now["ring_v"][appending], step.v[1:-1]), "raw v, exactly"
         for name in ("ssm_state", "state_bf16"):
@@ -167,61 +136,8 @@ def test_split_step_appends_beta_and_v_and_touches_nothing_else(pad_slot_id: int
         for name in now:
             assert_same(now[name], then[name], f"{name} changed outside the appended entries and the flush row")
     for name in ("ring_u", "ring_v"):
-        ours, twin = (tensors_of(run)[name][appending].float() for run in runs[:2])
+        ours, twin = (cache_tensors(run)[name][appending].float() for run in runs[:2])
         assert rel_err(ours, twin) <= OUT_TOL, name
-
-
-def test_split_ring_of_one_is_the_baseline_recurrence() -> None:
-    """L = 1: every step is a flush of an empty ring, an exact replay of one step: the fp32 baseline step."""
-    shape = STEP_CASES[0]
-    gen = seeded("gdn-split-baseline")
-    layer = make_layer(shape, gen)
-    indices, slots = layout_rows(shape.batch, gen, -1)
-    real, rows = indices[:-1].long(), slice(0, shape.batch - 1)
-    cache = make_cache(shape, slots, gen, split=True)
-    baseline = cache.ssm_state[real].clone()
-    at_zero = torch.zeros(shape.batch, dtype=torch.int32)
-    for t in range(6):
-        step = make_step(shape, layer, gen)
-        out = split_step(gdn_decode_step, step, layer, cache, indices, at_zero, decode_flush_len(at_zero, 1),
-                         **fp32_out(shape))  # fmt: skip
-        o_base = truth_step(baseline, step, layer, rows)
-        assert rel_err(out[rows], o_base) <= BASELINE_TOL, f"output, step {t}"
-        assert rel_err(cache.ssm_state[real], baseline) <= BASELINE_TOL, f"state, step {t}"
-
-
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_split_flush_ring_replays_exactly_and_refreshes_the_copy(shape: Shape) -> None:
-    """Materialise before prefill in split precision: a full ring, a partial one, one that must not fold and a
-    padding row that says fold; the master reaches the fp64 state of the raw window, the copy follows it, and
-    nothing else is written."""
-    gen = seeded("gdn-split-flush", shape)
-    indices, slots = layout_rows(shape.batch, gen, -1)
-    cache = make_cache(shape, slots, gen, split=True)
-    real = indices[:-1].long()
-    flush_len = torch.randint(1, shape.ring_len + 1, (shape.batch,), generator=gen, dtype=torch.int32)
-    flush_len[0] = shape.ring_len
-    if shape.batch > 2:
-        flush_len[1] = 0
-    flush_len[-1] = shape.ring_len
-    fill_ring(shape, cache, real, flush_len[:-1], gen)
-    runs = [cache.clone() for _ in FLUSH_TWINS]
-    for fn, run in zip(FLUSH_TWINS, runs, strict=True):
-        fn(*ring_args(run), indices, flush_len, split=run.split)
-
-    truth = window_fp64_state(cache, real, flush_len[:-1].long())
-    folded = real[flush_len[:-1] > 0]
-    untouched = torch.ones(slots, dtype=torch.bool)
-    untouched[folded] = False
-    for run in runs:
-        assert run.split is not None
-        assert rel_err(run.ssm_state[real], truth) <= STATE_TOL
-        assert rel_err(run.split.state_bf16[folded].float(), run.ssm_state[folded]) <= BF16_ULP
-        for name, tensor in tensors_of(run).items():
-            before = tensors_of(cache)[name]
-            if name in ("ssm_state", "state_bf16"):
-                tensor, before = tensor[untouched], before[untouched]
-            assert_same(tensor, before, f"the flush wrote {name} where it must not")
 
 
 def test_split_null_rows_read_and_write_nothing() -> None:
@@ -232,7 +148,7 @@ def test_split_null_rows_read_and_write_nothing() -> None:
     layer = make_layer(shape, gen)
     cache = make_cache(shape, 4, gen, split=True)
     assert cache.split is not None
-    for tensor in tensors_of(cache).values():
+    for tensor in cache_tensors(cache).values():
         tensor[0] = math.nan
     fill_ring(shape, cache, torch.tensor([1, 3]), torch.tensor([2, shape.ring_len - 1]), gen)
     indices = torch.tensor([1, 0, 3, 0], dtype=torch.int32)
@@ -245,54 +161,5 @@ def test_split_null_rows_read_and_write_nothing() -> None:
                    out=out, pad_slot_id=0)  # fmt: skip
         flush_fn(*ring_args(run), indices, flush_len, pad_slot_id=0, split=run.split)
         assert (out[[1, 3]] == 7.0).all() and torch.isfinite(out[[0, 2]]).all(), step_fn.__name__
-        for name, tensor in tensors_of(run).items():
-            assert_same(tensor[[0, 2]], tensors_of(cache)[name][[0, 2]], f"{step_fn.__name__}: {name} of a null row")
-
-
-@pytest.mark.parametrize("shape", [FP32_SHAPE, BF16_SHAPE], ids=str)
-def test_split_one_launch_mixed_decode_keeps_the_master_exact(shape: Shape) -> None:
-    """The one-launch kernel of a mixed step's decode rows (conv inside) in split precision, and its twin, over
-    4 L + 2 steps across flushes with a padding row: the master after every flush on the fp64 trajectory, the copy
-    one ulp from it, outputs within the copy's bound (flush rows' within the fp32 one), the conv states bit for bit."""
-    exact = shape.dtype == torch.bfloat16
-    gen = seeded("gdn-split-mixed", shape)
-    layer = make_layer(shape, gen)
-    slots = shape.batch + 2
-    indices = torch.cat([torch.randperm(slots, generator=gen)[: shape.batch - 1], torch.tensor([-1])]).to(torch.int32)
-    real, rows = indices[:-1].long(), slice(0, shape.batch - 1)
-    cache = make_cache(shape, slots, gen, split=True)
-    conv = Conv(shape, slots, gen, exact)
-    write_pos = torch.randint(0, shape.ring_len, (shape.batch,), generator=gen, dtype=torch.int32)
-    write_pos[0] = shape.ring_len - 1
-    fill_ring(shape, cache, real, write_pos[:-1], gen)
-    h = window_fp64_state(cache, real, write_pos[:-1].long())
-    runs = [(cache.clone(), conv.state.clone()) for _ in MIXED_TWINS]
-    truth_conv = conv.state.clone()
-    for t in range(4 * shape.ring_len + 2):
-        step = make_step(shape, layer, gen)
-        x = conv.values((shape.batch, conv.dim), gen)
-        flush_len = decode_flush_len(write_pos, shape.ring_len)
-        flush_len[-1] = shape.ring_len  # the padding row says flush
-        outs = []
-        for fn, (run, conv_state) in zip(MIXED_TWINS, runs, strict=True):
-            out = torch.full((shape.batch, shape.num_v_heads, shape.head_v_dim), 7.0)
-            fn(*mixed_args(x, conv, conv_state, step, layer, run), indices, write_pos, flush_len, out=out,
-               num_k_heads=shape.num_k_heads, head_k_dim=shape.head_k_dim, activation=conv.activation,
-               split=run.split)  # fmt: skip
-            outs.append(out)
-        q, k, v = truth_inputs(x[rows], conv, truth_conv, real, shape)
-        o_true = gdn_recurrence_step(h, q, k, v, step.a[rows], step.b[rows], layer.A_log, layer.dt_bias)
-        folded = flush_len[:-1] > 0
-        for fn, out, (run, conv_state) in zip(MIXED_TWINS, outs, runs, strict=True):
-            assert run.split is not None
-            assert rel_err(out[rows], o_true) <= SPLIT_OUT_TOL, f"{fn.__name__} output, step {t}"
-            assert (out[-1] == 7.0).all(), f"{fn.__name__} wrote the padding row's output, step {t}"
-            if folded.any():
-                assert rel_err(out[rows][folded], o_true[folded]) <= OUT_TOL, f"{fn.__name__} flush output {t}"
-                assert rel_err(run.ssm_state[real[folded]], h[folded]) <= STATE_TOL, f"{fn.__name__} fold, step {t}"
-                copy = run.split.state_bf16[real[folded]].float()
-                assert rel_err(copy, run.ssm_state[real[folded]]) <= BF16_ULP, f"{fn.__name__} copy, step {t}"
-            assert_same(conv_state, truth_conv, f"{fn.__name__} conv state, step {t}")
-        write_pos = (write_pos + 1) % shape.ring_len
-    for run, _ in runs:
-        assert rel_err(window_fp64_state(run, real, write_pos[:-1].long()), h) <= STATE_TOL
+        for name, tensor in cache_tensors(run).items():
+            assert_same(tensor[[0, 2]], cache_tensors(cache)[name][[0, 2]], f"{step_fn.__name__}: {name} of a null row")
