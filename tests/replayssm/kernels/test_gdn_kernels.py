@@ -434,32 +434,38 @@ def test_flush_ring_matches_twin_and_fp64(shape: Shape, split: bool) -> None:
             assert_same(tensor, before, f"the fold wrote {name} where it must not")
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["fp32", "split"])
 @pytest.mark.parametrize("step_fn", STEP_TWINS)
-def test_reused_slot_never_reads_the_previous_owner(step_fn) -> None:
+def test_reused_slot_never_reads_the_previous_owner(step_fn, split: bool) -> None:
     """A slot whose ring holds another sequence's entries serves a new sequence from write_pos 0 exactly as a
-    slot with a NaN ring does, through the new sequence's first flush and beyond."""
+    slot with a NaN ring does, through the new sequence's first flush and beyond (split precision: its β and raw v
+    rings too)."""
     shape = SHAPES[0]
-    gen = seeded("gdn-reuse", step_fn.__name__)
+    gen = seeded("gdn-reuse", step_fn.__name__, *(["split"] if split else []))
     layer = make_layer(shape, gen)
     indices = torch.tensor([2, 0], dtype=torch.int32)
-    reused = make_cache(shape, 3, gen)
+    reused = make_cache(shape, 3, gen, split)
     write_pos = torch.zeros(2, dtype=torch.int32)
     for _ in range(shape.ring_len + shape.ring_len // 2):  # the previous owner: a whole cycle and half a ring
         step_fn(*step_args(make_step(shape, layer, gen, batch=2), layer, reused), indices, write_pos,
-                decode_flush_len(write_pos, shape.ring_len))  # fmt: skip
+                decode_flush_len(write_pos, shape.ring_len), split=reused.split)  # fmt: skip
         write_pos = (write_pos + 1) % shape.ring_len
-    assert write_pos.tolist() == [shape.ring_len // 2] * 2 and torch.isfinite(reused.ring_u[2]).all()
+    assert write_pos.tolist() == [shape.ring_len // 2] * 2
+    # every entry holds the previous owner's (a flush row's own u is not kept in split precision: the next window's)
+    assert torch.isfinite(reused.ring_k[2]).all() and torch.isfinite(reused.ring_u[2, : shape.ring_len - 1]).all()
 
-    reused.ssm_state[2] = torch.randn(reused.ssm_state.shape[1:], generator=gen)  # the new owner's prefill
-    fresh = reused.clone()
-    for name in ("ring_k", "ring_u", "ring_g"):
-        getattr(fresh, name)[2] = math.nan
     new_owner = torch.tensor([2], dtype=torch.int32)
+    reused.set_checkpoint(new_owner, torch.randn(reused.ssm_state.shape[1:], generator=gen))  # its prefill
+    fresh = reused.clone()
+    for name, tensor in cache_tensors(fresh).items():
+        if name.startswith("ring"):
+            tensor[2] = math.nan
     write_pos = torch.zeros(1, dtype=torch.int32)
     for t in range(shape.ring_len + 2):
         step = make_step(shape, layer, gen, batch=1)
         flush_len = decode_flush_len(write_pos, shape.ring_len)
-        outs = [step_fn(*step_args(step, layer, run), new_owner, write_pos, flush_len) for run in (reused, fresh)]
+        outs = [step_fn(*step_args(step, layer, run), new_owner, write_pos, flush_len, split=run.split)
+                for run in (reused, fresh)]  # fmt: skip
         assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1]), f"step {t}"
         assert torch.equal(reused.ssm_state[2], fresh.ssm_state[2]), f"step {t}"
         write_pos = (write_pos + 1) % shape.ring_len
@@ -497,30 +503,32 @@ def test_null_rows_read_and_write_nothing(twins, pad_slot_id: int) -> None:
     assert_same(cache.ssm_state, after_step.ssm_state, "a padding row folded")
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["fp32", "split"])
 @pytest.mark.parametrize(
     "twins", [(gdn_decode_step, gdn_flush_ring), (gdn_decode_step_reference, gdn_flush_ring_reference)]
 )
-def test_bad_cursors_never_write_outside_the_row(twins) -> None:
+def test_bad_cursors_never_write_outside_the_row(twins, split: bool) -> None:
     """A write_pos off the ring skips the row (no write into a neighbour slot); flush_len > L folds L entries."""
     step_fn, flush_fn = twins
     shape = SHAPES[0]
-    gen = seeded("gdn-bad-cursors", step_fn.__name__)
+    gen = seeded("gdn-bad-cursors", step_fn.__name__, *(["split"] if split else []))
     layer = make_layer(shape, gen)
-    cache = make_cache(shape, 3, gen)
+    cache = make_cache(shape, 3, gen, split)
     fill_ring(shape, cache, torch.arange(3), torch.full((3,), shape.ring_len), gen)
     before = cache.clone()
     out = torch.full((2, shape.num_v_heads, shape.head_v_dim), 7.0)
     off_ring = torch.tensor([shape.ring_len, -1], dtype=torch.int32)
     flush = torch.full((2,), shape.ring_len, dtype=torch.int32)
     step_fn(*step_args(make_step(shape, layer, gen, batch=2), layer, cache), torch.tensor([0, 1], dtype=torch.int32),
-            off_ring, flush, out=out)  # fmt: skip
+            off_ring, flush, out=out, split=cache.split)  # fmt: skip
     assert (out == 7.0).all()
-    for name in ("ssm_state", "ring_k", "ring_u", "ring_g"):
-        assert_same(getattr(cache, name), getattr(before, name), f"{name} written by a row off the ring")
+    for name, tensor in cache_tensors(cache).items():
+        assert_same(tensor, cache_tensors(before)[name], f"{name} written by a row off the ring")
 
     over, exact = cache.clone(), cache.clone()
     for run, length in ((over, shape.ring_len + 5), (exact, shape.ring_len)):
-        flush_fn(*ring_args(run), torch.arange(3, dtype=torch.int32), torch.full((3,), length, dtype=torch.int32))
+        flush_fn(*ring_args(run), torch.arange(3, dtype=torch.int32), torch.full((3,), length, dtype=torch.int32),
+                 split=run.split)  # fmt: skip
     assert torch.equal(over.ssm_state, exact.ssm_state) and not torch.equal(exact.ssm_state, cache.ssm_state)
 
 
