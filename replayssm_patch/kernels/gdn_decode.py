@@ -46,7 +46,7 @@ from replayssm_patch.kernels.gdn_common import (
     row_cursor,
 )
 from replayssm_patch.kernels.gdn_fold import launch_gdn_fold
-from replayssm_patch.kernels.gdn_layout import GdnSplitTensors, require_fp32_checkpoint
+from replayssm_patch.kernels.gdn_layout import GdnSplitTensors, require_fp32_checkpoint, split_kernel_tensors
 from replayssm_patch.kernels.launch_config import GdnLaunch, gdn_launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, valid_rows
 from replayssm_patch.kernels.state_products import DOT_EXTENT, checkpoint_reads_mma, checkpoint_tile
@@ -141,8 +141,7 @@ def launch_gdn_replay(
     stages = launch.replay_mma_stages
     BLOCK_V = block_size(head_v_dim, cap=launch.replay_block_v, floor=DOT_EXTENT if stages else 1)
     c = coefficients
-    checkpoint = ssm_state if split is None else split.state_bf16
-    ring_v = ring_u if split is None else split.ring_v  # never written without split precision
+    checkpoint, ring_v, _ = split_kernel_tensors(split, ssm_state, ring_u, ring_u)  # the copy in split precision
     _gdn_replay_kernel[(triton.cdiv(head_v_dim, BLOCK_V), num_v_heads, batch)](
         v, checkpoint, ring_u, ring_v, state_indices, write_pos, flush_len,
         c.key_query, c.kk, c.kq, c.weight, c.decay, c.beta, out,

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from replayssm_patch.kernels.common import block_size, check_launchable, decay_sum_after, decay_sum_after_reference
 from replayssm_patch.kernels.gdn_common import fold_into, fold_reference, replay_exact, replay_exact_reference
-from replayssm_patch.kernels.gdn_layout import GdnSplitTensors, require_fp32_checkpoint
+from replayssm_patch.kernels.gdn_layout import GdnSplitTensors, require_fp32_checkpoint, split_kernel_tensors
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, valid_rows
 
 
@@ -100,9 +100,7 @@ def gdn_flush_ring(
     if batch == 0:
         return
     BLOCK_V = block_size(head_v_dim, cap=block_v, floor=16)
-    # without split precision its tensors are never touched: stand-ins of the right rank
-    copy, ring_v, ring_beta = (ssm_state, ring_u, ring_g) if split is None else (split.state_bf16, split.ring_v,
-                                                                                  split.ring_beta)  # fmt: skip
+    copy, ring_v, ring_beta = split_kernel_tensors(split, ssm_state, ring_u, ring_g)
     _gdn_flush_kernel[(batch, num_v_heads, triton.cdiv(head_v_dim, BLOCK_V))](
         ssm_state, ring_k, ring_u, ring_g, state_indices, flush_len, copy, ring_v, ring_beta,
         head_k_dim, head_v_dim, ring_g.shape[1], num_v_heads // num_k_heads, pad_slot_id,

@@ -25,7 +25,7 @@ from replayssm_patch.kernels.common import block_size, register_cap
 from replayssm_patch.kernels.decode_fold import fold_programs, fold_work_item
 from replayssm_patch.kernels.gdn_coefficients import GdnCoefficients
 from replayssm_patch.kernels.gdn_common import replay_exact
-from replayssm_patch.kernels.gdn_layout import GdnSplitTensors
+from replayssm_patch.kernels.gdn_layout import GdnSplitTensors, split_kernel_tensors
 from replayssm_patch.kernels.launch_config import GdnLaunch
 from replayssm_patch.kernels.state_products import fp32_dot
 
@@ -127,9 +127,7 @@ def launch_gdn_fold(
     V_BLOCKS = triton.cdiv(head_v_dim, BLOCK_V)
     c = coefficients
     programs = fold_programs(v.device, launch.fold_programs_per_sm)
-    # without split precision its tensors are never touched: stand-ins of the right rank
-    copy, ring_v, ring_beta = (ssm_state, ring_u, ring_g) if split is None else (split.state_bf16, split.ring_v,
-                                                                                  split.ring_beta)  # fmt: skip
+    copy, ring_v, ring_beta = split_kernel_tensors(split, ssm_state, ring_u, ring_g)
     _gdn_fold_kernel[(min(batch * num_v_heads * V_BLOCKS, programs),)](
         v, ssm_state, ring_k, ring_u, state_indices, write_pos, flush_rows, flush_count,
         c.q_hat, c.k_hat, c.kk, c.weight, c.decay, c.beta, out, copy, ring_v, ring_beta, ring_g,

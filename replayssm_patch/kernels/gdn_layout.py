@@ -34,6 +34,7 @@ __all__ = [
     "GdnSplitTensors",
     "gdn_ring_shapes",
     "require_fp32_checkpoint",
+    "split_kernel_tensors",
     "split_packed_qkv",
 ]
 
@@ -122,6 +123,16 @@ class GdnSplitTensors:
 
     def clone(self) -> GdnSplitTensors:
         return GdnSplitTensors(self.state_bf16.clone(), self.ring_beta.clone(), self.ring_v.clone())
+
+
+def split_kernel_tensors(
+    split: GdnSplitTensors | None, ssm_state: torch.Tensor, ring_u: torch.Tensor, ring_g: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(copy, ring_v, ring_beta) as a kernel's pointer arguments: split precision's, or without it stand-ins of the
+    same rank, which a kernel compiled with SPLIT off never touches."""
+    if split is None:
+        return ssm_state, ring_u, ring_g
+    return split.state_bf16, split.ring_v, split.ring_beta
 
 
 @dataclass

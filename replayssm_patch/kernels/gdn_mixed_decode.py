@@ -34,7 +34,12 @@ import triton.language as tl
 from replayssm_patch.kernels.common import block_size, check_launchable, decay_sum_after
 from replayssm_patch.kernels.gdn_common import append_key, default_scale, gdn_gates, replay_exact, row_cursor
 from replayssm_patch.kernels.gdn_decode import gdn_decode_step_reference
-from replayssm_patch.kernels.gdn_layout import GdnSplitTensors, require_fp32_checkpoint, split_packed_qkv
+from replayssm_patch.kernels.gdn_layout import (
+    GdnSplitTensors,
+    require_fp32_checkpoint,
+    split_kernel_tensors,
+    split_packed_qkv,
+)
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, valid_rows
 
 MIXED_BLOCK_V = 32  # head_v_dim rows per tile: 148 registers, no spill on sm_90 (16: 128 and a spill; compile_check)
@@ -233,9 +238,7 @@ def gdn_mixed_decode(
     width = conv_weight.shape[1]
     block_v = block_size(head_v_dim, cap=MIXED_BLOCK_V)
     k_channels = num_k_heads * head_k_dim
-    # without split precision its tensors are never touched: stand-ins of the right rank
-    copy, ring_v, ring_beta = (ssm_state, ring_u, ring_g) if split is None else (split.state_bf16, split.ring_v,
-                                                                                  split.ring_beta)  # fmt: skip
+    copy, ring_v, ring_beta = split_kernel_tensors(split, ssm_state, ring_u, ring_g)
     _gdn_mixed_decode_kernel[(batch, num_k_heads)](
         mixed_qkv, conv_state, conv_weight, conv_bias, a, b, A_log, dt_bias,
         ssm_state, ring_k, ring_u, ring_g, state_indices, write_pos, flush_len, out, copy, ring_v, ring_beta,
