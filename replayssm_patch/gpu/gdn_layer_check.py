@@ -70,64 +70,68 @@ def core_inputs(layer: Any, tokens: int, gen: torch.Generator, device: str) -> t
     return tuple(t.to(device, dtype) for t in (mixed, b, a))
 
 
-def run(
-    model_dir: Path, steps: int, batch: int, buffer_len: int, dtype: str, device: str, split: bool
-) -> dict[str, Any]:
-    """Drive vLLM's and ReplaySSM's layer through ``steps`` decode steps of ``batch`` sequences."""
+VARIANTS = ("fp32", "split")  # ReplaySSM's checkpoints, each against the one baseline layer
+
+
+def run(model_dir: Path, steps: int, batch: int, buffer_len: int, dtype: str, device: str) -> dict[str, Any]:
+    """Drive vLLM's layer and ReplaySSM's, with each checkpoint (``VARIANTS``), through ``steps`` decode steps of
+    ``batch`` sequences on the same inputs; the figures per ReplaySSM variant."""
     from vllm.forward_context import set_forward_context
 
     from replayssm_patch.gdn_state_layout import STATE_BF16
 
     gen = torch.Generator().manual_seed(0)
     engine = {"max_num_seqs": max(batch, 8), "dtype": dtype}
-    base_cfg = vllm_config(None, model_dir, **engine)
-    knobs = {"enable": True, "buffer_len": buffer_len, "split_precision": split}
-    rep_cfg = vllm_config({"replayssm": knobs}, model_dir, **engine)
-    tag = "split" if split else "fp32"
-    layers = {
-        "base": (make_gdn_layer(base_cfg, f"base_{tag}.layers.0.linear_attn", device), base_cfg),
-        "rep": (make_gdn_layer(rep_cfg, f"rep_{tag}.layers.0.linear_attn", device), rep_cfg),
-    }
-    base, rep = layers["base"][0], layers["rep"][0]
+    configs = {"base": vllm_config(None, model_dir, **engine)}
+    for name in VARIANTS:
+        knobs = {"enable": True, "buffer_len": buffer_len, "split_precision": name == "split"}
+        configs[name] = vllm_config({"replayssm": knobs}, model_dir, **engine)
+    layers = {name: make_gdn_layer(config, f"{name}.layers.0.linear_attn", device) for name, config in configs.items()}
+    base = layers["base"]
     realistic_gates(base, gen)
-    with torch.no_grad():
-        rep.load_state_dict(base.state_dict())
     builders = {}
-    for name, (layer, config) in layers.items():
-        spec = layer.get_kv_cache_spec(config)
+    for name, layer in layers.items():
+        if layer is not base:
+            with torch.no_grad():
+                layer.load_state_dict(base.state_dict())
+        spec = layer.get_kv_cache_spec(configs[name])
         layer.kv_cache = paged_state_tensors(spec, batch + 1, device)
-        builders[name] = layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], config, torch.device(device))
+        builders[name] = layer.get_attn_backend().get_builder_cls()(spec, [layer.prefix], configs[name],
+                                                                     torch.device(device))  # fmt: skip
     conv0 = torch.randn(base.kv_cache[0].shape, generator=gen).to(device, base.kv_cache[0].dtype)
     ssm0 = (torch.randn(base.kv_cache[1].shape, generator=gen) * 0.1).to(device)
-    for layer in (base, rep):
+    for layer in layers.values():
         layer.kv_cache[0].copy_(conv0)
         layer.kv_cache[1].copy_(ssm0)
-    if split:  # as a prefill leaves it: the copy of the checkpoint
-        rep.kv_cache[STATE_BF16].copy_(ssm0)
+    layers["split"].kv_cache[STATE_BF16].copy_(ssm0)  # as a prefill leaves it: the copy of the checkpoint
     slots = list(range(1, batch + 1))
     heads, head_v_dim = base.num_v_heads // base.tp_size, base.head_v_dim
-    errors = []
+    errors: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for step in range(steps):
         mixed, b, a = core_inputs(base, batch, gen, device)
         outs = {}
-        for name, (layer, config) in layers.items():
+        for name, layer in layers.items():
             common = common_metadata([1] * batch, [100 + step] * batch, slots, [False] * batch, device)
             metadata = builders[name].build(0, common)
             outs[name] = torch.zeros(batch, heads, head_v_dim, device=device, dtype=mixed.dtype)
-            with set_forward_context({layer.prefix: metadata}, config), torch.no_grad():
+            with set_forward_context({layer.prefix: metadata}, configs[name]), torch.no_grad():
                 layer._forward_core(mixed.clone(), b, a, outs[name])
-        errors.append(relative_error(outs["rep"], outs["base"]))
+        for name in VARIANTS:
+            errors[name].append(relative_error(outs[name], outs["base"]))
     index = torch.tensor(slots, device=device, dtype=torch.int32)
-    pending = builders["rep"].cursors.take_pending(index)  # what a prefill of every row would fold first
-    rep.materialise(index, pending)
-    return {
-        "variant": tag, "steps": steps, "batch": batch, "buffer_len": buffer_len,
-        "dtype": str(base_cfg.model_config.dtype),
-        "output_rel_err": errors,
-        "worst_output_rel_err": max(errors), "pending_before_fold": pending.tolist()[:4],
-        "final_state_rel_err": relative_error(rep.kv_cache[1][1:], base.kv_cache[1][1:]),
-        "conv_state_equal": bool(torch.equal(rep.kv_cache[0][1:], base.kv_cache[0][1:])),
-    }  # fmt: skip
+    results = {}
+    for name in VARIANTS:
+        rep = layers[name]
+        pending = builders[name].cursors.take_pending(index)  # what a prefill of every row would fold first
+        rep.materialise(index, pending)
+        results[name] = {
+            "variant": name, "steps": steps, "batch": batch, "buffer_len": buffer_len,
+            "dtype": str(configs["base"].model_config.dtype), "output_rel_err": errors[name],
+            "worst_output_rel_err": max(errors[name]), "pending_before_fold": pending.tolist()[:4],
+            "final_state_rel_err": relative_error(rep.kv_cache[1][1:], base.kv_cache[1][1:]),
+            "conv_state_equal": bool(torch.equal(rep.kv_cache[0][1:], base.kv_cache[0][1:])),
+        }  # fmt: skip
+    return results
 
 
 def write_report(out: Path, results: dict[str, dict[str, Any]]) -> None:
@@ -202,9 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     install_replay_gdn(ReplaySSMConfig(enable=True, buffer_len=sizes["buffer_len"]))
     torch.set_grad_enabled(False)
     args.out.mkdir(parents=True, exist_ok=True)
-    device = "cpu" if args.smoke else "cuda"
-    write_report(args.out, {name: run(args.model, device=device, split=name == "split", **sizes)
-                            for name in ("fp32", "split")})  # fmt: skip
+    write_report(args.out, run(args.model, device="cpu" if args.smoke else "cuda", **sizes))
     print((args.out / "gdn_layer_check.md").read_text())
     return 0
 
