@@ -8,7 +8,9 @@ CUDA-graph capture builds (dummy batches) write zeros and never advance real cur
 
 Native regime: at decode batches up to the launch table's ``native_max_batch`` vLLM's one fused kernel beats the
 ring's three launches per layer, so those steps run vLLM's own decode path on the fp32 checkpoint, planning nothing
-(``plan_ring``). The first such step after a replay-regime one folds what its rows' rings hold first.
+(``plan_ring``). The first such step after a replay-regime one folds what its rows' rings hold first. Split
+precision has its own limit (its replay is cheaper); vLLM's path leaves the bf16 copy stale, so each row of a native
+step flushes at its next replay-regime step, answered from the master, which rewrites the copy.
 
 Under speculative decoding every decode row is a verify of 1..1+k tokens: the plan commits the accepted prefix of
 each row's last verify (vLLM's num_accepted_tokens, on the device), decides which rows fold their history before
@@ -116,10 +118,10 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         )
         self.cursors: CursorTable | None = None  # sized at the first build, once the KV cache is bound
         self.full_decode_graphs = vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs()
-        # off under speculation (verify rows are not vLLM's decode rows) and with split precision (vLLM's path would
-        # leave the bf16 copy stale)
-        self.native_max_batch = 0 if self.verify_len or knobs.split_precision else native_max_batch(device)
-        self.native_mixed_steps = knobs.native_mixed_steps  # refused with speculation and split precision
+        # off under speculation (verify rows are not vLLM's decode rows)
+        self.native_max_batch = 0 if self.verify_len else native_max_batch(device, knobs.split_precision)
+        self.native_mixed_steps = knobs.native_mixed_steps  # refused with speculation
+        self.split_precision = knobs.split_precision
         self.ring_may_hold = False  # rings may hold entries a native step must fold first (CPU only)
         self._capturing = False
         self.eager_kernels_warmed = False
@@ -161,6 +163,7 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
             verify=bool(self.verify_len), num_accepted=kwargs.get("num_accepted_tokens"),
             native_max_batch=self.native_max_batch, ring_may_hold=self.ring_may_hold,
             native_mixed=mixed_steps_native(self.native_mixed_steps, common_attn_metadata),
+            split_precision=self.split_precision,
         )  # fmt: skip
         self._fold_transition(metadata)
         self.ring_may_hold = ring_may_hold_after(metadata, self.ring_may_hold, self._capturing)
@@ -195,6 +198,16 @@ def warm_eager_kernels(builder: Any) -> None:
         return
     builder._layers()[0].warm_eager_kernels()
     builder.eager_kernels_warmed = True
+
+
+def stale_copies_flush_next(cursor_table: CursorTable, *slot_sets: torch.Tensor | None) -> None:
+    """A native step in split precision: vLLM's own path wrote these rows' fp32 masters, not their bf16 copies, so
+    each row's next replay-regime step flushes (a window of one entry, answered from the master, which rewrites the
+    copy) instead of reading its stale copy. Called after the step's takes of pending entries, which restart windows;
+    Mamba-2's [rows, blocks] indices give their first column."""
+    for slots in slot_sets:
+        if slots is not None and slots.numel():
+            cursor_table.flush_at_next_replay(slots if slots.dim() == 1 else slots[:, 0])
 
 
 def native_regime(rows: int, num_prefills: int, native_max_batch: int, native_mixed: bool) -> bool:
@@ -259,6 +272,7 @@ def plan_ring(
     native_max_batch: int = 0,
     ring_may_hold: bool = False,
     native_mixed: bool = False,
+    split_precision: bool = False,
 ) -> ReplayMamba2AttentionMetadata:
     """Attach this step's ring plan to ``metadata`` (``cursor_table`` is called only when cursors move).
 
@@ -276,7 +290,8 @@ def plan_ring(
     are taken first, restarting their rings, as ``replay_transition_pending`` for every group's layers to fold.
     Only this step's rows: vLLM shares each KV-cache tensor between one layer of every group and hands freed blocks
     to any group, so a finished sequence's stale cursor would fold into a block another group or an attention layer
-    now holds. ``native_mixed``: see ``native_regime``.
+    now holds. ``native_mixed``: see ``native_regime``. With ``split_precision`` every row of a native step (its
+    prefill rows too) flushes at its next replay-regime step (``stale_copies_flush_next``).
     """
     rows = 0 if metadata.state_indices_tensor_d is None else metadata.state_indices_tensor_d.shape[0]
     native = native_regime(rows, metadata.num_prefills, native_max_batch, native_mixed)
@@ -307,6 +322,8 @@ def plan_ring(
         if verify and num_accepted is not None:
             accepted = num_accepted[metadata.num_decodes : metadata.num_decodes + metadata.num_prefills]
         pending = cursor_table().take_pending(metadata.state_indices_tensor_p, metadata.has_initial_states_p, accepted)
+    if native and split_precision and not dry_run:
+        stale_copies_flush_next(cursor_table(), metadata.state_indices_tensor_d, metadata.state_indices_tensor_p)
     return replace(
         metadata,
         replay_write_pos=write_pos,

@@ -102,6 +102,12 @@ class CursorTable:
             real_rows, self.buffer_len, self.verify_len, NULL_BLOCK_ID, fold_rows, fold_count,
         )  # fmt: skip
 
+    def flush_at_next_replay(self, slots: torch.Tensor) -> None:
+        """End the window of ``slots`` at their next ring position: their next replay-regime step folds and answers
+        from the fp32 master, which rewrites the bf16 copy. Split precision after a native step, whose vLLM path
+        wrote the master only. One launch, no sync; null-block rows never flush, so padding may be passed."""
+        self.window_end.index_fill_(0, slots.long(), 0)
+
     def take_pending(
         self, slots: torch.Tensor, has_state: torch.Tensor | None = None, num_accepted: torch.Tensor | None = None
     ) -> torch.Tensor:

@@ -16,7 +16,8 @@ the prefill rows while it replays the decode rows itself.
 
 Native regime, as for Mamba-2 (``backend.plan_ring``): decode batches up to the launch table's
 ``gdn_native_max_batch`` run vLLM's own decode path on the fp32 checkpoint, and the first such step after a
-replay-regime one folds what its rows' rings hold first, here for this group's layers.
+replay-regime one folds what its rows' rings hold first, here for this group's layers; in split precision each row of
+a native step flushes at its next replay-regime step (``backend.stale_copies_flush_next``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from replayssm_patch.backend import (
     native_regime,
     prefills_all_fresh,
     ring_may_hold_after,
+    stale_copies_flush_next,
     warm_eager_kernels,
 )
 from replayssm_patch.config import replayssm_config_of
@@ -77,11 +79,10 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
 
         knobs = replayssm_config_of(vllm_config)
         self.buffer_len, self.stagger_windows = knobs.buffer_len, knobs.stagger_windows
-        self.native_mixed_steps = knobs.native_mixed_steps  # refused with split precision
+        self.native_mixed_steps = knobs.native_mixed_steps
         self.split_precision = knobs.split_precision
-        # no speculation to rule out here (the plugin refuses it for GDN); none with split precision, since vLLM's
-        # own path would leave the bf16 copy stale
-        self.native_max_batch = 0 if knobs.split_precision else gdn_native_max_batch(device)
+        # no speculation to rule out here (the plugin refuses it for GDN)
+        self.native_max_batch = gdn_native_max_batch(device, knobs.split_precision)
         self.ring_may_hold = False  # rings may hold entries a native step must fold first (CPU only)
         self.eager_kernels_warmed = False
         # one block per request (the plugin refuses prefix caching): the first group's metadata serves every group
@@ -140,7 +141,7 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
             metadata, self._cursor_table, self.plan_buffers, dry_run=self._capturing,
             native_max_batch=self.native_max_batch, ring_may_hold=self.ring_may_hold,
             fresh=prefills_all_fresh(m, metadata.num_prefills),
-            native_mixed=mixed_steps_native(self.native_mixed_steps, m),
+            native_mixed=mixed_steps_native(self.native_mixed_steps, m), split_precision=self.split_precision,
         )  # fmt: skip
         self._fold_transition(metadata)
         self.ring_may_hold = ring_may_hold_after(metadata, self.ring_may_hold, self._capturing)
@@ -223,6 +224,7 @@ def plan_gdn_ring(
     ring_may_hold: bool = False,
     fresh: bool = False,
     native_mixed: bool = False,
+    split_precision: bool = False,
 ) -> ReplayGDNAttentionMetadata:
     """Attach this step's ring plan (``cursor_table`` is called only when cursors move).
 
@@ -236,7 +238,7 @@ def plan_gdn_ring(
     cursor; with ``ring_may_hold`` their pending entries are taken first (``replay_transition_pending``, restarting
     their rings). Only this step's rows, as in ``backend.plan_ring``: vLLM shares each KV-cache tensor between
     one layer of every group, so a finished sequence's stale cursor would fold into a block another group holds.
-    ``native_mixed``: see ``backend.native_regime``.
+    ``native_mixed``: see ``backend.native_regime``; ``split_precision``: see ``backend.plan_ring``.
     """
     indices = metadata.non_spec_state_indices_tensor
     rows = 0 if indices is None or not metadata.num_decodes else metadata.num_decodes
@@ -259,6 +261,8 @@ def plan_gdn_ring(
     pending = None
     if metadata.num_prefills:
         pending = cursor_table().take_pending(metadata.prefill_state_indices, metadata.prefill_has_initial_state)
+    if native and split_precision and not dry_run:
+        stale_copies_flush_next(cursor_table(), indices[:rows], metadata.prefill_state_indices)
     return replace(
         metadata,
         replay_write_pos=write_pos,

@@ -44,7 +44,7 @@ class ReplayGDNModelMixin:
             from vllm.platforms import current_platform
 
             _, ssm_dtype = super().get_mamba_state_dtype_from_config(vllm_config)  # type: ignore[misc]
-            refuse(gdn_unsupported_settings(vllm_config, config.split_precision, ssm_dtype, current_platform.is_cuda()))
+            refuse(gdn_unsupported_settings(vllm_config, ssm_dtype, current_platform.is_cuda()))
         return config
 
     @classmethod

@@ -83,25 +83,12 @@ def unsupported_settings(vllm_config: Any, split_precision: bool) -> list[str]:
         reasons.append(
             "split_precision keeps an fp32 master beside a bf16 copy; start with --mamba-ssm-cache-dtype float32"
         )
-    reasons += _stale_copy_reasons(vllm_config, split_precision)
     if replayssm_config_of(vllm_config).native_mixed_steps and getattr(vllm_config, "speculative_config", None):
         reasons.append("native_mixed_steps is not implemented for speculative verify rows; drop one of the two")
     return reasons
 
 
-def _stale_copy_reasons(vllm_config: Any, split_precision: bool) -> list[str]:
-    """Split precision next to a knob that hands decode rows to vLLM's own path, which writes the master only."""
-    if split_precision and replayssm_config_of(vllm_config).native_mixed_steps:
-        return [
-            "native_mixed_steps runs vLLM's own path, which leaves split_precision's bf16 copy stale; "
-            "drop one of the two"
-        ]
-    return []
-
-
-def gdn_unsupported_settings(
-    vllm_config: Any, split_precision: bool, ssm_dtype: torch.dtype, on_cuda: bool
-) -> list[str]:
+def gdn_unsupported_settings(vllm_config: Any, ssm_dtype: torch.dtype, on_cuda: bool) -> list[str]:
     """Why this server config cannot run ReplaySSM on Gated DeltaNet layers (empty when it can).
 
     ``ssm_dtype`` is the GDN state dtype vLLM resolved for the model; ``on_cuda`` whether vLLM runs its CUDA
@@ -112,7 +99,6 @@ def gdn_unsupported_settings(
         reasons.append(
             "speculative decoding on Gated DeltaNet layers is not implemented yet; drop --speculative-config"
         )
-    reasons += _stale_copy_reasons(vllm_config, split_precision)
     if ssm_dtype != torch.float32:
         dtype = str(ssm_dtype).removeprefix("torch.")
         reasons.append(

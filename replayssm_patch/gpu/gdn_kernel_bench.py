@@ -22,8 +22,8 @@
     scattered over a pool 4x the batch: vLLM's decode, ReplaySSM's step with 1/L of the rows flushing
     (staggered), the replay alone (no row flushing), all rows flushing (aligned), the first two in split
     precision too, and the one-launch step of a mixed step's decode rows (``gdn_mixed_decode``, conv inside,
-    1/L flushing), with bytes moved, share of 4.3 TB/s and the speed-up; the largest batch up to which vLLM's
-    decode was faster at every batch goes to gdn_launch_config.json as the plugin's native batches
+    1/L flushing), with bytes moved, share of 4.3 TB/s and the speed-up; per checkpoint, the largest batch up to
+    which vLLM's decode was faster at every batch goes to gdn_launch_config.json as the plugin's native batches
     (``gdn_native_max_batch``).
 Writes DIR/gdn_kernel_bench.json and .md, rewritten after each section so a crash keeps the rest.
 """
@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     if launch is not None:
         tuned = args.out / "gdn_launch_config.json"
         rows = report.data["timing"].get("rows", [])
-        table = {"gdn": sweep["best"], "gdn_native_max_batch": native_max_batch(rows, BASELINE_ROW, RING_ROW)}
+        native = {mode: native_max_batch(rows, BASELINE_ROW, row) for mode, row in NATIVE_ROWS.items()}
+        table = {"gdn": sweep["best"], "gdn_native_max_batch": native}
         tuned.write_text(json.dumps(table, indent=2) + "\n")
         report.log(f"fastest launch shapes in {tuned} (REPLAYSSM_LAUNCH_CONFIG={tuned} makes the plugin use them)")
     report.log(f"wrote {report.json_path} and {report.md_path}")
@@ -592,6 +593,7 @@ class KernelSetup:
 BASELINE_ROW = "vllm gdn decode (fp32 state)"
 RING_ROW = "decode step (1/L rows flushing)"
 SPLIT_RING_ROW = "split decode step (1/L rows flushing)"
+NATIVE_ROWS = {"fp32": RING_ROW, "split": SPLIT_RING_ROW}  # each checkpoint's step against vLLM's decode
 MIXED_ROW = "mixed-step decode rows, one launch with the conv (1/L rows flushing)"
 
 

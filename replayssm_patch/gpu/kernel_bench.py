@@ -10,9 +10,9 @@
     the fp64 reference recurrence is the baseline (said so in the output).
 (b) timing (CUDA graphs of back-to-back calls, CUDA events): baseline fp32 / bf16 state, replay kernel
     (fp32 / bf16 checkpoint), flush (all rows, amortised over L) and a decode step (replay + the staggered
-    flush of 1/L of the rows) at batch 1/8/16/32/64/128/256, with bytes moved and the share of 4.3 TB/s HBM; the
-    largest batch up to which vLLM's fp32-state kernel was faster at every batch goes to launch_config.json as the
-    plugin's native batches (``native_max_batch``).
+    flush of 1/L of the rows) at batch 1/8/16/32/64/128/256, with bytes moved and the share of 4.3 TB/s HBM; per
+    checkpoint, the largest batch up to which vLLM's fp32-state kernel was faster at every batch goes to
+    launch_config.json as the plugin's native batches (``native_max_batch``).
 (c) speculative verify (MTP k = 3: T = 4 query tokens per row, rings of L + T, cursors at the steady state of
     acceptance length 3, so about 1 row in ceil(L / 3) folds), timed as (b): the whole ``replay_verify_step``,
     the verify alone, its coefficient launch alone and the fold launch alone, against vLLM's speculative
@@ -219,10 +219,10 @@ def run_timing(plan: Plan, device: str, baseline: Baseline, sweep: bool) -> dict
 
 def tuned_launch_file(timing: dict[str, Any], verify: dict[str, Any] | None = None) -> dict[str, Any]:
     """The sweeps' winners in the format ``REPLAYSSM_LAUNCH_CONFIG`` reads (kernels/launch_config.py): the decode
-    step's, the verify's when its section swept, and the batches up to which vLLM's kernel beat the fp32 ring's
-    step (``native_max_batch``; split precision never runs vLLM's path, which would leave its bf16 copy stale)."""
-    native = native_max_batch(timing["rows"], BASELINE_FP32_ROW, ring_row("fp32"))
-    table = {"replay_step": _shape_entries(timing["configs"]), "native_max_batch": {"fp32": native}}
+    step's, the verify's when its section swept, and per checkpoint the batches up to which vLLM's kernel (fp32
+    state, which the native regime runs on) beat the ring's step (``native_max_batch``)."""
+    native = {mode: native_max_batch(timing["rows"], BASELINE_FP32_ROW, ring_row(mode)) for mode in ("fp32", "split")}
+    table = {"replay_step": _shape_entries(timing["configs"]), "native_max_batch": native}
     if verify is not None and "sweep" in verify:
         table["verify_step"] = _shape_entries(verify["configs"])
         table["fold"] = {mode: fold_tuning_of(cfg) for mode, cfg in verify["fold_configs"].items() if cfg}

@@ -57,8 +57,9 @@ PyTorch with the same signature):
     decode_flush_len(write_pos, L) -> flush_len for a plain decode step (L where write_pos == L-1).
 
 Gated DeltaNet (Qwen3-Next, Qwen3.5) has its own kernels, ``gdn_*.py``: the ring holds the normalised key,
-the corrected value u = β (v − e^g S k̂) and the log-decay g, all fp32 beside an fp32 checkpoint (a low-
-precision copy is refused: u depends on the state, so the copy's rounding would enter the master).
+the corrected value u = β (v − e^g S k̂) and the log-decay g, all fp32 beside an fp32 checkpoint; split precision
+adds a bf16 copy for the replay to read, and β and the raw v to the ring, so that a flush replays its window exactly
+on the master (u depends on the state: a u from the copy folded in would feed its rounding into the master).
 ``gdn_decode_step`` answers o from checkpoint + ring and folds the ring on flush rows (three launches:
 coefficients per key head, the replay, the fold over the flush-row list, as ``replay_decode_step``; vLLM's own
 decode at the native batches, ``launch_config.gdn_native_max_batch``);

@@ -8,6 +8,8 @@ plain sequence, replay then flush, which is what the kernels must equal.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from replayssm_patch.kernels.decode_fold import FoldPlan, flush_work_list
@@ -88,13 +90,19 @@ def replay_decode_step_reference(
     num_warps: int | None = None,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``replay_decode_step`` (same arguments): replay, then fold entries [0, write_pos]
-    of the flush rows. A flush row's y is the replay's, which equals h'·C_t + D·x_t up to fp32 rounding."""
+    of the flush rows. A flush row's y is the replay's from the fp32 master, which equals h'·C_t + D·x_t up to fp32
+    rounding; with ``state_bf16`` the other rows' replay reads the copy (which a flush row's may not: a native step
+    leaves it stale)."""
     del flush_rows, flush_count, block_p, block_n, num_warps
-    read_state = state_bf16 if state_bf16 is not None else ssm_state
-    out = replay_decode_reference(
-        x, dt, A, B, C, read_state, ring_x, ring_B, ring_dt, state_indices, write_pos,
-        D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, pad_slot_id=pad_slot_id, out=out,
+    replay = functools.partial(
+        replay_decode_reference, x, dt, A, B, C, ring_x=ring_x, ring_B=ring_B, ring_dt=ring_dt,
+        state_indices=state_indices, write_pos=write_pos, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
+        pad_slot_id=pad_slot_id,
     )  # fmt: skip
+    out = replay(state=ssm_state if state_bf16 is None else state_bf16, out=out)
+    if state_bf16 is not None:
+        flushing = flush_len > 0
+        out[flushing] = replay(state=ssm_state)[flushing]
     folded = torch.where(flush_len > 0, write_pos + 1, 0).to(torch.int32)
     flush_ring_reference(
         ssm_state, ring_x, ring_B, ring_dt, A, state_indices, folded, state_bf16=state_bf16, pad_slot_id=pad_slot_id

@@ -8,10 +8,11 @@ launches (``"gdn"``). ``REPLAYSSM_LAUNCH_CONFIG=<file>`` makes the plugin use su
 kernel configs), and the H200's committed file (``launch_h200.json`` beside this module) is used on an H200
 without it. An entry the file lacks keeps its defaults.
 
-``"native_max_batch"`` (``{"fp32": N}``) and ``"gdn_native_max_batch"`` (N): the largest decode batch up to which
-the Mamba-2 / GDN bench measured vLLM's one fused kernel faster than the ring's decode step (three launches per
-layer); at those batches the builders run vLLM's own decode path on the fp32 checkpoint (the native regime,
-``backend.plan_ring``). Default 0: never.
+``"native_max_batch"`` and ``"gdn_native_max_batch"`` (``{"fp32": N, "split": M}``, per checkpoint): the largest
+decode batch up to which the Mamba-2 / GDN bench measured vLLM's one fused kernel faster than the ring's decode step
+(three launches per layer); at those batches the builders run vLLM's own decode path on the fp32 checkpoint (the
+native regime, ``backend.plan_ring``). Split precision has its own entry: its replay reads half the checkpoint
+bytes, so vLLM's kernel stops winning at a smaller batch. Default 0: never.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -166,17 +167,20 @@ def fold_launch_for(with_copy: bool, device: torch.device) -> FoldLaunch:
 
 
 @functools.cache
-def native_max_batch(device: torch.device) -> int:
-    """Mamba-2 decode batches up to this size run vLLM's own decode path on the fp32 checkpoint (the table's
-    ``"native_max_batch"`` fp32 entry), else 0. Only fp32: with split precision vLLM's path would leave the bf16
-    copy stale."""
-    return int(_tuned_table(_device_name(device)).get("native_max_batch", {}).get("fp32", 0))
+def native_max_batch(device: torch.device, split: bool = False) -> int:
+    """Mamba-2 decode batches up to this size run vLLM's own decode path on the fp32 checkpoint, else 0."""
+    return _native_limit(_tuned_table(_device_name(device)), "native_max_batch", split)
 
 
 @functools.cache
-def gdn_native_max_batch(device: torch.device) -> int:
-    """GDN decode batches up to this size run vLLM's own decode path (``"gdn_native_max_batch"``), else 0."""
-    return int(_tuned_table(_device_name(device)).get("gdn_native_max_batch", 0))
+def gdn_native_max_batch(device: torch.device, split: bool = False) -> int:
+    """GDN decode batches up to this size run vLLM's own decode path on the fp32 checkpoint, else 0."""
+    return _native_limit(_tuned_table(_device_name(device)), "gdn_native_max_batch", split)
+
+
+def _native_limit(table: dict[str, Any], entry: str, split: bool) -> int:
+    """The table's native limit ``entry`` for the checkpoint in use (``"split"`` or ``"fp32"``)."""
+    return int(table.get(entry, {}).get("split" if split else "fp32", 0))
 
 
 @functools.cache
@@ -195,8 +199,11 @@ def launch_shapes_in_use(device_name: str) -> dict[str, str]:
     folds = table.get("fold", {})
     fold = ", ".join(f"{entry} {FoldLaunch(**folds.get(entry, {})).as_key()}" for entry in ("fp32", "split"))
     gdn = GdnLaunch(**table.get("gdn", {})).as_key()
-    mamba, gdn_limit = table.get("native_max_batch", {}).get("fp32", 0), table.get("gdn_native_max_batch", 0)
-    native = f"fp32 <= {mamba}, gdn <= {gdn_limit}"
+    native = ", ".join(
+        f"{family}{checkpoint} <= {_native_limit(table, entry, checkpoint == 'split')}"
+        for family, entry in (("", "native_max_batch"), ("gdn ", "gdn_native_max_batch"))
+        for checkpoint in ("fp32", "split")
+    )
     return {
         "source": _table_path(device_name) or "defaults", **shapes, "verify": verify, "fold": fold, "gdn": gdn,
         "native_batches": native,

@@ -111,8 +111,6 @@ def test_supported_config_passes():
          "drop --speculative-config for this model"),
         ({"cache_config": SimpleNamespace(mamba_cache_mode="none", mamba_ssm_cache_dtype="bfloat16")}, True,
          "--mamba-ssm-cache-dtype float32"),
-        ({"additional_config": {"replayssm": {"enable": True, "native_mixed_steps": True}}}, True,
-         "native_mixed_steps runs vLLM's own path, which leaves split_precision's bf16 copy stale"),
         ({"additional_config": {"replayssm": {"enable": True, "native_mixed_steps": True}},
           "speculative_config": _spec()}, False, "native_mixed_steps is not implemented for speculative verify rows"),
     ],
@@ -156,28 +154,32 @@ def test_verify_len_is_zero_without_speculation():
 def test_gdn_fp32_state_on_cuda_passes_and_ignores_the_mamba_ssu_backend():
     """The Mamba SSU backend choice does not concern GDN layers (they never call it)."""
     config = _vllm_config(mamba_config=SimpleNamespace(backend=SimpleNamespace(name="FLASHINFER")))
-    assert gdn_unsupported_settings(config, False, torch.float32, on_cuda=True) == []
-    assert gdn_unsupported_settings(config, True, torch.float32, on_cuda=True) == [], "split precision is served"
+    assert gdn_unsupported_settings(config, torch.float32, on_cuda=True) == []
+
+
+def test_split_precision_beside_native_mixed_steps_is_served():
+    """vLLM's own path leaves the bf16 copy stale; the builder has those rows flush at their next replay step."""
+    config = _vllm_config(additional_config={"replayssm": {"enable": True, "native_mixed_steps": True}})
+    assert unsupported_settings(config, split_precision=True) == []
+    assert gdn_unsupported_settings(config, torch.float32, on_cuda=True) == []
 
 
 @pytest.mark.parametrize(
-    ("overrides", "split", "ssm_dtype", "on_cuda", "needle"),
+    ("overrides", "ssm_dtype", "on_cuda", "needle"),
     [
-        ({"additional_config": {"replayssm": {"enable": True, "native_mixed_steps": True}}}, True, torch.float32, True,
-         "native_mixed_steps runs vLLM's own path, which leaves split_precision's bf16 copy stale"),
-        ({}, False, torch.bfloat16, True, "(vLLM resolved bfloat16); start with --mamba-ssm-cache-dtype float32"),
-        ({}, False, torch.float32, False, "run on an NVIDIA GPU or drop the replayssm knob"),
-        ({"speculative_config": _spec()}, False, torch.float32, True,
+        ({}, torch.bfloat16, True, "(vLLM resolved bfloat16); start with --mamba-ssm-cache-dtype float32"),
+        ({}, torch.float32, False, "run on an NVIDIA GPU or drop the replayssm knob"),
+        ({"speculative_config": _spec()}, torch.float32, True,
          "speculative decoding on Gated DeltaNet layers is not implemented yet; drop --speculative-config"),
-        ({"kv_transfer_config": object()}, False, torch.float32, True, "drop --kv-transfer-config"),
-        ({"use_v2_model_runner": True}, False, torch.float32, True, "unset VLLM_USE_V2_MODEL_RUNNER"),
-        ({"cache_config": SimpleNamespace(mamba_cache_mode="align", mamba_ssm_cache_dtype="float32")}, False,
+        ({"kv_transfer_config": object()}, torch.float32, True, "drop --kv-transfer-config"),
+        ({"use_v2_model_runner": True}, torch.float32, True, "unset VLLM_USE_V2_MODEL_RUNNER"),
+        ({"cache_config": SimpleNamespace(mamba_cache_mode="align", mamba_ssm_cache_dtype="float32")},
          torch.float32, True, "mamba prefix caching mode 'align'"),
     ],
 )  # fmt: skip
-def test_each_unsupported_gdn_setting_is_refused_with_one_line(overrides, split, ssm_dtype, on_cuda, needle, caplog):
+def test_each_unsupported_gdn_setting_is_refused_with_one_line(overrides, ssm_dtype, on_cuda, needle, caplog):
     with pytest.raises(ReplaySSMRefused) as info:
-        refuse(gdn_unsupported_settings(_vllm_config(**overrides), split, ssm_dtype, on_cuda))
+        refuse(gdn_unsupported_settings(_vllm_config(**overrides), ssm_dtype, on_cuda))
     assert needle in str(info.value) and str(info.value).startswith("ReplaySSM refused: ")
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "\n" not in errors[0].getMessage()

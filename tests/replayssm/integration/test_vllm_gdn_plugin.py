@@ -80,7 +80,6 @@ def test_gdn_enabled_spec_appends_the_fp32_ring_and_equals_the_model_classmethod
     [
         ("cpu_platform", "only vLLM's CUDA forward of the Gated DeltaNet layer is wrapped"),
         ("bf16_state", "checkpoint must be fp32 (vLLM resolved bfloat16); start with --mamba-ssm-cache-dtype float32"),
-        ("split_native_mixed", "native_mixed_steps runs vLLM's own path, which leaves split_precision's bf16 copy"),
         ("prefix_caching", "mamba prefix caching mode 'align'"),
     ],
 )
@@ -93,6 +92,7 @@ def test_gdn_fp32_state_on_cuda_is_accepted(gdn_checks):
     assert gdn_checks["refused"]["fp32_supported"] is None
     assert gdn_checks["refused"]["split_precision"] is None  # with the flush's exact replay
     assert gdn_checks["refused"]["native_mixed_steps"] is None  # the knob is Gated DeltaNet's
+    assert gdn_checks["refused"]["split_native_mixed"] is None  # stale copies flush at their next replay step
 
 
 def test_gdn_split_precision_spec_adds_beta_values_and_the_bf16_copy(gdn_checks):
@@ -108,8 +108,8 @@ def test_gdn_split_precision_spec_adds_beta_values_and_the_bf16_copy(gdn_checks)
 
 
 def test_gdn_split_precision_keeps_the_copy_current_and_every_step_on_the_replay(gdn_checks):
-    """No native batches (vLLM's decode would leave the copy stale); a new one-token prompt's copy is zeroed with its
-    checkpoint; after vLLM's prefill the layer copies the prefill rows' checkpoints, and only theirs."""
+    """No native batches without a measured split limit (none on the CPU); a new one-token prompt's copy is zeroed
+    with its checkpoint; after vLLM's prefill the layer copies the prefill rows' checkpoints, and only theirs."""
     got = gdn_checks["split"]
     assert got["native_max_batch"] == 0
     assert got["fresh"] == {"copy_zeroed": True, "other_copy_kept": True}
@@ -131,6 +131,12 @@ def test_gdn_native_regime_runs_vllms_own_decode_between_replay_steps(gdn_checks
     KV-cache group, at other blocks, takes the first group's metadata through update_block_table and is folded
     at each transition by its own builder, so it answers exactly as the first."""
     assert_native_regime(gdn_checks["native"], output_tolerance=1e-5, state_tolerance=1e-6)
+
+
+def test_gdn_split_precision_native_steps_leave_no_stale_copy_behind(gdn_checks):
+    """gdn_native_max_batch 2 (split): vLLM's path writes the fp32 master only, so each native row's next replay
+    step flushes (the window replayed exactly on the master) and rewrites the bf16 copy."""
+    assert_native_regime(gdn_checks["native_split"], output_tolerance=2**-6, state_tolerance=1e-5, split=True)
 
 
 def test_gdn_later_groups_take_the_first_groups_plan_at_their_own_blocks(gdn_checks):

@@ -233,24 +233,27 @@ def native_mixed(tiny: Path) -> dict:
             "decode_native": decode.replay_native, "decode_write_pos": decode.replay_write_pos.tolist()}  # fmt: skip
 
 
-def native_scenario(tiny: Path) -> dict:
+def native_scenario(tiny: Path, split: bool = False) -> dict:
     """The native regime (launch-table limit 2 rows) over ``NATIVE_SCHEDULE``: vLLM's GDN layer (its packed decode,
     interpreted), ReplaySSM's, a second ReplaySSM layer in another KV-cache group that holds each request at block
     slot + 4 (its metadata is vLLM's ``update_block_table`` of the first group's, with the full-graph persistent
     buffers on, as on a GPU) and vLLM's layer run from ReplaySSM's state before each native step; then every ring
-    is folded."""
+    is folded. With ``split`` ReplaySSM's layers read a bf16 copy, which their native steps leave stale."""
     gen = torch.Generator().manual_seed(0)
     base_cfg = vllm_config(None, tiny, max_model_len=512, dtype="float32")
-    rep_cfg = vllm_config(ALIGNED_L4, tiny, max_model_len=512, dtype="float32")
+    knobs = {"replayssm": {**ALIGNED_L4["replayssm"], "split_precision": split}}
+    rep_cfg = vllm_config(knobs, tiny, max_model_len=512, dtype="float32")
     configs = {"base": base_cfg, "rep": rep_cfg, "twin": rep_cfg, "witness": base_cfg}
-    layers = {name: make_gdn_layer(config, f"native_{name}.layers.0.linear_attn") for name, config in configs.items()}
+    tag = "native_split" if split else "native"
+    layers = {name: make_gdn_layer(config, f"{tag}_{name}.layers.0.linear_attn") for name, config in configs.items()}
     realistic_gates(layers["base"], gen)
     for name in ("rep", "twin", "witness"):
         layers[name].load_state_dict(layers["base"].state_dict())
     for name, layer in layers.items():
         layer.kv_cache = paged_state_tensors(layer.get_kv_cache_spec(configs[name]), 8)
     group = {name: [layer.prefix] for name, layer in layers.items()}
-    with launch_table(tiny.parent / "gdn_native_table.json", {"gdn_native_max_batch": NATIVE_LIMIT}):
+    limits = {"fp32": NATIVE_LIMIT, "split": NATIVE_LIMIT}
+    with launch_table(tiny.parent / f"gdn_{tag}_table.json", {"gdn_native_max_batch": limits}):
         builders = {name: layers[name].get_attn_backend().get_builder_cls()(
             layers[name].get_kv_cache_spec(configs[name]), names, configs[name], torch.device("cpu"))
             for name, names in group.items()}  # fmt: skip
@@ -262,6 +265,9 @@ def native_scenario(tiny: Path) -> dict:
         for name in ("base", "rep"):
             layers[name].kv_cache[index].copy_(start)
         layers["twin"].kv_cache[index][slots + OTHER_GROUP_OFFSET] = start[slots]
+    if split:  # a prefill leaves the bf16 copy in step with the master
+        for name in ("rep", "twin"):
+            layers[name].kv_cache[STATE_BF16].copy_(layers[name].kv_cache[1])
     captures = {rows: common_metadata([1] * rows, [1] * rows, [0] * rows, [False] * rows) for rows in (2, 3)}
     captured = {rows: builders["rep"].build_for_cudagraph_capture(md).replay_native for rows, md in captures.items()}
     allocated = builders["rep"].cursors is not None
@@ -432,6 +438,7 @@ def main(model_dir: Path, tiny: Path, result_file: Path) -> None:
     out["builder"] = builder_steps(tiny)
     out["split"] = split_precision(model_dir, tiny)
     out["native"] = native_scenario(tiny)
+    out["native_split"] = native_scenario(tiny, split=True)
     out["native_mixed"] = native_mixed(tiny)
     out["mixed_decode_rows"] = mixed_decode_rows(tiny)
     out["mixed_decode_rows_split"] = mixed_decode_rows(tiny, split=True)

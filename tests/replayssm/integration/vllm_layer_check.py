@@ -52,6 +52,7 @@ from replayssm_patch.gpu.layer_check import (  # noqa: E402
 )
 from replayssm_patch.kernels.ground_truth import recurrence_step_fp64  # noqa: E402
 from replayssm_patch.mixer import install_replay_mixer  # noqa: E402
+from replayssm_patch.state_layout import STATE_BF16  # noqa: E402
 
 NUM_BLOCKS, BUFFER_LEN, DECODE_STEPS = 6, 4, 9
 SLOTS = [1, 2, 3]
@@ -114,8 +115,8 @@ def scenario(tiny: Path, split: bool, gen: torch.Generator) -> dict:
     for layer in (base, rep):
         layer.kv_cache[0].copy_(conv0)
         layer.kv_cache[1].copy_(ssm0)
-    if split:
-        rep.kv_cache[5].copy_(ssm0.to(torch.bfloat16))  # a prefill leaves the bf16 copy in step with the master
+    if split:  # a prefill leaves the bf16 copy in step with the master
+        rep.kv_cache[STATE_BF16].copy_(ssm0.to(torch.bfloat16))
     warm = startup_warm(builders["rep"], rep)
     width = projected_width(base)
     errors, cursors = [], []
@@ -146,23 +147,23 @@ def other_group_block(slot: int) -> int:
     return NUM_BLOCKS - slot
 
 
-def native_scenario(tiny: Path, gen: torch.Generator) -> dict:
+def native_scenario(tiny: Path, gen: torch.Generator, split: bool = False) -> dict:
     """The native regime (launch-table limit 2 rows) over ``NATIVE_SCHEDULE``: vLLM's layer, ReplaySSM's, a second
     KV-cache group (vLLM's update_block_table of the first group's metadata, other blocks), and vLLM's layer run
-    from ReplaySSM's state before each native step; then every ring is folded and the checkpoints compared."""
+    from ReplaySSM's state before each native step; then every ring is folded and the checkpoints compared. With
+    ``split`` ReplaySSM's layers read a bf16 copy, which their native steps leave stale."""
     base_cfg = vllm_config(None, tiny, max_model_len=512)
-    knobs = {"enable": True, "buffer_len": BUFFER_LEN, "stagger_windows": False}
+    knobs = {"enable": True, "buffer_len": BUFFER_LEN, "stagger_windows": False, "split_precision": split}
     rep_cfg = vllm_config({"replayssm": knobs}, tiny, max_model_len=512)
     configs = {"base": base_cfg, "rep": rep_cfg, "twin": rep_cfg, "witness": base_cfg}
-    layers = {name: make_layer(config, f"native_{name}.mixer") for name, config in configs.items()}
+    tag = "native_split" if split else "native"
+    layers = {name: make_layer(config, f"{tag}_{name}.mixer") for name, config in configs.items()}
     realistic_weights(layers["base"], gen)
     for name in ("rep", "twin", "witness"):
         layers[name].load_state_dict(layers["base"].state_dict())
-    with launch_table(tiny.parent / "native_table.json", {"native_max_batch": {"fp32": NATIVE_LIMIT}}):
+    limits = {"fp32": NATIVE_LIMIT, "split": NATIVE_LIMIT}
+    with launch_table(tiny.parent / f"{tag}_table.json", {"native_max_batch": limits}):
         builders = {name: with_cache_and_builder(layers[name], config) for name, config in configs.items()}
-        split_cfg = vllm_config({"replayssm": {**knobs, "split_precision": True}}, tiny, max_model_len=512)
-        split_spec = layers["rep"].get_kv_cache_spec(split_cfg)
-        split_limit = type(builders["rep"])(split_spec, [], split_cfg, torch.device("cpu")).native_max_batch
     rep, twin = layers["rep"], layers["twin"]
     twin_blocks = [other_group_block(slot) for slot in NATIVE_SLOTS]
     for index, scale in ((0, 1.0), (1, 0.5)):
@@ -170,6 +171,9 @@ def native_scenario(tiny: Path, gen: torch.Generator) -> dict:
         for layer in (layers["base"], rep):
             layer.kv_cache[index].copy_(start)
         twin.kv_cache[index][twin_blocks] = start[list(NATIVE_SLOTS)].to(twin.kv_cache[index].dtype)
+    if split:  # a prefill leaves the bf16 copy in step with the master
+        for layer in (rep, twin):
+            layer.kv_cache[STATE_BF16].copy_(layer.kv_cache[1])
     captures = {rows: common_metadata([1] * rows, [1] * rows, [0] * rows, [False] * rows) for rows in (2, 3)}
     captured = {rows: builders["rep"].build_for_cudagraph_capture(md).replay_native for rows, md in captures.items()}
     allocated = builders["rep"].cursors is not None
@@ -195,7 +199,7 @@ def native_scenario(tiny: Path, gen: torch.Generator) -> dict:
     twin.materialise(torch.tensor(twin_blocks, dtype=torch.int32), pending)
     base = layers["base"]
     return {**run, "captured_native": captured, "table_allocated_by_captures": allocated,
-            "split_precision_limit": split_limit, "pending_at_end": pending.tolist(),
+            "pending_at_end": pending.tolist(),
             "state_rel_err": relative_error(rep.kv_cache[1][slots.long()], base.kv_cache[1][slots.long()]),
             "twin_state_equal": torch.equal(twin.kv_cache[1][twin_blocks], rep.kv_cache[1][slots.long()]),
             "conv_state_equal": torch.equal(rep.kv_cache[0][slots.long()], base.kv_cache[0][slots.long()])}  # fmt: skip
@@ -270,7 +274,8 @@ def main(tiny: Path, result_file: Path) -> None:
     torch.set_grad_enabled(False)
     gen = torch.Generator().manual_seed(0)
     result = {"fp32": scenario(tiny, False, gen), "split": scenario(tiny, True, gen), "install_log": logged,
-              "native": native_scenario(tiny, gen), "native_flags": native_flag_steps(tiny),
+              "native": native_scenario(tiny, gen), "native_split": native_scenario(tiny, gen, split=True),
+              "native_flags": native_flag_steps(tiny),
               "native_mixed_flags": native_mixed_flag_steps(tiny)}  # fmt: skip
     result_file.write_text(json.dumps(result))
 

@@ -43,7 +43,7 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     table = json.loads((tmp_path / "launch_config.json").read_text())
     tuned = table["replay_step"]
     assert set(tuned) == {"fp32", "split"} and set(tuned["fp32"]) == {"block_p", "block_n", "num_warps"}
-    assert table["native_max_batch"] == {"fp32": 0}, "no vLLM baseline row here: never the native regime"
+    assert table["native_max_batch"] == {"fp32": 0, "split": 0}, "no vLLM baseline row here: never native"
     markdown = (tmp_path / "kernel_bench.md").read_text()
     assert "| fp32 |" in markdown and "| batch | kernel | us |" in markdown and "Sweep, decode step fp32" in markdown
     verify = data["verify"]
@@ -143,31 +143,32 @@ def test_mamba_bench_writes_the_fp32_native_limit_only() -> None:
         (8, BASELINE_FP32_ROW, 13.3), (8, ring_row("fp32"), 12.0), (8, ring_row("split"), 9.0))]  # fmt: skip
     table = tuned_launch_file({"configs": {"fp32": (8, 64, 1), "split": None}, "rows": rows})
     assert table == {"replay_step": {"fp32": {"block_p": 8, "block_n": 64, "num_warps": 1}},
-                     "native_max_batch": {"fp32": 1}}  # fmt: skip
+                     "native_max_batch": {"fp32": 1, "split": 0}}  # fmt: skip
 
 
 def test_launch_table_readers_give_the_native_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The builders' limits come from the table's ``native_max_batch`` fp32 entry and ``gdn_native_max_batch``;
-    a table without them (or no table) means never."""
+    """The builders' limits come from the table's ``native_max_batch`` and ``gdn_native_max_batch`` entries of the
+    checkpoint in use (fp32 or split); a table without them (or no table) means never."""
     import torch
 
     from replayssm_patch.kernels import launch_config
 
-    def limits() -> tuple[int, int]:
+    def limits(split: bool = False) -> tuple[int, int]:
         launch_config.native_max_batch.cache_clear()
         launch_config.gdn_native_max_batch.cache_clear()
         cpu = torch.device("cpu")
-        return launch_config.native_max_batch(cpu), launch_config.gdn_native_max_batch(cpu)
+        return launch_config.native_max_batch(cpu, split), launch_config.gdn_native_max_batch(cpu, split)
 
     monkeypatch.delenv(launch_config.ENV_VAR, raising=False)
     try:
         assert limits() == (0, 0), "no table on the CPU: never native"
         table = tmp_path / "launch_config.json"
         monkeypatch.setenv(launch_config.ENV_VAR, str(table))
-        table.write_text(json.dumps({"native_max_batch": {"fp32": 8, "split": 64}, "gdn_native_max_batch": 16}))
-        assert limits() == (8, 16)
+        entries = {"native_max_batch": {"fp32": 8, "split": 64}, "gdn_native_max_batch": {"fp32": 16, "split": 4}}
+        table.write_text(json.dumps(entries))
+        assert (limits(), limits(split=True)) == ((8, 16), (64, 4))
         table.write_text(json.dumps({"native_max_batch": {"split": 64}, "gdn": {"fold_block_v": 32}}))
-        assert limits() == (0, 0), "only the fp32 entry counts, and a GDN sweep alone sets no limit"
+        assert limits() == (0, 0), "each checkpoint has its own entry, and a GDN sweep alone sets no limit"
     finally:
         monkeypatch.delenv(launch_config.ENV_VAR, raising=False)
         limits()  # leave the caches empty for later tests
@@ -295,7 +296,7 @@ def test_gdn_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     table = json.loads((tmp_path / "gdn_launch_config.json").read_text())
     tuned = table["gdn"]
     assert tuned == sweep["best"] and tuned["fold_block_v"] == 16 and tuned["fold_num_warps"] == 4
-    assert table["gdn_native_max_batch"] == 0, "no vLLM baseline row here: never the native regime"
+    assert table["gdn_native_max_batch"] == {"fp32": 0, "split": 0}, "no vLLM baseline row here: never native"
     assert [tuned["replay_block_v"], tuned["replay_num_warps"], tuned.get("replay_mma_stages", 0)] in (
         [16, 2, 0],
         [32, 4, 0],
@@ -478,7 +479,7 @@ def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatc
     assert on_h200["fp32"] == f"{committed['block_p']}x{committed['block_n']}x{committed['num_warps']}w"
     gdn_committed = GdnLaunch(**table["gdn"])
     assert on_h200["gdn"] == gdn_committed.as_key() != GDN_DEFAULT.as_key(), "the H200 table holds its GDN sweep"
-    assert on_h200["native_batches"] == "fp32 <= 8, gdn <= 16", "the H200 table holds today's measured limits"
+    assert on_h200["native_batches"] == "fp32 <= 8, split <= 0, gdn fp32 <= 16, gdn split <= 0", "measured limits"
     verify = table["verify_step"]  # session 24: the tensor-core checkpoint reads, 3 stages, capped at 112 registers
     assert (
         on_h200["verify"]
@@ -486,7 +487,7 @@ def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatc
         == ", ".join(f"{entry} {VerifyLaunch(**shape).as_key()}" for entry, shape in verify.items())
     )
     assert on_h200["verify"] != f"fp32 {on_h200['fp32']}, split {on_h200['split']}", "the fp32 verify has its own shape"
-    never = "fp32 <= 0, gdn <= 0"  # batches that run vLLM's own decode path: none unless measured
+    never = "fp32 <= 0, split <= 0, gdn fp32 <= 0, gdn split <= 0"  # vLLM's own decode path: none unless measured
     assert launch_shapes_in_use("cpu") == {
         "source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w", "verify": "fp32 16x64x1w, split 16x64x1w",
         "fold": "fp32 16x4w, split 16x4w", "gdn": GDN_DEFAULT.as_key(), "native_batches": never,
@@ -498,8 +499,9 @@ def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatc
         "source": str(tuned), "fp32": "16x64x1w", "split": "32x128x2w", "verify": "fp32 16x64x1w, split 32x128x2w",
         "fold": "fp32 16x4w, split 16x4w", "gdn": GDN_DEFAULT.as_key(), "native_batches": never,
     }  # fmt: skip
-    tuned.write_text(json.dumps({"native_max_batch": {"fp32": 16}, "gdn_native_max_batch": 4}))
-    assert launch_shapes_in_use("NVIDIA H200")["native_batches"] == "fp32 <= 16, gdn <= 4"
+    tuned.write_text(json.dumps({"native_max_batch": {"fp32": 16}, "gdn_native_max_batch": {"split": 4}}))
+    native = launch_shapes_in_use("NVIDIA H200")["native_batches"]
+    assert native == "fp32 <= 16, split <= 0, gdn fp32 <= 0, gdn split <= 4"
     tuned.write_text(json.dumps({"gdn": {"fold_block_v": 32, "fold_num_warps": 8}}))  # a GDN bench's file
     assert launch_shapes_in_use("NVIDIA H200")["gdn"] == "replay 32x4w, fold 32x8w"
     tuned.write_text(json.dumps({"fold": {"split": {"block_p": 32, "num_warps": 8, "prefetch": True}}}))
