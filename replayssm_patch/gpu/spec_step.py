@@ -191,9 +191,12 @@ def make_row(
     args: argparse.Namespace, batch: int, repeats: Sequence[SpecRepeat], counted: Sequence[SpecDecodeRun], **facts: Any
 ) -> dict[str, Any]:
     """The result row of one batch: medians, spreads, the acceptance measured over `counted` and every repeat;
-    `facts` holds run_checks' validity facts, extended here by the acceptance and step-count checks."""
-    rates, rate_spread = _median_and_spread([tokens_per_s(batch, r.t_short_s, r.t_long_s) for r in repeats], 1)
-    steps, step_spread = _median_and_spread([s for s in map(engine_step_ms, repeats) if s is not None], 3)
+    `facts` holds run_checks' validity facts, extended here by the acceptance and step-count checks. A repeat whose
+    short generate took as long as its long one (session 27: a 5 s stall) is kept in `repeats` and counted in
+    `stalled_repeats`, but left out of the time-difference figures, whose spread it would swamp."""
+    timed = [r for r in repeats if r.t_long_s > r.t_short_s]  # a stalled short generate measures no difference
+    rates, rate_spread = _median_and_spread([tokens_per_s(batch, r.t_short_s, r.t_long_s) for r in timed], 1)
+    steps, step_spread = _median_and_spread([s for s in map(engine_step_ms, timed) if s is not None], 3)
     configured = speculation_key(args)["acceptance_length_configured"]
     measured = pooled_acceptance_length(list(counted))
     problems = [*facts.pop("problems", [])]
@@ -217,6 +220,7 @@ def make_row(
         f"t{LONG_TOKENS}_s": round(statistics.fmean(r.t_long_s for r in repeats), 3),
         **window_facts([r.window for r in repeats]),
         "repeats": [repeat_record(r) for r in repeats],
+        "stalled_repeats": len(repeats) - len(timed),
         "variant": args.variant,
         "speculative_config": arm_kwargs(args).get("speculative_config"),
         **facts,

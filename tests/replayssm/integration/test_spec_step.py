@@ -135,6 +135,19 @@ def _row(tmp_path, arm, accepted_per_draft, problems=()):
     return make_row(args, 4, repeats, counted, **checks)
 
 
+def test_a_stalled_repeat_stays_in_the_row_but_out_of_the_time_difference(tmp_path):
+    """Session 27's native spec row: one repeat's short generate stalled past its long one (a negative rate, a
+    spread of 27,508 tok/s); the other repeats' difference decides, and the row says one was left out."""
+    args = _args(tmp_path, "--arm", "native_spec")
+    repeats = [SpecRepeat(1.0, 3.0, 6, 92), SpecRepeat(8.6, 3.0, 6, 92), SpecRepeat(1.0, 3.2, 6, 92)]
+    counted = [_counted(4 * 96, 2.0 * 4 * 96, 98)] * 3
+    checks = run_checks([(16, Generated(1.0, True, [], None)), (272, Generated(3.0, True, [0.01], True))], 0)
+    row = make_row(args, 4, repeats, counted, **checks)
+    assert row["stalled_repeats"] == 1 and len(row["repeats"]) == 3 and row["valid"]
+    assert row["tokens_per_s_spread"] == pytest.approx(4 * 256 / 2.0 - 4 * 256 / 2.2, abs=0.1)
+    assert row["step_ms"] == pytest.approx(2100 / 86, abs=1e-3)
+
+
 def test_row_holds_medians_spreads_and_the_measured_acceptance(tmp_path):
     row = _row(tmp_path, "replayssm_spec", 2.0)
     assert (row["arm"], row["mode"], row["batch"], row["variant"]) == ("replayssm_spec", "O0", 4, "replayssm_fp32")
@@ -146,6 +159,7 @@ def test_row_holds_medians_spreads_and_the_measured_acceptance(tmp_path):
     assert row["step_ms"] == pytest.approx(2000 / 86, abs=1e-3)
     assert row["step_ms_spread"] == pytest.approx((2200 - 1900) / 86, abs=1e-3)
     assert row["valid"] and row["problems"] == [] and row["preemptions"] == 0 and row["engine_tpot_ms"] == 10.0
+    assert row["stalled_repeats"] == 0
     assert row["repeats"][1] == {"t_short_s": 1.1, "t_long_s": 3.0, "steps_short": 6, "steps_long": 92, "window": None}
     assert "replayssm_spec O0 k=3 AL=3 B=4: 512.0 tok/s" in row_line(row) and "INVALID" not in row_line(row)
 
