@@ -479,11 +479,11 @@ def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatc
     assert on_h200["fp32"] == f"{committed['block_p']}x{committed['block_n']}x{committed['num_warps']}w"
     gdn_committed = GdnLaunch(**table["gdn"])
     assert on_h200["gdn"] == gdn_committed.as_key() != GDN_DEFAULT.as_key(), "the H200 table holds its GDN sweep"
-    assert on_h200["native_batches"] == "fp32 <= 8, split <= 0, gdn fp32 <= 16, gdn split <= 0", "measured limits"
-    verify = table["verify_step"]  # session 24: the tensor-core checkpoint reads, 3 stages, capped at 112 registers
+    assert on_h200["native_batches"] == "fp32 <= 8, split <= 1, gdn fp32 <= 16, gdn split <= 1", "measured limits"
+    verify = table["verify_step"]  # session 27: fp32 with the tensor-core reads and ring product, split plain
     assert (
         on_h200["verify"]
-        == "fp32 32x32x1w <=112 regs mma 3 stages, split 32x32x1w <=112 regs mma 3 stages"
+        == "fp32 32x32x1w <=128 regs mma 3 stages ring mma, split 32x64x1w"
         == ", ".join(f"{entry} {VerifyLaunch(**shape).as_key()}" for entry, shape in verify.items())
     )
     assert on_h200["verify"] != f"fp32 {on_h200['fp32']}, split {on_h200['split']}", "the fp32 verify has its own shape"
