@@ -69,6 +69,7 @@ NULL_SLOT = 0  # vLLM 0.24's packed decode skips rows whose state index is <= 0 
 PAD = -1  # ReplaySSM's padding rows
 REPLAY_KNOBS = ("replay_block_v", "replay_num_warps", "replay_mma_stages")  # a swept replay shape's parts, in order
 FOLD_KNOBS = ("fold_block_v", "fold_num_warps", "fold_maxnreg", "fold_programs_per_sm")  # and a fold shape's
+SPLIT_FOLD_KNOBS = ("split_fold_block_v", "split_fold_num_warps", "split_fold_programs_per_sm")  # split precision's
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,11 @@ class Plan(BenchPlan):
     # holds (16 x 4 capped at 128 registers: 4, no spills; 8 warps at 110-128 registers: 2, where the grid had 3)
     fold_shapes: tuple[tuple[int, ...], ...] = (
         (16, 4), (16, 8), (32, 4), (32, 8), (16, 4, 128, 4), (16, 8, 0, 2), (32, 8, 0, 2),
+    )  # fmt: skip
+    # (block_v, num_warps, programs per SM) of split precision's fold, a chain of dependent steps per item (session
+    # 27: 74 µs of the split step at 256 with the fp32 fold's 16 x 4 warps, 4 an SM): smaller programs, more resident
+    split_fold_shapes: tuple[tuple[int, int, int], ...] = (
+        (16, 4, 4), (16, 2, 8), (16, 1, 16), (32, 2, 8), (8, 2, 8), (8, 1, 16), (8, 1, 32), (4, 1, 32),
     )  # fmt: skip
 
     @property
@@ -111,7 +117,7 @@ class Plan(BenchPlan):
 SMOKE_PLAN = Plan(
     num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=32, buffer_len=4, eq_batch=3, eq_steps=10,
     batches=(2,), warmup=1, graph_calls=1, repeats=1, replay_shapes=((16, 2), (32, 4), (16, 1, 2)),
-    fold_shapes=((16, 4), (16, 4, 128, 4)),
+    fold_shapes=((16, 4), (16, 4, 128, 4)), split_fold_shapes=((16, 4, 4), (8, 1, 16)),
 )  # fmt: skip
 
 
@@ -411,7 +417,8 @@ def _fp64_step(
 
 def run_sweep(plan: Plan, device: str) -> dict[str, Any]:
     """Time the decode step (1/L rows flushing) at the largest batch for each spill-free replay launch shape
-    (default fold), then for each fold launch shape with the fastest replay shape."""
+    (default fold), then for each fold launch shape with the fastest replay shape, then in split precision for each
+    of its fold shapes with the fastest two."""
     setup = KernelSetup(plan, device, max(plan.batches))
     spills = {"x".join(map(str, shape)): replay_spills(plan, *shape) for shape in plan.replay_shapes}
     replay = {"x".join(map(str, shape)): dict(zip(REPLAY_KNOBS, shape, strict=False)) for shape in plan.replay_shapes}
@@ -422,10 +429,15 @@ def run_sweep(plan: Plan, device: str) -> dict[str, Any]:
     folds = {"x".join(map(str, shape)): best_replay | dict(zip(FOLD_KNOBS, shape, strict=False))
              for shape in plan.fold_shapes}  # fmt: skip
     fold_timings = setup.sweep(folds, "fold")
-    best = folds[min(fold_timings, key=fold_timings.__getitem__)]
-    print(f"[gdn_kernel_bench]   sweep: best {launch_of(best).as_key()} ({min(fold_timings.values()):.1f} us)",
-          flush=True)  # fmt: skip
-    return {"batch": setup.batch, "spill_bytes": spills, "us": timings, "fold_us": fold_timings, "best": best}
+    best_fold = folds[min(fold_timings, key=fold_timings.__getitem__)]
+    splits = {"x".join(map(str, shape)): best_fold | dict(zip(SPLIT_FOLD_KNOBS, shape, strict=True))
+              for shape in plan.split_fold_shapes}  # fmt: skip
+    split_timings = setup.sweep(splits, "split fold", split=True)
+    best = splits[min(split_timings, key=split_timings.__getitem__)]
+    print(f"[gdn_kernel_bench]   sweep: best {launch_of(best).as_key()} ({min(fold_timings.values()):.1f} us, "
+          f"split {min(split_timings.values()):.1f} us)", flush=True)  # fmt: skip
+    return {"batch": setup.batch, "spill_bytes": spills, "us": timings, "fold_us": fold_timings,
+            "split_fold_us": split_timings, "best": best}  # fmt: skip
 
 
 def launch_of(knobs: dict[str, int]) -> Any:
@@ -564,10 +576,12 @@ class KernelSetup:
             pad_slot_id=PAD, out=self.out,
         )  # fmt: skip
 
-    def sweep(self, shapes: dict[str, dict[str, int]], label: str) -> dict[str, float]:
-        """µs of the decode step (1/L rows flushing) per named launch shape; a shape that fails is left out."""
+    def sweep(self, shapes: dict[str, dict[str, int]], label: str, split: bool = False) -> dict[str, float]:
+        """µs of the decode step (1/L rows flushing; ``split``: in split precision) per named launch shape; a shape
+        that fails is left out."""
         calls = {
-            name: self.step(self.write_pos, self.flush_staggered, launch_of(knobs)) for name, knobs in shapes.items()
+            name: self.step(self.write_pos, self.flush_staggered, launch_of(knobs), split=split)
+            for name, knobs in shapes.items()
         }
         return time_shapes("gdn_kernel_bench", label, calls, self.plan, self.device)
 
@@ -709,7 +723,9 @@ def _sweep_markdown(sweep: dict[str, Any]) -> list[str]:
         f"Decode step (1/L rows flushing) at batch {sweep['batch']}, us. "
         f"Replay, block_v x num_warps[ x mma_stages] (default fold): {ranked_shapes(sweep['us'])}. "
         f"Fold, block_v x num_warps[ x maxnreg x programs per SM] (fastest replay): "
-        f"{ranked_shapes(sweep.get('fold_us', {}))}.",
+        f"{ranked_shapes(sweep.get('fold_us', {}))}. "
+        f"Split precision's fold, block_v x num_warps x programs per SM (fastest replay and fold, split step): "
+        f"{ranked_shapes(sweep.get('split_fold_us', {}))}.",
         f"Skipped (ptxas spills): {', '.join(skipped) or 'none'}. Fastest: {launch_of(sweep['best']).as_key()}.",
         "",
     ]

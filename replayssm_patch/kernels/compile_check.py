@@ -302,6 +302,10 @@ def gdn_variants(split: bool) -> list[tuple[str, triton.JITFunction, dict[str, s
     replay = gdn_replay_variant(GDN_DEFAULT.replay_block_v, GDN_DEFAULT.replay_num_warps, split=split)
     # and its checkpoint products on the tensor cores at the Mamba-2 verify's winning tile, 32 x 32 x 1 warp, 3 stages
     found[1:1] = [replay, gdn_replay_variant(32, 1, 3, split=split)]  # between coefficients and fold
+    if split:  # split precision's fold below tl.dot's 16 rows: the smallest program its sweep times
+        consts = {**_GDN_BLOCKS, "BLOCK_V": 8, "V_BLOCKS": 16, "SPLIT": True,
+                  **_unit_strides(_gdn_fold_kernel, _GDN_UNIT_STRIDES)}  # fmt: skip
+        found.append(("gdn fold, split precision, 8 rows x 1 warp", _gdn_fold_kernel, _GDN_FOLD_POINTERS, consts, 1))
     return found
 
 

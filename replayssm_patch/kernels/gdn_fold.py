@@ -123,10 +123,15 @@ def launch_gdn_fold(
     with ``split``, whose flush replays the window exactly and refreshes the copy)."""
     batch, num_v_heads, head_v_dim = v.shape
     head_k_dim = ssm_state.shape[3]
-    BLOCK_V = block_size(head_v_dim, cap=launch.fold_block_v, floor=16)  # tl.dot needs 16 in every dimension
+    if split is None:  # tl.dot needs 16 in every dimension
+        block_v, num_warps, per_sm = launch.fold_block_v, launch.fold_num_warps, launch.fold_programs_per_sm
+        BLOCK_V = block_size(head_v_dim, cap=block_v, floor=16)
+    else:  # the exact replay has no tensor-core product
+        block_v, num_warps, per_sm = launch.split_fold()
+        BLOCK_V = block_size(head_v_dim, cap=block_v)
     V_BLOCKS = triton.cdiv(head_v_dim, BLOCK_V)
     c = coefficients
-    programs = fold_programs(v.device, launch.fold_programs_per_sm)
+    programs = fold_programs(v.device, per_sm)
     copy, ring_v, ring_beta = split_kernel_tensors(split, ssm_state, ring_u, ring_g)
     _gdn_fold_kernel[(min(batch * num_v_heads * V_BLOCKS, programs),)](
         v, ssm_state, ring_k, ring_u, state_indices, write_pos, flush_rows, flush_count,
@@ -135,5 +140,5 @@ def launch_gdn_fold(
         *v.stride(), *ssm_state.stride(), *ring_k.stride(), *ring_u.stride(), *out.stride(),
         *copy.stride(), *ring_v.stride(), *ring_beta.stride(), *ring_g.stride(),
         BLOCK_L=c.block_l, BLOCK_V=BLOCK_V, BLOCK_K=c.block_k, V_BLOCKS=V_BLOCKS, SPLIT=split is not None,
-        num_warps=launch.fold_num_warps, **register_cap(launch.fold_maxnreg),
+        num_warps=num_warps, **register_cap(launch.fold_maxnreg),
     )  # fmt: skip

@@ -116,6 +116,21 @@ class GdnLaunch:
     # 16 x 4 warps capped at 128 registers, no spills, so 4 fit; 8 warps take 110-128, so 2 fit, not the grid's 3)
     fold_maxnreg: int = 0
     fold_programs_per_sm: int = 0
+    # split precision's fold replays each item's window one entry at a time (no tensor-core product, so no block
+    # floor of 16): a chain of dependent steps whose latency, not bytes, bounds it (session 27 on the H200: 74 µs
+    # of a 188.7 µs step at batch 256, against the fp32 fold's 35), so it has shapes of its own: smaller programs,
+    # more of them resident. 0: the fold's.
+    split_fold_block_v: int = 0
+    split_fold_num_warps: int = 0
+    split_fold_programs_per_sm: int = 0
+
+    def split_fold(self) -> tuple[int, int, int]:
+        """(block_v, num_warps, programs per SM) of split precision's fold launch."""
+        return (
+            self.split_fold_block_v or self.fold_block_v,
+            self.split_fold_num_warps or self.fold_num_warps,
+            self.split_fold_programs_per_sm or self.fold_programs_per_sm,
+        )
 
     def as_key(self) -> str:
         replay = f"replay {self.replay_block_v}x{self.replay_num_warps}w"
@@ -125,7 +140,10 @@ class GdnLaunch:
             + (f" <={self.fold_maxnreg} regs" if self.fold_maxnreg else "")
             + (f" {self.fold_programs_per_sm}/SM" if self.fold_programs_per_sm else "")
         )
-        return f"{replay}{mma}, {fold}"
+        split_block_v, split_warps, split_per_sm = self.split_fold()
+        own = self.split_fold_block_v or self.split_fold_num_warps or self.split_fold_programs_per_sm
+        split = f", split fold {split_block_v}x{split_warps}w" + (f" {split_per_sm}/SM" if split_per_sm else "")
+        return f"{replay}{mma}, {fold}{split if own else ''}"
 
 
 GDN_DEFAULT = GdnLaunch()

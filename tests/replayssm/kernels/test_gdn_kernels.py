@@ -52,10 +52,12 @@ BF16_ULP = 2.0**-7
 # split precision's outputs between flushes: the copy's ulp, directly and through the window's u
 SPLIT_OUT_TOL = 2 * BF16_ULP
 # the replay's checkpoint products with k̂ and q̂ on the tensor cores, pipelined 2 deep (16-row blocks: tl.dot's least),
-# and the fold's register cap and grid per SM set (the interpreter's grid stays its handful)
+# the fold's register cap and grid per SM set (the interpreter's grid stays its handful), and split precision's fold
+# in blocks below tl.dot's 16
 TENSOR_CORE_REPLAY = GdnLaunch(
-    replay_block_v=16, replay_num_warps=1, replay_mma_stages=2, fold_maxnreg=128, fold_programs_per_sm=4
-)
+    replay_block_v=16, replay_num_warps=1, replay_mma_stages=2, fold_maxnreg=128, fold_programs_per_sm=4,
+    split_fold_block_v=8, split_fold_num_warps=1, split_fold_programs_per_sm=16,
+)  # fmt: skip
 
 
 def gdn_decode_step_on_tensor_cores(*args, **kwargs) -> torch.Tensor:

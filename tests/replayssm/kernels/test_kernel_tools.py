@@ -293,6 +293,7 @@ def test_gdn_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert set(sweep["us"]) == {"16x2", "32x4", "16x1x2"}, "CUDA-core shapes and the tensor-core form are swept"
     assert sweep["spill_bytes"] == {"16x2": None, "32x4": None, "16x1x2": None}
     assert set(sweep["fold_us"]) == {"16x4", "16x4x128x4"}, "the fold sweep (a register cap, a grid per SM too)"
+    assert set(sweep["split_fold_us"]) == {"16x4x4", "8x1x16"}, "split precision's fold has shapes of its own"
     table = json.loads((tmp_path / "gdn_launch_config.json").read_text())
     tuned = table["gdn"]
     assert tuned == sweep["best"] and tuned["fold_block_v"] == 16 and tuned["fold_num_warps"] == 4
