@@ -102,7 +102,7 @@ def replay_decode_step_reference(
     out = replay(state=ssm_state if state_bf16 is None else state_bf16, out=out)
     if state_bf16 is not None:
         flushing = flush_len > 0
-        out[flushing] = replay(state=ssm_state)[flushing]
+        out[flushing] = replay(state=ssm_state, out=torch.empty_like(out))[flushing]
     folded = torch.where(flush_len > 0, write_pos + 1, 0).to(torch.int32)
     flush_ring_reference(
         ssm_state, ring_x, ring_B, ring_dt, A, state_indices, folded, state_bf16=state_bf16, pad_slot_id=pad_slot_id

@@ -250,7 +250,8 @@ def test_engine_step_rows_merge_from_two_runs_into_one_valid_file(engine_flow):
     # no GPU here: no tuned file
     defaults = {"source": "defaults", "fp32": "16x64x1w", "split": "16x64x1w",
                 "verify": "fp32 16x64x1w, split 16x64x1w", "fold": "fp32 16x4w, split 16x4w",
-                "gdn": GDN_DEFAULT.as_key(), "native_batches": "fp32 <= 0, gdn <= 0"}  # fmt: skip
+                "gdn": GDN_DEFAULT.as_key(),
+                "native_batches": "fp32 <= 0, split <= 0, gdn fp32 <= 0, gdn split <= 0"}  # fmt: skip
     assert [r["launch_shapes"] for r in rows] == [None, defaults, defaults]
     assert all(r["valid"] and r["problems"] == [] and r["exact"] and r["preemptions"] == 0 for r in rows)
     assert all(r["engine_tpot_ms"] > 0 and r["engine_tpot_tokens"] == 272 for r in rows)
