@@ -117,9 +117,9 @@ class GdnLaunch:
     fold_maxnreg: int = 0
     fold_programs_per_sm: int = 0
     # split precision's fold replays each item's window one entry at a time (no tensor-core product, so no block
-    # floor of 16): a chain of dependent steps whose latency, not bytes, bounds it (session 27 on the H200: 74 µs
-    # of a 188.7 µs step at batch 256, against the fp32 fold's 35), so it has shapes of its own: smaller programs,
-    # more of them resident. 0: the fold's.
+    # floor of 16), a chain of dependent steps per item (session 27 on the H200: 74 µs of a 188.7 µs step at batch
+    # 256, against the fp32 fold's 35), so it has shapes of its own: smaller programs and more of them resident, or
+    # wider ones that load each key once for more rows. 0: the fold's.
     split_fold_block_v: int = 0
     split_fold_num_warps: int = 0
     split_fold_programs_per_sm: int = 0
