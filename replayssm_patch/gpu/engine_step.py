@@ -218,9 +218,18 @@ def llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def timed_repeats(repeats: Sequence[Any]) -> list[Any]:
+    """The repeats whose long generate took longer than their short one. A stall in the short one (session 27: 5 s,
+    on the spec step's native arm) makes the difference negative: such a repeat measures no step, and it would
+    swamp the spread."""
+    return [r for r in repeats if r.t_long_s > r.t_short_s]
+
+
 def make_row(args: argparse.Namespace, batch: int, repeats: Sequence[Repeat], **facts: Any) -> dict[str, Any]:
-    """The result row of one batch: median step, spread, mean generate times and every repeat."""
-    steps = [r.step_ms for r in repeats]
+    """The result row of one batch: median step, spread (over the repeats that did not stall, or all if every one
+    did), mean generate times and every repeat."""
+    timed = timed_repeats(repeats)
+    steps = [r.step_ms for r in timed or repeats]
     return {
         "variant": args.variant,
         "mode": args.mode,
@@ -232,6 +241,7 @@ def make_row(args: argparse.Namespace, batch: int, repeats: Sequence[Repeat], **
         f"t{SHORT_TOKENS}_s": round(statistics.fmean(r.t_short_s for r in repeats), 3),
         f"t{LONG_TOKENS}_s": round(statistics.fmean(r.t_long_s for r in repeats), 3),
         "repeats": [repeat_record(r) for r in repeats],
+        "stalled_repeats": len(repeats) - len(timed),
         **facts,
     }
 

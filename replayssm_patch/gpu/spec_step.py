@@ -78,6 +78,7 @@ from replayssm_patch.gpu.engine_step import (
     start_engine,
     step_ms,
     stepped_generate,
+    timed_repeats,
     window_facts,
     within_budget,
 )
@@ -191,10 +192,10 @@ def make_row(
     args: argparse.Namespace, batch: int, repeats: Sequence[SpecRepeat], counted: Sequence[SpecDecodeRun], **facts: Any
 ) -> dict[str, Any]:
     """The result row of one batch: medians, spreads, the acceptance measured over `counted` and every repeat;
-    `facts` holds run_checks' validity facts, extended here by the acceptance and step-count checks. A repeat whose
-    short generate took as long as its long one (session 27: a 5 s stall) is kept in `repeats` and counted in
-    `stalled_repeats`, but left out of the time-difference figures, whose spread it would swamp."""
-    timed = [r for r in repeats if r.t_long_s > r.t_short_s]  # a stalled short generate measures no difference
+    `facts` holds run_checks' validity facts, extended here by the acceptance and step-count checks. A stalled
+    repeat (``engine_step.timed_repeats``) is kept in `repeats` and counted in `stalled_repeats`, but left out of
+    the time-difference figures."""
+    timed = timed_repeats(repeats)
     rates, rate_spread = _median_and_spread([tokens_per_s(batch, r.t_short_s, r.t_long_s) for r in timed], 1)
     steps, step_spread = _median_and_spread([s for s in map(engine_step_ms, timed) if s is not None], 3)
     configured = speculation_key(args)["acceptance_length_configured"]

@@ -181,9 +181,18 @@ def test_row_has_mean_step_spread_and_every_repeat(tmp_path):
     assert (row["t16_s"], row["t272_s"]) == (2.0, pytest.approx(4.553, abs=1e-3))
     assert row["repeats"][1] == {"t_short_s": 2.1, "t_long_s": 4.5, "step_ms": 9.375, "window": None}
     assert len(row["repeats"]) == 3 and (row["window_step_ms"], row["window_steps"]) == (None, 0)
-    assert "step 10.000 ms" in row_line(row) and "INVALID" not in row_line(row)
+    assert "step 10.000 ms" in row_line(row) and "INVALID" not in row_line(row) and row["stalled_repeats"] == 0
     row |= {"valid": False, "problems": ["3 preemptions: raise --gpu-memory-utilization"]}
     assert row_line(row).endswith("INVALID: 3 preemptions: raise --gpu-memory-utilization")
+
+
+def test_a_stalled_repeat_is_counted_and_left_out_of_the_step(tmp_path):
+    """A short generate that stalled past the long one gives a negative step: the other repeats decide."""
+    repeats = [Repeat(2.0, 4.56, 10.0), Repeat(8.6, 4.5, -16.0), Repeat(1.9, 4.6, 10.547)]
+    row = make_row(_args(tmp_path), 64, repeats, exact=True, preemptions=0)
+    assert row["stalled_repeats"] == 1 and len(row["repeats"]) == 3
+    assert row["step_ms"] == pytest.approx((10.0 + 10.547) / 2, abs=1e-3)
+    assert row["spread_ms"] == pytest.approx(0.547, abs=1e-3)
 
 
 def test_row_window_is_the_median_repeat_mean_with_its_spread(tmp_path):
