@@ -118,5 +118,8 @@ def test_gdn_mixed_step_kernel_does_not_spill() -> None:
 
 def test_gdn_replay_sweep_keeps_only_shapes_that_do_not_spill() -> None:
     """The sweep asks the real compiler (sm_90 ptxas) for the replay's spills; today's default shape has none."""
-    code = "from replayssm_patch.gpu.gdn_kernel_bench import Plan, replay_spills; print(replay_spills(Plan(), 32, 4))"
+    code = (
+        "from replayssm_patch.gpu.gdn_bench_setup import Plan; "
+        "from replayssm_patch.gpu.gdn_kernel_bench import replay_spills; print(replay_spills(Plan(), 32, 4))"
+    )
     assert run_compiled(code, timeout=120).stdout.strip() == "0"

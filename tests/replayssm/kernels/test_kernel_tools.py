@@ -324,7 +324,7 @@ def test_gdn_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
 
 def test_gdn_kernel_bench_traffic_model_counts_what_each_call_must_move() -> None:
     """vLLM's decode reads and writes every state; the replay reads it once; all rows flushing adds the write."""
-    from replayssm_patch.gpu.gdn_kernel_bench import Plan, TrafficModel
+    from replayssm_patch.gpu.gdn_bench_setup import Plan, TrafficModel
 
     model = TrafficModel(Plan(), 256)
     state = 256 * 32 * 128 * 128 * 4
