@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Self
 
 HBM_BYTES_PER_S = 4.3e12  # H200
 TARGET_REL_ERR = 1e-4  # fp32 checkpoint vs the baseline, relative to the largest |value|
@@ -108,6 +108,32 @@ def probe_problem(note: str, call: Callable[[], Any], error_of: Callable[[], flo
     if not error <= 1e-2:
         return f"fp64 reference recurrence ({note} disagreed on a probe call: error {error})"
     return None
+
+
+@dataclass(frozen=True)
+class VllmBaseline:
+    """A kernel bench's vLLM kernel (``fn``, None when unusable) and the note naming it or why the fp64 reference
+    recurrence stands in. A family's subclass names the kernel (``SOURCE``: module, function, label) and probes it."""
+
+    fn: Callable[..., Any] | None
+    note: str
+    SOURCE: ClassVar[tuple[str, str, str]]
+
+    @classmethod
+    def load(cls) -> Self:
+        return cls(*vllm_kernel(*cls.SOURCE))
+
+    def checked(self, plan: Any, device: str) -> Self:
+        """This baseline if one call on a 2-row batch works and agrees with the fp64 recurrence, else the fallback
+        saying why."""
+        if self.fn is None:
+            return self
+        problem = probe_problem(self.note, *self.probe(plan, device))
+        return self if problem is None else type(self)(None, problem)
+
+    def probe(self, plan: Any, device: str) -> tuple[Callable[[], Any], Callable[[], float]]:
+        """The 2-row probe call and its error against the fp64 recurrence (the family's shapes)."""
+        raise NotImplementedError
 
 
 class BenchRun(NamedTuple):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from replayssm_patch.gpu.bench_common import BenchPlan, paged_tensors, probe_problem, vllm_kernel
+from replayssm_patch.gpu.bench_common import BenchPlan, VllmBaseline, paged_tensors
 
 if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET must be decided first
     import torch
@@ -65,16 +65,11 @@ class Plan(BenchPlan):
 
 
 @dataclass(frozen=True)
-class Baseline:
+class Baseline(VllmBaseline):
     """vLLM's packed GDN decode if importable, else None (the fp64 recurrence stands in for equivalence)."""
 
-    fn: Callable[..., Any] | None
-    note: str
-
-    @classmethod
-    def load(cls) -> Baseline:
-        return cls(*vllm_kernel("vllm.model_executor.layers.fla.ops.fused_recurrent",
-                                "fused_recurrent_gated_delta_rule_packed_decode", "packed GDN decode"))  # fmt: skip
+    SOURCE = ("vllm.model_executor.layers.fla.ops.fused_recurrent", "fused_recurrent_gated_delta_rule_packed_decode",
+              "packed GDN decode")  # fmt: skip
 
     def step(
         self, state: torch.Tensor, batch: PackedInputs, layer: GdnLayerParams, indices: torch.Tensor,
@@ -89,10 +84,8 @@ class Baseline:
             use_qk_l2norm_in_kernel=True,
         )  # fmt: skip
 
-    def checked(self, plan: Plan, device: str) -> Baseline:
-        """This baseline if one call on a 2-row batch agrees with the fp64 recurrence, else the fp64 fallback."""
-        if self.fn is None:
-            return self
+    def probe(self, plan: Plan, device: str) -> tuple[Callable[[], Any], Callable[[], float]]:
+        """A 2-row step (rows 1 and 2 of three states; row 0 is vLLM's null block) from random states."""
         import torch
 
         from replayssm_patch.kernels.gdn_ground_truth import gdn_recurrence_step
@@ -109,8 +102,7 @@ class Baseline:
         def error() -> float:
             return relative_error(out, gdn_recurrence_step(expected_state, *batch.fields(), layer.A_log, layer.dt_bias))
 
-        problem = probe_problem(self.note, lambda: self.step(state, batch, layer, rows, out), error)
-        return self if problem is None else Baseline(None, problem)
+        return lambda: self.step(state, batch, layer, rows, out), error
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from replayssm_patch.gpu.bench_common import (
     BenchPlan,
+    VllmBaseline,
     paged_tensors,
-    probe_problem,
     ranked_shapes,
     time_shapes,
-    vllm_kernel,
 )
 
 if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET must be decided first
@@ -106,16 +105,10 @@ SMOKE_PLAN = Plan(
 
 
 @dataclass(frozen=True)
-class Baseline:
+class Baseline(VllmBaseline):
     """vLLM's selective_state_update if importable, else None (the fp64 reference stands in for equivalence)."""
 
-    fn: Callable[..., Any] | None
-    note: str
-
-    @classmethod
-    def load(cls) -> Baseline:
-        return cls(*vllm_kernel("vllm.model_executor.layers.mamba.ops.mamba_ssm", "selective_state_update",
-                                "selective_state_update"))  # fmt: skip
+    SOURCE = ("vllm.model_executor.layers.mamba.ops.mamba_ssm", "selective_state_update", "selective_state_update")
 
     def step(
         self, state: torch.Tensor, inputs: StepInputs, layer: LayerParams, indices: torch.Tensor, out: torch.Tensor
@@ -146,10 +139,8 @@ class Baseline:
         A = layer.A[:, None, None].expand(-1, P, N)
         self.fn(state, inputs.x, dt, A, inputs.B, inputs.C, **kwargs)
 
-    def checked(self, plan: Plan, device: str) -> Baseline:
-        """This baseline if one call on a 2-row batch works, else the fp64 fallback saying why."""
-        if self.fn is None:
-            return self
+    def probe(self, plan: Plan, device: str) -> tuple[Callable[[], Any], Callable[[], float]]:
+        """A 2-row step from zero states; rows it skips stay NaN, which fails the check too."""
         import torch
 
         from replayssm_patch.gpu.layer_check import relative_error
@@ -159,7 +150,7 @@ class Baseline:
         state = torch.zeros(2, plan.nheads, plan.head_dim, plan.d_state, device=device)
         out = torch.full_like(inputs.x, float("nan"))
 
-        def error() -> float:  # rows it skipped stay NaN, which fails the check too
+        def error() -> float:
             expected = recurrence_step_fp64(
                 torch.zeros_like(state, dtype=torch.float64), inputs.x, inputs.dt, layer.A, inputs.B, inputs.C,
                 D=layer.D, dt_bias=layer.dt_bias,
@@ -167,8 +158,7 @@ class Baseline:
             return relative_error(out, expected)
 
         rows = torch.arange(2, dtype=torch.int32, device=device)
-        problem = probe_problem(self.note, lambda: self.step(state, inputs, layer, rows, out), error)
-        return self if problem is None else Baseline(None, problem)
+        return lambda: self.step(state, inputs, layer, rows, out), error
 
 
 # (block_p, block_n, num_warps[, maxnreg[, mma_stages[, mma_ring[, pdl]]]]) of a replay or verify launch, (block_p,
