@@ -12,8 +12,9 @@ metadata. At the builder's native batches (``gdn_backend.plan_gdn_ring``), and a
 under ``native_mixed_steps``, the whole step is vLLM's own path on the checkpoint, which the builder made
 current; the ring is not used.
 With ``split_precision`` the replay reads a bf16 copy of the checkpoint and a flush replays the window exactly
-(``kernels.gdn_decode``, and the one-launch kernel's split form); vLLM's own path would leave the copy stale, so
-there are no native batches and a prefill's checkpoints are copied after it.
+(``kernels.gdn_decode``, and the one-launch kernel's split form); vLLM's own path leaves the copy stale, so a
+prefill's checkpoints are copied after it, and a native step's rows flush at their next replay step (the builder
+marks them, ``backend.stale_copies_flush_next``).
 """
 
 from __future__ import annotations

@@ -175,9 +175,9 @@ def builder_steps(tiny: Path) -> dict:
 
 def split_precision(model_dir: Path, tiny: Path) -> dict:
     """Split precision through the real layer and builder: the layer spec equals the model classmethods'; the
-    builder has no native batches; a new one-token prompt's copy is zeroed with its checkpoint; after vLLM's prefill
-    (which cannot run here, so its place is taken by a stand-in that writes the prefill rows' checkpoints, as vLLM's
-    does) the layer copies exactly those checkpoints to bf16."""
+    builder has no native batches without a measured split limit; a new one-token prompt's copy is zeroed with its
+    checkpoint; after vLLM's prefill (which cannot run here, so its place is taken by a stand-in that writes the
+    prefill rows' checkpoints, as vLLM's does) the layer copies exactly those checkpoints to bf16."""
     config = vllm_config(ENABLED_SPLIT, model_dir)
     _, model, _ = model_spec(config)
     spec = describe(make_gdn_layer(config, "split_spec.layers.0.linear_attn").get_kv_cache_spec(config))
