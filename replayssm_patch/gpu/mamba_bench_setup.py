@@ -68,6 +68,10 @@ class Plan(BenchPlan):
         # ptxas, fp32 / split: 148 / 168 registers uncapped, at 112 28 / 12 bytes spilled, at 128 126 / 128 registers
         # with 0 / 36)
         (32, 32, 1, 112, 3, 0, 1), (32, 32, 1, 128, 3, 0, 1),
+        # for the split copy's reads, which session 27's winner (32 x 64 x 1, 139 registers: 14 programs per SM of 8 KB
+        # each) runs at ~55 % of HBM: more bytes a program or more programs an SM without spills (ptxas, split / fp32:
+        # 64 x 64 x 2 warps 128 / 168 registers, 32 x 64 x 2 80 / 96, 64 x 32 x 1 151 / 223)
+        (64, 64, 2), (32, 64, 2), (64, 32, 1),
     )  # fmt: skip
     # (block_p, num_warps, prefetch) of the flush launch that folds before a verify (``flush.flush_ring``): its
     # default 16 x 4, wider tiles and more warps, with and without the next block's loads before the stores (ptxas
