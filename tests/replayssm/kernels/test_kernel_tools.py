@@ -480,7 +480,7 @@ def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatc
     assert on_h200["fp32"] == f"{committed['block_p']}x{committed['block_n']}x{committed['num_warps']}w"
     gdn_committed = GdnLaunch(**table["gdn"])
     assert on_h200["gdn"] == gdn_committed.as_key() != GDN_DEFAULT.as_key(), "the H200 table holds its GDN sweep"
-    assert on_h200["native_batches"] == "fp32 <= 8, split <= 1, gdn fp32 <= 16, gdn split <= 1", "measured limits"
+    assert on_h200["native_batches"] == "fp32 <= 8, split <= 1, gdn fp32 <= 16, gdn split <= 16", "measured limits"
     verify = table["verify_step"]  # session 27: fp32 with the tensor-core reads and ring product, split plain
     assert (
         on_h200["verify"]
