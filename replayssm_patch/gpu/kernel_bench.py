@@ -18,8 +18,9 @@
     the verify alone, its coefficient launch alone and the fold launch alone, against vLLM's speculative
     selective_state_update (fp32 state, 1+k state blocks per request, the call ``VERIFY_BASELINE_CALL``) at the
     same batches, at the two largest with a ring of L = 28 as well, and at the largest with T = 1, 2 and 8 (the
-    T-token products' share of the output launch); the verify's output launch and its fold launch are swept at the
-    largest batch first, and their winners go to launch_config.json (``verify_step``, ``fold``) if (d) holds them.
+    T-token products' share of the output launch); the verify's coefficient launch (heads per program, warps), then
+    its output launch and its fold launch are swept at the largest batch first, and their winners go to
+    launch_config.json (``verify_step``, the coefficient launch's as its ``coef_*`` knobs; ``fold``) if (d) holds them.
     The fold walks the plan's list of folding rows, as the plugin's does; a second fold row gives every (row, head)
     a program, as before the list.
 (d) speculative verify equivalence: 250 verify steps at batch 256 through the builder's cursor plan, random
@@ -57,6 +58,7 @@ from replayssm_patch.gpu.mamba_bench_setup import (
     Plan,
     Shape,
     TrafficModel,
+    coef_tuning_of,
     filled_caches,
     flush_call,
     fold_tuning_of,
@@ -224,7 +226,9 @@ def tuned_launch_file(timing: dict[str, Any], verify: dict[str, Any] | None = No
     native = {mode: native_max_batch(timing["rows"], BASELINE_FP32_ROW, ring_row(mode)) for mode in ("fp32", "split")}
     table = {"replay_step": _shape_entries(timing["configs"]), "native_max_batch": native}
     if verify is not None and "sweep" in verify:
-        table["verify_step"] = _shape_entries(verify["configs"])
+        coefs = verify.get("coef_configs", {})
+        table["verify_step"] = {mode: knobs | coef_tuning_of(coefs.get(mode))
+                                for mode, knobs in _shape_entries(verify["configs"]).items()}  # fmt: skip
         table["fold"] = {mode: fold_tuning_of(cfg) for mode, cfg in verify["fold_configs"].items() if cfg}
     return table
 

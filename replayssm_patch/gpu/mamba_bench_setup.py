@@ -73,6 +73,10 @@ class Plan(BenchPlan):
         # 64 x 64 x 2 warps 128 / 168 registers, 32 x 64 x 2 80 / 96, 64 x 32 x 1 151 / 223)
         (64, 64, 2), (32, 64, 2), (64, 32, 1),
     )  # fmt: skip
+    # (heads per program, num_warps) of the verify's coefficient launch, swept alone before the whole verify: its 4 x
+    # 4 ran at 27 % of HBM (session 27). ptxas: 168 registers at 4 x 4 (3 programs, 12 warps an SM); 8 warps spread
+    # the group's B tile, 111-114 registers at 4-16 heads (2 programs, 16 warps); 16 x 4 197, 8 x 4 193; 2 warps spill
+    verify_coef_configs: tuple[Shape, ...] = ((4, 4), (4, 8), (8, 8), (16, 8), (8, 4), (16, 4))
     # (block_p, num_warps, prefetch) of the flush launch that folds before a verify (``flush.flush_ring``): its
     # default 16 x 4, wider tiles and more warps, with and without the next block's loads before the stores (ptxas
     # at the verify ring's 32-entry tile, walking the plan's list: 16 x 4 with the prefetch spills 64 bytes, 32 x 4
@@ -103,6 +107,7 @@ SMOKE_PLAN = Plan(
     nheads=4, head_dim=8, d_state=16, ngroups=2, buffer_len=4, eq_batch=3, eq_steps=6, batches=(2,),
     warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
     verify_configs=((16, 64, 1), (8, 16, 2, 80, 2), (8, 16, 1, 0, 2, 1), (8, 16, 1, 0, 2, 0, 1)),
+    verify_coef_configs=((4, 4), (2, 2)),
     fold_configs=((16, 4, 0), (16, 4, 1, 168), (16, 4, 0, 0, 2)), verify_long_ring=5, verify_token_sweep=(2,),
     rotation_layers=2, rotation_pool=9,
 )  # fmt: skip
@@ -200,11 +205,17 @@ def sweep_markdown(sweep: dict[str, Any], what: str, shape: str = "block_p x blo
 REPLAY_KNOBS = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages", "mma_ring", "pdl")  # the verify's last
 # four only where a shape names them
 FOLD_KNOBS = ("block_p", "num_warps", "prefetch", "maxnreg", "programs_per_sm")
+COEF_KNOBS = ("coef_head_chunk", "coef_num_warps")  # a swept shape of the verify's coefficient launch
 
 
 def tuning_of(cfg: Shape | None) -> dict[str, int]:
     """A swept shape as the kernels' keyword knobs, named in ``REPLAY_KNOBS`` order (none: the launch table's)."""
     return {} if cfg is None else dict(zip(REPLAY_KNOBS, cfg, strict=False))
+
+
+def coef_tuning_of(cfg: Shape | None) -> dict[str, int]:
+    """A swept shape of the verify's coefficient launch as ``replay_verify``'s knobs (none: the table's)."""
+    return {} if cfg is None else dict(zip(COEF_KNOBS, cfg, strict=True))
 
 
 def fold_tuning_of(cfg: Shape | None) -> dict[str, int | bool]:

@@ -28,6 +28,7 @@ from replayssm_patch.gpu.mamba_bench_setup import (
     Plan,
     Shape,
     TrafficModel,
+    coef_tuning_of,
     filled_caches,
     flush_call,
     fold_tuning_of,
@@ -50,6 +51,7 @@ VERIFY_TOKENS = 1 + SPEC_TOKENS  # T, the query tokens of a verify row
 # what the parts of a swept shape's name are (mamba_bench_setup.Shape)
 VERIFY_SHAPE = "block_p x block_n x warps[ x maxnreg[ x mma_stages[ x mma_ring[ x pdl]]]]"
 FOLD_SHAPE = "block_p x warps x prefetch[ x maxnreg[ x programs per SM]]"
+COEF_SHAPE = "heads per program x warps"
 ACCEPTED_TOKENS = int(ACCEPTANCE_LENGTH)  # tokens every verify commits: the engine runs' mean length, whole
 
 
@@ -72,7 +74,9 @@ def run_verify(plan: Plan, device: str, baseline: Baseline, sweep: bool = True) 
     configs: dict[str, Any] = {"fp32": None, "split": None}
     folds: dict[str, Any] = dict(configs)
     largest = VerifySetup(plan, device, max(plan.batches))  # swept here, timed below: built once
-    if sweep:
+    if sweep:  # the coefficient launch first: the whole verify's sweep and every row below run its winner
+        result["coef_sweep"] = largest.coef_sweep()
+        largest.coef_configs = {mode: result["coef_sweep"][mode]["best"] for mode in configs}
         result["sweep"] = largest.sweep()
         configs = {mode: result["sweep"][mode]["best"] for mode in configs}
         result["fold_sweep"] = largest.fold_sweep()
@@ -80,16 +84,16 @@ def run_verify(plan: Plan, device: str, baseline: Baseline, sweep: bool = True) 
         # without the list, where the prefetch does not spill (session 22: listed 131.7 µs at 256 without the
         # prefetch; session 21, a program per row with it, 119.4 on another host): whether the list pays
         result["fold_sweep_per_row"] = largest.fold_sweep(listed=False)
-    result["configs"], result["fold_configs"] = configs, folds
+    result["configs"], result["fold_configs"], result["coef_configs"] = configs, folds, largest.coef_configs
     for batch in plan.batches:
         print(f"[kernel_bench]   verify batch {batch}", flush=True)
-        setup = largest if batch == largest.batch else VerifySetup(plan, device, batch)
+        setup = largest if batch == largest.batch else VerifySetup(plan, device, batch, coefs=largest.coef_configs)
         result["cursors"][str(batch)] = setup.cursors
         result["rows"].extend(setup.table(baseline if problem is None else None, configs, folds))
     long_ring = dataclasses.replace(plan, buffer_len=plan.verify_long_ring)
     for batch in plan.batches[-2:]:  # the ring length as a knob: fewer folds against a longer history to replay
         print(f"[kernel_bench]   verify batch {batch}, L = {long_ring.buffer_len}", flush=True)
-        setup = VerifySetup(long_ring, device, batch)
+        setup = VerifySetup(long_ring, device, batch, coefs=largest.coef_configs)
         result["cursors"][f"{batch}, L = {long_ring.buffer_len}"] = setup.cursors
         # at issue 17's batch (128), the same step over the engine's footprint too
         result["rows"].extend(setup.table(baseline if problem is None else None, configs, folds,
@@ -97,7 +101,7 @@ def run_verify(plan: Plan, device: str, baseline: Baseline, sweep: bool = True) 
                                           with_rotation=batch == plan.batches[-2:][0]))  # fmt: skip
     for tokens in plan.verify_token_sweep:  # what the T-token products cost beside the checkpoint read they share
         print(f"[kernel_bench]   verify batch {largest.batch}, T = {tokens}", flush=True)
-        setup = VerifySetup(plan, device, largest.batch, tokens)
+        setup = VerifySetup(plan, device, largest.batch, tokens, coefs=largest.coef_configs)
         result["cursors"][f"{largest.batch}, T = {tokens}"] = setup.cursors
         result["rows"].extend(setup.table(baseline if problem is None else None, configs, folds, f", T = {tokens}"))
     result["registers"] = compiled_registers(_verify_kernels())
@@ -127,15 +131,20 @@ class VerifySetup:
     Cursors sit at the steady state of acceptance length AL: row r verified its last T tokens at position
     AL * (r mod ceil(L / AL)) and AL of them were accepted, so the builder's own plan (``plan_verify_rows``)
     commits them and folds the rows whose history would overflow the ring, about 1 in ceil(L / AL). ``tokens``: T
-    (default MTP k = 3's 4; AL is then at most T)."""
+    (default MTP k = 3's 4; AL is then at most T). ``coefs``: the coefficient launch's shape per mode (None: the
+    launch table's)."""
 
-    def __init__(self, plan: Plan, device: str, batch: int, tokens: int = VERIFY_TOKENS) -> None:
+    def __init__(
+        self, plan: Plan, device: str, batch: int, tokens: int = VERIFY_TOKENS,
+        coefs: dict[str, Shape | None] | None = None,
+    ) -> None:  # fmt: skip
         import torch
 
         from replayssm_patch.kernels import plan_verify_rows_reference
         from replayssm_patch.kernels.synthetic import LayerParams, StepInputs
 
         self.plan, self.device, self.batch, self.tokens = plan, device, batch, tokens
+        self.coef_configs: dict[str, Shape | None] = coefs or {"fp32": None, "split": None}
         T, L, AL = tokens, plan.buffer_len, min(ACCEPTED_TOKENS, tokens)
         gen = torch.Generator(device).manual_seed(batch)
         self.layer = LayerParams.random(plan.nheads, gen, device)
@@ -184,7 +193,8 @@ class VerifySetup:
 
         cache, s, layer = cache or self.caches[mode], self.inputs, self.layer
         common = (self.query_start_loc, self.tokens)
-        kwargs = {"D": layer.D, "dt_bias": layer.dt_bias, "out": self.out, **tuning_of(cfg)}
+        kwargs = {"D": layer.D, "dt_bias": layer.dt_bias, "out": self.out, **tuning_of(cfg),
+                  **coef_tuning_of(self.coef_configs[mode])}  # fmt: skip
         ring = (cache.ring_x, cache.ring_B, cache.ring_dt, self.indices, self.write_pos)
         if fold_len is None:
             read = cache.state_bf16 if cache.state_bf16 is not None else cache.ssm_state
@@ -194,18 +204,26 @@ class VerifySetup:
             fold_list=self.fold_list, fold_launch=fold_tuning_of(fold_cfg), **kwargs,
         )  # fmt: skip
 
-    def coefficients(self, mode: str) -> Callable[[], Any]:
-        """The verify's first launch alone (``verify_coefficients``), to split the verify's time between its two."""
+    def coefficients(self, mode: str, cfg: Shape | None = None) -> Callable[[], Any]:
+        """The verify's first launch alone (``verify_coefficients``), to split the verify's time between its two;
+        ``cfg`` its (heads per program, num_warps), None: this setup's."""
         from replayssm_patch.kernels.layout import per_head, per_head_dt
         from replayssm_patch.kernels.verify import verify_coefficients
 
         cache, s, layer = self.caches[mode], self.inputs, self.layer
         nheads = s.x.shape[1]
         dt, A, dt_bias = per_head_dt(s.dt), per_head(layer.A, nheads), per_head(layer.dt_bias, nheads)
+        heads, warps = cfg or self.coef_configs[mode] or (0, 0)
         return lambda: verify_coefficients(
             dt, A, s.B, s.C, cache.ring_B, cache.ring_dt, self.indices, self.write_pos, self.query_start_loc,
-            self.tokens, dt_bias=dt_bias, dt_softplus=True, pad_slot_id=PAD,
+            self.tokens, dt_bias=dt_bias, dt_softplus=True, pad_slot_id=PAD, heads_per_program=heads,
+            num_warps=warps,
         )  # fmt: skip
+
+    def coef_sweep(self) -> dict[str, Any]:
+        """Best (heads per program, num_warps) of the coefficient launch alone at this batch's cursors, per mode."""
+        return sweep_shapes("verify coefficients", self.coefficients, self.plan, self.device,
+                            self.plan.verify_coef_configs)  # fmt: skip
 
     def sweep(self) -> dict[str, Any]:
         """Best (block_p, block_n, num_warps) of the whole verify step at this batch's cursors, per mode."""
@@ -348,10 +366,12 @@ def verify_markdown(verify: dict[str, Any]) -> list[str]:
         f"L + T = {verify['ring_len']} entries, cursors at the steady state of acceptance length "
         f"{verify['acceptance_length']} ({cursors}).",
         f"Baseline: {verify['baseline']}. Launch shapes (block_p, block_n, num_warps): {verify.get('configs')}; "
-        f"of the fold (block_p, num_warps, prefetch): {verify.get('fold_configs')}.",
+        f"of the fold (block_p, num_warps, prefetch): {verify.get('fold_configs')}; of the coefficient launch "
+        f"(heads per program, num_warps; None: the table's): {verify.get('coef_configs')}.",
         "",
         *timing_table(verify["rows"]),
         "",
+        *sweep_markdown(verify.get("coef_sweep", {}), "verify coefficient launch", COEF_SHAPE),
         *sweep_markdown(verify.get("sweep", {}), "verify step", VERIFY_SHAPE),
         *sweep_markdown(verify.get("fold_sweep", {}), "verify fold", FOLD_SHAPE),
         *sweep_markdown(verify.get("fold_sweep_per_row", {}), "verify fold, a program per row,", FOLD_SHAPE),

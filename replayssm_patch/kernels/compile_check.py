@@ -258,6 +258,10 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
         consts = {**verify_coef, "PDL": pdl, "GDC": pdl}
         found.append((f"verify coefficients, T=4{', pdl' if pdl else ''}", _verify_coefficients_kernel,
                       _VERIFY_COEF_POINTERS, consts, VERIFY_COEF_NUM_WARPS))  # fmt: skip
+    for warps in (4, 8):  # the kernel bench's widest coefficient shapes: a Nemotron group's 16 heads in one program
+        wide = {**verify_coef, "HEAD_CHUNK": 16, "PDL": False, "GDC": False}
+        found.append((f"verify coefficients, T=4, 16 heads x {warps} warps", _verify_coefficients_kernel,
+                      _VERIFY_COEF_POINTERS, wide, warps))  # fmt: skip
     verify_launches = (  # the CUDA-core sums at the default shape; the tensor-core form at 64 x 32 x 4 warps, 3
         # stages (wgmma), with the ring's product there too at session 23's winner, 32 x 32 x 1 warp, 3 stages, and
         # that winner as a programmatic dependent launch

@@ -66,10 +66,20 @@ class VerifyLaunch(ReplayLaunch):
     # 1: a programmatic dependent launch of the coefficient launch (needs mma_stages; not yet timed): its checkpoint
     # reads overlap that launch's last programs, ~15 µs at batch 128 that the bench measured at 24 % of HBM
     pdl: int = 0
+    # the coefficient launch's heads per program and warps (0: verify.VERIFY_HEAD_CHUNK and VERIFY_COEF_NUM_WARPS):
+    # at 4 heads x 4 warps it ran at 27 % of HBM (session 27, batch 128: 14.3 µs, 0.34 ms of a spec step over 24
+    # layers), its time growing with its programs (4,096 at 128), so fewer, wider ones may take less
+    coef_head_chunk: int = 0
+    coef_num_warps: int = 0
 
     def as_key(self) -> str:
+        coef = (
+            f" coef {self.coef_head_chunk}h{self.coef_num_warps}w"
+            if self.coef_head_chunk or self.coef_num_warps
+            else ""
+        )
         return (super().as_key() + (f" mma {self.mma_stages} stages" if self.mma_stages else "")
-                + (" ring mma" if self.mma_ring else "") + (" pdl" if self.pdl else ""))  # fmt: skip
+                + (" ring mma" if self.mma_ring else "") + (" pdl" if self.pdl else "") + coef)  # fmt: skip
 
 
 @dataclass(frozen=True)

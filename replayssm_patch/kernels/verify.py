@@ -275,14 +275,17 @@ def verify_coefficients(
     dt_softplus: bool,
     pad_slot_id: int,
     pdl: bool = False,
+    heads_per_program: int = 0,
+    num_warps: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The verify's first launch (dt, A, dt_bias per head, as ``replay_verify`` has them): appends B and dt to the
     rings and returns bc [batch, groups, T, L], the weights [batch, heads, T, L], the checkpoint decays
     [batch, heads, T] (blocks of powers of two, flat), and C in fp32 [batch, groups, T, N] (0 past each row's
     tokens and past d_state): the output launch reads C in every program, so it is converted once here. ``pdl``:
     the output launch follows as a programmatic dependent launch, which reads the model's C itself (no fp32 copy
-    is written), and this launch lets it start early (on a GPU). Its own function so the kernel bench can time it
-    alone."""
+    is written), and this launch lets it start early (on a GPU). ``heads_per_program`` and ``num_warps``: its launch
+    shape (0: ``VERIFY_HEAD_CHUNK`` and ``VERIFY_COEF_NUM_WARPS``; the heads are capped at the group's largest power
+    of two). Its own function so the kernel bench can time it alone."""
     batch, nheads = state_indices.shape[0], dt.shape[1]
     ngroups, d_state = B.shape[1], B.shape[2]
     ring_len = ring_len_of(ring_B)
@@ -292,7 +295,7 @@ def verify_coefficients(
     scratch = torch.empty(batch * sum(sizes), dtype=torch.float32, device=dt.device)
     bc, weight, decay, c32 = scratch.split([batch * size for size in sizes])
     c32 = c32.view(batch, ngroups, BLOCK_T, BLOCK_N)
-    head_tile = min(VERIFY_HEAD_CHUNK, head_chunk(nheads // ngroups))
+    head_tile = min(heads_per_program or VERIFY_HEAD_CHUNK, head_chunk(nheads // ngroups))
     _verify_coefficients_kernel[(batch, ngroups, nheads // ngroups // head_tile)](
         dt, A, B, C, dt_bias if dt_bias is not None else A, ring_B, ring_dt, state_indices, write_pos,
         query_start_loc, bc, weight, decay, c32,
@@ -300,7 +303,7 @@ def verify_coefficients(
         *dt.stride(), *B.stride(), *C.stride(), *ring_B.stride(), *ring_dt.stride(),
         HEADS_PER_GROUP=nheads // ngroups, HEAD_CHUNK=head_tile, HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=dt_softplus, BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L, BLOCK_N=BLOCK_N, PDL=pdl,
-        GDC=pdl and dt.device.type == "cuda", num_warps=VERIFY_COEF_NUM_WARPS,
+        GDC=pdl and dt.device.type == "cuda", num_warps=num_warps or VERIFY_COEF_NUM_WARPS,
     )  # fmt: skip
     return bc, weight, decay, c32
 
@@ -332,6 +335,8 @@ def replay_verify(
     mma_stages: int | None = None,
     mma_ring: bool | None = None,
     pdl: bool | None = None,
+    coef_head_chunk: int | None = None,
+    coef_num_warps: int | None = None,
 ) -> torch.Tensor:
     """Append every row's query tokens to its ring at write_pos.. and return y [num_tokens, nheads, head_dim].
 
@@ -345,8 +350,9 @@ def replay_verify(
     tensor cores, pipelined that deep; 0: on the CUDA cores), ``mma_ring`` (the ring's product there too; needs
     ``mma_stages``) and ``pdl`` (the output launch as a programmatic dependent launch of the coefficient launch:
     its checkpoint reads, from the model's C, overlap that launch's end; it waits for the coefficients only; needs
-    ``mma_stages``) (``launch_config.VerifyLaunch``); unset, the table's. The interpreter runs launches one after
-    the other, so there PDL is only its form (the model's C), without the grid-dependency instructions.
+    ``mma_stages``), and the coefficient launch's ``coef_head_chunk`` and ``coef_num_warps`` (heads per program and
+    warps; 0: the module's) (``launch_config.VerifyLaunch``); unset, the table's. The interpreter runs launches one
+    after the other, so there PDL is only its form (the model's C), without the grid-dependency instructions.
     """
     check_launchable(x, state)
     nheads, head_dim = x.shape[1], x.shape[2]
@@ -366,6 +372,8 @@ def replay_verify(
     bc, weight, decay, c32 = verify_coefficients(
         dt, A, B, C, ring_B, ring_dt, state_indices, write_pos, query_start_loc, max_query_len,
         dt_bias=dt_bias, dt_softplus=dt_softplus, pad_slot_id=pad_slot_id, pdl=dependent,
+        heads_per_program=tuned.coef_head_chunk if coef_head_chunk is None else coef_head_chunk,
+        num_warps=tuned.coef_num_warps if coef_num_warps is None else coef_num_warps,
     )  # fmt: skip
     ring_len = ring_len_of(ring_x)
     BLOCK_T = block_size(max_query_len)
@@ -417,9 +425,11 @@ def replay_verify_reference(
     mma_stages: int | None = None,
     mma_ring: bool | None = None,
     pdl: bool | None = None,
+    coef_head_chunk: int | None = None,
+    coef_num_warps: int | None = None,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``replay_verify`` (same arguments; the tuning knobs are ignored), in fp32, row by row."""
-    del block_p, block_n, num_warps, maxnreg, mma_stages, mma_ring, pdl
+    del block_p, block_n, num_warps, maxnreg, mma_stages, mma_ring, pdl, coef_head_chunk, coef_num_warps
     nheads = x.shape[1]
     dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
     ring_len = ring_len_of(ring_x)

@@ -54,9 +54,18 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
         mode: tuple(found["best"]) for mode, found in verify["sweep"].items()
     }, "the verify rows run the verify sweep's winners"
     keys = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages", "mma_ring", "pdl")  # the last four where named
+    assert set(verify["coef_sweep"]) == {"fp32", "split"} and len(verify["coef_sweep"]["fp32"]["us"]) == 2
+    coefs = {mode: tuple(found["best"]) for mode, found in verify["coef_sweep"].items()}
+    assert {mode: tuple(cfg) for mode, cfg in verify["coef_configs"].items()} == coefs, "the coefficient launch's"
     assert table["verify_step"] == {
-        mode: dict(zip(keys, cfg, strict=False)) for mode, cfg in verify["configs"].items()
-    }, "the verify's winners reach the launch table (section (d) held them)"
+        mode: {
+            **dict(zip(keys, cfg, strict=False)),
+            "coef_head_chunk": coefs[mode][0],
+            "coef_num_warps": coefs[mode][1],
+        }
+        for mode, cfg in verify["configs"].items()
+    }, "the verify's winners, its coefficient launch's too, reach the launch table (section (d) held them)"
+    assert "Sweep, verify coefficient launch fp32 (heads per program x warps" in markdown
     assert "8x16x2x80x2" in verify["sweep"]["fp32"]["us"], "a register cap and tensor-core reads are swept"
     assert "8x16x1x0x2x1" in verify["sweep"]["fp32"]["us"], "and the ring's product on the tensor cores"
     assert "8x16x1x0x2x0x1" in verify["sweep"]["split"]["us"], "and the programmatic dependent launch"
@@ -207,6 +216,9 @@ def test_the_verify_runs_its_own_swept_shape_else_the_replay_steps(
         launch_config.fold_launch_for.cache_clear()
         assert launch_config.fold_launch_for(False, torch.device("cpu")).maxnreg == 168
         assert launch_config.launch_shapes_in_use("cpu")["fold"].startswith("fp32 16x4w <=168 regs")
+        split = {"block_p": 32, "block_n": 64, "num_warps": 1, "coef_head_chunk": 16, "coef_num_warps": 2}
+        table.write_text(json.dumps({"verify_step": {"split": split}}))
+        assert shapes(torch.bfloat16)[1] == "32x64x1w coef 16h2w", "and the coefficient launch's shape"
     finally:
         monkeypatch.delenv(launch_config.ENV_VAR, raising=False)
         launch_config.launch_for.cache_clear()

@@ -78,9 +78,11 @@ def decays(cache, slot: int, m: int, step: StepInputs, layer, first: int, count:
 
 # the output launch's forms: sums on the CUDA cores; the checkpoint reads as pipelined tensor-core products; the
 # ring's product on the tensor cores too; and the programmatic dependent launch's form (the model's C, not the
-# coefficient launch's fp32 copy, which it does not write then)
+# coefficient launch's fp32 copy, which it does not write then); and the coefficient launch with a group's heads in
+# one program of 2 warps (capped at the group's power of two: 8 heads of one group in one tile, not two)
 FORMS = {"cuda-cores": {"mma_stages": 0}, "tensor-cores": {"mma_stages": 2},
-         "tensor-cores-ring": {"mma_stages": 2, "mma_ring": True}, "pdl": {"mma_stages": 2, "pdl": True}}  # fmt: skip
+         "tensor-cores-ring": {"mma_stages": 2, "mma_ring": True}, "pdl": {"mma_stages": 2, "pdl": True},
+         "wide-coefficients": {"mma_stages": 0, "coef_head_chunk": 16, "coef_num_warps": 2}}  # fmt: skip
 
 
 @pytest.mark.parametrize("form", FORMS)
