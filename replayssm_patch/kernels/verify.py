@@ -55,11 +55,11 @@ from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, ring_entr
 from replayssm_patch.kernels.replay_decode import _step_inputs
 from replayssm_patch.kernels.state_products import DOT_EXTENT, checkpoint_reads_mma, checkpoint_tile, fp32_dot
 
+# The coefficient launch's default shape (a launch table's ``coef_head_chunk`` / ``coef_num_warps`` override it).
 # T coefficient rows per (row, group) hold ~T times the decode step's registers: 4 warps keep them from spilling
-# (ptxas at T = 4, L + T = 20, d_state 128: 254 registers per thread at 2 warps).
+# (ptxas at T = 4, L + T = 32, d_state 128: 168 registers per thread at 4 warps, 255 and spills at 2, 111-114 at 8).
 VERIFY_COEF_NUM_WARPS = 4
-# Heads per [heads, L] tile of the coefficient launch: the masked decay sums hold HEAD_CHUNK x L x L values
-# (L + T = 20 -> 32); 4 heads keep them at 32 per thread over 4 warps (ptxas: see compile_check).
+# Heads per [heads, L] tile of the coefficient launch: the group's B tile, not the heads, sets its registers.
 VERIFY_HEAD_CHUNK = 4
 
 
