@@ -261,4 +261,10 @@ def _tuned_table(device_name: str) -> dict[str, dict]:
                 f"launch table {path}: {where} has unknown keys {unknown} (it may hold {sorted(known)}); delete them, "
                 "or write a new table with the kernel bench"
             )
+    for entry in ("native_max_batch", "gdn_native_max_batch"):  # a single N before the limits were per checkpoint
+        if not isinstance(table.get(entry, {}), dict):
+            raise ValueError(
+                f'launch table {path}: {entry} is {table[entry]!r}, not {{"fp32": N, "split": M}} (a limit per '
+                "checkpoint); write it so, or write a new table with the kernel bench"
+            )
     return table

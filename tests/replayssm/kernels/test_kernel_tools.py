@@ -259,6 +259,30 @@ def test_a_launch_table_with_unknown_keys_is_refused_in_one_line(
         launch_config.gdn_launch_for.cache_clear()
 
 
+def test_a_launch_table_with_a_single_native_limit_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table from before the native limits were per checkpoint (``"gdn_native_max_batch": 16``) names the file, the
+    entry and the form it needs, rather than an AttributeError from the builder."""
+    import torch
+
+    from replayssm_patch.kernels import launch_config
+
+    table = tmp_path / "launch_config.json"
+    table.write_text(json.dumps({"gdn_native_max_batch": 16}))
+    monkeypatch.setenv(launch_config.ENV_VAR, str(table))
+    launch_config.gdn_native_max_batch.cache_clear()
+    try:
+        with pytest.raises(ValueError) as refused:
+            launch_config.gdn_native_max_batch(torch.device("cpu"))
+        message = str(refused.value)
+        assert str(table) in message and "gdn_native_max_batch is 16" in message and "\n" not in message
+        assert '{"fp32": N, "split": M}' in message and "write a new table with the kernel bench" in message
+    finally:
+        monkeypatch.delenv(launch_config.ENV_VAR, raising=False)
+        launch_config.gdn_native_max_batch.cache_clear()
+
+
 def test_kernel_bench_traffic_model_counts_the_verify_states() -> None:
     """vLLM's speculative update writes a state per query token; the verify reads one checkpoint and the ring."""
     from replayssm_patch.gpu.mamba_bench_setup import Plan, TrafficModel
