@@ -77,7 +77,7 @@ class Plan(BenchPlan):
     # 4 ran at 27 % of HBM (session 27). ptxas: 168 registers at 4 x 4 (3 programs, 12 warps an SM); 8 warps spread
     # the group's B tile, 111-114 registers at 4-16 heads (2 programs, 16 warps); 16 x 4 197, 8 x 4 193; 2 warps spill
     verify_coef_configs: tuple[Shape, ...] = ((4, 4), (4, 8), (8, 8), (16, 8), (8, 4), (16, 4))
-    # (block_p, num_warps, prefetch) of the flush launch that folds before a verify (``flush.flush_ring``): its
+    # shapes (``FOLD_KNOBS``) of the flush launch that folds before a verify (``flush.flush_ring``): its
     # default 16 x 4, wider tiles and more warps, with and without the next block's loads before the stores (ptxas
     # at the verify ring's 32-entry tile, walking the plan's list: 16 x 4 with the prefetch spills 64 bytes, 32 x 4
     # with it 488: left out)
@@ -90,6 +90,13 @@ class Plan(BenchPlan):
         # in-order programs capped at 128 registers (ptxas: 76 bytes spilled), two of the prefetch form (224-247
         # registers, which leave room for two, so a third program per SM waited for a slot)
         (16, 4, 0, 128, 4), (16, 4, 1, 0, 2),
+        # work items of a d_state slice (session 29): a narrower master tile and ring B, so 1-2-warp programs fit
+        # without spills and an SM holds more of them (ptxas at the ring's 32 entries, fp32 / split copy: 16 x 64 x 2
+        # warps 145 / 197 registers, 32 x 32 x 2 167 / 167, 16 x 32 x 1 168 / 208, 16 x 64 x 4 91 / 128, with the
+        # prefetch 16 x 32 x 2 151 / 156 and 16 x 64 x 4 148 / 154; whole d_state rows on 1-2 warps spilled 28-2,308
+        # bytes), the listed grid sized to what the registers let an SM hold
+        (16, 2, 0, 0, 6, 64), (32, 2, 0, 0, 6, 32), (16, 1, 0, 0, 9, 32), (16, 4, 0, 0, 4, 64), (16, 2, 1, 0, 6, 32),
+        (16, 4, 1, 0, 3, 64),
     )  # fmt: skip
     # a second ring the verify section times at its two largest batches: at T = 4, L = 28 fills the 32-entry tile the
     # kernels already pad L + T = 20 to, and a row folds every ceil(28 / AL) verifies instead of every ceil(16 / AL)
@@ -108,8 +115,8 @@ SMOKE_PLAN = Plan(
     warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
     verify_configs=((16, 64, 1), (8, 16, 2, 80, 2), (8, 16, 1, 0, 2, 1), (8, 16, 1, 0, 2, 0, 1)),
     verify_coef_configs=((4, 4), (2, 2)),
-    fold_configs=((16, 4, 0), (16, 4, 1, 168), (16, 4, 0, 0, 2)), verify_long_ring=5, verify_token_sweep=(2,),
-    rotation_layers=2, rotation_pool=9,
+    fold_configs=((16, 4, 0), (16, 4, 1, 168), (16, 4, 0, 0, 2), (16, 2, 1, 0, 6, 16)), verify_long_ring=5,
+    verify_token_sweep=(2,), rotation_layers=2, rotation_pool=9,
 )  # fmt: skip
 
 
@@ -171,10 +178,10 @@ class Baseline(VllmBaseline):
 
 
 # (block_p, block_n, num_warps[, maxnreg[, mma_stages[, mma_ring[, pdl]]]]) of a replay or verify launch, (block_p,
-# num_warps, prefetch[, maxnreg[, programs_per_sm]]) of the fold: maxnreg caps the registers per thread (0: none),
-# programs_per_sm sizes the fold's listed grid, mma_stages puts the verify's checkpoint reads on the tensor cores,
-# mma_ring its ring's product too, and pdl makes it a programmatic dependent launch of the coefficient launch
-# (kernels.launch_config)
+# num_warps, prefetch[, maxnreg[, programs_per_sm[, block_n]]]) of the fold: maxnreg caps the registers per thread (0:
+# none), programs_per_sm sizes the fold's listed grid, the fold's block_n cuts its items into d_state slices,
+# mma_stages puts the verify's checkpoint reads on the tensor cores, mma_ring its ring's product too, and pdl makes it
+# a programmatic dependent launch of the coefficient launch (kernels.launch_config)
 Shape = tuple[int, ...]
 
 
@@ -204,7 +211,7 @@ def sweep_markdown(sweep: dict[str, Any], what: str, shape: str = "block_p x blo
 
 REPLAY_KNOBS = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages", "mma_ring", "pdl")  # the verify's last
 # four only where a shape names them
-FOLD_KNOBS = ("block_p", "num_warps", "prefetch", "maxnreg", "programs_per_sm")
+FOLD_KNOBS = ("block_p", "num_warps", "prefetch", "maxnreg", "programs_per_sm", "block_n")
 COEF_KNOBS = ("coef_head_chunk", "coef_num_warps")  # a swept shape of the verify's coefficient launch
 
 
@@ -278,7 +285,7 @@ def flush_call(
     work_list: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> Callable[[], Any]:  # fmt: skip
     """The standalone flush launch over every row, folding the first ``lengths`` ring entries of each (``cfg``: a
-    swept (block_p, num_warps, prefetch), else the launch table's; ``work_list``: the folding rows, as a plan lists
+    swept shape (``FOLD_KNOBS``), else the launch table's; ``work_list``: the folding rows, as a plan lists
     them)."""
     from replayssm_patch.kernels import flush_ring
 

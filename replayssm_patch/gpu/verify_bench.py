@@ -23,6 +23,7 @@ from replayssm_patch.gpu.bench_common import (
     timing_table,
 )
 from replayssm_patch.gpu.mamba_bench_setup import (
+    FOLD_KNOBS,
     PAD,
     Baseline,
     Plan,
@@ -50,7 +51,7 @@ if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET
 VERIFY_TOKENS = 1 + SPEC_TOKENS  # T, the query tokens of a verify row
 # what the parts of a swept shape's name are (mamba_bench_setup.Shape)
 VERIFY_SHAPE = "block_p x block_n x warps[ x maxnreg[ x mma_stages[ x mma_ring[ x pdl]]]]"
-FOLD_SHAPE = "block_p x warps x prefetch[ x maxnreg[ x programs per SM]]"
+FOLD_SHAPE = "block_p x warps x prefetch[ x maxnreg[ x programs per SM[ x d_state block]]]"
 COEF_SHAPE = "heads per program x warps"
 ACCEPTED_TOKENS = int(ACCEPTANCE_LENGTH)  # tokens every verify commits: the engine runs' mean length, whole
 
@@ -239,7 +240,7 @@ class VerifySetup:
         return flush_call(self.caches[mode], self.layer.A, self.indices, self.fold_len, cfg, work_list)
 
     def fold_sweep(self, listed: bool = True) -> dict[str, Any]:
-        """Best (block_p, num_warps, prefetch) of the fold launch at this batch's cursors, per mode, walking the
+        """Best shape (``FOLD_KNOBS``) of the fold launch at this batch's cursors, per mode, walking the
         plan's list (or, ``listed`` False, a program per (row, head))."""
         label = "verify fold" if listed else "verify fold, a program per row,"
         fold = lambda mode, cfg: self.fold(mode, cfg, listed)  # noqa: E731
@@ -366,7 +367,7 @@ def verify_markdown(verify: dict[str, Any]) -> list[str]:
         f"L + T = {verify['ring_len']} entries, cursors at the steady state of acceptance length "
         f"{verify['acceptance_length']} ({cursors}).",
         f"Baseline: {verify['baseline']}. Launch shapes (block_p, block_n, num_warps): {verify.get('configs')}; "
-        f"of the fold (block_p, num_warps, prefetch): {verify.get('fold_configs')}; of the coefficient launch "
+        f"of the fold ({', '.join(FOLD_KNOBS)}): {verify.get('fold_configs')}; of the coefficient launch "
         f"(heads per program, num_warps; None: the table's): {verify.get('coef_configs')}.",
         "",
         *timing_table(verify["rows"]),

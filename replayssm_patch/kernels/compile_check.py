@@ -237,9 +237,16 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
         # last walks a list of rows: 208 (tf32x3: 148 / 180, 234 / 242, 230)
         pointers = {**_FLUSH_POINTERS, "bf16_ptr": "*bf16" if copy else "*fp32"}
         consts = {"HAS_LIST": listed, "HAS_BF16": copy, "PREFETCH": prefetch, "BLOCK_L": 16, "BLOCK_P": 16,
-                  "BLOCK_N": 128, "P_BLOCKS": 4, "B_IN_TF32": True}  # head_dim 64, a bf16 ring  # fmt: skip
+                  "BLOCK_N": 128, "P_BLOCKS": 4, "N_BLOCKS": 1, "B_IN_TF32": True}  # head_dim 64, bf16 ring # fmt: skip
         label = f"flush, bf16 copy {copy}" + (", prefetch" if prefetch else "") + (", listed rows" if listed else "")
         found.append((label, _flush_kernel, pointers, consts, 4))
+    for copy in (False, True):  # the verify's fold on 2 warps over d_state slices of 32 (ring of 32): 151 / 156
+        # registers, no spills; whole d_state rows on 2 warps spill
+        pointers = {**_FLUSH_POINTERS, "bf16_ptr": "*bf16" if copy else "*fp32"}
+        consts = {"HAS_LIST": True, "HAS_BF16": copy, "PREFETCH": True, "BLOCK_L": 32, "BLOCK_P": 16, "BLOCK_N": 32,
+                  "P_BLOCKS": 4, "N_BLOCKS": 4, "B_IN_TF32": True}  # fmt: skip
+        found.append((f"flush, bf16 copy {copy}, prefetch, listed rows, d_state by 32, 2 warps", _flush_kernel,
+                      pointers, consts, 2))  # fmt: skip
     plan_pointers = {"slot_ptr": "*i32", "positions_ptr": "*i32", "window_end_ptr": "*i32", "write_pos_ptr": "*i32",
                      "flush_ptr": "*i32"}  # fmt: skip
     list_pointers = {**plan_pointers, "flush_rows_ptr": "*i32", "flush_count_ptr": "*i32"}

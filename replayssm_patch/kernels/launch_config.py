@@ -85,7 +85,7 @@ class VerifyLaunch(ReplayLaunch):
 @dataclass(frozen=True)
 class FoldLaunch:
     """Head_dim rows per program, warps, whether each head_dim block's loads go before the previous block's stores,
-    and a cap on registers per thread (0: none), of the flush launch
+    a cap on registers per thread (0: none), programs per SM and d_state columns per work item, of the flush launch
     (``flush.flush_ring``: the fold before a speculative verify and before a prefill). ptxas at the verify ring's
     32-entry tile: 184-189 registers, two 4-warp programs per SM; capped at 168, three (32-36 bytes spilled)."""
 
@@ -96,9 +96,14 @@ class FoldLaunch:
     # programs per SM of the fixed grid that walks the folding rows (0: decode_fold.PROGRAMS_PER_SM, 3): as many as
     # the registers let an SM hold, one wave, so no program waits for another's slot
     programs_per_sm: int = 0
+    # d_state columns per work item (0: all): a narrower slice of the master tile and of the ring's B fits 1-2-warp
+    # programs without spills (ptxas at 16 x 128: 255 registers and 28-2,308 bytes spilled), so an SM holds more of
+    # them and more loads in flight; the GDN split fold's latency-bound flush fell from ~74 to ~44 µs so (session 28)
+    block_n: int = 0
 
     def as_key(self) -> str:
-        return (f"{self.block_p}x{self.num_warps}w" + (" prefetch" if self.prefetch else "")
+        return (f"{self.block_p}x{self.num_warps}w" + (f" n{self.block_n}" if self.block_n else "")
+                + (" prefetch" if self.prefetch else "")
                 + (f" <={self.maxnreg} regs" if self.maxnreg else "")
                 + (f" {self.programs_per_sm}/SM" if self.programs_per_sm else ""))  # fmt: skip
 

@@ -19,15 +19,16 @@ def compile_check_lines() -> tuple[str, ...]:
 def test_kernels_compile_for_hopper() -> None:
     """The real Triton compiler (not the interpreter) accepts every default kernel variant for sm_90."""
     lines = compile_check_lines()
-    # 11 decode-path and flush ones, the take before a prefill, 13 of the verify (2 of them its coefficient launch's
-    # widest swept shapes), 13 GDN (7 of them split precision)
-    assert len(lines) == 38, lines
+    # 13 decode-path and flush ones (2 of them the fold over d_state slices on 2 warps), the take before a prefill, 13
+    # of the verify (2 of them its coefficient launch's widest swept shapes), 13 GDN (7 of them split precision)
+    assert len(lines) == 40, lines
     registers = [int(line.split(" registers")[0].rsplit(" ", 1)[1]) for line in lines]
     assert all(0 < count <= 255 for count in registers), lines  # ptxas -v was read for every kernel
     every_step = [line for line in lines if line.startswith(("replay step", "decode fold", "ring coefficients"))]
     assert len(every_step) == 5 and all(" 0 B spilled" in line for line in every_step), lines
     flushes = [line for line in lines if line.startswith("flush, bf16 copy")]
-    assert len(flushes) == 5 and all(" 0 B spilled" in line for line in flushes), lines
+    assert len(flushes) == 7 and all(" 0 B spilled" in line for line in flushes), lines
+    assert sum("d_state by 32, 2 warps" in line for line in flushes) == 2, lines
     verify_steps = [line for line in lines if line.startswith("verify step")]  # both dtypes, the four forms
     assert len(verify_steps) == 8 and all(" 0 B spilled" in line for line in verify_steps), lines
     coefficients = [line for line in lines if line.startswith("verify coefficients")]  # 4 x 4 (+ pdl), 16 x 4 and 8

@@ -69,14 +69,15 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert "8x16x2x80x2" in verify["sweep"]["fp32"]["us"], "a register cap and tensor-core reads are swept"
     assert "8x16x1x0x2x1" in verify["sweep"]["fp32"]["us"], "and the ring's product on the tensor cores"
     assert "8x16x1x0x2x0x1" in verify["sweep"]["split"]["us"], "and the programmatic dependent launch"
-    assert set(verify["fold_sweep"]) == {"fp32", "split"} and len(verify["fold_sweep"]["fp32"]["us"]) == 3
+    assert set(verify["fold_sweep"]) == {"fp32", "split"} and len(verify["fold_sweep"]["fp32"]["us"]) == 4
     assert set(verify["fold_sweep_per_row"]) == {"fp32", "split"}, "the fold swept without the list too"
-    fold_keys = ("block_p", "num_warps", "prefetch", "maxnreg", "programs_per_sm")
+    fold_keys = ("block_p", "num_warps", "prefetch", "maxnreg", "programs_per_sm", "block_n")
     assert table["fold"] == {
         mode: dict(zip(fold_keys, (*cfg[:2], bool(cfg[2]), *cfg[3:]), strict=False))
         for mode, cfg in verify["fold_configs"].items()
     }, "so do the fold's, with or without the prefetch, a register cap and a grid size"
     assert "16x4x0x0x2" in verify["fold_sweep"]["fp32"]["us"], "the listed grid's programs per SM are swept"
+    assert "16x2x1x0x6x16" in verify["fold_sweep"]["split"]["us"], "and work items of a d_state slice"
     assert "Sweep, verify fold split (block_p x warps x prefetch" in markdown
     assert "Sweep, verify step split" in markdown
     assert verify["baseline"].startswith("none, ReplaySSM timed alone: fp64 reference")
@@ -541,8 +542,9 @@ def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatc
     assert native == "fp32 <= 16, split <= 0, gdn fp32 <= 0, gdn split <= 4"
     tuned.write_text(json.dumps({"gdn": {"fold_block_v": 32, "fold_num_warps": 8}}))  # a GDN bench's file
     assert launch_shapes_in_use("NVIDIA H200")["gdn"] == "replay 32x4w, fold 32x8w"
-    tuned.write_text(json.dumps({"fold": {"split": {"block_p": 32, "num_warps": 8, "prefetch": True}}}))
-    assert launch_shapes_in_use("NVIDIA H200")["fold"] == "fp32 16x4w, split 32x8w prefetch"
+    tuned.write_text(json.dumps({"fold": {"split": {"block_p": 32, "num_warps": 8, "prefetch": True},
+                                          "fp32": {"block_p": 16, "num_warps": 2, "block_n": 32}}}))  # fmt: skip
+    assert launch_shapes_in_use("NVIDIA H200")["fold"] == "fp32 16x2w n32, split 32x8w prefetch"
     assert launch_shapes_in_use("NVIDIA H200")["fp32"] == "16x64x1w", "an entry the file lacks keeps its defaults"
     assert launch_shapes_of("baseline", "NVIDIA H200") is None
 

@@ -206,14 +206,22 @@ def _written(cache: ReplayCache, slots: torch.Tensor, write_pos: torch.Tensor) -
     return mask
 
 
-@pytest.mark.parametrize(("prefetch", "listed"), [(False, False), (True, False), (True, True), (False, True)],
-                         ids=["in-order", "prefetch", "prefetch, listed rows", "in-order, listed rows"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("prefetch", "listed", "block_n"),
+    [(False, False, None), (True, False, None), (True, True, None), (False, True, None), (True, True, 16),
+     (False, False, 16)],
+    ids=["in-order", "prefetch", "prefetch, listed rows", "in-order, listed rows", "prefetch, listed, d_state by 16",
+         "in-order, d_state by 16"],
+)  # fmt: skip
 @pytest.mark.parametrize("split", [False, True], ids=["fp32", "split"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_flush_matches_reference_and_fp64(shape: Shape, split: bool, prefetch: bool, listed: bool) -> None:
+def test_flush_matches_reference_and_fp64(
+    shape: Shape, split: bool, prefetch: bool, listed: bool, block_n: int | None
+) -> None:
     """Both orders of the launch's head_dim blocks (head_dim 24: two blocks of 16, the second one partly masked):
     in order or the next block's loads first; each with a program per row or a fixed grid walking the list of
-    folding rows (as the verify's fold runs)."""
+    folding rows (as the verify's fold runs); and the work items cut into d_state blocks of 16 (d_state 32: two),
+    the 1-2-warp programs' form."""
     gen = seeded(shape, split, "flush")
     layer = make_layer(shape, gen)
     indices, slots = layout_rows(shape.batch, gen, -1)
@@ -235,7 +243,7 @@ def test_flush_matches_reference_and_fp64(shape: Shape, split: bool, prefetch: b
     for fn in (flush_ring, flush_ring_reference):
         run = cache.clone()
         fn(run.ssm_state, run.ring_x, run.ring_B, run.ring_dt, layer.A, indices, flush_len, state_bf16=run.state_bf16,
-           prefetch=prefetch, work_list=work_list)  # fmt: skip
+           prefetch=prefetch, work_list=work_list, block_n=block_n)  # fmt: skip
         results.append(run)
     c_tri, c_ref = results
 
