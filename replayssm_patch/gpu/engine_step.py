@@ -226,23 +226,30 @@ def timed_repeats(repeats: Sequence[Any]) -> list[Any]:
 
 
 def make_row(args: argparse.Namespace, batch: int, repeats: Sequence[Repeat], **facts: Any) -> dict[str, Any]:
-    """The result row of one batch: median step, spread (over the repeats that did not stall, or all if every one
-    did), mean generate times and every repeat."""
+    """The result row of one batch: median step and spread over the repeats that did not stall, mean generate times
+    and every repeat. When every repeat stalled no step was measured: the step is None and the row invalid, as the
+    spec step's row has it (a median of negative differences would read as a figure)."""
     timed = timed_repeats(repeats)
-    steps = [r.step_ms for r in timed or repeats]
+    steps = [r.step_ms for r in timed]
+    problems = [*facts.pop("problems", [])]
+    if not timed:
+        problems.append("every repeat stalled (its short generate outlasted its long one): no step measured; run the "
+                        "batch again")  # fmt: skip
     return {
         "variant": args.variant,
         "mode": args.mode,
         "batch": batch,
         "prompt_tokens": args.prompt_tokens,
-        "step_ms": round(statistics.median(steps), 3),
-        "spread_ms": round(max(steps) - min(steps), 3),
+        "step_ms": round(statistics.median(steps), 3) if steps else None,
+        "spread_ms": round(max(steps) - min(steps), 3) if steps else None,
         **window_facts([r.window for r in repeats]),
         f"t{SHORT_TOKENS}_s": round(statistics.fmean(r.t_short_s for r in repeats), 3),
         f"t{LONG_TOKENS}_s": round(statistics.fmean(r.t_long_s for r in repeats), 3),
         "repeats": [repeat_record(r) for r in repeats],
         "stalled_repeats": len(repeats) - len(timed),
         **facts,
+        "valid": not problems,
+        "problems": problems,
     }
 
 
@@ -274,11 +281,16 @@ def window_facts(windows: Sequence[DecodeWindow | None]) -> dict[str, Any]:
 def row_line(row: dict[str, Any]) -> str:
     """The line printed per row: what the issue's table needs, at a glance."""
     return (
-        f"{row['variant']} {row['mode']} B={row['batch']}: step {row['step_ms']:.3f} ms (spread "
-        f"{row['spread_ms']:.3f}), window step {row.get('window_step_ms')} ms (spread {row.get('window_spread_ms')}, "
+        f"{row['variant']} {row['mode']} B={row['batch']}: {step_text(row['step_ms'], row['spread_ms'])}, window "
+        f"step {row.get('window_step_ms')} ms (spread {row.get('window_spread_ms')}, "
         f"{row.get('window_steps')} steps), t{SHORT_TOKENS} {row[f't{SHORT_TOKENS}_s']:.2f} s, t{LONG_TOKENS} "
         f"{row[f't{LONG_TOKENS}_s']:.2f} s, engine TPOT {row.get('engine_tpot_ms')} ms" + invalid_suffix(row)
     )
+
+
+def step_text(step_ms: float | None, spread_ms: float | None) -> str:
+    """A row's step and spread as its line prints them ("step ?" when no repeat measured one)."""
+    return "step ?" if step_ms is None else f"step {step_ms:.3f} ms (spread {spread_ms:.3f})"
 
 
 def invalid_suffix(row: dict[str, Any]) -> str:

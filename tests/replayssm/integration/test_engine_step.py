@@ -195,6 +195,17 @@ def test_a_stalled_repeat_is_counted_and_left_out_of_the_step(tmp_path):
     assert row["spread_ms"] == pytest.approx(0.547, abs=1e-3)
 
 
+def test_a_batch_whose_every_repeat_stalled_has_no_step_and_is_invalid(tmp_path):
+    """No repeat measured a step: the row says so instead of a median of negative differences (as the spec row)."""
+    repeats = [Repeat(8.6, 4.5, -16.0), Repeat(9.0, 4.6, -17.0)]
+    facts = {"exact": True, "preemptions": 0, "valid": True, "problems": []}
+    row = make_row(_args(tmp_path), 64, repeats, **facts)
+    assert (row["step_ms"], row["spread_ms"], row["stalled_repeats"], row["valid"]) == (None, None, 2, False)
+    assert row["problems"] == ["every repeat stalled (its short generate outlasted its long one): no step measured; "
+                               "run the batch again"]  # fmt: skip
+    assert ": step ?, window step" in row_line(row) and row_line(row).endswith("run the batch again")
+
+
 def test_row_window_is_the_median_repeat_mean_with_its_spread(tmp_path):
     """Each repeat's long generate gives a decode window; the row takes the median of their means."""
     windows = [DecodeWindow(240, mean, mean - 0.1, mean + 0.5, mean + 9, 256e3 / mean) for mean in (16.2, 15.9, 17.1)]
