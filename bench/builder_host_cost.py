@@ -2,11 +2,11 @@
 bench_builder.py. Args: a dir with the model's config.json, the JSON file to write.
 
 Why: steps that prefill beside decodes run eagerly on the H200, and there ReplaySSM's Qwen3.5-4B steps spent ~10 ms
-more host time than vLLM's (BENCHMARKS-sessions.md, "Churn on one host"). The metadata of every GDN KV-cache group is made on
-every step, outside any CUDA graph; this times it alone, as vLLM's model runner makes it (the first group's build,
-then ``update_block_table`` for the others where the builder offers it, else a build each), with the real builders
-over a paged cache of the model's shapes. On the CPU the plugin's cursor plans run their PyTorch twins (one Triton
-launch each on a GPU), so the figures are this machine's, for comparing the two builders, not the H200's.
+more host time than vLLM's (BENCHMARKS-sessions.md, "Churn on one host"). The metadata of every GDN KV-cache group is
+made on every step, outside any CUDA graph; this times it alone, as vLLM's model runner makes it (the first group's
+build, then ``update_block_table`` for the others where the builder offers it, else a build each), with the real
+builders over a paged cache of the model's shapes. On the CPU the plugin's cursor plans run their PyTorch twins (one
+Triton launch each on a GPU), so the figures are this machine's, for comparing the two builders, not the H200's.
 """
 
 from __future__ import annotations

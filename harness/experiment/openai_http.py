@@ -31,11 +31,16 @@ def _post(url: str, body: dict[str, object], timeout_s: float) -> dict[str, obje
 
 def first_model(base_url: str, timeout_s: float = 10.0) -> str:
     """The first model id the server lists (what to request when the arm names no model)."""
+    url = base_url.rstrip("/") + "/v1/models"
     try:
-        with urllib.request.urlopen(base_url.rstrip("/") + "/v1/models", timeout=timeout_s) as response:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return str(json.loads(response.read())["data"][0]["id"])
-    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as error:
-        raise UserError(f"{base_url}/v1/models lists no model ({error}); set the arm's `model`") from None
+    except urllib.error.HTTPError as error:  # a server answered, without a model list
+        raise UserError(f"{url} lists no model (HTTP {error.code}); set the arm's `model`") from None
+    except (urllib.error.URLError, OSError) as error:  # nothing answered: a model name would not help
+        raise UserError(f"{url} did not answer ({error}); start the server or fix the URL") from None
+    except (ValueError, KeyError, IndexError) as error:
+        raise UserError(f"{url} lists no model ({type(error).__name__}: {error}); set the arm's `model`") from None
 
 
 def generate(base_url: str, model: str, api: str, prompt: str, max_tokens: int, timeout_s: float = 300.0) -> str:

@@ -88,7 +88,9 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
         tiny = agree(url, url, tmp_path / "x.json", "--vocab-size", "5")
     assert tiny.returncode == 2 and tiny.stderr.startswith("error: --vocab-size 5 leaves no prompt ids")
     gone = agree("http://127.0.0.1:9", "http://127.0.0.1:9", tmp_path / "x.json")
-    assert gone.returncode == 2 and gone.stderr.count("\n") == 1 and "lists no model" in gone.stderr
+    assert gone.returncode == 2 and gone.stderr.count("\n") == 1
+    assert gone.stderr.startswith("error: http://127.0.0.1:9/v1/models did not answer (")
+    assert gone.stderr.rstrip().endswith("start the server or fix the URL")
     assert not (tmp_path / "x.json").exists()
 
 
