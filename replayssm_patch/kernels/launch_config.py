@@ -71,6 +71,11 @@ class VerifyLaunch(ReplayLaunch):
     # layers), its time growing with its programs (4,096 at 128), so fewer, wider ones may take less
     coef_head_chunk: int = 0
     coef_num_warps: int = 0
+    # n > 1: each output program walks n heads of a group in one pipelined loop over their d_state tiles (needs
+    # mma_stages): the next head's tiles load while this head's outputs form. Why: the split copy's verify ran at ~55 %
+    # of HBM with a program per head, each a chain of loads then its T-token work (session 28), so fewer, longer
+    # programs with the next loads in flight may keep more bytes moving. 0 or 1: a program per head.
+    heads_per_program: int = 0
 
     def as_key(self) -> str:
         coef = (
@@ -79,7 +84,8 @@ class VerifyLaunch(ReplayLaunch):
             else ""
         )
         return (super().as_key() + (f" mma {self.mma_stages} stages" if self.mma_stages else "")
-                + (" ring mma" if self.mma_ring else "") + (" pdl" if self.pdl else "") + coef)  # fmt: skip
+                + (" ring mma" if self.mma_ring else "") + (" pdl" if self.pdl else "")
+                + (f" {self.heads_per_program} heads" if self.heads_per_program > 1 else "") + coef)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -76,19 +76,32 @@ def checkpoint_reads_mma(
     The tiles run in a ``tl.range`` loop, so Triton's pipeliner copies them to shared memory ``STAGES`` deep and the
     MMAs read them there: session 20's form (static tiles through registers) lost; this one won session 23's sweep
     (the verify step at batch 256 505.2 against 548.0 µs on the CUDA cores, T = 8 499.7 against 688.3 without folds)."""
-    offs_p = tl.arange(0, BLOCK_P)
-    offs_t = tl.arange(0, TILE_T)
     read_T = tl.zeros((BLOCK_P, TILE_T), dtype=tl.float32)
     for t in tl.range(0, N_TILES, num_stages=STAGES):
-        offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        h = checkpoint_tile(state_at, offs_p[:, None], offs_n[None, :], sr_p, sr_n, mask_p[:, None], d_state, EVEN)
-        live = (offs_t < c_count)[None, :]
-        if not EVEN:  # the fp32 copy is 0 past d_state; the model's C ends there
-            live = live & (offs_n < d_state)[:, None]
-        C_T = tl.load(C_at + offs_t[None, :] * sC_t + offs_n[:, None] * sC_n, mask=live, other=0.0)
-        if C_IN_BF16 and h.dtype == tl.bfloat16:  # both exact in bf16: its products, half the tf32 pass's MMAs
-            read_T = tl.dot(h, C_T.to(tl.bfloat16), read_T)
-        else:
-            h32, C32 = h.to(tl.float32), C_T.to(tl.float32)
-            read_T = fp32_dot(h32, C32, read_T, h.dtype == tl.bfloat16, C_IN_TF32 or h.dtype == tl.bfloat16)
+        read_T = checkpoint_tile_product(state_at, C_at, sC_t, sC_n, c_count, sr_p, sr_n, mask_p, d_state, t, read_T,
+                                         TILE_T, BLOCK_P, BLOCK_N, EVEN, C_IN_TF32, C_IN_BF16)  # fmt: skip
+    return read_T
+
+
+@triton.jit
+def checkpoint_tile_product(
+    state_at, C_at, sC_t, sC_n, c_count, sr_p, sr_n, mask_p, d_state, t, read_T,
+    TILE_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, C_IN_TF32: tl.constexpr,
+    C_IN_BF16: tl.constexpr,
+):  # fmt: skip
+    """``read_T`` plus d_state tile ``t``'s share of ``checkpoint_reads_mma``'s products: one loop step, so a loop
+    that walks several heads' tiles (the Mamba-2 verify's ``heads_per_program``) pipelines the same body."""
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_t = tl.arange(0, TILE_T)
+    offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+    h = checkpoint_tile(state_at, offs_p[:, None], offs_n[None, :], sr_p, sr_n, mask_p[:, None], d_state, EVEN)
+    live = (offs_t < c_count)[None, :]
+    if not EVEN:  # the fp32 copy is 0 past d_state; the model's C ends there
+        live = live & (offs_n < d_state)[:, None]
+    C_T = tl.load(C_at + offs_t[None, :] * sC_t + offs_n[:, None] * sC_n, mask=live, other=0.0)
+    if C_IN_BF16 and h.dtype == tl.bfloat16:  # both exact in bf16: its products, half the tf32 pass's MMAs
+        read_T = tl.dot(h, C_T.to(tl.bfloat16), read_T)
+    else:
+        h32, C32 = h.to(tl.float32), C_T.to(tl.float32)
+        read_T = fp32_dot(h32, C32, read_T, h.dtype == tl.bfloat16, C_IN_TF32 or h.dtype == tl.bfloat16)
     return read_T

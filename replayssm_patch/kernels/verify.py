@@ -25,7 +25,10 @@ kernel bench sweeps) as tensor-core products over d_state tiles pipelined throug
 the ring's T x (m+T) product as one more into the same accumulator. With ``pdl`` (a launch knob, not yet timed) the
 output launch is a programmatic dependent launch of the coefficient launch: it starts while that launch's last
 programs run, reads the checkpoint against the model's C, and waits for the coefficient launch only before it reads
-the coefficients (the interpreter runs launches in order, so there only the form is tested). A fold that also
+the coefficients (the interpreter runs launches in order, so there only the form is tested). With ``heads_per_program``
+(a launch knob, not yet timed; tensor-core reads only) each output program walks several heads of one group in one
+pipelined loop over their d_state tiles, each head's outputs formed at its last tile, so the next head's tiles are
+already loading (the split copy's verify, a program per head, ran at ~55 % of HBM). A fold that also
 wrote its rows' h'·C_j from the tile in registers, so that the verify skips those checkpoints (~1 row in ceil(L /
 AL)), lost (session 22, batch 128): the fold took 255 registers and 147.6 against 68.8 µs, the step 361.5 against
 343.2.
@@ -53,7 +56,13 @@ from replayssm_patch.kernels.flush import flush_ring, flush_ring_reference
 from replayssm_patch.kernels.launch_config import verify_launch_for
 from replayssm_patch.kernels.layout import PAD_SLOT_ID, group_of_head, ring_entries, ring_len_of
 from replayssm_patch.kernels.replay_decode import _step_inputs
-from replayssm_patch.kernels.state_products import DOT_EXTENT, checkpoint_reads_mma, checkpoint_tile, fp32_dot
+from replayssm_patch.kernels.state_products import (
+    DOT_EXTENT,
+    checkpoint_reads_mma,
+    checkpoint_tile,
+    checkpoint_tile_product,
+    fp32_dot,
+)
 
 # The coefficient launch's default shape (a launch table's ``coef_head_chunk`` / ``coef_num_warps`` override it).
 # T coefficient rows per (row, group) hold ~T times the decode step's registers: 4 warps keep them from spilling
@@ -194,40 +203,73 @@ def _verify_step_kernel(
     HAS_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     N_TILES: tl.constexpr, C_STRIDE: tl.constexpr, EVEN: tl.constexpr, TILE_T: tl.constexpr, MMA_STAGES: tl.constexpr,
     C_IN_TF32: tl.constexpr, C_IN_BF16: tl.constexpr, RING_MMA: tl.constexpr, RING_IN_TF32: tl.constexpr,
-    PDL: tl.constexpr, GDC: tl.constexpr,
+    PDL: tl.constexpr, GDC: tl.constexpr, HEADS: tl.constexpr,
 ):  # fmt: skip
     pblock = tl.program_id(0)
     row = tl.program_id(1)
-    head = tl.program_id(2)
+    first_head = tl.program_id(2) * HEADS  # HEADS heads of one B/C group (the launcher checks they divide it)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     pos = tl.load(pos_ptr + row).to(tl.int64)
     start = tl.load(qsl_ptr + row).to(tl.int64)
     count = tl.load(qsl_ptr + row + 1).to(tl.int64) - start
     if (slot == pad_slot_id) | (slot < 0) | (pos < 0) | (count <= 0) | (count > max_tokens) | (pos + count > ring_len):
         return
-    group = head // heads_per_group
+    group = first_head // heads_per_group
     offs_p = pblock * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_l = tl.arange(0, BLOCK_L)
-    offs_t = tl.arange(0, TILE_T)  # BLOCK_T, or tl.dot's 16 on the tensor cores
     mask_p = offs_p < head_dim
-    history, new, token = _ring_positions(offs_l, pos, start, count)
+    ring_at = _ring_positions(offs_l, pos, start, count)  # (history, new, token): the row's, shared by its heads
 
     # Every load first, the ring's append last: a load after a store waits for the store's data.
     bc_row = (row * (nheads // heads_per_group) + group) * BLOCK_T
-    state_at, C_at = read_ptr + slot * sr_slot + head * sr_h + pblock * BLOCK_P * sr_p, c32_ptr + bc_row * C_STRIDE
-    if MMA_STAGES > 0:
-        if PDL:  # the model's C: nothing before the wait below reads what the coefficient launch writes
-            read_T = checkpoint_reads_mma(state_at, C_ptr + start * sC_t + group * sC_g, sC_t, sC_n, count, sr_p,
-                                           sr_n, mask_p, d_state, TILE_T, BLOCK_P, BLOCK_N, N_TILES, EVEN, MMA_STAGES,
-                                           C_IN_TF32, C_IN_BF16)  # fmt: skip
-        else:
-            read_T = checkpoint_reads_mma(state_at, C_at, C_STRIDE, 1, BLOCK_T, sr_p, sr_n, mask_p, d_state, TILE_T,
-                                           BLOCK_P, BLOCK_N, N_TILES, EVEN, MMA_STAGES, C_IN_TF32,
-                                           C_IN_BF16)  # fmt: skip
-        read = tl.trans(read_T)
+    rows_at = read_ptr + slot * sr_slot + pblock * BLOCK_P * sr_p  # the row's checkpoint, at this head_dim block
+    if PDL:  # the model's C: nothing before the wait in _head_outputs reads what the coefficient launch writes
+        C_at, C_t, C_n, c_count = C_ptr + start * sC_t + group * sC_g, sC_t, sC_n, count
     else:
-        read = _checkpoint_reads(state_at, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T, BLOCK_P, BLOCK_N, N_TILES,
-                                 C_STRIDE, EVEN)  # fmt: skip
+        C_at, C_t, C_n, c_count = c32_ptr + bc_row * C_STRIDE, C_STRIDE, 1, BLOCK_T
+    if HEADS == 1:
+        if MMA_STAGES > 0:
+            read_T = checkpoint_reads_mma(rows_at + first_head * sr_h, C_at, C_t, C_n, c_count, sr_p, sr_n, mask_p,
+                                          d_state, TILE_T, BLOCK_P, BLOCK_N, N_TILES, EVEN, MMA_STAGES, C_IN_TF32,
+                                          C_IN_BF16)  # fmt: skip
+            reads = read_T if RING_MMA else tl.trans(read_T)
+        else:
+            reads = _checkpoint_reads(rows_at + first_head * sr_h, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T,
+                                      BLOCK_P, BLOCK_N, N_TILES, C_STRIDE, EVEN)  # fmt: skip
+        _head_outputs(
+            reads, first_head, row, slot, pos, start, count, ring_at, offs_l, offs_p, mask_p, bc_row, x_ptr, D_ptr,
+            ring_x_ptr, bc_ptr, w_ptr, decay_ptr, out_ptr, nheads, sx_t, sx_h, sx_p, srx_slot, srx_h, srx_l, srx_p,
+            so_t, so_h, so_p, HAS_D, BLOCK_T, BLOCK_L, TILE_T, RING_MMA, RING_IN_TF32, GDC,
+        )  # fmt: skip
+    else:  # one pipelined loop over the heads' d_state tiles: the next head's tiles load while this head's outputs form
+        read_T = tl.zeros((BLOCK_P, TILE_T), dtype=tl.float32)
+        for step in tl.range(0, HEADS * N_TILES, num_stages=MMA_STAGES):
+            head, tile = first_head + step // N_TILES, step % N_TILES
+            read_T = checkpoint_tile_product(rows_at + head * sr_h, C_at, C_t, C_n, c_count, sr_p, sr_n, mask_p,
+                                             d_state, tile, read_T, TILE_T, BLOCK_P, BLOCK_N, EVEN, C_IN_TF32,
+                                             C_IN_BF16)  # fmt: skip
+            if tile == N_TILES - 1:  # the head's last tile: its outputs, then the next head's sums from 0
+                _head_outputs(
+                    read_T if RING_MMA else tl.trans(read_T), head, row, slot, pos, start, count, ring_at, offs_l,
+                    offs_p, mask_p, bc_row, x_ptr, D_ptr, ring_x_ptr, bc_ptr, w_ptr, decay_ptr, out_ptr, nheads, sx_t,
+                    sx_h, sx_p, srx_slot, srx_h, srx_l, srx_p, so_t, so_h, so_p, HAS_D, BLOCK_T, BLOCK_L, TILE_T,
+                    RING_MMA, RING_IN_TF32, GDC,
+                )  # fmt: skip
+                read_T = tl.zeros((BLOCK_P, TILE_T), dtype=tl.float32)
+
+
+@triton.jit
+def _head_outputs(
+    reads, head, row, slot, pos, start, count, ring_at, offs_l, offs_p, mask_p, bc_row, x_ptr, D_ptr, ring_x_ptr,
+    bc_ptr, w_ptr, decay_ptr, out_ptr, nheads, sx_t, sx_h, sx_p, srx_slot, srx_h, srx_l, srx_p, so_t, so_h, so_p,
+    HAS_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, TILE_T: tl.constexpr, RING_MMA: tl.constexpr,
+    RING_IN_TF32: tl.constexpr, GDC: tl.constexpr,
+):  # fmt: skip
+    """One head's outputs from its checkpoint reads (``reads``: [BLOCK_P, TILE_T] where the ring's product joins them
+    on the tensor cores, else [TILE_T, BLOCK_P]; ``ring_at``: the row's ``_ring_positions``): the ring's T x (m+T)
+    product, D·x, the outputs stored and the query tokens' x appended to the ring, after the last load."""
+    offs_t = tl.arange(0, TILE_T)  # BLOCK_T, or tl.dot's 16 on the tensor cores
+    history, new, token = ring_at
     xs, _ = _ring_rows(  # [L, P]: the ring, T appended
         ring_x_ptr + slot * srx_slot + head * srx_h + offs_l[:, None] * srx_l + offs_p[None, :] * srx_p,
         x_ptr + token[:, None] * sx_t + head * sx_h + offs_p[None, :] * sx_p, new[:, None] & mask_p[None, :],
@@ -243,9 +285,9 @@ def _verify_step_kernel(
         at_T, real_T = offs_l[:, None] + offs_t[None, :] * BLOCK_L, (offs_t < BLOCK_T)[None, :]
         coef_T = tl.load(w_ptr + coef_row * BLOCK_L + at_T, mask=real_T, other=0.0)  # [L, TILE_T]
         coef_T *= tl.load(bc_ptr + bc_row * BLOCK_L + at_T, mask=real_T, other=0.0)
-        y = tl.trans(fp32_dot(tl.trans(xs), coef_T, decay[None, :] * read_T, RING_IN_TF32, False))
+        y = tl.trans(fp32_dot(tl.trans(xs), coef_T, decay[None, :] * reads, RING_IN_TF32, False))
     else:
-        y = decay[:, None] * read
+        y = decay[:, None] * reads
         for j in tl.static_range(BLOCK_T):  # the masked T x (m+T) product, one query token per pass
             coef = tl.load(w_ptr + (coef_row + j) * BLOCK_L + offs_l)
             coef *= tl.load(bc_ptr + (bc_row + j) * BLOCK_L + offs_l)
@@ -337,6 +379,7 @@ def replay_verify(
     pdl: bool | None = None,
     coef_head_chunk: int | None = None,
     coef_num_warps: int | None = None,
+    heads_per_program: int | None = None,
 ) -> torch.Tensor:
     """Append every row's query tokens to its ring at write_pos.. and return y [num_tokens, nheads, head_dim].
 
@@ -350,8 +393,11 @@ def replay_verify(
     tensor cores, pipelined that deep; 0: on the CUDA cores), ``mma_ring`` (the ring's product there too; needs
     ``mma_stages``) and ``pdl`` (the output launch as a programmatic dependent launch of the coefficient launch:
     its checkpoint reads, from the model's C, overlap that launch's end; it waits for the coefficients only; needs
-    ``mma_stages``), and the coefficient launch's ``coef_head_chunk`` and ``coef_num_warps`` (heads per program and
-    warps; 0: the module's) (``launch_config.VerifyLaunch``); unset, the table's. The interpreter runs launches one
+    ``mma_stages``), the coefficient launch's ``coef_head_chunk`` and ``coef_num_warps`` (heads per program and
+    warps; 0: the module's) and the output launch's ``heads_per_program`` (0 or 1: a program per head; n > 1: each
+    program walks n heads of one group in one pipelined loop over their d_state tiles, so the next head's tiles load
+    while this head's outputs form; needs ``mma_stages``, and n must divide the heads per group)
+    (``launch_config.VerifyLaunch``); unset, the table's. The interpreter runs launches one
     after the other, so there PDL is only its form (the model's C), without the grid-dependency instructions.
     """
     check_launchable(x, state)
@@ -369,6 +415,11 @@ def replay_verify(
         raise ValueError("mma_ring needs mma_stages > 0: the ring's product adds into the tensor-core checkpoint reads")
     if dependent and not stages:
         raise ValueError("pdl needs mma_stages > 0: only the tensor-core checkpoint reads take the model's C")
+    heads = max(1, tuned.heads_per_program if heads_per_program is None else heads_per_program)
+    if heads > 1 and not stages:
+        raise ValueError("heads_per_program > 1 needs mma_stages > 0: the heads' tiles share the pipelined loop")
+    if (nheads // ngroups) % heads:
+        raise ValueError(f"heads_per_program {heads} does not divide the {nheads // ngroups} heads of a group")
     bc, weight, decay, c32 = verify_coefficients(
         dt, A, B, C, ring_B, ring_dt, state_indices, write_pos, query_start_loc, max_query_len,
         dt_bias=dt_bias, dt_softplus=dt_softplus, pad_slot_id=pad_slot_id, pdl=dependent,
@@ -382,7 +433,7 @@ def replay_verify(
     BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p, floor=floor)
     BLOCK_N = block_size(d_state, cap=block_n or tuned.block_n, floor=floor)
     gdc = dependent and x.device.type == "cuda"
-    _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads)](
+    _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads // heads)](
         x, C, c32, D if D is not None else A, state, ring_x, state_indices, write_pos, query_start_loc,
         bc, weight, decay, out,
         head_dim, d_state, ring_len, max_query_len, nheads, nheads // ngroups, pad_slot_id,
@@ -391,7 +442,7 @@ def replay_verify(
         N_TILES=triton.cdiv(d_state, BLOCK_N), C_STRIDE=c32.shape[-1],
         EVEN=head_dim % BLOCK_P == 0 and d_state % BLOCK_N == 0, TILE_T=max(BLOCK_T, floor),
         MMA_STAGES=stages, C_IN_TF32=C.dtype.itemsize <= 2, C_IN_BF16=C.dtype == torch.bfloat16,
-        RING_MMA=ring_on_tensor_cores, RING_IN_TF32=ring_x.dtype.itemsize <= 2, PDL=dependent, GDC=gdc,
+        RING_MMA=ring_on_tensor_cores, RING_IN_TF32=ring_x.dtype.itemsize <= 2, PDL=dependent, GDC=gdc, HEADS=heads,
         num_warps=num_warps or tuned.num_warps, launch_pdl=gdc,
         **register_cap(tuned.maxnreg if maxnreg is None else maxnreg),
     )  # fmt: skip
@@ -427,9 +478,11 @@ def replay_verify_reference(
     pdl: bool | None = None,
     coef_head_chunk: int | None = None,
     coef_num_warps: int | None = None,
+    heads_per_program: int | None = None,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``replay_verify`` (same arguments; the tuning knobs are ignored), in fp32, row by row."""
     del block_p, block_n, num_warps, maxnreg, mma_stages, mma_ring, pdl, coef_head_chunk, coef_num_warps
+    del heads_per_program
     nheads = x.shape[1]
     dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
     ring_len = ring_len_of(ring_x)

@@ -79,10 +79,14 @@ def decays(cache, slot: int, m: int, step: StepInputs, layer, first: int, count:
 # the output launch's forms: sums on the CUDA cores; the checkpoint reads as pipelined tensor-core products; the
 # ring's product on the tensor cores too; and the programmatic dependent launch's form (the model's C, not the
 # coefficient launch's fp32 copy, which it does not write then); and the coefficient launch with a group's heads in
-# one program of 2 warps (capped at the group's power of two: 8 heads of one group in one tile, not two)
+# one program of 2 warps (capped at the group's power of two: 8 heads of one group in one tile, not two); and output
+# programs that walk two heads of a group in one pipelined loop over their d_state tiles (without and with the ring's
+# product on the tensor cores)
 FORMS = {"cuda-cores": {"mma_stages": 0}, "tensor-cores": {"mma_stages": 2},
          "tensor-cores-ring": {"mma_stages": 2, "mma_ring": True}, "pdl": {"mma_stages": 2, "pdl": True},
-         "wide-coefficients": {"mma_stages": 0, "coef_head_chunk": 16, "coef_num_warps": 2}}  # fmt: skip
+         "wide-coefficients": {"mma_stages": 0, "coef_head_chunk": 16, "coef_num_warps": 2},
+         "heads-walked": {"mma_stages": 2, "heads_per_program": 2},
+         "heads-walked-ring": {"mma_stages": 2, "mma_ring": True, "heads_per_program": 2}}  # fmt: skip
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -204,10 +208,10 @@ def test_verify_steps_track_fp64_across_folds(shape: Shape, T: int, pattern: str
 
 @pytest.mark.parametrize(("pattern", "form"), [("all", "cuda-cores"), ("mixed", "cuda-cores"),
                                                ("mixed", "tensor-cores"), ("mixed", "tensor-cores-ring"),
-                                               ("mixed", "pdl")])  # fmt: skip
+                                               ("mixed", "pdl"), ("mixed", "heads-walked")])  # fmt: skip
 def test_verify_steps_in_split_precision_stay_within_the_bf16_bound(pattern: str, form: str) -> None:
     """The bf16 copy read on the CUDA cores, or as tensor-core products: bf16 ones where C is bf16 (this shape's: the
-    products are exact either way), as the model's C with ``pdl``."""
+    products are exact either way), as the model's C with ``pdl``, and with two heads walked by each program."""
     shape, T = VERIFY_SHAPES[1]
     run_verify_steps(shape, T, split=True, pattern=pattern, steps=8, form=form)
 
@@ -218,8 +222,10 @@ def test_verify_steps_with_the_ring_on_the_tensor_cores_track_fp64_across_folds(
                      form="tensor-cores-ring")  # fmt: skip
 
 
-@pytest.mark.parametrize(("knob", "refusal"), [("mma_ring", "mma_ring needs mma_stages > 0"),
-                                               ("pdl", "pdl needs mma_stages > 0")])  # fmt: skip
+@pytest.mark.parametrize(("knob", "refusal"), [
+    ("mma_ring", "mma_ring needs mma_stages > 0"), ("pdl", "pdl needs mma_stages > 0"),
+    ("heads_per_program", "heads_per_program > 1 needs mma_stages > 0"),
+])  # fmt: skip
 def test_a_tensor_core_knob_without_the_checkpoint_there_is_refused(knob: str, refusal: str) -> None:
     shape, T = VERIFY_SHAPES[0]
     gen = seeded(shape, T, "refusal")
@@ -229,7 +235,20 @@ def test_a_tensor_core_knob_without_the_checkpoint_there_is_refused(knob: str, r
     args = (step.x, step.dt, layer.A, step.B, step.C, cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt)
     one = torch.zeros(1, dtype=torch.int32)
     with pytest.raises(ValueError, match=refusal):
-        replay_verify(*args, one, one, torch.tensor([0, T], dtype=torch.int32), T, mma_stages=0, **{knob: True})
+        replay_verify(*args, one, one, torch.tensor([0, T], dtype=torch.int32), T, mma_stages=0, **{knob: 2})
+
+
+def test_walked_heads_must_divide_a_group() -> None:
+    """Each program's heads share one B/C group: 3 heads per program over groups of 8 is refused, naming both."""
+    shape, T = VERIFY_SHAPES[3]
+    gen = seeded(shape, T, "walked heads")
+    layer = make_layer(shape, gen)
+    cache = make_cache(shape, 2, False, gen)
+    step = tokens(shape, layer, T, gen)
+    args = (step.x, step.dt, layer.A, step.B, step.C, cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt)
+    one = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="heads_per_program 3 does not divide the 8 heads of a group"):
+        replay_verify(*args, one, one, torch.tensor([0, T], dtype=torch.int32), T, mma_stages=2, heads_per_program=3)
 
 
 def test_verify_plan_kernel_matches_its_reference() -> None:
