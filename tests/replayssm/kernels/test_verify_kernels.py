@@ -222,12 +222,15 @@ def test_verify_steps_with_the_ring_on_the_tensor_cores_track_fp64_across_folds(
                      form="tensor-cores-ring")  # fmt: skip
 
 
-@pytest.mark.parametrize(("knob", "refusal"), [
-    ("mma_ring", "mma_ring needs mma_stages > 0"), ("pdl", "pdl needs mma_stages > 0"),
-    ("heads_per_program", "heads_per_program > 1 needs mma_stages > 0"),
-])  # fmt: skip
-def test_a_tensor_core_knob_without_the_checkpoint_there_is_refused(knob: str, refusal: str) -> None:
-    shape, T = VERIFY_SHAPES[0]
+@pytest.mark.parametrize(("shape_index", "knobs", "refusal"), [
+    (0, {"mma_stages": 0, "mma_ring": True}, "mma_ring needs mma_stages > 0"),
+    (0, {"mma_stages": 0, "pdl": True}, "pdl needs mma_stages > 0"),
+    (0, {"mma_stages": 0, "heads_per_program": 2}, "heads_per_program > 1 needs mma_stages > 0"),
+    # each program's heads share one B/C group: 3 heads per program over groups of 8 cannot
+    (3, {"mma_stages": 2, "heads_per_program": 3}, "heads_per_program 3 does not divide the 8 heads of a group"),
+], ids=["mma_ring", "pdl", "heads_per_program", "heads across groups"])  # fmt: skip
+def test_verify_launch_knobs_that_cannot_run_are_refused(shape_index: int, knobs: dict, refusal: str) -> None:
+    shape, T = VERIFY_SHAPES[shape_index]
     gen = seeded(shape, T, "refusal")
     layer = make_layer(shape, gen)
     cache = make_cache(shape, 2, False, gen)
@@ -235,20 +238,7 @@ def test_a_tensor_core_knob_without_the_checkpoint_there_is_refused(knob: str, r
     args = (step.x, step.dt, layer.A, step.B, step.C, cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt)
     one = torch.zeros(1, dtype=torch.int32)
     with pytest.raises(ValueError, match=refusal):
-        replay_verify(*args, one, one, torch.tensor([0, T], dtype=torch.int32), T, mma_stages=0, **{knob: 2})
-
-
-def test_walked_heads_must_divide_a_group() -> None:
-    """Each program's heads share one B/C group: 3 heads per program over groups of 8 is refused, naming both."""
-    shape, T = VERIFY_SHAPES[3]
-    gen = seeded(shape, T, "walked heads")
-    layer = make_layer(shape, gen)
-    cache = make_cache(shape, 2, False, gen)
-    step = tokens(shape, layer, T, gen)
-    args = (step.x, step.dt, layer.A, step.B, step.C, cache.ssm_state, cache.ring_x, cache.ring_B, cache.ring_dt)
-    one = torch.zeros(1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="heads_per_program 3 does not divide the 8 heads of a group"):
-        replay_verify(*args, one, one, torch.tensor([0, T], dtype=torch.int32), T, mma_stages=2, heads_per_program=3)
+        replay_verify(*args, one, one, torch.tensor([0, T], dtype=torch.int32), T, **knobs)
 
 
 def test_verify_plan_kernel_matches_its_reference() -> None:
