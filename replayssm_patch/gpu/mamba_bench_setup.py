@@ -77,6 +77,12 @@ class Plan(BenchPlan):
         # address arithmetic stays live across it), so wide tiles keep bytes in flight: 64 x 64 x 2 warps 250 / 238
         # (fp32 / split, 4 programs an SM), 64 x 32 x 2 247 / 237, 32 x 64 x 1 252 / 245, no spills
         (64, 64, 2, 0, 3, 0, 0, 4), (64, 32, 2, 0, 3, 0, 0, 4), (32, 64, 1, 0, 3, 0, 0, 4),
+        # the checkpoint's tiles copied by the tensor memory accelerator (session 29): no per-element addresses in
+        # registers (ptxas, fp32 / split: 32 x 32 x 1 warp 112 / 110 against 128 / 146 without; with the ring's product
+        # there too 126 / 128; 64 x 32 x 2 96 / 116; 64 x 64 x 4 120 / 79; 32 x 128 x 2 warps at 2 stages 194 / 72; 4
+        # heads a program at 64 x 64 x 2 223 / 225), no spills
+        (32, 32, 1, 0, 3, 0, 0, 1, 1), (32, 32, 1, 0, 3, 1, 0, 1, 1), (64, 32, 2, 0, 3, 0, 0, 1, 1),
+        (64, 64, 4, 0, 3, 0, 0, 1, 1), (32, 128, 2, 0, 2, 0, 0, 1, 1), (64, 64, 2, 0, 3, 0, 0, 4, 1),
     )  # fmt: skip
     # (heads per program, num_warps) of the verify's coefficient launch, swept alone before the whole verify: its 4 x
     # 4 ran at 27 % of HBM (session 27). ptxas: 168 registers at 4 x 4 (3 programs, 12 warps an SM); 8 warps spread
@@ -119,7 +125,7 @@ SMOKE_PLAN = Plan(
     nheads=4, head_dim=8, d_state=16, ngroups=2, buffer_len=4, eq_batch=3, eq_steps=6, batches=(2,),
     warmup=1, graph_calls=1, repeats=1, step_configs=((16, 64, 1), (8, 16, 2)),
     verify_configs=((16, 64, 1), (8, 16, 2, 80, 2), (8, 16, 1, 0, 2, 1), (8, 16, 1, 0, 2, 0, 1),
-                    (8, 16, 1, 0, 2, 0, 0, 2)),
+                    (8, 16, 1, 0, 2, 0, 0, 2), (16, 16, 1, 0, 2, 0, 0, 1, 1)),
     verify_coef_configs=((4, 4), (2, 2)),
     fold_configs=((16, 4, 0), (16, 4, 1, 168), (16, 4, 0, 0, 2), (16, 2, 1, 0, 6, 16)), verify_long_ring=5,
     verify_token_sweep=(2,), rotation_layers=2, rotation_pool=9,
@@ -183,12 +189,12 @@ class Baseline(VllmBaseline):
         return lambda: self.step(state, inputs, layer, rows, out), error
 
 
-# (block_p, block_n, num_warps[, maxnreg[, mma_stages[, mma_ring[, pdl[, heads]]]]]) of a replay or verify launch,
-# (block_p, num_warps, prefetch[, maxnreg[, programs_per_sm[, block_n]]]) of the fold: maxnreg caps the registers per
-# thread (0: none), programs_per_sm sizes the fold's listed grid, the fold's block_n cuts its items into d_state
-# slices, mma_stages puts the verify's checkpoint reads on the tensor cores, mma_ring its ring's product too, pdl makes
-# it a programmatic dependent launch of the coefficient launch and heads the heads each program walks
-# (kernels.launch_config)
+# (block_p, block_n, num_warps[, maxnreg[, mma_stages[, mma_ring[, pdl[, heads[, tma]]]]]]) of a replay or verify
+# launch, (block_p, num_warps, prefetch[, maxnreg[, programs_per_sm[, block_n]]]) of the fold: maxnreg caps the
+# registers per thread (0: none), programs_per_sm sizes the fold's listed grid, the fold's block_n cuts its items into
+# d_state slices, mma_stages puts the verify's checkpoint reads on the tensor cores, mma_ring its ring's product too,
+# pdl makes it a programmatic dependent launch of the coefficient launch, heads the heads each program walks and tma
+# copies the checkpoint's tiles by the tensor memory accelerator (kernels.launch_config)
 Shape = tuple[int, ...]
 
 
@@ -216,8 +222,10 @@ def sweep_markdown(sweep: dict[str, Any], what: str, shape: str = "block_p x blo
     return lines
 
 
-# the verify's last five only where a shape names them
-REPLAY_KNOBS = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages", "mma_ring", "pdl", "heads_per_program")
+# the verify's last six only where a shape names them
+REPLAY_KNOBS = (
+    "block_p", "block_n", "num_warps", "maxnreg", "mma_stages", "mma_ring", "pdl", "heads_per_program", "tma",
+)  # fmt: skip
 FOLD_KNOBS = ("block_p", "num_warps", "prefetch", "maxnreg", "programs_per_sm", "block_n")
 COEF_KNOBS = ("coef_head_chunk", "coef_num_warps")  # a swept shape of the verify's coefficient launch
 

@@ -175,22 +175,26 @@ def ptxas_usage(ptx: str) -> tuple[int, int]:
 
 
 def verify_step_launch(
-    read: str, tokens: int, block_p: int, block_n: int, stages: int, ring: bool, pdl: bool = False, heads: int = 1
-) -> tuple[dict[str, str], dict[str, object]]:
+    read: str, tokens: int, block_p: int, block_n: int, stages: int, ring: bool, pdl: bool = False, heads: int = 1,
+    tma: bool = False,
+) -> tuple[dict[str, str], dict[str, object]]:  # fmt: skip
     """Pointer types and constexprs of the verify's output launch as the engine sets them: bf16 activations, ring
     and C, head_dim 64 and d_state 128 at unit inner strides, the ring L + T padded to 32, rows of ``tokens`` query
     tokens; ``read`` the checkpoint's type ("*fp32", or "*bf16": the split copy), ``stages`` its tensor-core reads
     (0: CUDA cores), ``ring`` the ring's product there too, ``pdl`` the programmatic dependent launch (on a GPU,
-    with its grid-dependency wait) and ``heads`` the heads each program walks."""
+    with its grid-dependency wait), ``heads`` the heads each program walks and ``tma`` the checkpoint's tiles copied
+    through a tensor descriptor."""
     from replayssm_patch.kernels.state_products import DOT_EXTENT
 
     consts = {"HAS_D": True, "BLOCK_T": tokens, "BLOCK_L": 32, "BLOCK_P": block_p, "BLOCK_N": block_n,
               "N_TILES": 128 // block_n, "C_STRIDE": 128, "EVEN": True,
               "TILE_T": max(tokens, DOT_EXTENT) if stages else tokens, "MMA_STAGES": stages, "C_IN_TF32": True,
               "C_IN_BF16": True,
-              "RING_MMA": ring, "RING_IN_TF32": True, "PDL": pdl, "GDC": pdl, "HEADS": heads,
+              "RING_MMA": ring, "RING_IN_TF32": True, "PDL": pdl, "GDC": pdl, "HEADS": heads, "TMA": tma,
               **_VERIFY_UNIT_STRIDES}  # fmt: skip
-    return {**_VERIFY_STEP_POINTERS, "read_ptr": read}, consts
+    element = read.removeprefix("*")
+    descriptor = f"tensordesc<{element}[1, 1, {block_p}, {block_n}]>" if tma else read  # unread without TMA
+    return {**_VERIFY_STEP_POINTERS, "read_ptr": read, "read_desc": descriptor}, consts
 
 
 def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, object], int]]:
@@ -273,17 +277,19 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
     verify_launches = (  # the CUDA-core sums at the default shape; the tensor-core form at 64 x 32 x 4 warps, 3
         # stages (wgmma), with the ring's product there too at session 23's winner, 32 x 32 x 1 warp, 3 stages, and
         # that winner as a programmatic dependent launch
-        ("", DEFAULT.block_p, DEFAULT.block_n, DEFAULT.num_warps, 0, False, False, 1),
-        (", tensor cores", 64, 32, 4, 3, False, False, 1),
-        (", tensor cores with the ring", 32, 32, 1, 3, True, False, 1),
-        (", tensor cores, pdl", 32, 32, 1, 3, False, True, 1),
-        # programs that walk 4 heads of a group in one pipelined loop (the kernel bench's widest such shape)
-        (", tensor cores, 4 heads a program", 64, 64, 2, 3, False, False, 4),
+        ("", DEFAULT.block_p, DEFAULT.block_n, DEFAULT.num_warps, 0, False, False, 1, False),
+        (", tensor cores", 64, 32, 4, 3, False, False, 1, False),
+        (", tensor cores with the ring", 32, 32, 1, 3, True, False, 1, False),
+        (", tensor cores, pdl", 32, 32, 1, 3, False, True, 1, False),
+        # programs that walk 4 heads of a group in one pipelined loop (the kernel bench's widest such shape), and the
+        # checkpoint's tiles copied by the tensor memory accelerator at session 23's winning tile
+        (", tensor cores, 4 heads a program", 64, 64, 2, 3, False, False, 4, False),
+        (", tensor cores, tma", 32, 32, 1, 3, False, False, 1, True),
     )  # fmt: skip
-    for (label, read), (form, block_p, block_n, num_warps, stages, ring, pdl, heads) in itertools.product(
+    for (label, read), (form, block_p, block_n, num_warps, stages, ring, pdl, heads, tma) in itertools.product(
         (("fp32 checkpoint", "*fp32"), ("split precision", "*bf16")), verify_launches
     ):
-        pointers, consts = verify_step_launch(read, 4, block_p, block_n, stages, ring, pdl, heads)
+        pointers, consts = verify_step_launch(read, 4, block_p, block_n, stages, ring, pdl, heads, tma)
         found.append((f"verify step T=4, {label}{form}", _verify_step_kernel, pointers, consts, num_warps))
     found += gdn_variants(split=False) + gdn_variants(split=True)
     for split in (False, True):

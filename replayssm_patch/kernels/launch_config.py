@@ -76,6 +76,10 @@ class VerifyLaunch(ReplayLaunch):
     # of HBM with a program per head, each a chain of loads then its T-token work (session 28), so fewer, longer
     # programs with the next loads in flight may keep more bytes moving. 0 or 1: a program per head.
     heads_per_program: int = 0
+    # 1: the checkpoint tiles come by Hopper's tensor memory accelerator through a descriptor (needs mma_stages): no
+    # address arithmetic per element in registers (ptxas: the per-element form's pipelined reads hold 128-168), so an
+    # SM may hold more programs and more bytes in flight
+    tma: int = 0
 
     def as_key(self) -> str:
         coef = (
@@ -85,7 +89,8 @@ class VerifyLaunch(ReplayLaunch):
         )
         return (super().as_key() + (f" mma {self.mma_stages} stages" if self.mma_stages else "")
                 + (" ring mma" if self.mma_ring else "") + (" pdl" if self.pdl else "")
-                + (f" {self.heads_per_program} heads" if self.heads_per_program > 1 else "") + coef)  # fmt: skip
+                + (f" {self.heads_per_program} heads" if self.heads_per_program > 1 else "")
+                + (" tma" if self.tma else "") + coef)  # fmt: skip
 
 
 @dataclass(frozen=True)

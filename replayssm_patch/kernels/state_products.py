@@ -66,6 +66,7 @@ def checkpoint_reads_mma(
     state_at, C_at, sC_t, sC_n, c_count, sr_p, sr_n, mask_p, d_state,
     TILE_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
     EVEN: tl.constexpr, STAGES: tl.constexpr, C_IN_TF32: tl.constexpr, C_IN_BF16: tl.constexpr,
+    desc=None, desc_at=None, TMA: tl.constexpr = False,
 ):  # fmt: skip
     """A checkpoint tile's products with up to TILE_T vectors, transposed: [BLOCK_P, TILE_T] (the vectors padded to
     tl.dot's 16, 0 past ``c_count``), checkpoint [P, N] x C^T [N, TILE_T] per column tile (``fp32_dot``: one tf32
@@ -75,11 +76,15 @@ def checkpoint_reads_mma(
     (m16n8k16, exact products summed in fp32, as the one tf32 pass is, with half its MMAs).
     The tiles run in a ``tl.range`` loop, so Triton's pipeliner copies them to shared memory ``STAGES`` deep and the
     MMAs read them there: session 20's form (static tiles through registers) lost; this one won session 23's sweep
-    (the verify step at batch 256 505.2 against 548.0 µs on the CUDA cores, T = 8 499.7 against 688.3 without folds)."""
+    (the verify step at batch 256 505.2 against 548.0 µs on the CUDA cores, T = 8 499.7 against 688.3 without folds).
+    ``TMA``: the tiles come through ``desc`` (a tensor descriptor of the checkpoint, [slots, heads, rows, cols]) at
+    ``desc_at`` = (slot, head, first row), as Hopper's tensor memory accelerator copies them
+    (``checkpoint_tile_product``)."""
     read_T = tl.zeros((BLOCK_P, TILE_T), dtype=tl.float32)
     for t in tl.range(0, N_TILES, num_stages=STAGES):
         read_T = checkpoint_tile_product(state_at, C_at, sC_t, sC_n, c_count, sr_p, sr_n, mask_p, d_state, t, read_T,
-                                         TILE_T, BLOCK_P, BLOCK_N, EVEN, C_IN_TF32, C_IN_BF16)  # fmt: skip
+                                         TILE_T, BLOCK_P, BLOCK_N, EVEN, C_IN_TF32, C_IN_BF16, desc, desc_at,
+                                         TMA)  # fmt: skip
     return read_T
 
 
@@ -87,14 +92,21 @@ def checkpoint_reads_mma(
 def checkpoint_tile_product(
     state_at, C_at, sC_t, sC_n, c_count, sr_p, sr_n, mask_p, d_state, t, read_T,
     TILE_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, C_IN_TF32: tl.constexpr,
-    C_IN_BF16: tl.constexpr,
+    C_IN_BF16: tl.constexpr, desc=None, desc_at=None, TMA: tl.constexpr = False,
 ):  # fmt: skip
     """``read_T`` plus d_state tile ``t``'s share of ``checkpoint_reads_mma``'s products: one loop step, so a loop
-    that walks several heads' tiles (the Mamba-2 verify's ``heads_per_program``) pipelines the same body."""
+    that walks several heads' tiles (the Mamba-2 verify's ``heads_per_program``) pipelines the same body. With
+    ``TMA`` the tile is a tensor-memory-accelerator copy through ``desc`` (rows and columns past the checkpoint's
+    read as 0), so no address arithmetic per element holds registers: the pipelined loop's copies go straight to
+    shared memory."""
     offs_p = tl.arange(0, BLOCK_P)
     offs_t = tl.arange(0, TILE_T)
     offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-    h = checkpoint_tile(state_at, offs_p[:, None], offs_n[None, :], sr_p, sr_n, mask_p[:, None], d_state, EVEN)
+    if TMA:
+        slot, head, first_row = desc_at
+        h = desc.load([slot, head, first_row, t * BLOCK_N]).reshape(BLOCK_P, BLOCK_N)
+    else:
+        h = checkpoint_tile(state_at, offs_p[:, None], offs_n[None, :], sr_p, sr_n, mask_p[:, None], d_state, EVEN)
     live = (offs_t < c_count)[None, :]
     if not EVEN:  # the fp32 copy is 0 past d_state; the model's C ends there
         live = live & (offs_n < d_state)[:, None]

@@ -28,7 +28,9 @@ programs run, reads the checkpoint against the model's C, and waits for the coef
 the coefficients (the interpreter runs launches in order, so there only the form is tested). With ``heads_per_program``
 (a launch knob, not yet timed; tensor-core reads only) each output program walks several heads of one group in one
 pipelined loop over their d_state tiles, each head's outputs formed at its last tile, so the next head's tiles are
-already loading (the split copy's verify, a program per head, ran at ~55 % of HBM). A fold that also
+already loading (the split copy's verify, a program per head, ran at ~55 % of HBM); with ``tma`` (not yet timed)
+the checkpoint's tiles are copied by Hopper's tensor memory accelerator through a descriptor
+(``checkpoint_descriptor``), with no address arithmetic per element in registers. A fold that also
 wrote its rows' h'·C_j from the tile in registers, so that the verify skips those checkpoints (~1 row in ceil(L /
 AL)), lost (session 22, batch 128): the fold took 255 registers and 147.6 against 68.8 µs, the step 361.5 against
 343.2.
@@ -42,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from replayssm_patch.kernels.common import (
     block_size,
@@ -196,14 +199,14 @@ def _checkpoint_reads(
 
 @triton.jit(do_not_specialize_on_alignment=["x_ptr", "C_ptr", "out_ptr"])
 def _verify_step_kernel(
-    x_ptr, C_ptr, c32_ptr, D_ptr, read_ptr, ring_x_ptr, slot_ptr, pos_ptr, qsl_ptr, bc_ptr, w_ptr, decay_ptr, out_ptr,
-    head_dim, d_state, ring_len, max_tokens, nheads, heads_per_group, pad_slot_id,
+    x_ptr, C_ptr, c32_ptr, D_ptr, read_ptr, read_desc, ring_x_ptr, slot_ptr, pos_ptr, qsl_ptr, bc_ptr, w_ptr,
+    decay_ptr, out_ptr, head_dim, d_state, ring_len, max_tokens, nheads, heads_per_group, pad_slot_id,
     sx_t, sx_h, sx_p, sC_t, sC_g, sC_n, sr_slot, sr_h, sr_p, sr_n, srx_slot, srx_h, srx_l, srx_p,
     so_t, so_h, so_p,
     HAS_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     N_TILES: tl.constexpr, C_STRIDE: tl.constexpr, EVEN: tl.constexpr, TILE_T: tl.constexpr, MMA_STAGES: tl.constexpr,
     C_IN_TF32: tl.constexpr, C_IN_BF16: tl.constexpr, RING_MMA: tl.constexpr, RING_IN_TF32: tl.constexpr,
-    PDL: tl.constexpr, GDC: tl.constexpr, HEADS: tl.constexpr,
+    PDL: tl.constexpr, GDC: tl.constexpr, HEADS: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     pblock = tl.program_id(0)
     row = tl.program_id(1)
@@ -223,6 +226,7 @@ def _verify_step_kernel(
     # Every load first, the ring's append last: a load after a store waits for the store's data.
     bc_row = (row * (nheads // heads_per_group) + group) * BLOCK_T
     rows_at = read_ptr + slot * sr_slot + pblock * BLOCK_P * sr_p  # the row's checkpoint, at this head_dim block
+    tile_slot, first_row = slot.to(tl.int32), pblock * BLOCK_P  # where the TMA form's copies start (TMA)
     if PDL:  # the model's C: nothing before the wait in _head_outputs reads what the coefficient launch writes
         C_at, C_t, C_n, c_count = C_ptr + start * sC_t + group * sC_g, sC_t, sC_n, count
     else:
@@ -231,7 +235,7 @@ def _verify_step_kernel(
         if MMA_STAGES > 0:
             read_T = checkpoint_reads_mma(rows_at + first_head * sr_h, C_at, C_t, C_n, c_count, sr_p, sr_n, mask_p,
                                           d_state, TILE_T, BLOCK_P, BLOCK_N, N_TILES, EVEN, MMA_STAGES, C_IN_TF32,
-                                          C_IN_BF16)  # fmt: skip
+                                          C_IN_BF16, read_desc, (tile_slot, first_head, first_row), TMA)  # fmt: skip
             reads = read_T if RING_MMA else tl.trans(read_T)
         else:
             reads = _checkpoint_reads(rows_at + first_head * sr_h, C_at, sr_p, sr_n, mask_p, d_state, BLOCK_T,
@@ -247,7 +251,7 @@ def _verify_step_kernel(
             head, tile = first_head + step // N_TILES, step % N_TILES
             read_T = checkpoint_tile_product(rows_at + head * sr_h, C_at, C_t, C_n, c_count, sr_p, sr_n, mask_p,
                                              d_state, tile, read_T, TILE_T, BLOCK_P, BLOCK_N, EVEN, C_IN_TF32,
-                                             C_IN_BF16)  # fmt: skip
+                                             C_IN_BF16, read_desc, (tile_slot, head, first_row), TMA)  # fmt: skip
             if tile == N_TILES - 1:  # the head's last tile: its outputs, then the next head's sums from 0
                 _head_outputs(
                     read_T if RING_MMA else tl.trans(read_T), head, row, slot, pos, start, count, ring_at, offs_l,
@@ -299,6 +303,20 @@ def _head_outputs(
     tl.store(out_at, y.to(out_ptr.dtype.element_ty), mask=mask_tp)
     ring_at = ring_x_ptr + slot * srx_slot + head * srx_h + (pos + offs_t)[:, None] * srx_l + offs_p[None, :] * srx_p
     tl.store(ring_at, x_tok.to(ring_x_ptr.dtype.element_ty), mask=mask_tp)  # the query tokens' rows, appended
+
+
+def checkpoint_descriptor(state: torch.Tensor, block_p: int, block_n: int) -> TensorDescriptor:
+    """A tensor descriptor of the checkpoint [slots, heads, head_dim, d_state] whose copies are one [block_p, block_n]
+    tile; the tensor memory accelerator needs a 16-byte-aligned base and strides and contiguous columns, which vLLM's
+    paged caches have (a page is a multiple of 16 bytes): anything else is refused in one line naming the fix."""
+    byte_strides = [stride * state.element_size() for stride in state.stride()[:-1]]
+    aligned = state.data_ptr() % 16 == 0 and all(stride % 16 == 0 for stride in byte_strides)
+    if state.dim() != 4 or state.stride(-1) != 1 or not aligned:
+        raise ValueError(
+            f"tma: the checkpoint (shape {tuple(state.shape)}, strides {state.stride()}) is not 16-byte aligned with "
+            "contiguous columns; run this cache without the knob (tma 0 in the launch table)"
+        )
+    return TensorDescriptor(state, list(state.shape), list(state.stride()), [1, 1, block_p, block_n])
 
 
 def verify_coefficients(
@@ -380,6 +398,7 @@ def replay_verify(
     coef_head_chunk: int | None = None,
     coef_num_warps: int | None = None,
     heads_per_program: int | None = None,
+    tma: bool | None = None,
 ) -> torch.Tensor:
     """Append every row's query tokens to its ring at write_pos.. and return y [num_tokens, nheads, head_dim].
 
@@ -396,8 +415,9 @@ def replay_verify(
     ``mma_stages``), the coefficient launch's ``coef_head_chunk`` and ``coef_num_warps`` (heads per program and
     warps; 0: the module's) and the output launch's ``heads_per_program`` (0 or 1: a program per head; n > 1: each
     program walks n heads of one group in one pipelined loop over their d_state tiles, so the next head's tiles load
-    while this head's outputs form; needs ``mma_stages``, and n must divide the heads per group)
-    (``launch_config.VerifyLaunch``); unset, the table's. The interpreter runs launches one
+    while this head's outputs form; needs ``mma_stages``, and n must divide the heads per group) and ``tma`` (the
+    checkpoint tiles copied by Hopper's tensor memory accelerator through a descriptor, no per-element addresses;
+    needs ``mma_stages``) (``launch_config.VerifyLaunch``); unset, the table's. The interpreter runs launches one
     after the other, so there PDL is only its form (the model's C), without the grid-dependency instructions.
     """
     check_launchable(x, state)
@@ -433,8 +453,12 @@ def replay_verify(
     BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p, floor=floor)
     BLOCK_N = block_size(d_state, cap=block_n or tuned.block_n, floor=floor)
     gdc = dependent and x.device.type == "cuda"
+    copies = bool(tuned.tma if tma is None else tma)
+    if copies and not stages:
+        raise ValueError("tma needs mma_stages > 0: the copies feed the tensor-core checkpoint reads")
+    descriptor = checkpoint_descriptor(state, BLOCK_P, BLOCK_N) if copies else state  # unread without the knob
     _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads // heads)](
-        x, C, c32, D if D is not None else A, state, ring_x, state_indices, write_pos, query_start_loc,
+        x, C, c32, D if D is not None else A, state, descriptor, ring_x, state_indices, write_pos, query_start_loc,
         bc, weight, decay, out,
         head_dim, d_state, ring_len, max_query_len, nheads, nheads // ngroups, pad_slot_id,
         *x.stride(), *C.stride(), *state.stride(), *ring_x.stride(), *out.stride(),
@@ -443,7 +467,7 @@ def replay_verify(
         EVEN=head_dim % BLOCK_P == 0 and d_state % BLOCK_N == 0, TILE_T=max(BLOCK_T, floor),
         MMA_STAGES=stages, C_IN_TF32=C.dtype.itemsize <= 2, C_IN_BF16=C.dtype == torch.bfloat16,
         RING_MMA=ring_on_tensor_cores, RING_IN_TF32=ring_x.dtype.itemsize <= 2, PDL=dependent, GDC=gdc, HEADS=heads,
-        num_warps=num_warps or tuned.num_warps, launch_pdl=gdc,
+        TMA=copies, num_warps=num_warps or tuned.num_warps, launch_pdl=gdc,
         **register_cap(tuned.maxnreg if maxnreg is None else maxnreg),
     )  # fmt: skip
     return out
@@ -479,10 +503,11 @@ def replay_verify_reference(
     coef_head_chunk: int | None = None,
     coef_num_warps: int | None = None,
     heads_per_program: int | None = None,
+    tma: bool | None = None,
 ) -> torch.Tensor:
     """Plain-PyTorch twin of ``replay_verify`` (same arguments; the tuning knobs are ignored), in fp32, row by row."""
     del block_p, block_n, num_warps, maxnreg, mma_stages, mma_ring, pdl, coef_head_chunk, coef_num_warps
-    del heads_per_program
+    del heads_per_program, tma
     nheads = x.shape[1]
     dt, A, D, dt_bias, out = _step_inputs(x, dt, A, D, dt_bias, out)
     ring_len = ring_len_of(ring_x)

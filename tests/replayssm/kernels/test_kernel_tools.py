@@ -49,11 +49,11 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     verify = data["verify"]
     assert verify["status"] == "ok", verify.get("traceback")
     assert verify["tokens_per_row"] == 4 and verify["ring_len"] == SMOKE_PLAN.buffer_len + 4
-    assert set(verify["sweep"]) == {"fp32", "split"} and len(verify["sweep"]["split"]["us"]) == 5
+    assert set(verify["sweep"]) == {"fp32", "split"} and len(verify["sweep"]["split"]["us"]) == 6
     assert {mode: tuple(cfg) for mode, cfg in verify["configs"].items()} == {
         mode: tuple(found["best"]) for mode, found in verify["sweep"].items()
     }, "the verify rows run the verify sweep's winners"
-    keys = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages", "mma_ring", "pdl", "heads_per_program")
+    keys = ("block_p", "block_n", "num_warps", "maxnreg", "mma_stages", "mma_ring", "pdl", "heads_per_program", "tma")
     assert set(verify["coef_sweep"]) == {"fp32", "split"} and len(verify["coef_sweep"]["fp32"]["us"]) == 2
     coefs = {mode: tuple(found["best"]) for mode, found in verify["coef_sweep"].items()}
     assert {mode: tuple(cfg) for mode, cfg in verify["coef_configs"].items()} == coefs, "the coefficient launch's"
@@ -70,6 +70,7 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert "8x16x1x0x2x1" in verify["sweep"]["fp32"]["us"], "and the ring's product on the tensor cores"
     assert "8x16x1x0x2x0x1" in verify["sweep"]["split"]["us"], "and the programmatic dependent launch"
     assert "8x16x1x0x2x0x0x2" in verify["sweep"]["fp32"]["us"], "and programs that walk two heads"
+    assert "16x16x1x0x2x0x0x1x1" in verify["sweep"]["split"]["us"], "and the tensor memory accelerator's copies"
     assert set(verify["fold_sweep"]) == {"fp32", "split"} and len(verify["fold_sweep"]["fp32"]["us"]) == 4
     assert set(verify["fold_sweep_per_row"]) == {"fp32", "split"}, "the fold swept without the list too"
     fold_keys = ("block_p", "num_warps", "prefetch", "maxnreg", "programs_per_sm", "block_n")
@@ -221,8 +222,9 @@ def test_the_verify_runs_its_own_swept_shape_else_the_replay_steps(
         split = {"block_p": 32, "block_n": 64, "num_warps": 1, "coef_head_chunk": 16, "coef_num_warps": 2}
         table.write_text(json.dumps({"verify_step": {"split": split}}))
         assert shapes(torch.bfloat16)[1] == "32x64x1w coef 16h2w", "and the coefficient launch's shape"
-        table.write_text(json.dumps({"verify_step": {"split": {**split, "mma_stages": 3, "heads_per_program": 4}}}))
-        assert shapes(torch.bfloat16)[1] == "32x64x1w mma 3 stages 4 heads coef 16h2w", "and the heads a program walks"
+        walked = {**split, "mma_stages": 3, "heads_per_program": 4, "tma": 1}
+        table.write_text(json.dumps({"verify_step": {"split": walked}}))
+        assert shapes(torch.bfloat16)[1] == "32x64x1w mma 3 stages 4 heads tma coef 16h2w", "the heads walked, the TMA"
     finally:
         monkeypatch.delenv(launch_config.ENV_VAR, raising=False)
         launch_config.launch_for.cache_clear()

@@ -22,6 +22,7 @@ from replayssm_patch.kernels.layout import group_of_head
 from replayssm_patch.kernels.layout import ring_entries as entries
 from replayssm_patch.kernels.synthetic import StepInputs
 from replayssm_patch.kernels.verify import (
+    checkpoint_descriptor,
     replay_verify,
     replay_verify_reference,
     replay_verify_step,
@@ -81,12 +82,15 @@ def decays(cache, slot: int, m: int, step: StepInputs, layer, first: int, count:
 # coefficient launch's fp32 copy, which it does not write then); and the coefficient launch with a group's heads in
 # one program of 2 warps (capped at the group's power of two: 8 heads of one group in one tile, not two); and output
 # programs that walk two heads of a group in one pipelined loop over their d_state tiles (without and with the ring's
-# product on the tensor cores)
+# product on the tensor cores); and the checkpoint's tiles copied through a tensor descriptor (Hopper's TMA), per head
+# and walking heads
 FORMS = {"cuda-cores": {"mma_stages": 0}, "tensor-cores": {"mma_stages": 2},
          "tensor-cores-ring": {"mma_stages": 2, "mma_ring": True}, "pdl": {"mma_stages": 2, "pdl": True},
          "wide-coefficients": {"mma_stages": 0, "coef_head_chunk": 16, "coef_num_warps": 2},
          "heads-walked": {"mma_stages": 2, "heads_per_program": 2},
-         "heads-walked-ring": {"mma_stages": 2, "mma_ring": True, "heads_per_program": 2}}  # fmt: skip
+         "heads-walked-ring": {"mma_stages": 2, "mma_ring": True, "heads_per_program": 2},
+         "tma": {"mma_stages": 2, "tma": True},
+         "tma-heads-walked": {"mma_stages": 2, "tma": True, "heads_per_program": 2}}  # fmt: skip
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -208,7 +212,8 @@ def test_verify_steps_track_fp64_across_folds(shape: Shape, T: int, pattern: str
 
 @pytest.mark.parametrize(("pattern", "form"), [("all", "cuda-cores"), ("mixed", "cuda-cores"),
                                                ("mixed", "tensor-cores"), ("mixed", "tensor-cores-ring"),
-                                               ("mixed", "pdl"), ("mixed", "heads-walked")])  # fmt: skip
+                                               ("mixed", "pdl"), ("mixed", "heads-walked"), ("mixed", "tma"),
+                                               ("mixed", "tma-heads-walked")])  # fmt: skip
 def test_verify_steps_in_split_precision_stay_within_the_bf16_bound(pattern: str, form: str) -> None:
     """The bf16 copy read on the CUDA cores, or as tensor-core products: bf16 ones where C is bf16 (this shape's: the
     products are exact either way), as the model's C with ``pdl``, and with two heads walked by each program."""
@@ -226,9 +231,10 @@ def test_verify_steps_with_the_ring_on_the_tensor_cores_track_fp64_across_folds(
     (0, {"mma_stages": 0, "mma_ring": True}, "mma_ring needs mma_stages > 0"),
     (0, {"mma_stages": 0, "pdl": True}, "pdl needs mma_stages > 0"),
     (0, {"mma_stages": 0, "heads_per_program": 2}, "heads_per_program > 1 needs mma_stages > 0"),
+    (0, {"mma_stages": 0, "tma": True}, "tma needs mma_stages > 0"),
     # each program's heads share one B/C group: 3 heads per program over groups of 8 cannot
     (3, {"mma_stages": 2, "heads_per_program": 3}, "heads_per_program 3 does not divide the 8 heads of a group"),
-], ids=["mma_ring", "pdl", "heads_per_program", "heads across groups"])  # fmt: skip
+], ids=["mma_ring", "pdl", "heads_per_program", "tma", "heads across groups"])  # fmt: skip
 def test_verify_launch_knobs_that_cannot_run_are_refused(shape_index: int, knobs: dict, refusal: str) -> None:
     shape, T = VERIFY_SHAPES[shape_index]
     gen = seeded(shape, T, "refusal")
@@ -239,6 +245,19 @@ def test_verify_launch_knobs_that_cannot_run_are_refused(shape_index: int, knobs
     one = torch.zeros(1, dtype=torch.int32)
     with pytest.raises(ValueError, match=refusal):
         replay_verify(*args, one, one, torch.tensor([0, T], dtype=torch.int32), T, **knobs)
+
+
+def test_a_checkpoint_the_tensor_memory_accelerator_cannot_copy_is_refused_in_one_line() -> None:
+    """Rows of 7 fp32 columns (28 bytes) are not 16-byte aligned: the TMA form names the layout and the way out; a
+    cache of 16 columns gets a descriptor of one [16, 16] tile per copy."""
+    with pytest.raises(
+        ValueError,
+        match=r"tma: the checkpoint \(shape \(2, 3, 5, 7\), strides \(105, 35, 7, 1\)\) "
+        r"is not 16-byte aligned with contiguous columns; run this cache without",
+    ):
+        checkpoint_descriptor(torch.zeros(2, 3, 5, 7), 16, 16)
+    descriptor = checkpoint_descriptor(torch.zeros(2, 3, 16, 16), 16, 16)
+    assert (descriptor.shape, descriptor.block_shape) == ([2, 3, 16, 16], [1, 1, 16, 16])
 
 
 def test_verify_plan_kernel_matches_its_reference() -> None:
