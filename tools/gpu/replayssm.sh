@@ -77,7 +77,7 @@ CHURN_BATCHES=${CHURN_BATCHES:-64,128}  # the churn jobs' batches (decode rows b
 PROFILE_BATCHES=${PROFILE_BATCHES:-64,256}  # the profile jobs' batches (e.g. 8,32 where GDN loses 0.5-0.9 ms per step)
 # measured 2026-12-01: install 40 s, kernel bench 53 s, a floor run of four batches 173-175 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
-declare -A JOB_S=([setup]=90 [kernels]=300 [gdnkernels]=120 [gdncheck]=150 [engine]=450 [gdn]=450 [churn]=330 [gdnchurn]=330 [hostchurn]=300 [gdnhostchurn]=300 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [specfloor]=280 [alsweep]=200 [ksweep]=200 [onegpu]=420)
+declare -A JOB_S=([setup]=90 [kernels]=360 [gdnkernels]=120 [gdncheck]=150 [engine]=450 [gdn]=450 [churn]=330 [gdnchurn]=330 [hostchurn]=300 [gdnhostchurn]=300 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [specfloor]=280 [alsweep]=200 [ksweep]=200 [onegpu]=420)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
