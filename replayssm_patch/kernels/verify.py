@@ -440,12 +440,9 @@ def replay_verify(
         raise ValueError("heads_per_program > 1 needs mma_stages > 0: the heads' tiles share the pipelined loop")
     if (nheads // ngroups) % heads:
         raise ValueError(f"heads_per_program {heads} does not divide the {nheads // ngroups} heads of a group")
-    bc, weight, decay, c32 = verify_coefficients(
-        dt, A, B, C, ring_B, ring_dt, state_indices, write_pos, query_start_loc, max_query_len,
-        dt_bias=dt_bias, dt_softplus=dt_softplus, pad_slot_id=pad_slot_id, pdl=dependent,
-        heads_per_program=tuned.coef_head_chunk if coef_head_chunk is None else coef_head_chunk,
-        num_warps=tuned.coef_num_warps if coef_num_warps is None else coef_num_warps,
-    )  # fmt: skip
+    copies = bool(tuned.tma if tma is None else tma)
+    if copies and not stages:
+        raise ValueError("tma needs mma_stages > 0: the copies feed the tensor-core checkpoint reads")
     ring_len = ring_len_of(ring_x)
     BLOCK_T = block_size(max_query_len)
     BLOCK_L = block_size(ring_len, floor=16)
@@ -453,10 +450,14 @@ def replay_verify(
     BLOCK_P = block_size(head_dim, cap=block_p or tuned.block_p, floor=floor)
     BLOCK_N = block_size(d_state, cap=block_n or tuned.block_n, floor=floor)
     gdc = dependent and x.device.type == "cuda"
-    copies = bool(tuned.tma if tma is None else tma)
-    if copies and not stages:
-        raise ValueError("tma needs mma_stages > 0: the copies feed the tensor-core checkpoint reads")
-    descriptor = checkpoint_descriptor(state, BLOCK_P, BLOCK_N) if copies else state  # unread without the knob
+    # made (or refused) before any launch writes the rings; unread without the knob
+    descriptor = checkpoint_descriptor(state, BLOCK_P, BLOCK_N) if copies else state
+    bc, weight, decay, c32 = verify_coefficients(
+        dt, A, B, C, ring_B, ring_dt, state_indices, write_pos, query_start_loc, max_query_len,
+        dt_bias=dt_bias, dt_softplus=dt_softplus, pad_slot_id=pad_slot_id, pdl=dependent,
+        heads_per_program=tuned.coef_head_chunk if coef_head_chunk is None else coef_head_chunk,
+        num_warps=tuned.coef_num_warps if coef_num_warps is None else coef_num_warps,
+    )  # fmt: skip
     _verify_step_kernel[(triton.cdiv(head_dim, BLOCK_P), batch, nheads // heads)](
         x, C, c32, D if D is not None else A, state, descriptor, ring_x, state_indices, write_pos, query_start_loc,
         bc, weight, decay, out,
