@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # torch and the kernels are imported lazily: TRITON_INTERPRET
 
 VERIFY_TOKENS = 1 + SPEC_TOKENS  # T, the query tokens of a verify row
 # what the parts of a swept shape's name are (mamba_bench_setup.Shape)
-VERIFY_SHAPE = "block_p x block_n x warps[ x maxnreg[ x mma_stages[ x mma_ring[ x pdl]]]]"
+VERIFY_SHAPE = "block_p x block_n x warps[ x maxnreg[ x mma_stages[ x mma_ring[ x pdl[ x heads[ x tma]]]]]]"
 FOLD_SHAPE = "block_p x warps x prefetch[ x maxnreg[ x programs per SM[ x d_state block]]]"
 COEF_SHAPE = "heads per program x warps"
 ACCEPTED_TOKENS = int(ACCEPTANCE_LENGTH)  # tokens every verify commits: the engine runs' mean length, whole
