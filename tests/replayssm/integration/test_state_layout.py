@@ -64,3 +64,26 @@ def test_extra_bytes_match_the_kernels_and_offsets_stay_aligned(split):
 def test_dims_reject_a_conv_state_that_does_not_fit():
     with pytest.raises(ValueError, match="does not fit"):
         Mamba2Dims.from_state_shapes((3, 8193), (128, 64, 128), dim_first=False)
+
+
+@pytest.mark.parametrize("dim_first", [False, True])
+def test_nemotron_h_8b_speculative_checkpoints_can_be_copied_by_the_tensor_memory_accelerator(dim_first):
+    """The verify's TMA form reads the fp32 checkpoint and the bf16 copy where vLLM packs them, back to back in each
+    block's page (here a page of exactly their bytes, vLLM's least): Nemotron-H-8B under MTP k = 3 with the ring of
+    28, at the tiles the kernel bench sweeps, each view gets a descriptor (16-byte-aligned base and strides)."""
+    from types import SimpleNamespace
+
+    from replayssm_patch.gpu.layer_check import paged_state_tensors
+    from replayssm_patch.kernels.verify import checkpoint_descriptor
+
+    config = ReplaySSMConfig(enable=True, buffer_len=28, split_precision=True)
+    conv, ssm = _stock(*DIMS[0], dim_first=dim_first)
+    widened = (conv[0], conv[1] + 3) if dim_first else (conv[0] + 3, conv[1])  # vLLM widens it by k under speculation
+    shapes = replay_state_shapes((widened, ssm), config, dim_first, verify_len=4)
+    dtypes = replay_state_dtypes((torch.bfloat16, torch.float32), torch.bfloat16, config)
+    page = sum(torch.Size(shape).numel() * dtype.itemsize for shape, dtype in zip(shapes, dtypes, strict=True))
+    tensors = paged_state_tensors(SimpleNamespace(shapes=shapes, dtypes=dtypes, page_size_bytes=page), 2)
+    for view in (tensors[1], tensors[STATE_BF16]):
+        for block in ((32, 32), (64, 32), (64, 64), (32, 128)):
+            descriptor = checkpoint_descriptor(view, *block)
+            assert descriptor.block_shape == [1, 1, *block] and descriptor.strides[0] * view.element_size() == page
