@@ -8,6 +8,7 @@ vLLM-free parts still import in the main venv.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -206,6 +207,39 @@ def test_spec_verify_matches_vllms_speculative_layer_across_commits_rollbacks_an
     """10 verify steps of 4 tokens (3 rows): all accepted, all rejected, then mixed acceptance; every token's output
     agrees with vLLM's 1+k-state layer (same math in another order, observed <= 5e-7), and the checkpoint after
     folding the rings (accepted prefix included) equals vLLM's state after the accepted tokens."""
+    assert_verify_matches_vllm(spec_layer)
+
+
+# the session-29 launch knobs as a launch table sets them: the verify's checkpoint tiles as TMA copies through a
+# descriptor of vLLM's own cache view, two heads walked by each output program, the fold on 2 warps over d_state
+# slices (the tiny model's d_state is one slice of 16)
+NEW_KNOBS = {
+    "verify_step": {"fp32": {"block_p": 16, "block_n": 16, "num_warps": 1, "mma_stages": 2, "heads_per_program": 2,
+                             "tma": 1}},
+    "fold": {"fp32": {"block_p": 16, "num_warps": 2, "prefetch": True, "programs_per_sm": 6, "block_n": 16}},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def spec_layer_new_knobs(vllm_python, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("vllm_spec_layer_new_knobs")
+    return run_check(vllm_python, root, "vllm_spec_layer_check.py", ["nemotron_h_tiny_fp32"], TRITON_INTERPRET="1",
+                     CUDA_VISIBLE_DEVICES="", SPEC_CHECK_LAUNCH_TABLE=json.dumps(NEW_KNOBS))  # fmt: skip
+
+
+def test_spec_verify_with_tma_copies_walked_heads_and_sliced_folds_matches_vllms_layer(spec_layer_new_knobs):
+    """The same steps through vLLM's real builders and paged cache, with the launch knobs a kernel-bench table may
+    set: the outputs and the folded checkpoint agree with vLLM's layer as the default launches' do."""
+    assert spec_layer_new_knobs["launch_shapes"] == {
+        "verify": "fp32 16x16x1w mma 2 stages 2 heads tma, split 16x64x1w",
+        "fold": "fp32 16x2w n16 prefetch 6/SM, split 16x4w",
+    }, "the steps ran the table's knobs"
+    assert_verify_matches_vllm(spec_layer_new_knobs)
+
+
+def assert_verify_matches_vllm(spec_layer: dict) -> None:
+    """Every verify output within 1e-5 of vLLM's, folds under every acceptance pattern, rejected tokens rolled back
+    (+1 entry a step), every verify within the ring, and the checkpoint after the final fold within 1e-5."""
     assert len(spec_layer["output_rel_err"]) == 10 and max(spec_layer["output_rel_err"]) <= 1e-5
     plans = spec_layer["plans"]
     assert plans[0] == {"accepted": [1, 1, 1], "write_pos": [0, 0, 0], "fold_len": [0, 0, 0]}  # after the prefill

@@ -117,10 +117,14 @@ def tiny_model_checks(tiny_dir: Path) -> dict:
 
 @contextlib.contextmanager
 def launch_table(path: Path, entries: dict) -> Iterator[None]:
-    """The plugin's launch table is ``entries`` inside the block (builders read their limits when built)."""
+    """The plugin's launch table is ``entries`` inside the block (builders read their limits when built, kernels
+    their launch shapes when launched)."""
     from replayssm_patch.kernels import launch_config
 
-    readers = (launch_config.native_max_batch, launch_config.gdn_native_max_batch)
+    readers = (
+        launch_config.native_max_batch, launch_config.gdn_native_max_batch, launch_config.launch_for,
+        launch_config.verify_launch_for, launch_config.fold_launch_for, launch_config.gdn_launch_for,
+    )  # fmt: skip
     path.write_text(json.dumps(entries))
     os.environ[launch_config.ENV_VAR] = str(path)
     try:

@@ -18,6 +18,7 @@ Args: tiny model dir (float32), result file. Writes one JSON object.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 from pathlib import Path
@@ -47,10 +48,12 @@ from replayssm_patch.gpu.layer_check import (
     vllm_config,
 )
 from replayssm_patch.kernels.ground_truth import recurrence_step_fp64
+from replayssm_patch.kernels.launch_config import launch_shapes_in_use
 from replayssm_patch.mixer import install_replay_mixer
 from replayssm_patch.models import ReplayNemotronHForCausalLM
 
 K, BUFFER_LEN, STEPS, ROWS = 3, 4, 10, 3
+LAUNCH_TABLE_ENV = "SPEC_CHECK_LAUNCH_TABLE"  # verify / fold launch entries to run the check under (JSON)
 T = 1 + K
 SPEC = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 # vLLM's blocks per request (1 + k); ReplaySSM's request uses the first of them, so both conv states line up
@@ -112,6 +115,14 @@ def step_metadata(builder, accepted: list[int], seq_lens: list[int], blocks, pre
 
 
 def main(tiny: Path, result_file: Path) -> None:
+    """The check under a launch table whose native limit covers these rows (the verify steps must still be
+    ReplaySSM's), plus the verify and fold launch entries of ``LAUNCH_TABLE_ENV`` (JSON) if set."""
+    entries = {"native_max_batch": {"fp32": 8}, **json.loads(os.environ.get(LAUNCH_TABLE_ENV, "{}"))}
+    with launch_table(tiny.parent / "launch_table.json", entries):
+        check(tiny, result_file)
+
+
+def check(tiny: Path, result_file: Path) -> None:
     # fp32 model dtype: vLLM's CPU platform would pick bf16, and the ring stores x and B in the model dtype
     base_cfg = vllm_config(None, tiny, max_model_len=512, speculative_config=SPEC, dtype="float32")
     knobs = {"enable": True, "buffer_len": BUFFER_LEN, "split_precision": False}
@@ -134,13 +145,11 @@ def main(tiny: Path, result_file: Path) -> None:
     other.load_state_dict(base.state_dict())
     specs = {"base": base.get_kv_cache_spec(base_cfg), "rep": rep.get_kv_cache_spec(rep_cfg)}
     model_shapes = ReplayNemotronHForCausalLM.get_mamba_state_shape_from_config(rep_cfg)
-    # a launch table whose native limit covers these rows: the verify steps must still be ReplaySSM's
-    with launch_table(tiny.parent / "native_table.json", {"native_max_batch": {"fp32": 8}}):
-        builders = {"base": with_cache_and_builder(base, base_cfg), "rep": with_cache_and_builder(rep, rep_cfg),
-                    "other": with_cache_and_builder(other, rep_cfg)}  # fmt: skip
-        per_group_cfg = vllm_config({"replayssm": {**knobs, "per_group_builds": True}}, tiny, max_model_len=512,
-                                    speculative_config=SPEC, dtype="float32")  # fmt: skip
-        per_group = with_cache_and_builder(make_layer(per_group_cfg, "per_group.mixer"), per_group_cfg)
+    builders = {"base": with_cache_and_builder(base, base_cfg), "rep": with_cache_and_builder(rep, rep_cfg),
+                "other": with_cache_and_builder(other, rep_cfg)}  # fmt: skip
+    per_group_cfg = vllm_config({"replayssm": {**knobs, "per_group_builds": True}}, tiny, max_model_len=512,
+                                speculative_config=SPEC, dtype="float32")  # fmt: skip
+    per_group = with_cache_and_builder(make_layer(per_group_cfg, "per_group.mixer"), per_group_cfg)
 
     # a capture build before any step: a dry run that allocates and moves no cursor
     capture = builders["rep"].build_for_cudagraph_capture(
@@ -205,6 +214,7 @@ def main(tiny: Path, result_file: Path) -> None:
         "model_shapes": [list(s) for s in model_shapes],
         "capture": dry,
         "native_limit": builders["rep"].native_max_batch,
+        "launch_shapes": {key: launch_shapes_in_use("cpu")[key] for key in ("verify", "fold")},
         "recapture_moved_cursors": recapture_moved,
         "output_rel_err": errors,
         "plans": plans,
