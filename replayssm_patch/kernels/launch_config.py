@@ -1,10 +1,10 @@
 """Launch shapes of the decode kernels: the defaults, or a GPU's measured best.
 
 The Mamba-2 kernel bench sweeps the replay step's (block_p, block_n, num_warps) on the GPU and writes the fastest
-per checkpoint dtype to a JSON file (``"replay_step"``), the speculative verify's (``"verify_step"``; without
-it the verify runs the replay step's shapes) and the flush launch's that folds before it (``"fold"``: block_p,
-num_warps, prefetch); the GDN bench does the same for the GDN replay and fold
-launches (``"gdn"``). ``REPLAYSSM_LAUNCH_CONFIG=<file>`` makes the plugin use such a file (as vLLM reads its tuned
+per checkpoint dtype to a JSON file (``"replay_step"``), the speculative verify's (``"verify_step"``, the
+``VerifyLaunch`` fields; without it the verify runs the replay step's shapes) and the flush launch's that folds before
+it (``"fold"``, the ``FoldLaunch`` fields); the GDN bench does the same for the GDN replay and fold launches
+(``"gdn"``). ``REPLAYSSM_LAUNCH_CONFIG=<file>`` makes the plugin use such a file (as vLLM reads its tuned
 kernel configs), and the H200's committed file (``launch_h200.json`` beside this module) is used on an H200
 without it. An entry the file lacks keeps its defaults.
 
