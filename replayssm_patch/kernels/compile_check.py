@@ -237,21 +237,21 @@ def variants() -> list[tuple[str, triton.JITFunction, dict[str, str], dict[str, 
                 **_FOLD_UNIT_STRIDES}  # fmt: skip
         found.append((f"decode fold, {label}", _decode_fold_kernel, {**_FOLD_POINTERS, "copy_ptr": read}, fold,
                       FOLD_NUM_WARPS))  # fmt: skip
-    for copy, prefetch, listed in (*itertools.product((False, True), (False, True), (False,)), (False, True, True)):
-        # ptxas (two-pass tf32 dots on a bf16 ring): 156 / 156 registers, 196 / 238 with the prefetch (no spills); the
-        # last walks a list of rows: 208 (tf32x3: 148 / 180, 234 / 242, 230)
+    # (copy, prefetch, listed, ring entries, d_state block, warps). ptxas (two-pass tf32 dots on a bf16 ring): 156 /
+    # 156 registers, 196 / 238 with the prefetch (no spills); walking a list of rows: 208 (tf32x3: 148 / 180, 234 /
+    # 242, 230); the verify's fold on 2 warps over d_state slices of 32 at the ring of 32: 151 / 156, where whole
+    # d_state rows on 2 warps spill
+    flushes = [*((copy, prefetch, listed, 16, 128, 4) for copy, prefetch, listed in
+                 (*itertools.product((False, True), (False, True), (False,)), (False, True, True))),
+               *((copy, True, True, 32, 32, 2) for copy in (False, True))]  # fmt: skip
+    for copy, prefetch, listed, ring, block_n, warps in flushes:
         pointers = {**_FLUSH_POINTERS, "bf16_ptr": "*bf16" if copy else "*fp32"}
-        consts = {"HAS_LIST": listed, "HAS_BF16": copy, "PREFETCH": prefetch, "BLOCK_L": 16, "BLOCK_P": 16,
-                  "BLOCK_N": 128, "P_BLOCKS": 4, "N_BLOCKS": 1, "B_IN_TF32": True}  # head_dim 64, bf16 ring # fmt: skip
-        label = f"flush, bf16 copy {copy}" + (", prefetch" if prefetch else "") + (", listed rows" if listed else "")
-        found.append((label, _flush_kernel, pointers, consts, 4))
-    for copy in (False, True):  # the verify's fold on 2 warps over d_state slices of 32 (ring of 32): 151 / 156
-        # registers, no spills; whole d_state rows on 2 warps spill
-        pointers = {**_FLUSH_POINTERS, "bf16_ptr": "*bf16" if copy else "*fp32"}
-        consts = {"HAS_LIST": True, "HAS_BF16": copy, "PREFETCH": True, "BLOCK_L": 32, "BLOCK_P": 16, "BLOCK_N": 32,
-                  "P_BLOCKS": 4, "N_BLOCKS": 4, "B_IN_TF32": True}  # fmt: skip
-        found.append((f"flush, bf16 copy {copy}, prefetch, listed rows, d_state by 32, 2 warps", _flush_kernel,
-                      pointers, consts, 2))  # fmt: skip
+        consts = {"HAS_LIST": listed, "HAS_BF16": copy, "PREFETCH": prefetch, "BLOCK_L": ring, "BLOCK_P": 16,
+                  "BLOCK_N": block_n, "P_BLOCKS": 4, "N_BLOCKS": 128 // block_n,
+                  "B_IN_TF32": True}  # head_dim 64, d_state 128, a bf16 ring  # fmt: skip
+        label = (f"flush, bf16 copy {copy}" + (", prefetch" if prefetch else "") + (", listed rows" if listed else "")
+                 + (f", d_state by {block_n}, {warps} warps" if block_n < 128 else ""))  # fmt: skip
+        found.append((label, _flush_kernel, pointers, consts, warps))
     plan_pointers = {"slot_ptr": "*i32", "positions_ptr": "*i32", "window_end_ptr": "*i32", "write_pos_ptr": "*i32",
                      "flush_ptr": "*i32"}  # fmt: skip
     list_pointers = {**plan_pointers, "flush_rows_ptr": "*i32", "flush_count_ptr": "*i32"}
