@@ -9,8 +9,10 @@ server closed or corrupted the response, or the stream ended without `[DONE]`), 
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import aiohttp
 
@@ -32,6 +34,22 @@ class ClientSettings:
     keep_text: bool
     headers: dict[str, str]
     timeout: aiohttp.ClientTimeout
+    request_id_prefix: str  # see `request_id_prefix`
+
+
+def request_id_prefix(arm: str, repeat: int) -> str:
+    """The start of every `X-Request-Id` this run sends: arm, repeat and a random run tag.
+
+    Why: a slow or failed request in the report can then be found in the server's own log (vLLM takes the header
+    as its request id: `cmpl-<id>` in its log lines and, with `--enable-request-id-headers`, in the response); the
+    tag keeps ids unique when the same trace is replayed again against a server that is still up.
+    """
+    return f"rb-{quote(arm, safe='')}-r{repeat}-{secrets.token_hex(4)}-"
+
+
+def request_id_header(settings: ClientSettings, request_id: str) -> str:
+    """The request's `X-Request-Id`: the run's prefix and its trace id, percent-quoted so any id is a valid header."""
+    return settings.request_id_prefix + quote(request_id, safe="-._~:")
 
 
 def status_error(status: int) -> str | None:
@@ -64,7 +82,10 @@ async def send(session: aiohttp.ClientSession, request: PreparedRequest, setting
     reader = StreamReader(row, settings.keep_text) if settings.stream else None
     try:
         async with session.post(
-            settings.url + request.path, data=request.body, headers=settings.headers, timeout=settings.timeout
+            settings.url + request.path,
+            data=request.body,
+            headers=settings.headers | {"X-Request-Id": request_id_header(settings, request.request_id)},
+            timeout=settings.timeout,
         ) as response:
             row.status = response.status
             if response.status != 200:

@@ -22,6 +22,7 @@ from harness.records.result_schema import (
     META_ARM,
     META_OFFERED_RATE,
     META_REPEAT,
+    META_REQUEST_ID_PREFIX,
     META_TIME_SCALE,
     META_TRACE_SOURCE,
     META_URL,
@@ -29,6 +30,7 @@ from harness.records.result_schema import (
 from harness.records.trace_schema import META_SOURCE
 from harness.replay import finalize as fin
 from harness.replay.auto_workers import size_workers
+from harness.replay.client import request_id_prefix
 from harness.replay.counters import WorkerCounters
 from harness.replay.loop_probe import probe_path
 from harness.replay.options import ReplayOptions, ReplayOutcome
@@ -75,6 +77,7 @@ def _run_meta(
     return options.extra_metadata | {
         META_ARM: arm,
         META_REPEAT: str(repeat),
+        META_REQUEST_ID_PREFIX: request_id_prefix(arm, repeat),
         META_URL: url,
         META_TIME_SCALE: str(options.time_scale),
         META_OFFERED_RATE: "" if rate is None else repr(rate),
@@ -136,8 +139,7 @@ class WorkersEnd:
 def _run_workers(
     requests: list[PreparedRequest],
     url: str,
-    arm: str,
-    repeat: int,
+    meta: dict[str, str],
     options: ReplayOptions,
     directory: Path,
     progress: bool,
@@ -156,12 +158,13 @@ def _run_workers(
             worker=k,
             requests=[requests[i] for i in shard(len(requests), options.workers, k)],
             url=url,
-            arm=arm,
-            repeat=repeat,
+            arm=meta[META_ARM],
+            repeat=int(meta[META_REPEAT]),
             options=options,
             segment=segment_path(directory, k),
             probe=probe_path(directory, k),
             parent_pid=os.getpid(),
+            request_id_prefix=meta[META_REQUEST_ID_PREFIX],
         )
         processes.append(
             ctx.Process(target=worker_main, args=(job, counters, signals), daemon=True, name=f"replaybench-worker-{k}")
@@ -250,8 +253,9 @@ def run_replay(
     scaled = trace.slice(time_scale=options.time_scale)  # also re-bases: the first request is due at t0
     requests = asyncio.run(_prepare(scaled, url, options))
     options = size_workers(options, requests, usable_cores())
-    write_meta(directory, _run_meta(trace, url, options, arm, repeat, requests))
-    end = _run_workers(requests, url, arm, repeat, options, directory, progress, start_gate)
+    meta = _run_meta(trace, url, options, arm, repeat, requests)
+    write_meta(directory, meta)
+    end = _run_workers(requests, url, meta, options, directory, progress, start_gate)
     outcome = _outcome(output, directory, complete=not (end.interrupted or end.failed), interrupted=end.interrupted)
     if end.failed:
         raise UserError(

@@ -48,6 +48,7 @@ class WorkerJob:
     segment: Path
     probe: Path  # where the worker's loop probe writes its receive lag samples
     parent_pid: int
+    request_id_prefix: str  # client.request_id_prefix: the run's, shared by every worker
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ async def _worker(job: WorkerJob, counters: WorkerCounters, signals: StartSignal
             keep_text=options.save_outputs,
             headers=headers,
             timeout=timeout,
+            request_id_prefix=job.request_id_prefix,
         )
         await _run_shard(job, session, settings, writer, counters, signals)
     writer.close()

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from harness.errors import UserError
-from harness.records.result_schema import META_ARM, META_COMPLETE, META_REPEAT, META_URL, RESULT_SCHEMA
+from harness.records.result_schema import (
+    META_ARM,
+    META_COMPLETE,
+    META_REPEAT,
+    META_REQUEST_ID_PREFIX,
+    META_URL,
+    RESULT_SCHEMA,
+)
 from harness.replay.result_row import ResultRow
 from tests.replay.support import free_port_without_listener, make_trace, replay
 from tests.support.openai_server import upstream
@@ -143,6 +151,7 @@ def test_refused_connection_is_classified_connect() -> None:
         keep_text=False,
         headers={},
         timeout=aiohttp.ClientTimeout(total=5),
+        request_id_prefix="rb-a-r0-00000000-",
     )
     request = PreparedRequest(
         index=0,
@@ -169,3 +178,18 @@ def test_model_name_follows_the_server_unless_given(tmp_path: Path) -> None:
         replay(make_trace(n=1), url, tmp_path / "b.parquet", model="forced")
     bodies = [json.loads(line)["body"] for line in log.read_text().splitlines()]
     assert [json.loads(b)["model"] for b in bodies] == ["test-model", "forced"]
+
+
+def test_every_request_carries_a_run_unique_x_request_id_the_server_can_log(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    ids = ["plain-0", "with space 1", "é/2", "tab\t3"]  # a trace's ids need not be valid header text
+    with upstream("ok", log=log) as url:
+        _, first, meta_1 = replay(make_trace(n=4, request_id=ids), url, tmp_path / "a.parquet", workers=2)
+        _, _, meta_2 = replay(make_trace(n=4, request_id=ids), url, tmp_path / "b.parquet")
+    prefixes = [meta[META_REQUEST_ID_PREFIX] for meta in (meta_1, meta_2)]
+    assert all(re.fullmatch(r"rb-a-r3-[0-9a-f]{8}-", prefix) for prefix in prefixes)
+    assert prefixes[0] != prefixes[1]  # the same trace again on a server still up: no id repeats
+    seen = [json.loads(line)["request_id"] for line in log.read_text().splitlines()]
+    quoted = ["plain-0", "with%20space%201", "%C3%A9%2F2", "tab%093"]
+    assert sorted(seen) == sorted(prefix + q for prefix in prefixes for q in quoted)
+    assert first.column("error").null_count == 4  # every id, however odd, made a valid request

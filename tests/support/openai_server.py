@@ -25,18 +25,18 @@ Endpoints
   `<|role|> content <|end|>` per message, so each message costs 2 tokens on top of its words.
   `usage.prompt_tokens` uses the same count.
 
-Options: --mode {ok,stall,drop,429,500,slow-first}, --fault-after K (tokens sent before stall/drop,
-default 2), --fault-every N (fault only requests whose arrival number is a multiple of N, default 1 = all),
---token-delay S (between tokens, on a fixed grid: token i is due i × S after the first, so wake-up errors
-never add up), --first-token-delay S (before the first token; mode slow-first uses it),
---natural-len N, --log FILE (JSONL, one line per generation request: `seq`, `path`, `recv_mono_ns`
-(time.monotonic_ns at handler entry; CLOCK_MONOTONIC is system-wide on Linux, so it is directly
-comparable with a client's time.monotonic on the same host), `recv_real_ns` (time.time_ns), `body` (the raw
-request body, decoded as UTF-8)), --procs N (N processes accept on one socket, for load benchmarks; fault
-counting (--fault-every, `seq`) is then per process), --no-tokenize (no /tokenize route: a server like
-most non-vLLM ones), --burst (mode ok, streaming, no delays: the whole SSE answer in one write, rendered once
-per length and kept, so the server spends almost nothing per token and any client reading it is the
-bottleneck; for saturating a replay worker).
+Options: --mode {ok,stall,drop,429,500,slow-first}, --fault-after K (tokens sent before stall/drop, default 2),
+--fault-every N (fault only requests whose arrival number is a multiple of N, default 1 = all), --token-delay S
+(between tokens, on a fixed grid: token i is due i × S after the first, so wake-up errors never add up),
+--first-token-delay S (before the first token; mode slow-first uses it), --natural-len N, --log FILE (JSONL, one
+line per generation request: `seq`, `path`, `recv_mono_ns` (time.monotonic_ns at handler entry; CLOCK_MONOTONIC is
+system-wide on Linux, so it is directly comparable with a client's time.monotonic on the same host),
+`recv_real_ns` (time.time_ns), `request_id` (the `X-Request-Id` header, null without one), `body` (the raw request
+body, decoded as UTF-8)), --procs N (N processes accept on one socket, for load benchmarks; fault counting
+(--fault-every, `seq`) is then per process), --no-tokenize (no /tokenize route: a server like most non-vLLM ones),
+--burst (mode ok, streaming, no delays: the whole SSE answer in one write, rendered once per length and kept, so
+the server spends almost nothing per token and any client reading it is the bottleneck; for saturating a replay
+worker).
 """
 
 from __future__ import annotations
@@ -156,6 +156,7 @@ class Upstream:
                         "path": request.path,
                         "recv_mono_ns": recv_mono_ns,
                         "recv_real_ns": recv_real_ns,
+                        "request_id": request.headers.get("X-Request-Id"),
                         "body": raw.decode("utf-8"),
                     }
                 )
