@@ -22,8 +22,8 @@ import numpy as np
 from bench.report import write_results
 from bench.vllm_venv import vllm_python
 from harness.records.result_io import read_results
+from harness.records.result_schema import META_T0_MONOTONIC
 from harness.replay import ReplayOptions, run_replay
-from harness.replay.finalize import META_T0_MONOTONIC
 from harness.replay.prompts import VOCABULARY
 from harness.trace.model import Trace
 from tests.support.openai_server import read_log, upstream

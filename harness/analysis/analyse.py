@@ -82,7 +82,7 @@ def _load_runs(inputs: RunInputs, blocks: TimeBlocks) -> tuple[dict[RunKey, RunM
     runs, problems = {}, {}
     for key, path in inputs.results.items():
         try:
-            runs[key] = load_run(path, blocks, config.slo, config.decision, config.cost)
+            runs[key] = load_run(path, blocks, config.slo, config.decision, config.cost, inputs.run.telemetry(*key))
         except UserError as error:
             problems[key] = str(error)
     return runs, problems
@@ -276,6 +276,11 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         [b.metrics["cost_per_success"] for b, _ in pairs],
         [c.metrics["cost_per_success"] for _, c in pairs],
         config.cost,
+        (
+            [b.metrics["energy_per_success"] for b, _ in pairs],
+            [c.metrics["energy_per_success"] for _, c in pairs],
+            [run.energy for pair in pairs for run in pair],
+        ),
     )
     review_requests, review_windows = review_tables(pairs, blocks)
     summary = Summary(

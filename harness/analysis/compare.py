@@ -21,6 +21,15 @@ def _maybe(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None
 
 
+def _not_computable(pairs: int, log_ratios: np.ndarray) -> str:
+    """Why a metric has no comparison: too few pairs, never measured (energy without GPU samples), or undefined."""
+    if pairs < 2:
+        return "needs at least 2 valid repeat pairs"
+    if not np.isfinite(log_ratios).any():
+        return "not measured in any repeat pair"
+    return "undefined in some repeat (no successful request, a zero value, or not measured)"
+
+
 def estimator_of(metric: str, decision: DecisionConfig) -> Estimator:
     """The per-repeat statistic a metric is compared with (pre-declared by `[decision] request_paired`)."""
     if decision.request_paired and metric in REQUEST_PAIRED_METRICS:
@@ -105,13 +114,7 @@ def compare_metrics(pairs: list[tuple[RunMetrics, RunMetrics]], decision: Decisi
                 p_regression=_maybe(p_regression[i]) if ok and role != "exploratory" else None,
                 regression_flag=bool(ok and role != "exploratory" and p_regression[i] < alpha / 2),
                 sd=_maybe(per_repeat_sd[i]) if ok else None,
-                note=""
-                if ok
-                else (
-                    "needs at least 2 valid repeat pairs"
-                    if n < 2
-                    else "undefined in some repeat (no successful request, or a zero value)"
-                ),
+                note="" if ok else _not_computable(n, w[i]),
             )
         )
     return out

@@ -1,9 +1,10 @@
-"""Cost per successful request and the break-even line (monthly saving vs setup and operating cost)."""
+"""Cost and energy per successful request, and the break-even line (monthly saving vs setup and operating cost)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from harness.analysis.energy import RunEnergy
 from harness.analysis.model import CostSummary
 from harness.records.decision_config import CostConfig
 
@@ -13,9 +14,35 @@ def _mean(values: list[float]) -> float | None:
     return float(np.mean(finite)) if finite else None
 
 
-def summarise_cost(baseline_costs: list[float], candidate_costs: list[float], cost: CostConfig) -> CostSummary:
-    """Mean cost per successful request per arm over the valid repeats, and when the candidate pays back."""
+def _measured_mean(values: list[float]) -> float | None:
+    """The mean only when every run was measured: a mean over some repeats would compare different repeats."""
+    return _mean(values) if values and all(np.isfinite(values)) else None
+
+
+def energy_line(baseline_j: float | None, candidate_j: float | None, energies: list[RunEnergy]) -> str:
+    """Both arms' energy per successful request and its change; else why a run's energy was not measured."""
+    if baseline_j is None or candidate_j is None:
+        reason = next((e.reason for e in energies if e.joules is None), "no successful request in an arm")
+        return f"not measured ({reason})"
+    return (
+        f"baseline {baseline_j:.3g} J, candidate {candidate_j:.3g} J "
+        f"({candidate_j / baseline_j - 1:+.1%}); each arm's GPUs, board power sampled once a second"
+    )
+
+
+def summarise_cost(
+    baseline_costs: list[float],
+    candidate_costs: list[float],
+    cost: CostConfig,
+    energy: tuple[list[float], list[float], list[RunEnergy]],
+) -> CostSummary:
+    """Mean cost per successful request per arm over the valid repeats, and when the candidate pays back.
+
+    `energy`: each arm's energy per successful request over the same repeats, and the runs' measurements (for
+    the reason a figure is missing).
+    """
     base, cand = _mean(baseline_costs), _mean(candidate_costs)
+    base_j, cand_j = _measured_mean(energy[0]), _measured_mean(energy[1])
     saving = net = months = None
     cur = cost.currency
     if base is None or cand is None:
@@ -52,4 +79,7 @@ def summarise_cost(baseline_costs: list[float], candidate_costs: list[float], co
         operating_cost_per_month=cost.operating_cost_per_month,
         break_even_months=months,
         line=line,
+        baseline_energy_per_success_j=base_j,
+        candidate_energy_per_success_j=cand_j,
+        energy_line=energy_line(base_j, cand_j, energy[2]),
     )

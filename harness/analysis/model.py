@@ -346,6 +346,9 @@ class CostSummary(_Record):
     operating_cost_per_month: float
     break_even_months: float | None
     line: str
+    baseline_energy_per_success_j: float | None = None  # mean over the valid repeats; None: not measured
+    candidate_energy_per_success_j: float | None = None
+    energy_line: str = ""  # energy per successful request: both arms' and the change, or why it was not measured
 
 
 class CapacityEntry(_Record):

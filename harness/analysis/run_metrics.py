@@ -15,12 +15,20 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from harness.analysis.energy import RunEnergy, run_energy
 from harness.analysis.log_histogram import block_histograms, quantiles_from_counts
 from harness.records.decision_config import CostConfig, DecisionConfig, SloConfig
 from harness.records.fidelity import Fidelity, replay_fidelity
 from harness.records.metric_registry import LATENCY_METRICS, QUANTILES
 from harness.records.result_io import read_results
-from harness.records.result_schema import META_ARM, META_OFFERED_RATE, META_REPEAT, META_SIMULATED, META_TIME_SCALE
+from harness.records.result_schema import (
+    META_ARM,
+    META_OFFERED_RATE,
+    META_REPEAT,
+    META_SIMULATED,
+    META_T0_UNIX,
+    META_TIME_SCALE,
+)
 from harness.records.worker_load import loads_from_meta
 
 REQUEST_COLUMNS = (
@@ -69,6 +77,7 @@ class RunMetrics:
     fidelity: Fidelity
     duration_s: float
     histograms: np.ndarray  # int32 (len(LATENCY_METRICS), blocks, BINS)
+    energy: RunEnergy  # of the arm's GPUs over the run's window
 
 
 def _numpy_column(table: pa.Table, name: str) -> np.ndarray:
@@ -194,21 +203,31 @@ def _latency_statistics(name: str, values: np.ndarray, quantiles: np.ndarray | N
 
 
 def _count_metrics(
-    met: int, successes: int, n: int, output_tokens: float, duration: float, gpu_cost: float, zero_as: float
+    met: int,
+    successes: int,
+    n: int,
+    output_tokens: float,
+    duration: float,
+    gpu_cost: float,
+    energy_j: float | None,
+    zero_as: float,
 ) -> dict[str, float]:
     """Metrics built from request counts; a zero count is replaced by `zero_as` (see `RunMetrics.comparable`)."""
 
     def count(value: int) -> float:
         return float(value) if value > 0 else zero_as
 
-    cost_per_success = gpu_cost / count(successes) if count(successes) else math.nan
+    def per_success(total: float | None) -> float:
+        return total / count(successes) if total is not None and count(successes) else math.nan
+
     return {
         "slo_attainment": count(met) / max(n, 1),
         "goodput": count(met) / duration,
         "throughput": count(successes) / duration,
         "output_throughput": count(output_tokens) / duration,
         "failure_rate": count(n - successes) / max(n, 1),
-        "cost_per_success": cost_per_success,
+        "cost_per_success": per_success(gpu_cost),
+        "energy_per_success": per_success(energy_j),
     }
 
 
@@ -217,8 +236,23 @@ def _source_counts(table: pa.Table) -> dict[str, int]:
     return {c["values"]: c["counts"] for c in counts if c["values"] is not None}
 
 
-def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionConfig, cost: CostConfig) -> RunMetrics:
-    """Read one accepted result file and reduce it to `RunMetrics`."""
+def _window_unix(meta: dict[str, str], first_s: float, last_s: float) -> tuple[float, float] | None:
+    """The run's span (first due request to last end) on the wall clock; None for a file without its start time."""
+    t0_unix = meta.get(META_T0_UNIX)
+    if not t0_unix or not math.isfinite(first_s):
+        return None
+    return float(t0_unix) + first_s, float(t0_unix) + last_s
+
+
+def load_run(
+    path: Path,
+    blocks: TimeBlocks,
+    slo: SloConfig,
+    decision: DecisionConfig,
+    cost: CostConfig,
+    telemetry: Path | None = None,
+) -> RunMetrics:
+    """Read one accepted result file and reduce it to `RunMetrics`; `telemetry`: the run's samples, for its energy."""
     table, meta = read_results(path)
     frame, gaps = _request_frame(table, slo)
     intended = frame["intended_s"].to_numpy()
@@ -254,7 +288,13 @@ def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionC
         else:
             metrics |= _latency_statistics(name, values)
     output_tokens = float(np.nansum(frame["output_tokens"].to_numpy()[ok]))
-    counts = (int(met.sum()), successes, n, output_tokens, duration, gpu_hours * cost.gpu_hour_price)
+    first = float(np.nanmin(intended)) if len(frame) else math.nan
+    energy = (
+        run_energy(telemetry, _window_unix(meta, first, first + duration))
+        if telemetry is not None
+        else RunEnergy(None, "no telemetry read")
+    )
+    counts = (int(met.sum()), successes, n, output_tokens, duration, gpu_hours * cost.gpu_hour_price, energy.joules)
     failures = {str(k): int(v) for k, v in frame.loc[~ok, "error"].fillna("bad_status").value_counts().items()}
     return RunMetrics(
         arm=meta[META_ARM],
@@ -270,4 +310,5 @@ def load_run(path: Path, blocks: TimeBlocks, slo: SloConfig, decision: DecisionC
         fidelity=fidelity,
         duration_s=duration,
         histograms=histograms,
+        energy=energy,
     )

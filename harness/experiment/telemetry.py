@@ -65,9 +65,10 @@ class RunTelemetry:
         self._threads: list[threading.Thread] = []
         self._smi: subprocess.Popen[str] | None = None
         self._began = 0.0
+        self._began_unix = 0.0
 
     def __enter__(self) -> RunTelemetry:
-        self._began = time.monotonic()
+        self._began, self._began_unix = time.monotonic(), time.time()
         psutil.cpu_times_percent(interval=None)  # the first call only sets the reference point
         self._threads.append(threading.Thread(target=self._sample_host, name="telemetry-host", daemon=True))
         if self.nvidia_smi:
@@ -88,8 +89,9 @@ class RunTelemetry:
             self._smi.wait(timeout=5)
         self._host_sample()  # the tail since the last sample: a run shorter than the interval gets one too
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"interval_s": self.interval_s, "gpus": self.gpus, "host": self.host, "gpu": self.gpu,
-                   "gpu_error": self.gpu_error}  # fmt: skip
+        # t0_unix: the wall clock at t_s = 0, so samples line up with a result file's replaybench.t0_unix
+        payload = {"interval_s": self.interval_s, "t0_unix": self._began_unix, "gpus": self.gpus, "host": self.host,
+                   "gpu": self.gpu, "gpu_error": self.gpu_error}  # fmt: skip
         with atomic_path(self.path) as tmp:
             tmp.write_text(json.dumps(payload) + "\n")
 

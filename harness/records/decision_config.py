@@ -117,6 +117,7 @@ class DecisionConfig(_Strict):
         "throughput",
         "failure_rate",
         "cost_per_success",
+        "energy_per_success",
     )
     request_paired: bool = True
     min_repeats: int = Field(default=3, ge=2)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 Direction = Literal["lower", "higher"]
-Unit = Literal["s", "req/s", "tokens/s", "steps/s", "tokens", "fraction", "currency"]
-Source = Literal["client", "server"]
+Unit = Literal["s", "req/s", "tokens/s", "steps/s", "tokens", "fraction", "currency", "J"]
+Source = Literal["client", "server", "telemetry"]
 
 QUANTILES = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
 STATISTICS = ("mean", *QUANTILES)
@@ -59,7 +59,9 @@ class Metric:
     latency: bool  # a per-request or per-token distribution, summarised by STATISTICS
     peers: Peers
     vllm_name: str | None = None  # the name `vllm bench serve --save-result` uses for the same quantity
-    source: Source = "client"  # client: from the result files; server: from its /metrics counters
+    # client: from the result files; server: from its /metrics counters; telemetry: from the GPUs sampled beside
+    # the run (harness/experiment/telemetry.py)
+    source: Source = "client"
 
 
 _SUCCESSFUL_ONLY = "excluded (successful requests only)"
@@ -227,6 +229,25 @@ METRICS: tuple[Metric, ...] = (
         latency=False,
         peers=Peers(vllm="no cost metric", guidellm="no cost metric", aiperf="no cost metric"),
     ),
+    Metric(
+        name="energy_per_success",
+        title="Energy per successful request",
+        formula="Σ over the arm's GPUs (mean sampled board power × run duration) / successful requests",
+        unit="J",
+        timestamps="the run's window on the wall clock (`replaybench.t0_unix` + first due request to last end); "
+        "`power.draw` sampled once a second by nvidia-smi (telemetry/) inside the window (for a window shorter than "
+        "that, the samples one second either side)",
+        failures="excluded from the count (they draw power, earn nothing); none when the arm has no `gpus` or "
+        "its GPUs were not sampled",
+        better="lower",
+        latency=False,
+        source="telemetry",
+        peers=Peers(
+            vllm="no energy metric",
+            guidellm="no energy metric",
+            aiperf="GPU power and energy as telemetry (DCGM), not per successful request",
+        ),
+    ),
 )
 
 _SPEC_COUNTERS = "increase of `vllm:spec_decode_num_drafts`, `..._num_draft_tokens`, `..._num_accepted_tokens`"
@@ -326,7 +347,7 @@ METRICS += (
 
 BY_NAME = {metric.name: metric for metric in METRICS}
 LATENCY_METRICS = tuple(metric.name for metric in METRICS if metric.latency)
-RATE_METRICS = tuple(metric.name for metric in METRICS if not metric.latency and metric.source == "client")
+RATE_METRICS = tuple(metric.name for metric in METRICS if not metric.latency and metric.source != "server")
 
 # Every metric the analysis computes per arm per repeat, and which direction is better.
 METRIC_DIRECTIONS: dict[str, Direction] = {

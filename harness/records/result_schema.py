@@ -54,5 +54,7 @@ META_SIMULATED = "replaybench.simulated"  # "true" when produced by the embedded
 META_LOAD_SHARE = "replaybench.load_share"  # optional: the offered load as a share of the baseline's capacity
 META_WORKER_LOADS = "replaybench.worker_loads"  # JSON: each replay worker's receive lag and CPU share
 META_GPUS = "replaybench.gpus"  # GPU ids (CUDA_VISIBLE_DEVICES) of the server in this repeat; "" when not placed
+META_T0_MONOTONIC = "replaybench.t0_monotonic"  # time.monotonic() of trace time 0 (system-wide on Linux)
+META_T0_UNIX = "replaybench.t0_unix"  # the same instant on the wall clock (time.time())
 # Every request of the run carried `X-Request-Id: <prefix><request_id, percent-quoted>` (harness/replay/client.py)
 META_REQUEST_ID_PREFIX = "replaybench.request_id_prefix"

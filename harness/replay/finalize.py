@@ -27,8 +27,6 @@ META_MAX_INFLIGHT = "replaybench.max_inflight"
 META_API = "replaybench.api"
 META_STREAM = "replaybench.stream"
 META_VALID = "replaybench.valid"
-META_T0_MONOTONIC = "replaybench.t0_monotonic"  # time.monotonic() of trace time 0 (system-wide on Linux)
-META_T0_UNIX = "replaybench.t0_unix"  # the same instant on the wall clock (time.time())
 META_INVALID_REASONS = "replaybench.invalid_reasons"
 
 

@@ -23,6 +23,8 @@ from harness.records.result_schema import (
     META_OFFERED_RATE,
     META_REPEAT,
     META_REQUEST_ID_PREFIX,
+    META_T0_MONOTONIC,
+    META_T0_UNIX,
     META_TIME_SCALE,
     META_TRACE_SOURCE,
     META_URL,
@@ -180,7 +182,7 @@ def _run_workers(
             t0 = start_gate() if start_gate is not None else time.monotonic() + START_DELAY_S
             signals.t0.value = t0
             t0_unix = time.time() + (t0 - time.monotonic())
-            update_meta(directory, {fin.META_T0_MONOTONIC: repr(t0), fin.META_T0_UNIX: repr(t0_unix)})
+            update_meta(directory, {META_T0_MONOTONIC: repr(t0), META_T0_UNIX: repr(t0_unix)})
             signals.go.set()
             with progress_display(len(requests), progress) as update:
                 while any(p.is_alive() for p in processes):

@@ -77,6 +77,8 @@ def _value(metric: str, value: float | None) -> str:
         return f"{value:.2f} {unit}"
     if unit == "currency":
         return f"{value:.3g}"
+    if unit == "J":
+        return f"{value:.3g} J"
     return _secs(value)
 
 

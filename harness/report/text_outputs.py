@@ -74,6 +74,7 @@ def summary_markdown(summary: Summary) -> str:
         "Estimators: " + "; ".join(estimator_lines(summary)),
         summary.planning.line,
         f"Cost: {summary.cost.line}",
+        f"Energy per successful request: {summary.cost.energy_line}",
         *filter(None, [capacity_line(summary.capacity)]),
         *_server_check_lines(summary),
         *_acceptance_lines(summary),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.analysis.energy import run_energy
 from harness.analysis.model import RunConditions, SpecDecodeRun
 from harness.analysis.run_conditions import run_conditions
 from harness.experiment.telemetry import RunTelemetry, parse_gpu_line
@@ -66,6 +67,7 @@ def test_host_and_gpus_are_sampled_for_the_arms_gpus_and_written_on_exit(tmp_pat
              "0, 1980, 1980, 405.0, 53, 94, 3201, 70"]  # fmt: skip
     args = stand_in_nvidia_smi(tmp_path / "bin", lines, monkeypatch)
     out = tmp_path / "telemetry" / "baseline-r0.json"
+    began_unix = time.time()
     with RunTelemetry(out, gpus=[0], interval_s=0.1) as telemetry:
         sum(i * i for i in range(3_000_000))  # some CPU work to see
         wait_for(lambda: len(telemetry.gpu) == 3 and len(telemetry.host) >= 3)
@@ -85,6 +87,11 @@ def test_host_and_gpus_are_sampled_for_the_arms_gpus_and_written_on_exit(tmp_pat
     )  # fmt: skip
     assert conditions.gpu_sm_mhz_mean == pytest.approx((1980 * 2 + 1755) / 3, abs=0.01)
     assert (conditions.gpu_mem_mhz_min, conditions.gpu_memory_temperature_c_max) == (2619.0, 88.0)
+    # the samples' wall clock lines up with a result file's start, so a run's window picks its samples
+    assert began_unix <= payload["t0_unix"] <= began_unix + 1
+    t0, last_s = payload["t0_unix"], payload["gpu"][-1]["t_s"]
+    window = (t0 + payload["gpu"][0]["t_s"] - 0.01, t0 + last_s + 0.01)
+    assert run_energy(out, window).joules == pytest.approx((400.5 + 410.0 + 405.0) / 3 * (window[1] - window[0]))
 
 
 def test_without_nvidia_smi_only_the_host_is_sampled_and_a_short_run_still_gets_a_sample(tmp_path, monkeypatch):

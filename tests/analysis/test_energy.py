@@ -1,0 +1,92 @@
+"""Energy per successful request: a run's GPU energy from the power sampled beside it (analysis/energy.py), the
+metric, its paired comparison and the cost section's line, on synthetic run directories with telemetry files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.analysis.analyse import analyse_run_dir
+from harness.analysis.energy import run_energy
+from harness.records.result_io import read_results, write_results
+from harness.records.result_schema import META_T0_UNIX
+from harness.records.run_dir import RunDir
+from tests.support.synthetic_results import Scenario, write_run_dir
+
+T0_UNIX = 1_800_000_000.0  # the replay's trace time 0 on the wall clock
+TELEMETRY_T0 = T0_UNIX - 5.0  # sampling began 5 s before: prompts were prepared meanwhile
+
+
+def telemetry(path: Path, watts: dict[int, float], gpus: list[int], span_s: float, error: str | None = None) -> None:
+    """A telemetry file as RunTelemetry writes it: one sample a second per GPU from its start, idle (60 W) for the
+    first 5 s and `watts[gpu]` after."""
+    samples = [
+        {"t_s": float(t), "index": float(gpu), "power_w": 60.0 if t < 5 else watts[gpu]}
+        for t in range(int(span_s) + 7)
+        for gpu in watts
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"interval_s": 1.0, "t0_unix": TELEMETRY_T0, "gpus": gpus, "host": [], "gpu": samples}
+    path.write_text(json.dumps(payload | {"gpu_error": error}))
+
+
+def test_energy_is_each_gpus_mean_power_in_the_window_times_the_window(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    telemetry(path, {0: 400.0, 1: 300.0, 2: 900.0}, gpus=[0, 1], span_s=60)
+    window = (T0_UNIX + 2.0, T0_UNIX + 42.0)  # 40 s, all past the idle start
+    assert run_energy(path, window).joules == pytest.approx((400 + 300) * 40)  # GPU 2 is another arm's
+    # a window reaching back into the idle preparation takes its samples (one interval either side)
+    low = run_energy(path, (T0_UNIX - 3.0, T0_UNIX + 7.0)).joules
+    assert low is not None and 60 * 2 * 10 < low < 400 * 10 + 300 * 10
+
+
+def test_an_unmeasurable_run_says_why(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    window = (T0_UNIX, T0_UNIX + 10.0)
+    telemetry(path, {0: 400.0}, gpus=[], span_s=20)
+    assert run_energy(path, window).reason == "the arm's GPUs are not known: give the arm `gpus` to measure its energy"
+    telemetry(path, {0: 400.0}, gpus=[0, 3], span_s=20)
+    assert run_energy(path, window).reason == "GPU 3 not sampled (no power samples in the run's window)"
+    telemetry(path, {}, gpus=[0], span_s=20, error="nvidia-smi not found: GPUs not sampled")
+    assert run_energy(path, window).reason == "no GPU sampled: nvidia-smi not found: GPUs not sampled"
+    telemetry(path, {}, gpus=[], span_s=20, error="nvidia-smi not found: GPUs not sampled")  # a laptop, CI
+    assert run_energy(path, window).reason == "no GPU sampled: nvidia-smi not found: GPUs not sampled"
+    assert run_energy(path, None).joules is None
+    assert "written before energy" in run_energy(tmp_path / "absent.json", window).reason
+
+
+def with_telemetry(run: RunDir, watts: dict[str, float], gpus: list[int]) -> None:
+    """Give every result file of `run` its start time and a telemetry file drawing `watts[arm]` on GPU 0."""
+    for path in sorted(run.root.glob("results/*.parquet")):
+        table, meta = read_results(path)
+        write_results(path, table, meta | {META_T0_UNIX: repr(T0_UNIX)})
+        arm, repeat = meta["replaybench.arm"], int(meta["replaybench.repeat"])
+        telemetry(run.telemetry(arm, repeat), {0: watts[arm]}, gpus=gpus, span_s=200)
+
+
+CONFIG = {"decision": {"target": {"metric": "tpot_p50", "margin": 0.05}, "exploratory": ["energy_per_success"]}}
+
+
+def test_energy_per_success_is_compared_and_shown_with_the_cost(tmp_path: Path) -> None:
+    run = write_run_dir(tmp_path, Scenario(config=CONFIG, repeats=3, requests=400, seed=4))
+    with_telemetry(run, {"baseline": 400.0, "candidate": 300.0}, gpus=[0])
+    summary = analyse_run_dir(run.root).summary
+    row = next(r for r in summary.runs if r.arm == "baseline")
+    assert row.metrics["energy_per_success"] == pytest.approx(400.0 * row.duration_s / row.successes, rel=1e-6)
+    energy = next(c for c in summary.comparisons if c.metric == "energy_per_success")
+    assert energy.role == "exploratory" and energy.ratio == pytest.approx(0.75, abs=0.01)  # same durations
+    assert summary.cost.candidate_energy_per_success_j < summary.cost.baseline_energy_per_success_j
+    assert summary.cost.energy_line.startswith("baseline ") and "(-25" in summary.cost.energy_line
+
+
+def test_without_placed_gpus_energy_is_not_measured_and_the_report_says_why(tmp_path: Path) -> None:
+    run = write_run_dir(tmp_path, Scenario(config=CONFIG, repeats=2, requests=200, seed=5))
+    with_telemetry(run, {"baseline": 400.0, "candidate": 300.0}, gpus=[])
+    summary = analyse_run_dir(run.root).summary
+    energy = next(c for c in summary.comparisons if c.metric == "energy_per_success")
+    assert energy.ratio is None and energy.note == "not measured in any repeat pair"
+    assert summary.cost.energy_line == (
+        "not measured (the arm's GPUs are not known: give the arm `gpus` to measure its energy)"
+    )
