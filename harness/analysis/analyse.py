@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from harness.analysis.cache_parity import prefix_cache_check
 from harness.analysis.compare import compare_metrics
 from harness.analysis.cost import summarise_cost
 from harness.analysis.decision import decide
@@ -283,6 +284,7 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         ),
     )
     review_requests, review_windows = review_tables(pairs, blocks)
+    server_means = arm_means(rows, ARMS)
     summary = Summary(
         run_dir=str(inputs.run.root),
         experiment=inputs.experiment,
@@ -292,7 +294,8 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         planning=planning,
         stability=assess_stability(pairs, inputs.capacity),
         runs=rows,
-        server_check=arm_means(rows, ARMS),
+        server_check=server_means,
+        prefix_cache=prefix_cache_check(server_means, config.decision.prefix_cache_tolerance),
         acceptance=acceptance,
         quality=quality,
         cost=cost,

@@ -181,6 +181,7 @@ CHECK_FIELDS = (
     "prompt_tokens",
     "requests",
     "preemptions",
+    "prefix_cache_hit_rate",
 )
 SlowSide = Literal["client", "server"]
 
@@ -242,6 +243,15 @@ class AcceptanceCheck(_Record):
     tolerance: float  # [decision] acceptance_tolerance
     matched: bool | None  # None: the gate does not apply (neither arm speculates, or only one does)
     line: str  # one sentence for the report; "" when neither arm speculates
+
+
+class PrefixCacheCheck(_Record):
+    """Did both arms' servers serve the same share of queried prompt tokens from their prefix cache? (a warning)"""
+
+    hit_rate: dict[str, float | None]  # arm -> mean over its valid runs; None: its server does not count them
+    tolerance: float  # [decision] prefix_cache_tolerance, in hit-rate points (0.05: 5 points)
+    matched: bool | None  # None: not both arms counted
+    line: str  # one sentence for the report; "" when neither server counts
 
 
 class RunConditions(_Record):
@@ -406,6 +416,7 @@ class Summary(_Record):
     runs: list[RunRow]
     server_check: dict[str, ServerCheckMeans]  # arm -> client vs server means over its valid runs
     acceptance: AcceptanceCheck | None = None  # speculative decoding parity of the arms (None: older summary)
+    prefix_cache: PrefixCacheCheck | None = None  # the arms' prefix-cache hit rates (None: older summary)
     quality: QualitySummary
     cost: CostSummary
     capacity: dict[str, CapacityEntry]

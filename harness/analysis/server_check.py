@@ -52,6 +52,7 @@ def client_means(frame: pd.DataFrame) -> dict[str, float | None]:
         "prompt_tokens": float(np.nansum(frame["prompt_tokens"].to_numpy()[sent])),
         "requests": float(sent.sum()),
         "preemptions": None,
+        "prefix_cache_hit_rate": None,
     }
 
 

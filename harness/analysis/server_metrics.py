@@ -29,6 +29,10 @@ is held and served by the API server process, the question is whose clock produc
   its `finished_reason` (stop, length, abort, ...).
 - `preemptions` (`vllm:num_preemptions_total`): the engine core scheduler's preemption events, counted by
   the API server.
+- `prefix_cache_hit_rate` (`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`): the engine core's
+  KV-cache manager counts, per scheduled request, the prompt tokens it looked up in the prefix cache and those it
+  found (a preempted request's second lookup included). No query (prefix caching off) is 0: nothing came from the
+  cache. No such series (servers other than vLLM) gives None, and is not named missing.
 
 vLLM observes a TPOT of 0 for a request with at most one generated token; those requests are taken out of
 the mean with the `le="1"` bucket of `vllm:request_generation_tokens` (observed in the same place, once per
@@ -57,6 +61,8 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total"
 REQUESTS = "vllm:request_success_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
 TOKENS_PER_REQUEST = "vllm:request_generation_tokens"
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
 
 SCRAPE_FAILURE = "# replaybench: could not scrape"  # what `harness.servers.scrape_metrics` writes instead
 
@@ -76,6 +82,7 @@ class ServerMeans:
     prompt_tokens: float | None = None
     requests: float | None = None
     preemptions: float | None = None
+    prefix_cache_hit_rate: float | None = None  # cached / queried prompt tokens
     missing: tuple[str, ...] = ()  # vLLM series absent from the snapshots
     notes: tuple[str, ...] = ()
 
@@ -117,6 +124,15 @@ def _mean(totals: dict[SampleKey, float], name: str, exclude: float = 0.0) -> fl
     count = totals.get((name + "_count", None), 0.0) - exclude
     total = totals.get((name + "_sum", None))
     return total / count if total is not None and count > 0 else None
+
+
+def _hit_rate(totals: dict[SampleKey, float]) -> float | None:
+    """Cached / queried prompt tokens; 0 when the server counts but looked nothing up (prefix caching off: nothing
+    came from the cache), None when it does not count."""
+    hits, queries = totals.get((PREFIX_CACHE_HITS, None)), totals.get((PREFIX_CACHE_QUERIES, None))
+    if hits is None or queries is None:
+        return None
+    return hits / queries if queries > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -178,6 +194,7 @@ def means_of(snapshots: Snapshots) -> ServerMeans:
         prompt_tokens=totals.get((PROMPT_TOKENS, None)),
         requests=totals.get((REQUESTS, None)),
         preemptions=totals.get((PREEMPTIONS, None)),
+        prefix_cache_hit_rate=_hit_rate(totals),
         missing=missing,
         notes=tuple(notes),
     )

@@ -28,6 +28,7 @@ Every model forbids unknown keys, so a typo is an error that names the key inste
     server_tpot_tolerance = 0.05   # warn (not invalid) when the client's mean TPOT is off the server's own by more
     acceptance_tolerance = 0.05    # speculative decoding: INVALID when the arms' measured acceptance lengths
                                    # differ by more than this (relative)
+    prefix_cache_tolerance = 0.05  # warn when the arms' prefix-cache hit rates (server) differ by more (absolute)
     power = 0.8                    # planning: the chance of KEEP the next run should have ...
     planning_effect = 0.10         # ... if the target truly improves this much (default: twice its margin,
                                    # at least 5 %); planning is advice for the next run, not evidence
@@ -133,6 +134,10 @@ class DecisionConfig(_Strict):
     # a fractional one varies by at most 0.5 / sqrt(drafts) absolute, under 1 % of AL 2-3 from 1,000 drafts),
     # while the failure it catches, text that loops after a replay bug, moved acceptance by tens of percent.
     acceptance_tolerance: float = Field(default=DEFAULT_ACCEPTANCE_TOLERANCE, gt=0, lt=1)
+    # The arms' prefix-cache hit rates (server counters) may differ by this many points (absolute) before the report
+    # warns that cache state, not policy, may explain a difference. 5 points: the same trace gives both arms the
+    # same reusable prefixes, so a larger gap is a configuration or warm-up difference, not noise.
+    prefix_cache_tolerance: float = Field(default=0.05, gt=0, lt=1)
     power: float = Field(default=0.8, gt=0, lt=1)
     planning_effect: float | None = Field(default=None, gt=0, lt=10)
 

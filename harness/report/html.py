@@ -44,6 +44,7 @@ CHECK_LABELS = dict(
             "prompt tokens",
             "requests (client: sent; server: finished)",
             "preemptions",
+            "prefix-cache hit rate (cached / queried prompt tokens)",
         ),
         strict=True,
     )
@@ -83,9 +84,11 @@ def _value(metric: str, value: float | None) -> str:
 
 
 def _check_value(name: str, value: float | None) -> str:
-    """A cross-check value: seconds as latency, anything else as a count."""
+    """A cross-check value: seconds as latency, a rate as a percentage, anything else as a count."""
     if value is None or not math.isfinite(value):
         return "—"
+    if name.endswith("_rate"):
+        return f"{value:.1%}"
     return _secs(value) if name.endswith("_s") else f"{value:,.0f}"
 
 

@@ -78,6 +78,7 @@ def summary_markdown(summary: Summary) -> str:
         *filter(None, [capacity_line(summary.capacity)]),
         *_server_check_lines(summary),
         *_acceptance_lines(summary),
+        *_prefix_cache_lines(summary),
         *filter(None, [conditions_line(summary.runs)]),
     ]
     if summary.quality.measured:
@@ -115,6 +116,14 @@ def _acceptance_lines(summary: Summary) -> list[str]:
         f"{arm} {'—' if value is None else f'{value:g}'}" for arm, value in check.configured.items()
     )
     return [f"Speculative decoding: {check.line}; configured AL {configured}"]
+
+
+def _prefix_cache_lines(summary: Summary) -> list[str]:
+    """The arms' prefix-cache hit rates, flagged when they differ beyond the tolerance (nothing when uncounted)."""
+    check = summary.prefix_cache
+    if check is None or not check.line:
+        return []
+    return [f"{'⚠️ ' if check.matched is False else ''}Prefix cache (server): {check.line}"]
 
 
 def junit_xml(summary: Summary) -> str:

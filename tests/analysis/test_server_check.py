@@ -21,11 +21,15 @@ NOTHING_YET = Engine(0.0, 0, 0.0, 0, 0.0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0)
 RATIOS = {("baseline", 0): 1.2, ("candidate", 1): 1 / 1.2}
 
 
-def write_snapshots(run: RunDir, arm: str, repeat: int, tpot_s: float, generated: int, requests: int) -> None:
-    """The /metrics of a server that stamped a mean TPOT of `tpot_s` over `requests` requests."""
+def write_snapshots(
+    run: RunDir, arm: str, repeat: int, tpot_s: float, generated: int, requests: int, cache_hit_rate: float = 0.0
+) -> None:
+    """The /metrics of a server that stamped a mean TPOT of `tpot_s` over `requests` requests (of 500 prompt
+    tokens each, `cache_hit_rate` of them found in its prefix cache)."""
+    prompt = 500 * requests
     after = Engine(
         0.1 * requests, requests, tpot_s * 10 * requests, 10 * requests, tpot_s * requests, requests,
-        1.0 * requests, requests, 0, generated, 500 * requests, requests, 0, 1,
+        1.0 * requests, requests, 0, generated, prompt, requests, 0, 1, prompt, round(cache_hit_rate * prompt),
     )  # fmt: skip
     run.metrics(arm, repeat, "before").parent.mkdir(parents=True, exist_ok=True)
     run.metrics(arm, repeat, "before").write_text(exposition(NOTHING_YET))
@@ -111,3 +115,32 @@ def test_a_run_without_snapshots_says_so(tmp_path: Path) -> None:
         "no /metrics snapshot baseline-r0.after.prom",
     ]
     assert row.server_check.client["tpot_mean_s"] > 0 and row.warnings == []
+
+
+def test_arms_whose_prefix_caches_hit_differently_are_warned_of(tmp_path: Path) -> None:
+    run = write_run_dir(tmp_path, Scenario(repeats=2, requests=100, config={"decision": {"min_repeats": 2}}))
+    rates = {"baseline": 0.40, "candidate": 0.0}  # the candidate's server runs with prefix caching off
+    for row in analyse_run_dir(run.root).summary.runs:
+        client = row.server_check.client
+        write_snapshots(
+            run, row.arm, row.repeat, client["tpot_mean_s"], int(client["generated_tokens"]), 100, rates[row.arm]
+        )
+    build_report(run.root)
+    check = summary_of(run).prefix_cache
+    assert check.hit_rate == pytest.approx(rates) and check.matched is False and check.tolerance == 0.05
+    assert "40.0 points apart" in check.line and "did not start from the same cache state" in check.line
+    assert "⚠️ Prefix cache (server): baseline 40.0% · candidate 0.0% of queried prompt tokens" in (
+        run.summary_md.read_text()
+    )
+    assert "prefix-cache hit rate (cached / queried prompt tokens)" in run.index_html.read_text()
+    assert summary_of(run).decision.repeats_used == [0, 1]  # a warning, not a gate
+    config = tomllib.loads(run.experiment_toml.read_text())
+    config["decision"]["prefix_cache_tolerance"] = 0.5
+    run.experiment_toml.write_text(tomli_w.dumps(config))
+    assert analyse_run_dir(run.root).summary.prefix_cache.matched is True
+
+
+def test_the_prefix_cache_line_is_left_out_when_no_server_counts(tmp_path: Path) -> None:
+    bare = write_run_dir(tmp_path, Scenario(repeats=2, requests=50))
+    check = analyse_run_dir(bare.root).summary.prefix_cache
+    assert check.matched is None and check.line == ""

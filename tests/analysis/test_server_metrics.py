@@ -33,7 +33,15 @@ def test_vllm_exposition_gives_means_over_the_run_summed_over_engines() -> None:
     assert means.prompt_tokens == 4000 + 2000
     assert means.requests == (5 + 3) + (3 + 1)  # every finished_reason, both engines
     assert means.preemptions == 3
+    assert means.prefix_cache_hit_rate == 0.0  # prefix caching off: nothing queried, nothing from the cache
     assert means.missing == () and means.notes == ()
+
+
+def test_the_prefix_cache_hit_rate_is_cached_over_queried_prompt_tokens_over_the_run() -> None:
+    idle = [0] * 14  # no request latency needed: only the cache counters move
+    before = [Engine(*idle, cache_queries=1000, cache_hits=100), Engine(*idle, cache_queries=0)]
+    after = [Engine(*idle, cache_queries=5000, cache_hits=2100), Engine(*idle, cache_queries=2000, cache_hits=0)]
+    assert server_means(exposition(*before), exposition(*after)).prefix_cache_hit_rate == pytest.approx(2000 / 6000)
 
 
 def test_parser_skips_created_samples_and_keeps_labels_apart() -> None:
@@ -69,6 +77,7 @@ def test_missing_series_are_none_and_named() -> None:
     assert (means.generated_tokens, means.prompt_tokens) == (150, 6000)
     assert means.ttft_mean_s is means.tpot_mean_s is means.itl_mean_s is means.e2e_mean_s is None
     assert means.requests is None and means.preemptions is None
+    assert means.prefix_cache_hit_rate is None  # not counted, and not named missing: servers other than vLLM
     assert set(means.missing) == {
         "vllm:time_to_first_token_seconds",
         "vllm:request_time_per_output_token_seconds",

@@ -23,6 +23,8 @@ class Engine:
     stop: int
     length: int
     preempted: int
+    cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    cache_hits: int = 0  # ... and found there
 
 
 # What a vLLM 0.24 API server serves, trimmed to the series read plus some that must be skipped (Python's,
@@ -42,6 +44,16 @@ vllm:num_requests_running{{<L>}} 3.0
 # TYPE vllm:num_preemptions_total counter
 vllm:num_preemptions_total{{<L>}} {x.preempted}.0
 vllm:num_preemptions_created{{<L>}} 1.7648e+09
+
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{{<L>}} {x.cache_queries}.0
+vllm:prefix_cache_queries_created{{<L>}} 1.7648e+09
+
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{{<L>}} {x.cache_hits}.0
+vllm:prefix_cache_hits_created{{<L>}} 1.7648e+09
 
 # HELP vllm:prompt_tokens_total Number of prefill tokens processed.
 # TYPE vllm:prompt_tokens_total counter
