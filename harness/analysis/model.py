@@ -270,6 +270,13 @@ class RunConditions(_Record):
     gpu_error: str | None  # why the GPUs were not sampled, if they were not
     gpu_mem_mhz_min: float | None = None  # the memory clock's lowest sample (files from before it: None)
     gpu_memory_temperature_c_max: float | None = None  # HBM's hottest sample: HBM throttles when hot
+    # the arm's server, from its load gauges (experiment/server_gauges.py); None: not sampled (files from before it,
+    # or a server without vLLM's gauges, `server_error` saying why)
+    server_running_mean: float | None = None  # requests in the engine's batch
+    server_waiting_mean: float | None = None  # requests queued for a place in it
+    server_waiting_max: float | None = None
+    server_kv_usage_max: float | None = None  # fraction of the KV cache's blocks in use, fullest sample
+    server_error: str | None = None
 
 
 class RunRow(_Record):

@@ -22,7 +22,7 @@ def run_conditions(path: Path) -> RunConditions | None:
     """The run's conditions, or None when it has no readable telemetry file (run directories from before it)."""
     try:
         payload = json.loads(path.read_text())
-        host, gpu = list(payload["host"]), list(payload["gpu"])
+        host, gpu, server = list(payload["host"]), list(payload["gpu"]), list(payload.get("server", []))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return RunConditions(
@@ -39,6 +39,11 @@ def run_conditions(path: Path) -> RunConditions | None:
         gpu_mem_mhz_min=_stat(gpu, "mem_mhz", "min"),
         gpu_memory_temperature_c_max=_stat(gpu, "memory_temperature_c", "max"),
         gpu_error=payload.get("gpu_error"),
+        server_running_mean=_stat(server, "running", "mean"),
+        server_waiting_mean=_stat(server, "waiting", "mean"),
+        server_waiting_max=_stat(server, "waiting", "max"),
+        server_kv_usage_max=_stat(server, "kv_usage", "max"),
+        server_error=None if server else payload.get("server_error"),
     )
 
 

@@ -254,8 +254,11 @@ class ExperimentRunner:
         return replay_options(self.config, arm, self._models.get(arm), metadata)
 
     def _telemetry(self, arm: str, repeat: int) -> RunTelemetry:
-        """Host and the arm's GPUs sampled while it replays (a retried attempt's file is replaced by the next)."""
-        return RunTelemetry(self.run.telemetry(arm, repeat), gpus=self._placement.gpus[arm])
+        """Host, the arm's GPUs and its server's load sampled while it replays (a retried attempt's file is replaced
+        by the next)."""
+        return RunTelemetry(
+            self.run.telemetry(arm, repeat), gpus=self._placement.gpus[arm], server_url=self.servers[arm].base_url
+        )
 
     def _replay(self, arm: str, repeat: int, attempt: int, output: Path) -> ReplayOutcome:
         from harness.replay import run_replay

@@ -5,7 +5,7 @@ metrics said why. Every run now keeps, sampled once a second while it replays, t
 shares and its load (psutil), and per GPU of the arm its SM clock against the maximum, power, temperature,
 utilisation, memory clock and HBM temperature (one ``nvidia-smi --query-gpu ... --loop-ms`` process for the whole
 run: no process per sample, and no GPU library in the harness). Without nvidia-smi (a laptop, CI, the embedded
-engine) only the host is sampled.
+engine) only the host is sampled. Given the arm's server, its load gauges are sampled too (server_gauges.py).
 The file is written when the replay ends, also when it failed; sampling never fails a run.
 """
 
@@ -24,6 +24,7 @@ from types import TracebackType
 import psutil
 
 from harness.atomic import atomic_path
+from harness.experiment.server_gauges import scrape_gauges
 
 INTERVAL_S = 1.0
 # nvidia-smi's names, in the order of GPU_KEYS (the keys the file and the analysis use)
@@ -55,8 +56,13 @@ def parse_gpu_line(line: str, t_s: float) -> dict[str, float | None] | None:
 class RunTelemetry:
     """A context manager sampling host and GPUs from entry to exit, then writing them to ``path`` as JSON."""
 
-    def __init__(self, path: Path, gpus: Sequence[int] = (), interval_s: float = INTERVAL_S) -> None:
+    def __init__(
+        self, path: Path, gpus: Sequence[int] = (), interval_s: float = INTERVAL_S, server_url: str | None = None
+    ) -> None:
         self.path, self.gpus, self.interval_s = path, list(gpus), interval_s
+        self.metrics_url = None if server_url is None else server_url.rstrip("/") + "/metrics"
+        self.server: list[dict[str, float]] = []
+        self.server_error: str | None = None if server_url else "no server given: its load not sampled"
         self.nvidia_smi = shutil.which("nvidia-smi")
         self.host: list[dict[str, float]] = []
         self.gpu: list[dict[str, float | None]] = []
@@ -73,6 +79,8 @@ class RunTelemetry:
         self._threads.append(threading.Thread(target=self._sample_host, name="telemetry-host", daemon=True))
         if self.nvidia_smi:
             self._start_gpu_sampler()
+        if self.metrics_url:
+            self._threads.append(threading.Thread(target=self._sample_server, name="telemetry-server", daemon=True))
         for thread in self._threads:
             thread.start()
         return self
@@ -91,7 +99,8 @@ class RunTelemetry:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # t0_unix: the wall clock at t_s = 0, so samples line up with a result file's replaybench.t0_unix
         payload = {"interval_s": self.interval_s, "t0_unix": self._began_unix, "gpus": self.gpus, "host": self.host,
-                   "gpu": self.gpu, "gpu_error": self.gpu_error}  # fmt: skip
+                   "gpu": self.gpu, "gpu_error": self.gpu_error, "server": self.server,
+                   "server_error": self.server_error}  # fmt: skip
         with atomic_path(self.path) as tmp:
             tmp.write_text(json.dumps(payload) + "\n")
 
@@ -115,6 +124,16 @@ class RunTelemetry:
                 "load1": round(os.getloadavg()[0], 2),
             }
         )
+
+    def _sample_server(self) -> None:
+        """The server's load gauges once an interval; a failed scrape is named (the last reason kept), not raised."""
+        assert self.metrics_url is not None
+        while not self._stop.wait(self.interval_s):
+            values, error = scrape_gauges(self.metrics_url, timeout_s=self.interval_s)
+            if values is None:
+                self.server_error = error
+            else:
+                self.server.append({"t_s": round(self._now(), 3), **values})
 
     def _start_gpu_sampler(self) -> None:
         command = [str(self.nvidia_smi), f"--query-gpu={','.join(GPU_QUERY)}", "--format=csv,noheader,nounits",

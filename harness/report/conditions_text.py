@@ -15,6 +15,8 @@ BUSY_GPU_PCT = 50.0  # the clock only says something while the GPU works (an idl
 STEAL_PCT = 2.0  # CPU steal from this on: the virtual machine's host took cores from the replay or the server
 # Runs slower where the GPU was less busy, at one clock: Spearman's rho of TPOT p50 against the GPU's busy share at or
 # below this, over at least IDLE_GPU_RUNS runs whose mean SM clocks lie within CLOCK_SPREAD of each other
+# A run whose server kept at least this many requests waiting on average ran at its capacity: latency includes queueing
+QUEUED_MEAN = 1.0
 IDLE_GPU_RHO = -0.7
 IDLE_GPU_RUNS = 6
 CLOCK_SPREAD = 0.02
@@ -126,3 +128,36 @@ def conditions_line(runs: Sequence[RunRow]) -> str | None:
         parts.append(spread)
     line = f"Machine during the runs (1-s samples, {len(sampled)} runs): " + "; ".join(parts)
     return line + (". ⚠️ " + "; ".join(warnings) if warnings else "")
+
+
+def _arm_load(rows: Sequence[RunRow]) -> str:
+    def mean(values: list[float | None]) -> float:
+        return sum(v for v in values if v is not None) / max(1, sum(v is not None for v in values))
+
+    every = [r.conditions for r in rows if r.conditions is not None]
+    running, waiting = mean([c.server_running_mean for c in every]), mean([c.server_waiting_mean for c in every])
+    most = max((c.server_waiting_max or 0.0) for c in every)
+    kv = max((c.server_kv_usage_max or 0.0) for c in every)
+    return f"{rows[0].arm} running {running:.1f}, waiting {waiting:.1f} (max {most:.0f}), KV cache ≤ {kv:.0%}"
+
+
+def engine_load_line(runs: Sequence[RunRow]) -> str | None:
+    """'Engine load ...': each arm's mean batch and queue over its sampled runs, and the runs whose server queued
+    requests (at capacity: their latency includes queueing); None when no server's gauges were sampled."""
+    sampled = [r for r in runs if r.conditions is not None and r.conditions.server_running_mean is not None]
+    if not sampled:
+        return None
+    arms = dict.fromkeys(r.arm for r in sampled)
+    shown = " · ".join(_arm_load([r for r in sampled if r.arm == arm]) for arm in arms)
+    queued = [
+        f"{r.arm} r{r.repeat} ({r.conditions.server_waiting_mean:.1f})"
+        for r in sampled
+        if (r.conditions.server_waiting_mean or 0.0) >= QUEUED_MEAN
+    ]
+    line = f"Engine load (server gauges, 1-s samples, run means): {shown}"
+    if queued:
+        line += (
+            f". ⚠️ requests waited for the batch (mean ≥ {QUEUED_MEAN:g}) in {', '.join(queued)}: those servers ran at "
+            "their capacity, so their latencies include queueing"
+        )
+    return line

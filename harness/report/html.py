@@ -17,7 +17,7 @@ from harness.records.decision_config import SloConfig
 from harness.records.metric_registry import metric_of
 from harness.report import figures
 from harness.report.capacity_text import arm_capacity, capacity_gain
-from harness.report.conditions_text import idle_gpu_spread
+from harness.report.conditions_text import QUEUED_MEAN, engine_load_line, idle_gpu_spread
 from harness.report.text_outputs import load_text
 
 REPEAT_TABLE_METRICS = (
@@ -153,6 +153,8 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
         arm_capacity=arm_capacity,
         capacity_gain=capacity_gain(s.capacity),
         idle_gpu=idle_gpu_spread(s.runs),
+        engine_load=engine_load_line(s.runs),
+        queued_mean=QUEUED_MEAN,
         window_s=plots.window_s,
         generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         pct=lambda ratio: "—" if ratio is None else pct(ratio),

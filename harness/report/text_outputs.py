@@ -8,7 +8,7 @@ from xml.etree import ElementTree as ET
 from harness.analysis.decision import describe_change, pct, pct_interval
 from harness.analysis.model import Estimator, Stability, Summary
 from harness.report.capacity_text import capacity_line
-from harness.report.conditions_text import conditions_line
+from harness.report.conditions_text import conditions_line, engine_load_line
 
 OUTCOME_ICONS = {"KEEP": "✅", "REJECT": "❌", "INCONCLUSIVE": "⚠️", "INVALID": "⛔"}
 
@@ -79,7 +79,7 @@ def summary_markdown(summary: Summary) -> str:
         *_server_check_lines(summary),
         *_acceptance_lines(summary),
         *_prefix_cache_lines(summary),
-        *filter(None, [conditions_line(summary.runs)]),
+        *filter(None, [conditions_line(summary.runs), engine_load_line(summary.runs)]),
     ]
     if summary.quality.measured:
         q = summary.quality

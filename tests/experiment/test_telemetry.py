@@ -1,5 +1,5 @@
-"""Host and GPU sampling while a run replays (experiment/telemetry.py), its reduction per run
-(analysis/run_conditions.py) and its line in summary.md (report/conditions_text.py).
+"""Host, GPU and server-load sampling while a run replays (experiment/telemetry.py, server_gauges.py), its reduction
+per run (analysis/run_conditions.py) and its lines in summary.md (report/conditions_text.py).
 
 The GPU side runs a stand-in `nvidia-smi` put first on PATH: an executable that answers the query as the real
 one does (CSV lines every --loop-ms until terminated) and records its arguments."""
@@ -16,8 +16,12 @@ import pytest
 from harness.analysis.energy import run_energy
 from harness.analysis.model import RunConditions, SpecDecodeRun
 from harness.analysis.run_conditions import run_conditions
+from harness.experiment.server_gauges import parse_gauges
 from harness.experiment.telemetry import RunTelemetry, parse_gpu_line
-from harness.report.conditions_text import conditions_line, idle_gpu_spread
+from harness.report.conditions_text import conditions_line, engine_load_line, idle_gpu_spread
+from tests.replay.support import make_trace, replay
+from tests.sim.support import start_sim
+from tests.support.openai_server import upstream
 
 STAND_IN = """#!{python}
 import sys, time
@@ -200,3 +204,70 @@ def test_no_idle_gpu_note_when_the_clock_moved_the_pace_or_too_few_runs_say_it()
     assert idle_gpu_spread(busier_when_slower) is None  # the GPU did more work: its own kernels, not the engine
     unpaced = [_Run("baseline", i, _conditions(10, 0.0, 1945.0)) for i in range(8)]  # no TPOT measured
     assert idle_gpu_spread(unpaced) is None
+
+
+VLLM_GAUGES = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m",engine="0"} 30.0
+vllm:num_requests_running{model_name="m",engine="1"} 28.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m",engine="0"} 2.0
+vllm:num_requests_waiting{model_name="m",engine="1"} 0.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m",engine="0"} 0.41
+vllm:kv_cache_usage_perc{model_name="m",engine="1"} 0.57
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{model_name="m",engine="0"} 4.0
+"""
+
+
+def test_the_servers_load_gauges_sum_over_engines_and_the_kv_cache_is_the_fullest():
+    assert parse_gauges(VLLM_GAUGES) == {"running": 58.0, "waiting": 2.0, "kv_usage": 0.57}
+    assert parse_gauges("# TYPE other gauge\nother 1.0\n") == {}
+    with pytest.raises(ValueError):
+        parse_gauges("this is not { prometheus text\n")
+
+
+def test_a_replay_samples_its_servers_batch_queue_and_kv_cache(tmp_path):
+    sim = start_sim()
+    try:
+        trace = make_trace(n=12, gap_s=0.01, prompt_tokens=64, output_tokens=160)
+        out = tmp_path / "telemetry" / "candidate-r1.json"
+        with RunTelemetry(out, interval_s=0.1, server_url=sim.url):
+            replay(trace, sim.url, tmp_path / "r.parquet")
+    finally:
+        sim.stop()
+    payload = json.loads(out.read_text())
+    assert payload["server_error"] is None and len(payload["server"]) >= 5
+    assert max(s["running"] for s in payload["server"]) >= 6  # the requests overlapped in the engine's batch
+    assert max(s["kv_usage"] for s in payload["server"]) > 0
+    conditions = run_conditions(out)
+    assert conditions.server_running_mean > 0 and conditions.server_waiting_max is not None
+    assert conditions.server_error is None
+
+
+def test_a_server_without_the_gauges_is_named_not_raised(tmp_path):
+    with upstream("ok") as url:  # a server with no /metrics
+        out = tmp_path / "r.json"
+        with RunTelemetry(out, interval_s=0.05, server_url=url) as telemetry:
+            wait_for(lambda: telemetry.server_error is not None)
+    conditions = run_conditions(out)
+    assert conditions.server_running_mean is None and conditions.server_error.startswith(f"{url}/metrics: ")
+
+
+def _loaded(arm: str, repeat: int, running: float, waiting: float, most: float, kv: float) -> _Run:
+    update = {"server_running_mean": running, "server_waiting_mean": waiting, "server_waiting_max": most,
+              "server_kv_usage_max": kv}  # fmt: skip
+    return _Run(arm, repeat, _conditions(10, 0.0, None).model_copy(update=update))
+
+
+def test_the_engine_load_line_gives_each_arms_batch_and_warns_of_queued_runs():
+    runs = [_loaded("baseline", 0, 30.0, 0.0, 1, 0.40), _loaded("candidate", 0, 28.0, 0.2, 3, 0.35),
+            _loaded("baseline", 1, 32.0, 2.5, 9, 0.52), _loaded("candidate", 1, 27.0, 0.0, 0, 0.33),
+            _Run("candidate", 2, None)]  # fmt: skip
+    assert engine_load_line(runs) == (
+        "Engine load (server gauges, 1-s samples, run means): baseline running 31.0, waiting 1.2 (max 9), KV cache "
+        "≤ 52% · candidate running 27.5, waiting 0.1 (max 3), KV cache ≤ 35%. ⚠️ requests waited for the batch "
+        "(mean ≥ 1) in baseline r1 (2.5): those servers ran at their capacity, so their latencies include queueing"
+    )
+    assert engine_load_line([_Run("baseline", 0, _conditions(10, 0.0, None))]) is None  # no gauges sampled
