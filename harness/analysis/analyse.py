@@ -24,6 +24,7 @@ from harness.analysis.quality import summarise_quality
 from harness.analysis.review import review_tables
 from harness.analysis.run_conditions import run_conditions
 from harness.analysis.run_metrics import RunMetrics, TimeBlocks, load_run
+from harness.analysis.segments import segment_comparisons
 from harness.analysis.server_check import arm_means, server_check
 from harness.analysis.server_metrics import read_snapshots
 from harness.analysis.spec_config import configured_speculation
@@ -296,6 +297,7 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         runs=rows,
         server_check=server_means,
         prefix_cache=prefix_cache_check(server_means, config.decision.prefix_cache_tolerance),
+        segments=segment_comparisons(pairs, config.decision.alpha),
         acceptance=acceptance,
         quality=quality,
         cost=cost,

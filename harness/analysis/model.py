@@ -60,6 +60,20 @@ class MetricComparison(_Record):
     note: str = ""
 
 
+class SegmentComparison(_Record):
+    """One exploratory paired comparison within a request segment (analysis/segments.py); candidate / baseline."""
+
+    dimension: str  # "prompt" or "output": which trace length defines the segment
+    segment: str  # e.g. "prompt > 1,200 tokens"
+    metric: str  # a request-paired p50 (ttft_p50, tpot_p50)
+    requests: int  # paired successful requests in the segment, fewest over the repeats
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    q_value: float  # Benjamini-Hochberg over every segment comparison of the run
+
+
 class PlannedMetric(_Record):
     """One decision metric's part of KEEP in the planning calculation."""
 
@@ -424,6 +438,7 @@ class Summary(_Record):
     server_check: dict[str, ServerCheckMeans]  # arm -> client vs server means over its valid runs
     acceptance: AcceptanceCheck | None = None  # speculative decoding parity of the arms (None: older summary)
     prefix_cache: PrefixCacheCheck | None = None  # the arms' prefix-cache hit rates (None: older summary)
+    segments: list[SegmentComparison] = []  # exploratory, by prompt and output length tercile
     quality: QualitySummary
     cost: CostSummary
     capacity: dict[str, CapacityEntry]

@@ -79,6 +79,7 @@ def summary_markdown(summary: Summary) -> str:
         *_server_check_lines(summary),
         *_acceptance_lines(summary),
         *_prefix_cache_lines(summary),
+        *_segment_lines(summary),
         *filter(None, [conditions_line(summary.runs), engine_load_line(summary.runs)]),
     ]
     if summary.quality.measured:
@@ -116,6 +117,21 @@ def _acceptance_lines(summary: Summary) -> list[str]:
         f"{arm} {'—' if value is None else f'{value:g}'}" for arm, value in check.configured.items()
     )
     return [f"Speculative decoding: {check.line}; configured AL {configured}"]
+
+
+def _segment_lines(summary: Summary) -> list[str]:
+    """The request segments whose change is a finding (BH q below alpha), or that none is; nothing without them."""
+    if not summary.segments:
+        return []
+    found = [g for g in summary.segments if g.q_value < summary.alpha]
+    head = f"By request size (exploratory, {len(summary.segments)} segment comparisons, BH)"
+    if not found:
+        return [f"{head}: no segment's change is a finding (q ≥ {summary.alpha:g})"]
+    shown = "; ".join(
+        f"{g.metric} {pct(g.ratio)} ({pct_interval(g.ci_low, g.ci_high)}) for {g.segment}, q={g.q_value:.3f}"
+        for g in found
+    )
+    return [f"{head}: {shown}"]
 
 
 def _prefix_cache_lines(summary: Summary) -> list[str]:

@@ -39,6 +39,7 @@ class Scenario:
     rate: float = 20.0  # requests/s of the trace
     ttft_factor: float = 1.0
     itl_factor: float = 1.0
+    long_prompt_ttft_factor: float = 1.0  # the candidate's TTFT effect on the longest third of the prompts only
     shared_noise: float = 0.05  # sigma of the per-repeat load factor (both arms)
     run_noise: float = 0.01  # sigma of each run's own factor
     drift: tuple[float, ...] = ()  # a factor per repeat on both arms, in run order (servers slowing); () none
@@ -64,6 +65,8 @@ def _run_table(
     n = len(arrivals)
     ttft_factor = scenario.ttft_factor if arm == "candidate" else 1.0
     itl_factor = scenario.itl_factor if arm == "candidate" else 1.0
+    if arm == "candidate":
+        ttft_factor = ttft_factor * np.where(prompt > np.quantile(prompt, 2 / 3), scenario.long_prompt_ttft_factor, 1.0)
     ttft = 0.08 * (1 + prompt / 2000) * rng.lognormal(0, 0.4, n) * factor * ttft_factor
     gaps = 0.02 * rng.lognormal(0, 0.25, int(output.sum())) * factor * itl_factor
     starts = np.r_[0, np.cumsum(output)[:-1]]

@@ -1,0 +1,94 @@
+"""Where the candidate helps and where it hurts: the paired comparison within request segments (exploratory).
+
+Why: a policy that shortens long prompts' prefill and slows short ones can show no change overall. Both arms replay
+the same requests, so within a segment each request is compared with itself, as the request-paired p50s are
+(request_pairing.py): per repeat, the median over the segment's requests of log(candidate / baseline), then the
+t-interval over repeats. Segments are the trace's prompt-length and output-length terciles (the same cut points for
+both arms and every repeat: trace properties). Every (segment, metric) cell is one exploratory test; q-values are
+Benjamini-Hochberg over all of them, so looking at many segments does not manufacture a finding. Segments never
+decide.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+
+from harness.analysis.model import SegmentComparison
+from harness.analysis.paired_stats import benjamini_hochberg, p_two_sided, t_interval
+from harness.analysis.request_pairing import paired_requests
+from harness.analysis.run_metrics import RunMetrics
+
+# (dimension, the request column that defines it); terciles of the trace's values
+DIMENSIONS = (("prompt", "prompt_tokens"), ("output", "expected_output_tokens"))
+METRICS = {"ttft_p50": "ttft_s", "tpot_p50": "tpot_s"}  # request-paired p50s, as the whole-run comparison
+MIN_REQUESTS = 20  # fewer paired requests in a segment of a repeat: its median is not compared
+
+
+def _cuts(values: np.ndarray) -> list[float]:
+    """The tercile cut points of a trace property; fewer when values repeat (a trace of one prompt length)."""
+    finite = values[np.isfinite(values)]
+    return sorted(set(np.quantile(finite, [1 / 3, 2 / 3]).tolist())) if len(finite) else []
+
+
+def _labels(name: str, cuts: list[float]) -> list[str]:
+    edges = [f"{cut:,.0f}" for cut in cuts]
+    if not edges:
+        return [f"every {name} length"]
+    low = [f"{name} ≤ {edges[0]} tokens"]
+    middle = [f"{name} {a}-{b} tokens" for a, b in itertools.pairwise(edges)]
+    return low + middle + [f"{name} > {edges[-1]} tokens"]
+
+
+def _medians(frame: pd.DataFrame, column: str, segment: np.ndarray, count: int) -> np.ndarray:
+    """Per segment: the median of log(candidate / baseline) over its usable requests, NaN below MIN_REQUESTS."""
+    base, cand = frame[f"{column}_b"].to_numpy(float), frame[f"{column}_c"].to_numpy(float)
+    usable = (base > 0) & (cand > 0)
+    out = np.full(count, np.nan)
+    for k in range(count):
+        chosen = usable & (segment == k)
+        if chosen.sum() >= MIN_REQUESTS:
+            out[k] = np.median(np.log(cand[chosen] / base[chosen]))
+    return out
+
+
+def segment_comparisons(pairs: list[tuple[RunMetrics, RunMetrics]], alpha: float) -> list[SegmentComparison]:
+    """One exploratory comparison per (dimension, tercile, metric) over the valid repeat pairs (≥ 2 needed)."""
+    if len(pairs) < 2:
+        return []
+    trace = pairs[0][0].requests
+    rows: list[tuple[str, str, str, int, np.ndarray]] = []
+    for dimension, column in DIMENSIONS:
+        cuts = _cuts(trace[column].to_numpy(float))
+        labels = _labels(dimension, cuts)
+        frames = [paired_requests(b, c, list(METRICS.values()), (column,)) for b, c in pairs]
+        segments = [np.searchsorted(cuts, f[column].to_numpy(float), side="left") for f in frames]
+        for metric, field in METRICS.items():
+            per_repeat = np.stack([_medians(f, field, s, len(labels)) for f, s in zip(frames, segments, strict=True)])
+            for k, label in enumerate(labels):
+                requests = int(min((s == k).sum() for s in segments))
+                rows.append((dimension, label, metric, requests, per_repeat[:, k]))
+    computable = [np.isfinite(w).all() for *_, w in rows]
+    kept = [row for row, ok in zip(rows, computable, strict=True) if ok]
+    if not kept:
+        return []
+    w = np.stack([row[4] for row in kept])
+    mean, se, low, high = t_interval(w, alpha)
+    p = p_two_sided(mean, se, w.shape[-1])
+    q = benjamini_hochberg(p)
+    return [
+        SegmentComparison(
+            dimension=dimension,
+            segment=label,
+            metric=metric,
+            requests=requests,
+            ratio=float(np.exp(mean[i])),
+            ci_low=float(np.exp(low[i])),
+            ci_high=float(np.exp(high[i])),
+            p_value=float(p[i]),
+            q_value=float(q[i]),
+        )
+        for i, (dimension, label, metric, requests, _) in enumerate(kept)
+    ]
