@@ -59,11 +59,11 @@ def segment_comparisons(pairs: list[tuple[RunMetrics, RunMetrics]], alpha: float
     if len(pairs) < 2:
         return []
     trace = pairs[0][0].requests
+    frames = [paired_requests(b, c, list(METRICS.values()), tuple(col for _, col in DIMENSIONS)) for b, c in pairs]
     rows: list[tuple[str, str, str, int, np.ndarray]] = []
     for dimension, column in DIMENSIONS:
         cuts = _cuts(trace[column].to_numpy(float))
         labels = _labels(dimension, cuts)
-        frames = [paired_requests(b, c, list(METRICS.values()), (column,)) for b, c in pairs]
         segments = [np.searchsorted(cuts, f[column].to_numpy(float), side="left") for f in frames]
         for metric, field in METRICS.items():
             per_repeat = np.stack([_medians(f, field, s, len(labels)) for f, s in zip(frames, segments, strict=True)])
