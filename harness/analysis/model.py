@@ -70,8 +70,9 @@ class SegmentComparison(_Record):
     ratio: float
     ci_low: float
     ci_high: float
-    p_value: float
-    q_value: float  # Benjamini-Hochberg over every segment comparison of the run
+    q_value: float  # "no change": Benjamini-Hochberg over every segment comparison of the run
+    vs_whole: float  # the segment's ratio over the whole run's (the same estimator over every paired request)
+    q_vs_whole: float  # "fares as the whole run": Benjamini-Hochberg over every segment comparison
 
 
 class PlannedMetric(_Record):

@@ -3,10 +3,11 @@
 Why: a policy that shortens long prompts' prefill and slows short ones can show no change overall. Both arms replay
 the same requests, so within a segment each request is compared with itself, as the request-paired p50s are
 (request_pairing.py): per repeat, the median over the segment's requests of log(candidate / baseline), then the
-t-interval over repeats. Segments are the trace's prompt-length and output-length terciles (the same cut points for
-both arms and every repeat: trace properties). Every (segment, metric) cell is one exploratory test; q-values are
-Benjamini-Hochberg over all of them, so looking at many segments does not manufacture a finding. Segments never
-decide.
+t-interval over repeats; and that median less the whole run's (the same median over every paired request), which
+says whether the segment fares differently from the run: an effect everywhere is no finding about a segment.
+Segments are the trace's prompt-length and output-length terciles (the same cut points for both arms and every
+repeat: trace properties). Every (segment, metric) cell is one exploratory test; q-values are Benjamini-Hochberg
+over all of them, so looking at many segments does not manufacture a finding. Segments never decide.
 """
 
 from __future__ import annotations
@@ -54,12 +55,23 @@ def _medians(frame: pd.DataFrame, column: str, segment: np.ndarray, count: int) 
     return out
 
 
+def _tests(w: np.ndarray, alpha: float) -> tuple[np.ndarray, ...]:
+    """Mean, CI ends, and BH q-values of each row's per-repeat log-ratios."""
+    mean, se, low, high = t_interval(w, alpha)
+    return mean, low, high, benjamini_hochberg(p_two_sided(mean, se, w.shape[-1]))
+
+
 def segment_comparisons(pairs: list[tuple[RunMetrics, RunMetrics]], alpha: float) -> list[SegmentComparison]:
-    """One exploratory comparison per (dimension, tercile, metric) over the valid repeat pairs (≥ 2 needed)."""
+    """One exploratory comparison per (dimension, tercile, metric) over the valid repeat pairs (≥ 2 needed): the
+    segment's change, and its change against the whole run's (the same estimator over every paired request)."""
     if len(pairs) < 2:
         return []
     trace = pairs[0][0].requests
     frames = [paired_requests(b, c, list(METRICS.values()), tuple(col for _, col in DIMENSIONS)) for b, c in pairs]
+    whole = {
+        metric: np.array([_medians(f, field, np.zeros(len(f), np.int64), 1)[0] for f in frames])
+        for metric, field in METRICS.items()
+    }
     rows: list[tuple[str, str, str, int, np.ndarray]] = []
     for dimension, column in DIMENSIONS:
         cuts = _cuts(trace[column].to_numpy(float))
@@ -70,14 +82,12 @@ def segment_comparisons(pairs: list[tuple[RunMetrics, RunMetrics]], alpha: float
             for k, label in enumerate(labels):
                 requests = int(min((s == k).sum() for s in segments))
                 rows.append((dimension, label, metric, requests, per_repeat[:, k]))
-    computable = [np.isfinite(w).all() for *_, w in rows]
-    kept = [row for row, ok in zip(rows, computable, strict=True) if ok]
+    kept = [row for row in rows if np.isfinite(row[4]).all() and np.isfinite(whole[row[2]]).all()]
     if not kept:
         return []
     w = np.stack([row[4] for row in kept])
-    mean, se, low, high = t_interval(w, alpha)
-    p = p_two_sided(mean, se, w.shape[-1])
-    q = benjamini_hochberg(p)
+    mean, low, high, q = _tests(w, alpha)
+    apart, _, _, q_apart = _tests(w - np.stack([whole[row[2]] for row in kept]), alpha)
     return [
         SegmentComparison(
             dimension=dimension,
@@ -87,8 +97,9 @@ def segment_comparisons(pairs: list[tuple[RunMetrics, RunMetrics]], alpha: float
             ratio=float(np.exp(mean[i])),
             ci_low=float(np.exp(low[i])),
             ci_high=float(np.exp(high[i])),
-            p_value=float(p[i]),
             q_value=float(q[i]),
+            vs_whole=float(np.exp(apart[i])),
+            q_vs_whole=float(q_apart[i]),
         )
         for i, (dimension, label, metric, requests, _) in enumerate(kept)
     ]

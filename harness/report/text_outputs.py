@@ -120,15 +120,16 @@ def _acceptance_lines(summary: Summary) -> list[str]:
 
 
 def _segment_lines(summary: Summary) -> list[str]:
-    """The request segments whose change is a finding (BH q below alpha), or that none is; nothing without them."""
+    """The request segments that fare differently from the whole run (BH q below alpha), or that none does."""
     if not summary.segments:
         return []
-    found = [g for g in summary.segments if g.q_value < summary.alpha]
+    found = [g for g in summary.segments if g.q_vs_whole < summary.alpha]
     head = f"By request size (exploratory, {len(summary.segments)} segment comparisons, BH)"
     if not found:
-        return [f"{head}: no segment's change is a finding (q ≥ {summary.alpha:g})"]
+        return [f"{head}: no segment fares differently from the whole run (q ≥ {summary.alpha:g})"]
     shown = "; ".join(
-        f"{g.metric} {pct(g.ratio)} ({pct_interval(g.ci_low, g.ci_high)}) for {g.segment}, q={g.q_value:.3f}"
+        f"{g.metric} {pct(g.ratio)} ({pct_interval(g.ci_low, g.ci_high)}) for {g.segment}, "
+        f"{pct(g.vs_whole)} against the whole run (q={g.q_vs_whole:.3f})"
         for g in found
     )
     return [f"{head}: {shown}"]

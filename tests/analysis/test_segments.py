@@ -31,6 +31,7 @@ def test_an_effect_on_long_prompts_only_is_found_in_their_segment(tmp_path: Path
     assert len(labels) == 3 and all(re.fullmatch(p, label) for p, label in zip(patterns, labels, strict=True))
     long = segment(summary, "prompt >", "ttft_p50")
     assert long.ratio == pytest.approx(1.5, rel=0.05) and long.q_value < 0.01 and 250 <= long.requests <= 300
+    assert long.vs_whole > 1.25 and long.q_vs_whole < 0.01  # it fares worse than the run as a whole
     for label in ("prompt ≤", "output ≤", "output >"):
         assert segment(summary, label, "tpot_p50").ratio == pytest.approx(1.0, abs=0.02)  # no TPOT effect anywhere
     short = segment(summary, "prompt ≤", "ttft_p50")
@@ -39,8 +40,9 @@ def test_an_effect_on_long_prompts_only_is_found_in_their_segment(tmp_path: Path
     assert 1.0 < whole.ratio < 1.2  # the median request's change is smaller: the segment says where it is
     assert len(summary.segments) == 12  # 2 dimensions x 3 terciles x 2 metrics
     comment = run.summary_md.read_text()
-    assert "By request size (exploratory, 12 segment comparisons, BH): ttft_p50 +" in comment
-    assert "for prompt >" in comment and "for prompt ≤" not in comment
+    assert "By request size (exploratory, 12 segment comparisons, BH): " in comment
+    assert "ttft_p50 +5" in comment and "for prompt > " in comment  # +5x %: the long prompts' change
+    assert "for output" not in comment  # output length says nothing here: no TTFT or TPOT effect by it
     assert 'id="segments"' in run.index_html.read_text()
 
 
@@ -49,9 +51,12 @@ def test_no_segments_below_two_repeat_pairs_and_small_segments_are_left_out(tmp_
     assert analyse_run_dir(one.root).summary.segments == []
     small = write_run_dir(tmp_path / "small", Scenario(config=CONFIG, repeats=2, requests=45, seed=5))
     assert analyse_run_dir(small.root).summary.segments == []  # ~15 requests a tercile: under MIN_REQUESTS
-    # no effect anywhere: BH keeps the chance of any finding near 5 % (1 of 40 seeds at 5 repeats, 3 of 40 at 3)
-    quiet = write_run_dir(tmp_path / "quiet", Scenario(config=CONFIG, repeats=5, requests=600, seed=6))
-    build_report(quiet.root)
-    summary = json.loads(quiet.summary_json.read_text())
-    assert len(summary["segments"]) == 12 and all(g["q_value"] > 0.05 for g in summary["segments"])
-    assert "no segment's change is a finding (q ≥ 0.05)" in quiet.summary_md.read_text()
+    # an effect everywhere (TPOT -20 %) is a change in every segment, but no segment fares differently from the run
+    scenario = Scenario(config=CONFIG, repeats=5, requests=600, itl_factor=0.8, seed=6)
+    everywhere = write_run_dir(tmp_path / "all", scenario)
+    build_report(everywhere.root)
+    summary = json.loads(everywhere.summary_json.read_text())
+    tpot = [g for g in summary["segments"] if g["metric"] == "tpot_p50"]
+    assert len(summary["segments"]) == 12 and all(g["ratio"] == pytest.approx(0.8, abs=0.03) for g in tpot)
+    assert all(g["q_value"] < 0.01 for g in tpot) and all(g["q_vs_whole"] > 0.05 for g in summary["segments"])
+    assert "no segment fares differently from the whole run (q ≥ 0.05)" in everywhere.summary_md.read_text()
