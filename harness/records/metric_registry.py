@@ -242,11 +242,7 @@ METRICS: tuple[Metric, ...] = (
         better="lower",
         latency=False,
         source="telemetry",
-        peers=Peers(
-            vllm="no energy metric",
-            guidellm="no energy metric",
-            aiperf="GPU power and energy as telemetry (DCGM), not per successful request",
-        ),
+        peers=Peers(vllm="no energy metric", guidellm="no energy metric", aiperf="GPU energy, not per request"),
     ),
 )
 
