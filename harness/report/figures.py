@@ -6,6 +6,7 @@ import base64
 import io
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from harness.analysis.analyse import PlotData
 from harness.analysis.log_histogram import EDGES_S
-from harness.analysis.model import MetricComparison, RunRow
+from harness.analysis.model import CapacityEntry, MetricComparison, RunRow
 from harness.records.metric_registry import BY_NAME, LATENCY_METRICS
 
 ARM_COLOURS = {"baseline": "#5b6b7f", "candidate": "#d9822b"}
@@ -232,6 +233,51 @@ def throughput_vs_acceptance(runs: list[RunRow]) -> str:
                 )
     axis.set_xlabel("acceptance length, measured (tokens per verify step)")
     axis.set_ylabel("emitted tokens/s (server)")
+    axis.legend(frameon=False, fontsize=8)
+    figure.tight_layout()
+    return _data_uri(figure)
+
+
+def _probe_points(entry: CapacityEntry) -> tuple[list[tuple[float, float, bool]], list[tuple[float, float]]]:
+    """(compression, attainment, valid) of every probe run, and (compression, mean attainment) of every probe."""
+    runs, means = [], []
+    for probe in (entry.model_extra or {}).get("probes") or []:
+        seen = [
+            (float(run["attainment"]), bool(run["valid"]))
+            for run in probe.get("runs", [])
+            if run.get("attainment") is not None
+        ]
+        runs += [(float(probe["compression"]), value, valid) for value, valid in seen]
+        if seen:
+            means.append((float(probe["compression"]), float(np.mean([value for value, _ in seen]))))
+    return runs, sorted(means)
+
+
+def capacity_curves(capacity: dict[str, CapacityEntry], target: float) -> str | None:
+    """Each arm's SLO attainment against the load it was offered (trace compression), from `replaybench capacity`'s
+    probes: every run a point, the probes' means joined, the target and each arm's capacity marked. None without
+    probes (a capacity.json from before they were kept, or none)."""
+    points = {arm: _probe_points(entry) for arm, entry in capacity.items() if arm in ARM_COLOURS}
+    if not any(runs for runs, _ in points.values()):
+        return None
+    figure, axis = plt.subplots(figsize=(5.2, 2.8))
+    axis.axhline(target, color="#6e7781", ls="--", lw=1, label=f"target {target:.0%}")
+    for arm, (runs, means) in points.items():
+        colour = ARM_COLOURS[arm]
+        for valid in (True, False):
+            mine = [(x, y) for x, y, ok in runs if ok == valid]
+            if mine:
+                axis.plot(*zip(*mine, strict=True), "o" if valid else "x", ms=4, color=colour, alpha=0.7,
+                          label=None if valid else f"{arm} (invalid replay)")  # fmt: skip
+        if means:
+            axis.plot(*zip(*means, strict=True), "-", color=colour, lw=1.2, label=arm)
+        best = capacity[arm].max_time_compression
+        if best is not None:
+            axis.axvline(best, color=colour, ls=":", lw=1)
+    axis.set_xscale("log")
+    axis.set_xlabel("offered load (trace compression, x; dotted: each arm's capacity)")
+    axis.set_ylabel("SLO attainment")
+    axis.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
     axis.legend(frameon=False, fontsize=8)
     figure.tight_layout()
     return _data_uri(figure)

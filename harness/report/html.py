@@ -132,6 +132,7 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
         "attainment": figures.attainment_over_time(plots, slo.attainment_target),
         "lag": figures.lag_histogram(plots, lag_budget_s),
         "rate": figures.rate_fidelity(s.runs),
+        "capacity": figures.capacity_curves(s.capacity, slo.attainment_target),
     }
     speculating = any(r.spec_decode.acceptance_length is not None or r.spec_decode.configured for r in s.runs)
     if speculating:

@@ -12,8 +12,10 @@ from xml.etree import ElementTree as ET
 import pytest
 
 from harness.analysis.model import Summary
+from harness.experiment.capacity import Probe, ProbeRun, SearchBounds, find_capacity, judge_probe
 from harness.records.metric_registry import BY_NAME
 from harness.records.run_dir import RunDir
+from harness.report import figures
 from harness.report.build import build_report
 from tests.support.synthetic_results import Scenario, write_run_dir
 
@@ -199,3 +201,25 @@ def test_report_builds_when_nothing_got_slower(tmp_path: Path) -> None:
     )
     assert build_report(run.root).outcome.value == "KEEP"
     assert "No request was slower" in run.index_html.read_text()
+
+
+def _searched(knee: float) -> dict:
+    """capacity.json's entry of a real search (`find_capacity`) on a curve that holds the SLO up to `knee`x."""
+
+    def probe(scale: float) -> Probe:
+        attained = 1.0 if 1 / scale <= knee else 0.5
+        return judge_probe(scale, tuple(ProbeRun(r, True, attained - 0.01 * r, 1e-5) for r in range(2)), 0.9)
+
+    return find_capacity(probe, SearchBounds(min_scale=0.1, max_scale=1.0, tolerance=0.05)).to_json(0.9)
+
+
+def test_capacity_probes_are_drawn_as_attainment_against_load(tmp_path: Path) -> None:
+    run = write_complete_run(tmp_path, itl_factor=0.8)
+    (run.root / "capacity.json").write_text(json.dumps({"baseline": _searched(3.0), "candidate": _searched(4.5)}))
+    build_report(run.root)
+    html = run.index_html.read_text()
+    assert 'alt="SLO attainment against offered load, per arm (capacity probes)"' in html
+    assert html.count('src="data:image/png;base64,') == 6  # the five figures of every report and this one
+    entries = Summary.model_validate_json(run.summary_json.read_text()).capacity
+    assert len(figures._probe_points(entries["candidate"])[1]) == len(entries["candidate"].model_extra["probes"])
+    assert figures.capacity_curves({}, 0.9) is None  # no capacity.json, or one from before probes were kept
