@@ -155,6 +155,7 @@ def _run_row(
         receive_lag_max_ms=ms(busiest.receive_lag_max_s) if busiest else None,
         client_cpu_share=max(shares) if shares else None,
         conditions=conditions,
+        request_id_prefix=run.request_id_prefix,
     )
 
 

@@ -326,6 +326,7 @@ class RunRow(_Record):
     receive_lag_max_ms: float | None = None
     client_cpu_share: float | None = None
     conditions: RunConditions | None = None  # host and GPU while it replayed; None: not sampled (older run dirs)
+    request_id_prefix: str | None = None  # X-Request-Id = this + the quoted request id, for the server's log
 
 
 class Attempt(BaseModel):

@@ -25,6 +25,7 @@ from harness.records.result_schema import (
     META_ARM,
     META_OFFERED_RATE,
     META_REPEAT,
+    META_REQUEST_ID_PREFIX,
     META_SIMULATED,
     META_T0_UNIX,
     META_TIME_SCALE,
@@ -78,6 +79,7 @@ class RunMetrics:
     duration_s: float
     histograms: np.ndarray  # int32 (len(LATENCY_METRICS), blocks, BINS)
     energy: RunEnergy  # of the arm's GPUs over the run's window
+    request_id_prefix: str | None  # its requests' X-Request-Id is this + the quoted request id (None: older file)
 
 
 def _numpy_column(table: pa.Table, name: str) -> np.ndarray:
@@ -311,4 +313,5 @@ def load_run(
         duration_s=duration,
         histograms=histograms,
         energy=energy,
+        request_id_prefix=meta.get(META_REQUEST_ID_PREFIX),
     )

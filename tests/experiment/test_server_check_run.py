@@ -3,6 +3,8 @@ the client's (the engine stamps its histograms from its true step deadlines, as 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harness.analysis.model import Summary
@@ -49,4 +51,9 @@ def test_run_summary_holds_server_means_that_agree_with_the_client(tmp_path) -> 
         assert 0 <= row.conditions.cpu_busy_mean_pct <= 100
         assert (run / "telemetry" / f"{row.arm}-r{row.repeat}.json").exists()
     assert "Machine during the runs (1-s samples, 4 runs): host CPU busy " in markdown
-    assert "host CPU busy / steal max" in (run / "index.html").read_text()
+    html = (run / "index.html").read_text()
+    assert "host CPU busy / steal max" in html
+    # each run's X-Request-Id prefix, to find its requests in the server's log, distinct per run
+    prefixes = [row.request_id_prefix for row in summary.runs]
+    assert all(re.fullmatch(rf"rb-{r.arm}-r{r.repeat}-[0-9a-f]{{8}}-", r.request_id_prefix) for r in summary.runs)
+    assert len(set(prefixes)) == 4 and all(f"<code>{p}</code>" in html for p in prefixes)
