@@ -18,7 +18,15 @@ from harness.analysis.compare import compare_metrics
 from harness.analysis.cost import summarise_cost
 from harness.analysis.decision import decide
 from harness.analysis.inputs import ARMS, RunInputs, final_attempt, read_inputs
-from harness.analysis.model import ExcludedRepeat, RunConditions, RunRow, ServerCheck, SpecDecodeRun, Summary
+from harness.analysis.model import (
+    ExcludedRepeat,
+    Outcome,
+    RunConditions,
+    RunRow,
+    ServerCheck,
+    SpecDecodeRun,
+    Summary,
+)
 from harness.analysis.planning import plan_next_run
 from harness.analysis.quality import summarise_quality
 from harness.analysis.review import review_tables
@@ -32,7 +40,7 @@ from harness.analysis.spec_decode import acceptance_check, spec_decode_run
 from harness.analysis.stability import assess_stability
 from harness.analysis.vllm_aliases import vllm_aliases
 from harness.errors import UserError
-from harness.records.decision_config import AnalysisConfig
+from harness.records.decision_config import AnalysisConfig, DecisionConfig
 from harness.records.metric_registry import LATENCY_METRICS
 from harness.records.result_schema import CHUNKS, FINAL_USAGE, TEXT_CHUNKS
 
@@ -159,6 +167,21 @@ def _run_row(
     )
 
 
+def _looks_note(decision: DecisionConfig, inputs: RunInputs, outcome: Outcome) -> list[str]:
+    """With sequential looks: how many repeats ran, and whether the verdict stands at a look."""
+    if not decision.looks:
+        return []
+    ran = len({a.repeat for a in inputs.attempts} | {repeat for _, repeat in inputs.results})
+    head = f"sequential looks at {', '.join(map(str, decision.looks))} repeats, each at level {decision.alpha:.3g}"
+    if ran not in decision.looks:
+        return [f"{head}: {ran} repeat(s) ran, not a look: resume the run to the next look before acting on it"]
+    if ran == decision.looks[-1]:
+        return [f"{head}: {ran} repeat(s) ran, the last look"]
+    if outcome in (Outcome.KEEP, Outcome.REJECT):
+        return [f"{head}: {ran} repeat(s) ran, stopped early: this look decided"]
+    return [f"{head}: {ran} repeat(s) ran and this look did not decide: resume the run to the next look"]
+
+
 def _unmeasured_receive_lag(runs: dict[RunKey, RunMetrics]) -> list[str]:
     """A note naming how many result files carry no receive lag (and so were not gated on it)."""
     unmeasured = sum(run.fidelity.worker_loads is None for run in runs.values())
@@ -249,7 +272,10 @@ def _pair_rows(arm: str, rows: list[RunRow], used: list[int]) -> list[RunRow]:
 def analyse_run_dir(root: Path) -> RunAnalysis:
     """Re-analyse a run directory from its files. Raises `UnusableRunDir` only when there are no results."""
     inputs = read_inputs(root)
-    config = inputs.config
+    # every test of the run at the level its pre-registered looks leave each of them (alpha without looks)
+    config = inputs.config.model_copy(
+        update={"decision": inputs.config.decision.model_copy(update={"alpha": inputs.config.decision.look_alpha})}
+    )
     blocks = time_blocks(list(inputs.results.values()), BLOCK_S)
     runs, problems = _load_runs(inputs, blocks)
     used, excluded = _pairs(inputs, runs, problems)
@@ -311,7 +337,8 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         notes=inputs.notes
         + token_count_notes(list(runs.values()))
         + ([quality.note] if quality.note else [])
-        + _unmeasured_receive_lag(runs),
+        + _unmeasured_receive_lag(runs)
+        + _looks_note(config.decision, inputs, decision.outcome),
         alpha=config.decision.alpha,
         vllm_aliases={arm: vllm_aliases(_alias_runs(arm, pairs, runs)) for arm in ARMS},
     )

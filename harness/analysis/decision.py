@@ -39,11 +39,15 @@ def describe_change(c: MetricComparison) -> str:
     return f"{c.metric} {pct(c.ratio)} (CI {pct_interval(c.ci_low, c.ci_high)})"
 
 
+def confidence_level(alpha: float) -> str:
+    """The two-sided intervals' level as shown: "95%", or "97.5%" at alpha 0.025 (sequential looks)."""
+    return f"{(1 - alpha) * 100:.3g}%"
+
+
 def rule_text(decision: DecisionConfig, quality: QualityLimits) -> str:
     """The pre-declared rule in one paragraph, shown in the verdict banner."""
     target = decision.target
     gates = ", ".join(f"{r.metric} ±{r.margin:.0%}" for r in decision.gate) or "none"
-    conf = 1 - decision.alpha
     quality_part = f"; quality: pass-rate drop ≤ {quality.max_pass_rate_drop:.0%}" + (
         f", identical outputs ≥ {quality.min_identical_fraction:.0%}" if quality.min_identical_fraction else ""
     )
@@ -54,10 +58,16 @@ def rule_text(decision: DecisionConfig, quality: QualityLimits) -> str:
     )
     return (
         f"KEEP if {target.metric} ({target.better} is better) improves by more than {target.margin:.0%} "
-        f"({conf:.0%} paired t-interval over repeats{paired}) and no decision metric ({gates}) is worse than its "
-        f"margin at the CI's worse end; REJECT if any decision metric regresses beyond its margin (one-sided, "
-        f"Holm, level {decision.alpha / 2:g}) or a quality limit is broken{quality_part}; "
-        f"INVALID with fewer than {decision.min_repeats} valid repeat pairs."
+        f"({confidence_level(decision.alpha)} paired t-interval over repeats{paired}) and no decision metric "
+        f"({gates}) is worse than its margin at the CI's worse end; REJECT if any decision metric regresses beyond "
+        f"its margin (one-sided, Holm, level {decision.alpha / 2:g}) or a quality limit is broken{quality_part}; "
+        f"INVALID with fewer than {decision.min_repeats} valid repeat pairs"
+        + (
+            f"; sequential: looks at {', '.join(map(str, decision.looks))} repeats, each at level {decision.alpha:.3g}"
+            f" (alpha / {len(decision.looks)}), the run stopping at the first that decides."
+            if decision.looks
+            else "."
+        )
     )
 
 

@@ -181,6 +181,16 @@ class ExperimentConfig(_Strict):
         self.mode = derived
         return self
 
+    @model_validator(mode="after")
+    def _last_look_is_the_end(self) -> ExperimentConfig:
+        looks = self.decision.looks
+        if looks and looks[-1] != self.repeats:
+            raise ValueError(
+                f"[decision] looks end at {looks[-1]} repeats but repeats = {self.repeats}; make the last look "
+                "the run's repeats"
+            )
+        return self
+
     @property
     def is_aa(self) -> bool:
         return self.mode == "A/A"

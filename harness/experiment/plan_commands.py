@@ -49,6 +49,7 @@ def plan(
     from rich.console import Console
 
     from harness.analysis.compare import estimator_of, log_ratios
+    from harness.analysis.decision import confidence_level
     from harness.analysis.paired_stats import detectable_effect, keep_power, repeats_to_keep, sd_uncertainty
     from harness.analysis.planning import MOST_REPEATS
     from harness.analysis.run_metrics import TimeBlocks, load_run
@@ -117,7 +118,8 @@ def plan(
         f"capacity at {at_capacity:.4g}, noise-free)",
         f"  noise: sd of the per-repeat log-ratio over {pairs} A/A repeats: {noise_text}; the true sd may be "
         f"×{low:.2g}-{high:.2g} of these",
-        f"  rule: KEEP needs {target}'s {1 - decision.alpha:.0%} CI beyond its margin and every gate's inside its own",
+        f"  rule: KEEP needs {target}'s {confidence_level(decision.alpha)} CI beyond its margin and every gate's "
+        "inside its own",
         f"  repeats needed: {needed(gate_sds, margins)} to KEEP a true {improvement:.0%} improvement with "
         f"{wanted:.0%} power (the target alone: {needed(np.array([]), margins[:1])})",
         f"  with {n} repeats: P(KEEP) {float(keep):.2f} (target {float(parts[0]):.2f}, gates "

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.analysis.analyse import analyse_run_dir
+from harness.analysis.model import Outcome
 from harness.atomic import atomic_path
 from harness.errors import UserError
 from harness.experiment.arm_server import ArmServer
@@ -77,6 +79,8 @@ class ExperimentRunner:
                 for repeat in range(self.config.repeats):
                     if repeat in complete:
                         continue
+                    if self._decided_after(repeat):
+                        break
                     self._forget_partial(repeat)
                     self._place(repeat)
                     if self.config.order == "simultaneous":
@@ -90,6 +94,17 @@ class ExperimentRunner:
             finally:
                 for server in self.servers.values():
                     server.stop()
+
+    def _decided_after(self, repeats: int) -> bool:
+        """At a pre-registered look (`[decision] looks`), whether the first `repeats` repeats already decide (KEEP
+        or REJECT at the look's level): the rest are then not run."""
+        if repeats not in self.config.decision.looks:
+            return False
+        outcome = analyse_run_dir(self.run.root).summary.decision.outcome
+        decided = outcome in (Outcome.KEEP, Outcome.REJECT)
+        ending = f": {outcome.value}, the remaining repeats are not run" if decided else f": {outcome.value}, go on"
+        self._progress(f"look at {repeats} repeats{ending}", 0)
+        return decided
 
     def _forget_partial(self, repeat: int) -> None:
         """A repeat cut short earlier is re-run whole, so its arms stay adjacent in time (files stay in attempts/)."""

@@ -32,6 +32,8 @@ Every model forbids unknown keys, so a typo is an error that names the key inste
     power = 0.8                    # planning: the chance of KEEP the next run should have ...
     planning_effect = 0.10         # ... if the target truly improves this much (default: twice its margin,
                                    # at least 5 %); planning is advice for the next run, not evidence
+    looks = [3, 5, 8]              # optional: stop at the first of these repeat counts that decides (KEEP or
+                                   # REJECT); every look at alpha / 3. The last must be the experiment's repeats
 
     [cost]
     gpu_hour_price = 3.50          # price of one GPU-hour (currency below)
@@ -53,6 +55,7 @@ Metric names, their definitions and which way is better are in `harness/records/
 
 from __future__ import annotations
 
+import itertools
 import tomllib
 from pathlib import Path
 
@@ -140,6 +143,11 @@ class DecisionConfig(_Strict):
     prefix_cache_tolerance: float = Field(default=0.05, gt=0, lt=1)
     power: float = Field(default=0.8, gt=0, lt=1)
     planning_effect: float | None = Field(default=None, gt=0, lt=10)
+    # Sequential repeats: the repeat counts, fixed before the run, at which `replaybench run` analyses and stops once
+    # the verdict is KEEP or REJECT (the last is the experiment's `repeats`). Every look tests at alpha / len(looks):
+    # Bonferroni over the looks, so stopping at whichever look decides keeps each wrong verdict's chance within
+    # alpha, where analysing after every repeat and stopping at the first KEEP would not. () : one look, at the end.
+    looks: tuple[int, ...] = ()
 
     @field_validator("exploratory")
     @classmethod
@@ -156,6 +164,13 @@ class DecisionConfig(_Strict):
             raise ValueError("a metric appears twice in target/gate; list each decision metric once")
         if set(self.exploratory) & set(gated):
             raise ValueError("a decision metric is also listed as exploratory; list it in one place only")
+        if any(later <= earlier for earlier, later in itertools.pairwise(self.looks)):
+            raise ValueError(f"looks {list(self.looks)} must increase; list the repeat counts in order")
+        if self.looks and self.looks[0] < self.min_repeats:
+            raise ValueError(
+                f"the first look ({self.looks[0]} repeats) is below min_repeats ({self.min_repeats}), where every "
+                "verdict is INVALID; start the looks at min_repeats or later"
+            )
         if self.planning_effect is not None and self.planning_effect <= self.target.margin:
             raise ValueError(
                 f"planning_effect {self.planning_effect:g} must exceed the target margin {self.target.margin:g} "
@@ -167,6 +182,11 @@ class DecisionConfig(_Strict):
     def assumed_effect(self) -> float:
         """The target's true relative improvement that planning assumes: declared, or twice the margin (≥ 5 %)."""
         return self.planning_effect or max(2 * self.target.margin, 0.05)
+
+    @property
+    def look_alpha(self) -> float:
+        """The level every look tests at: alpha over the pre-registered looks (alpha with none)."""
+        return self.alpha / max(1, len(self.looks))
 
     @property
     def decision_rules(self) -> tuple[MetricRule, ...]:

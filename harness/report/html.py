@@ -10,7 +10,7 @@ import jinja2
 import numpy as np
 
 from harness.analysis.analyse import RunAnalysis
-from harness.analysis.decision import pct, pct_interval
+from harness.analysis.decision import confidence_level, pct, pct_interval
 from harness.analysis.inputs import ARMS
 from harness.analysis.model import CHECK_FIELDS
 from harness.records.decision_config import SloConfig
@@ -156,6 +156,7 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
         idle_gpu=idle_gpu_spread(s.runs),
         engine_load=engine_load_line(s.runs),
         queued_mean=QUEUED_MEAN,
+        ci_level=confidence_level(s.alpha),
         window_s=plots.window_s,
         generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         pct=lambda ratio: "—" if ratio is None else pct(ratio),

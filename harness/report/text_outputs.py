@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from xml.etree import ElementTree as ET
 
-from harness.analysis.decision import describe_change, pct, pct_interval
+from harness.analysis.decision import confidence_level, describe_change, pct, pct_interval
 from harness.analysis.model import Estimator, Stability, Summary
 from harness.report.capacity_text import capacity_line
 from harness.report.conditions_text import conditions_line, engine_load_line
@@ -60,7 +60,8 @@ def summary_markdown(summary: Summary) -> str:
             f"expected at most {summary.alpha:.0%} of the time.",
             "",
         ]
-    lines += ["| metric | role | change | 95% CI | margin | verdict |", "|---|---|---|---|---|---|"]
+    level = confidence_level(summary.alpha)
+    lines += [f"| metric | role | change | {level} CI | margin | verdict |", "|---|---|---|---|---|---|"]
     for c in summary.comparisons:
         verdict = c.verdict or (f"q={c.q_value:.3f}" if c.q_value is not None else "—")
         margin = f"±{c.margin:.0%}" if c.margin is not None else "—"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+import tomli_w
 
 from harness.analysis.analyse import analyse_run_dir
 from harness.analysis.inputs import UnusableRunDir
@@ -275,3 +276,24 @@ def test_review_lists_only_requests_that_got_slower(improved: RunDir, tmp_path: 
     assert summary.review_requests and all(r.ratio > 1 for r in summary.review_requests)
     faster = analyse_run_dir(make_run(tmp_path, ttft_factor=0.3, itl_factor=0.3, repeats=2, seed=14).root).summary
     assert faster.review_requests == [] and faster.review_windows == []
+
+
+def test_sequential_looks_test_each_look_at_alpha_over_the_looks(tmp_path: Path) -> None:
+    config = json.loads(json.dumps(CONFIG))
+    config["decision"]["looks"] = [3, 5]
+    early = write_run_dir(tmp_path / "early", Scenario(config=config, itl_factor=0.8, repeats=3, seed=21))
+    summary = analyse_run_dir(early.root).summary
+    assert summary.alpha == pytest.approx(0.025) and summary.decision.outcome is Outcome.KEEP
+    assert "sequential: looks at 3, 5 repeats, each at level 0.025 (alpha / 2)" in summary.decision.rule
+    assert "97.5% paired t-interval" in summary.decision.rule
+    assert "sequential looks at 3, 5 repeats, each at level 0.025: 3 repeat(s) ran, stopped early" in " ".join(
+        summary.notes
+    )
+    target = comparison(analyse_run_dir(early.root), "tpot_p50")
+    config["decision"]["looks"] = []  # the same repeats at one look: a narrower interval
+    (early.root / "experiment.toml").write_text(tomli_w.dumps({"name": "synthetic", **config}))
+    single = comparison(analyse_run_dir(early.root), "tpot_p50")
+    assert single.ci_high - single.ci_low < target.ci_high - target.ci_low
+    config["decision"]["looks"] = [3, 5]
+    between = write_run_dir(tmp_path / "between", Scenario(config=config, itl_factor=0.8, repeats=4, seed=22))
+    assert "4 repeat(s) ran, not a look" in " ".join(analyse_run_dir(between.root).summary.notes)

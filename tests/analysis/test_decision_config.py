@@ -72,6 +72,8 @@ def test_defaults_are_a_valid_rule() -> None:
         ("[cost]\ngpus_per_arm = 0\n", "`cost.gpus_per_arm`"),
         ("[decision]\nplanning_effect = 0.03\n", "must exceed the target margin"),
         ("[decision]\nserver_tpot_tolerance = 0\n", "`decision.server_tpot_tolerance`"),
+        ("[decision]\nlooks = [5, 3, 8]\n", "looks [5, 3, 8] must increase"),
+        ("[decision]\nlooks = [2, 5]\n", "the first look (2 repeats) is below min_repeats (3)"),
     ],
 )
 def test_errors_are_one_line_and_name_the_key(document: str, expected: str) -> None:
