@@ -91,6 +91,12 @@ class ReplaySettings(_Strict):
     save_outputs: bool = False  # keep every generated text in the result files
     usage_per_chunk: bool = True  # stream_options.continuous_usage_stats: tokens counted by the server
     request_timeout_s: float = Field(default=600.0, gt=0)
+    # How often the arm's server's load gauges are read from its /metrics while it replays (0: never). Not every
+    # second: vLLM renders /metrics in its API server's event loop (prometheus_client; vLLM 0.24's 47 KB in 2.3 ms
+    # on a 2-core box, bench/results/bench_metrics_render.md), which delays every stream's next chunk by that much;
+    # at one read a second that is one ITL gap in ~100 at a 9 ms step, the ITL p99 the report shows; every 10 s, one
+    # in ~1,000.
+    server_gauges_s: float = Field(default=10.0, ge=0)
 
 
 class ArmConfig(_Strict):

@@ -271,8 +271,12 @@ class ExperimentRunner:
     def _telemetry(self, arm: str, repeat: int) -> RunTelemetry:
         """Host, the arm's GPUs and its server's load sampled while it replays (a retried attempt's file is replaced
         by the next)."""
+        every = self.config.replay.server_gauges_s
         return RunTelemetry(
-            self.run.telemetry(arm, repeat), gpus=self._placement.gpus[arm], server_url=self.servers[arm].base_url
+            self.run.telemetry(arm, repeat),
+            gpus=self._placement.gpus[arm],
+            server_url=self.servers[arm].base_url if every > 0 else None,
+            server_interval_s=every,
         )
 
     def _replay(self, arm: str, repeat: int, attempt: int, output: Path) -> ReplayOutcome:

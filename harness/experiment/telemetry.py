@@ -57,12 +57,21 @@ class RunTelemetry:
     """A context manager sampling host and GPUs from entry to exit, then writing them to ``path`` as JSON."""
 
     def __init__(
-        self, path: Path, gpus: Sequence[int] = (), interval_s: float = INTERVAL_S, server_url: str | None = None
+        self,
+        path: Path,
+        gpus: Sequence[int] = (),
+        interval_s: float = INTERVAL_S,
+        server_url: str | None = None,
+        server_interval_s: float = INTERVAL_S,
     ) -> None:
-        self.path, self.gpus, self.interval_s = path, list(gpus), interval_s
+        """`server_url`: the arm's server, whose load gauges are read every `server_interval_s` (each read costs
+        the server a /metrics render; see ReplaySettings.server_gauges_s)."""
+        self.path, self.gpus, self.interval_s, self.server_interval_s = path, list(gpus), interval_s, server_interval_s
         self.metrics_url = None if server_url is None else server_url.rstrip("/") + "/metrics"
         self.server: list[dict[str, float]] = []
-        self.server_error: str | None = None if server_url else "no server given: its load not sampled"
+        self.server_error: str | None = (
+            None if server_url else "server load not sampled (no server, or [replay] server_gauges_s = 0)"
+        )
         self.nvidia_smi = shutil.which("nvidia-smi")
         self.host: list[dict[str, float]] = []
         self.gpu: list[dict[str, float | None]] = []
@@ -98,7 +107,8 @@ class RunTelemetry:
         self._host_sample()  # the tail since the last sample: a run shorter than the interval gets one too
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # t0_unix: the wall clock at t_s = 0, so samples line up with a result file's replaybench.t0_unix
-        payload = {"interval_s": self.interval_s, "t0_unix": self._began_unix, "gpus": self.gpus, "host": self.host,
+        payload = {"interval_s": self.interval_s, "server_interval_s": self.server_interval_s,
+                   "t0_unix": self._began_unix, "gpus": self.gpus, "host": self.host,
                    "gpu": self.gpu, "gpu_error": self.gpu_error, "server": self.server,
                    "server_error": self.server_error}  # fmt: skip
         with atomic_path(self.path) as tmp:
@@ -128,8 +138,8 @@ class RunTelemetry:
     def _sample_server(self) -> None:
         """The server's load gauges once an interval; a failed scrape is named (the last reason kept), not raised."""
         assert self.metrics_url is not None
-        while not self._stop.wait(self.interval_s):
-            values, error = scrape_gauges(self.metrics_url, timeout_s=self.interval_s)
+        while not self._stop.wait(self.server_interval_s):
+            values, error = scrape_gauges(self.metrics_url, timeout_s=min(self.server_interval_s, 5.0))
             if values is None:
                 self.server_error = error
             else:

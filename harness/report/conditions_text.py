@@ -154,7 +154,7 @@ def engine_load_line(runs: Sequence[RunRow]) -> str | None:
         for r in sampled
         if (r.conditions.server_waiting_mean or 0.0) >= QUEUED_MEAN
     ]
-    line = f"Engine load (server gauges, 1-s samples, run means): {shown}"
+    line = f"Engine load (server gauges sampled during the runs, run means): {shown}"
     if queued:
         line += (
             f". ⚠️ requests waited for the batch (mean ≥ {QUEUED_MEAN:g}) in {', '.join(queued)}: those servers ran at "

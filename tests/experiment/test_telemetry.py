@@ -233,7 +233,7 @@ def test_a_replay_samples_its_servers_batch_queue_and_kv_cache(tmp_path):
     try:
         trace = make_trace(n=12, gap_s=0.01, prompt_tokens=64, output_tokens=160)
         out = tmp_path / "telemetry" / "candidate-r1.json"
-        with RunTelemetry(out, interval_s=0.1, server_url=sim.url):
+        with RunTelemetry(out, interval_s=0.1, server_url=sim.url, server_interval_s=0.1):
             replay(trace, sim.url, tmp_path / "r.parquet")
     finally:
         sim.stop()
@@ -249,7 +249,7 @@ def test_a_replay_samples_its_servers_batch_queue_and_kv_cache(tmp_path):
 def test_a_server_without_the_gauges_is_named_not_raised(tmp_path):
     with upstream("ok") as url:  # a server with no /metrics
         out = tmp_path / "r.json"
-        with RunTelemetry(out, interval_s=0.05, server_url=url) as telemetry:
+        with RunTelemetry(out, interval_s=0.05, server_url=url, server_interval_s=0.05) as telemetry:
             wait_for(lambda: telemetry.server_error is not None)
     conditions = run_conditions(out)
     assert conditions.server_running_mean is None and conditions.server_error.startswith(f"{url}/metrics: ")
@@ -266,8 +266,9 @@ def test_the_engine_load_line_gives_each_arms_batch_and_warns_of_queued_runs():
             _loaded("baseline", 1, 32.0, 2.5, 9, 0.52), _loaded("candidate", 1, 27.0, 0.0, 0, 0.33),
             _Run("candidate", 2, None)]  # fmt: skip
     assert engine_load_line(runs) == (
-        "Engine load (server gauges, 1-s samples, run means): baseline running 31.0, waiting 1.2 (max 9), KV cache "
-        "≤ 52% · candidate running 27.5, waiting 0.1 (max 3), KV cache ≤ 35%. ⚠️ requests waited for the batch "
-        "(mean ≥ 1) in baseline r1 (2.5): those servers ran at their capacity, so their latencies include queueing"
+        "Engine load (server gauges sampled during the runs, run means): baseline running 31.0, waiting 1.2 (max 9), "
+        "KV cache ≤ 52% · candidate running 27.5, waiting 0.1 (max 3), KV cache ≤ 35%. ⚠️ requests waited for the "
+        "batch (mean ≥ 1) in baseline r1 (2.5): those servers ran at their capacity, so their latencies include "
+        "queueing"
     )
     assert engine_load_line([_Run("baseline", 0, _conditions(10, 0.0, None))]) is None  # no gauges sampled
