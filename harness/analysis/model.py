@@ -287,6 +287,7 @@ class RunConditions(_Record):
     gpu_memory_temperature_c_max: float | None = None  # HBM's hottest sample: HBM throttles when hot
     # the arm's server, from its load gauges (experiment/server_gauges.py); None: not sampled (files from before it,
     # or a server without vLLM's gauges, `server_error` saying why)
+    server_samples: int = 0
     server_running_mean: float | None = None  # requests in the engine's batch
     server_waiting_mean: float | None = None  # requests queued for a place in it
     server_waiting_max: float | None = None

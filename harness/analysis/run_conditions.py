@@ -10,12 +10,12 @@ import numpy as np
 from harness.analysis.model import RunConditions
 
 
-def _stat(samples: list[dict], key: str, how: str) -> float | None:
+def _stat(samples: list[dict], key: str, how: str, digits: int = 2) -> float | None:
     values = np.array([s[key] for s in samples if isinstance(s.get(key), int | float)], float)
     values = values[np.isfinite(values)]
     if not values.size:
         return None
-    return round(float({"mean": np.mean, "min": np.min, "max": np.max}[how](values)), 2)
+    return round(float({"mean": np.mean, "min": np.min, "max": np.max}[how](values)), digits)
 
 
 def run_conditions(path: Path) -> RunConditions | None:
@@ -42,7 +42,8 @@ def run_conditions(path: Path) -> RunConditions | None:
         server_running_mean=_stat(server, "running", "mean"),
         server_waiting_mean=_stat(server, "waiting", "mean"),
         server_waiting_max=_stat(server, "waiting", "max"),
-        server_kv_usage_max=_stat(server, "kv_usage", "max"),
+        server_samples=len(server),
+        server_kv_usage_max=_stat(server, "kv_usage", "max", digits=4),  # a fraction: 4 digits keep 0.01 %
         server_error=None if server else payload.get("server_error"),
     )
 

@@ -138,7 +138,7 @@ def _arm_load(rows: Sequence[RunRow]) -> str:
     running, waiting = mean([c.server_running_mean for c in every]), mean([c.server_waiting_mean for c in every])
     most = max((c.server_waiting_max or 0.0) for c in every)
     kv = max((c.server_kv_usage_max or 0.0) for c in every)
-    return f"{rows[0].arm} running {running:.1f}, waiting {waiting:.1f} (max {most:.0f}), KV cache ≤ {kv:.0%}"
+    return f"{rows[0].arm} running {running:.1f}, waiting {waiting:.1f} (max {most:.0f}), KV cache ≤ {kv:.1%}"
 
 
 def engine_load_line(runs: Sequence[RunRow]) -> str | None:
@@ -154,7 +154,8 @@ def engine_load_line(runs: Sequence[RunRow]) -> str | None:
         for r in sampled
         if (r.conditions.server_waiting_mean or 0.0) >= QUEUED_MEAN
     ]
-    line = f"Engine load (server gauges sampled during the runs, run means): {shown}"
+    samples = sum(r.conditions.server_samples for r in sampled)
+    line = f"Engine load (server gauges, {samples} samples in {len(sampled)} runs, run means): {shown}"
     if queued:
         line += (
             f". ⚠️ requests waited for the batch (mean ≥ {QUEUED_MEAN:g}) in {', '.join(queued)}: those servers ran at "

@@ -243,6 +243,7 @@ def test_a_replay_samples_its_servers_batch_queue_and_kv_cache(tmp_path):
     assert max(s["kv_usage"] for s in payload["server"]) > 0
     conditions = run_conditions(out)
     assert conditions.server_running_mean > 0 and conditions.server_waiting_max is not None
+    assert conditions.server_samples == len(payload["server"])
     assert conditions.server_error is None
 
 
@@ -256,8 +257,8 @@ def test_a_server_without_the_gauges_is_named_not_raised(tmp_path):
 
 
 def _loaded(arm: str, repeat: int, running: float, waiting: float, most: float, kv: float) -> _Run:
-    update = {"server_running_mean": running, "server_waiting_mean": waiting, "server_waiting_max": most,
-              "server_kv_usage_max": kv}  # fmt: skip
+    update = {"server_samples": 12, "server_running_mean": running, "server_waiting_mean": waiting,
+              "server_waiting_max": most, "server_kv_usage_max": kv}  # fmt: skip
     return _Run(arm, repeat, _conditions(10, 0.0, None).model_copy(update=update))
 
 
@@ -266,8 +267,8 @@ def test_the_engine_load_line_gives_each_arms_batch_and_warns_of_queued_runs():
             _loaded("baseline", 1, 32.0, 2.5, 9, 0.52), _loaded("candidate", 1, 27.0, 0.0, 0, 0.33),
             _Run("candidate", 2, None)]  # fmt: skip
     assert engine_load_line(runs) == (
-        "Engine load (server gauges sampled during the runs, run means): baseline running 31.0, waiting 1.2 (max 9), "
-        "KV cache ≤ 52% · candidate running 27.5, waiting 0.1 (max 3), KV cache ≤ 35%. ⚠️ requests waited for the "
+        "Engine load (server gauges, 48 samples in 4 runs, run means): baseline running 31.0, waiting 1.2 (max 9), "
+        "KV cache ≤ 52.0% · candidate running 27.5, waiting 0.1 (max 3), KV cache ≤ 35.0%. ⚠️ requests waited for the "
         "batch (mean ≥ 1) in baseline r1 (2.5): those servers ran at their capacity, so their latencies include "
         "queueing"
     )
