@@ -1,11 +1,11 @@
 """The server's own load while a run replays: vLLM's running and waiting request gauges and its KV-cache usage,
-read from `/metrics` once a second beside the host and GPU samples (telemetry.py).
+read from `/metrics` every `[replay] server_gauges_s` beside the host and GPU samples (telemetry.py).
 
 Why: the before/after snapshots give a run's counters, but a gauge read twice says nothing about the run between.
 Sampled, they say whether the server queued requests (waiting above zero: the offered load met its capacity, so
 latency includes queueing) and how full its batch and KV cache ran, per arm: where to look first when the arms'
-latencies differ. One scrape a second costs the server one `/metrics` render a second (a few milliseconds of its
-API server's time).
+latencies differ. Each read costs the server one `/metrics` render in its API server's event loop (vLLM 0.24's:
+2.3 ms on a 2-core box, bench/results/bench_metrics_render.md), hence a read every 10 s by default, not every second.
 """
 
 from __future__ import annotations
