@@ -142,9 +142,12 @@ async def _generate(request: web.Request, api: str) -> web.StreamResponse:
         parsed.ignore_eos,
         state.vocab_size,
     )
-    request_id = f"{'cmpl' if api == COMPLETIONS else 'chatcmpl'}-sim{next(state.ids)}"
+    # As vLLM: the client's X-Request-Id names the request (`cmpl-<id>`); the engine's own id stays unique
+    number = next(state.ids)
+    named = request.headers.get("X-Request-Id") or f"sim{number}"
+    request_id = f"{'cmpl' if api == COMPLETIONS else 'chatcmpl'}-{named}"
     try:
-        seq, queue = state.engine.submit(request_id, parsed.prompt_tokens, plan.length)
+        seq, queue = state.engine.submit(f"{request_id}#{number}", parsed.prompt_tokens, plan.length)
     except RequestRejected as exc:
         state.metrics.requests_rejected += 1
         return _error(str(exc), 400)

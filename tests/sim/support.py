@@ -78,8 +78,12 @@ def start_sim(*args: str, mark_child: bool = True) -> SimProcess:
     raise AssertionError("serve-sim did not start listening within 60 s")
 
 
-def post_json(url: str, body: dict[str, Any], timeout: float = 30) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+def post_json(
+    url: str, body: dict[str, Any], timeout: float = 30, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())

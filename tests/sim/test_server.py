@@ -52,6 +52,14 @@ def test_streamed_completion_has_exact_length_and_usage(sim: SimProcess) -> None
     assert len(text.split()) == 12
 
 
+def test_the_clients_request_id_names_the_response_as_vllm_does(sim: SimProcess) -> None:
+    url = sim.url + "/v1/completions"
+    first = post_json(url, completion_body(), headers={"X-Request-Id": "rb-candidate-r2-0a1b2c3d-req-7"})[1]
+    again = post_json(url, completion_body(), headers={"X-Request-Id": "rb-candidate-r2-0a1b2c3d-req-7"})[1]
+    assert first["id"] == again["id"] == "cmpl-rb-candidate-r2-0a1b2c3d-req-7"  # a repeated id is still served
+    assert post_json(url, completion_body())[1]["id"].startswith("cmpl-sim")  # no header: the server's own
+
+
 def test_streamed_chat_opens_with_role_and_counts_tokens(sim: SimProcess) -> None:
     body = {
         "model": "m",
