@@ -19,15 +19,28 @@ def _measured_mean(values: list[float]) -> float | None:
     return _mean(values) if values and all(np.isfinite(values)) else None
 
 
-def energy_line(baseline_j: float | None, candidate_j: float | None, energies: list[RunEnergy]) -> str:
-    """Both arms' energy per successful request and its change; else why a run's energy was not measured."""
+JOULES_PER_KWH = 3.6e6
+
+
+def energy_line(
+    baseline_j: float | None, candidate_j: float | None, energies: list[RunEnergy], cost: CostConfig
+) -> str:
+    """Both arms' energy per successful request, its change and, with `[cost] energy_price_per_kwh`, its price;
+    else why a run's energy was not measured."""
     if baseline_j is None or candidate_j is None:
         reason = next((e.reason for e in energies if e.joules is None), "no successful request in an arm")
         return f"not measured ({reason})"
-    return (
+    line = (
         f"baseline {baseline_j:.3g} J, candidate {candidate_j:.3g} J "
         f"({candidate_j / baseline_j - 1:+.1%}); each arm's GPUs, board power sampled once a second"
     )
+    price = cost.energy_price_per_kwh
+    if price > 0:
+        line += (
+            f"; at {price:g} {cost.currency}/kWh {baseline_j / JOULES_PER_KWH * price:.3g} and "
+            f"{candidate_j / JOULES_PER_KWH * price:.3g} {cost.currency} per successful request"
+        )
+    return line
 
 
 def summarise_cost(
@@ -81,5 +94,5 @@ def summarise_cost(
         line=line,
         baseline_energy_per_success_j=base_j,
         candidate_energy_per_success_j=cand_j,
-        energy_line=energy_line(base_j, cand_j, energy[2]),
+        energy_line=energy_line(base_j, cand_j, energy[2], cost),
     )

@@ -42,6 +42,7 @@ Every model forbids unknown keys, so a typo is an error that names the key inste
     setup_cost = 0.0               # one-off cost of adopting the candidate (engineering, rollout)
     operating_cost_per_month = 0.0 # extra recurring cost of running the candidate
     monthly_requests = 0           # production requests per month, for the break-even line
+    energy_price_per_kwh = 0.0     # shows the energy per successful request as money too (0: not)
 
     [quality]
     max_pass_rate_drop = 0.0       # allowed absolute drop of the candidate's task pass rate
@@ -203,6 +204,10 @@ class CostConfig(_Strict):
     setup_cost: float = Field(default=0.0, ge=0)
     operating_cost_per_month: float = Field(default=0.0, ge=0)
     monthly_requests: float = Field(default=0.0, ge=0)
+    # Price of a kWh, to show the energy per successful request as money (0: not shown). Apart from cost per
+    # successful request, which prices GPU-hours (and may already include the power), and only where energy was
+    # measured.
+    energy_price_per_kwh: float = Field(default=0.0, ge=0)
 
 
 class QualityLimits(_Strict):

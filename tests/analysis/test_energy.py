@@ -4,9 +4,11 @@ metric, its paired comparison and the cost section's line, on synthetic run dire
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
+import tomli_w
 
 from harness.analysis.analyse import analyse_run_dir
 from harness.analysis.energy import run_energy
@@ -79,6 +81,15 @@ def test_energy_per_success_is_compared_and_shown_with_the_cost(tmp_path: Path) 
     assert energy.role == "exploratory" and energy.ratio == pytest.approx(0.75, abs=0.01)  # same durations
     assert summary.cost.candidate_energy_per_success_j < summary.cost.baseline_energy_per_success_j
     assert summary.cost.energy_line.startswith("baseline ") and "(-25" in summary.cost.energy_line
+    assert "USD/kWh" not in summary.cost.energy_line  # no price given: joules only
+    config = tomllib.loads(run.experiment_toml.read_text())
+    config["cost"] = {"energy_price_per_kwh": 0.2, "currency": "EUR"}
+    run.experiment_toml.write_text(tomli_w.dumps(config))
+    cost = analyse_run_dir(run.root).summary.cost
+    priced = f"{cost.baseline_energy_per_success_j / 3.6e6 * 0.2:.3g}"
+    assert f"; at 0.2 EUR/kWh {priced} and " in cost.energy_line and cost.energy_line.endswith(
+        "EUR per successful request"
+    )
 
 
 def test_without_placed_gpus_energy_is_not_measured_and_the_report_says_why(tmp_path: Path) -> None:
