@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,15 @@ def test_plan_refuses_an_effect_at_the_margin_and_a_bad_load(plan_config: Path) 
     ]
     result = replaybench("plan", "-c", str(plan_config), "--load", "2")
     assert result.returncode == 2 and "--load 2 must be above 0 and at most 1.5" in result.stderr
+
+
+def test_with_sequential_looks_the_plan_is_for_each_looks_level(plan_config: Path, tmp_path: Path) -> None:
+    document = tomllib.loads(plan_config.read_text())
+    document["repeats"] = 5
+    document["decision"]["looks"] = [3, 5]
+    looked = write_config(tmp_path / "looks.toml", document)
+    result = replaybench("plan", "-c", str(looked), "--load", "0.5", "--pairs", "6")
+    assert result.returncode == 0, result.stderr
+    assert "rule: KEEP needs tpot_p50's 97.5% CI beyond its margin" in result.stdout
+    match = NEEDED.search(result.stdout)
+    assert match and int(match.group(2)) >= repeats_needed(plan_config, "0.5")[1]  # a stricter level needs more
