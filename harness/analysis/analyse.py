@@ -167,14 +167,12 @@ def _run_row(
     )
 
 
-def _looks_note(decision: DecisionConfig, inputs: RunInputs, outcome: Outcome) -> list[str]:
-    """With sequential looks: how many repeats ran, and whether the verdict stands at a look."""
-    if not decision.looks:
+def _looks_note(decision: DecisionConfig, ran: int, outcome: Outcome) -> list[str]:
+    """With sequential looks: how many repeats ran, and whether the run stopped at this look (between looks the
+    decision itself is INVALID and says why)."""
+    if not decision.looks or ran not in decision.looks:
         return []
-    ran = len({a.repeat for a in inputs.attempts} | {repeat for _, repeat in inputs.results})
     head = f"sequential looks at {', '.join(map(str, decision.looks))} repeats, each at level {decision.alpha:.3g}"
-    if ran not in decision.looks:
-        return [f"{head}: {ran} repeat(s) ran, not a look: resume the run to the next look before acting on it"]
     if ran == decision.looks[-1]:
         return [f"{head}: {ran} repeat(s) ran, the last look"]
     if outcome in (Outcome.KEEP, Outcome.REJECT):
@@ -289,6 +287,7 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         {arm: [r.spec_decode for r in _pair_rows(arm, rows, used)] for arm in ARMS},
         config.decision.acceptance_tolerance,
     )
+    repeats_run = len({a.repeat for a in inputs.attempts} | {repeat for _, repeat in inputs.results})
     decision = decide(
         comparisons=comparisons,
         decision=config.decision,
@@ -300,6 +299,7 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         planning=planning,
         config_note=config_note,
         acceptance=acceptance,
+        repeats_run=repeats_run,
     )
     cost = summarise_cost(
         [b.metrics["cost_per_success"] for b, _ in pairs],
@@ -338,7 +338,7 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         + token_count_notes(list(runs.values()))
         + ([quality.note] if quality.note else [])
         + _unmeasured_receive_lag(runs)
-        + _looks_note(config.decision, inputs, decision.outcome),
+        + _looks_note(config.decision, repeats_run, decision.outcome),
         alpha=config.decision.alpha,
         vllm_aliases={arm: vllm_aliases(_alias_runs(arm, pairs, runs)) for arm in ARMS},
     )

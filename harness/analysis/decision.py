@@ -83,8 +83,9 @@ def decide(
     planning: Planning,
     config_note: str = "",
     acceptance: AcceptanceCheck | None = None,
+    repeats_run: int | None = None,
 ) -> Decision:
-    """Apply the pre-declared rule."""
+    """Apply the pre-declared rule. `repeats_run`: the repeats the run has begun (for sequential looks)."""
     rule = rule_text(decision, quality_limits)
 
     def result(outcome: Outcome, reason: str) -> Decision:
@@ -97,6 +98,13 @@ def decide(
         named = "; ".join(f"repeat {e.repeat}: {', '.join(e.reasons)}" for e in excluded) or "none excluded"
         return result(
             Outcome.INVALID, f"only {len(repeats_used)} valid repeat pair(s), {decision.min_repeats} needed ({named})."
+        )
+    if decision.looks and repeats_run not in decision.looks:
+        return result(
+            Outcome.INVALID,
+            f"analysed after {repeats_run} repeat(s), between the pre-registered looks "
+            f"({', '.join(map(str, decision.looks))}): a verdict here would not keep its error within alpha; resume "
+            "the run to the next look.",
         )
     if quality_limits.required and not quality.measured:
         return result(Outcome.INVALID, f"quality results are required but missing ({quality.note}).")

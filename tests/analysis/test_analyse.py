@@ -296,4 +296,8 @@ def test_sequential_looks_test_each_look_at_alpha_over_the_looks(tmp_path: Path)
     assert single.ci_high - single.ci_low < target.ci_high - target.ci_low
     config["decision"]["looks"] = [3, 5]
     between = write_run_dir(tmp_path / "between", Scenario(config=config, itl_factor=0.8, repeats=4, seed=22))
-    assert "4 repeat(s) ran, not a look" in " ".join(analyse_run_dir(between.root).summary.notes)
+    decision = analyse_run_dir(between.root).summary.decision
+    assert decision.outcome is Outcome.INVALID and decision.reason.startswith(
+        "analysed after 4 repeat(s), between the pre-registered looks (3, 5): a verdict here would not keep its "
+        "error within alpha; resume the run to the next look."
+    )
