@@ -172,7 +172,7 @@ def _looks_note(decision: DecisionConfig, ran: int, outcome: Outcome) -> list[st
     decision itself is INVALID and says why)."""
     if not decision.looks or ran not in decision.looks:
         return []
-    head = f"sequential looks at {', '.join(map(str, decision.looks))} repeats, each at level {decision.alpha:.3g}"
+    head = f"sequential looks at {decision.looks_text} repeats, each at level {decision.alpha:.3g}"
     if ran == decision.looks[-1]:
         return [f"{head}: {ran} repeat(s) ran, the last look"]
     if outcome in (Outcome.KEEP, Outcome.REJECT):
@@ -271,9 +271,7 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
     """Re-analyse a run directory from its files. Raises `UnusableRunDir` only when there are no results."""
     inputs = read_inputs(root)
     # every test of the run at the level its pre-registered looks leave each of them (alpha without looks)
-    config = inputs.config.model_copy(
-        update={"decision": inputs.config.decision.model_copy(update={"alpha": inputs.config.decision.look_alpha})}
-    )
+    config = inputs.config.model_copy(update={"decision": inputs.config.decision.at_each_look()})
     blocks = time_blocks(list(inputs.results.values()), BLOCK_S)
     runs, problems = _load_runs(inputs, blocks)
     used, excluded = _pairs(inputs, runs, problems)

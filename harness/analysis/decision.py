@@ -63,7 +63,7 @@ def rule_text(decision: DecisionConfig, quality: QualityLimits) -> str:
         f"its margin (one-sided, Holm, level {decision.alpha / 2:g}) or a quality limit is broken{quality_part}; "
         f"INVALID with fewer than {decision.min_repeats} valid repeat pairs"
         + (
-            f"; sequential: looks at {', '.join(map(str, decision.looks))} repeats, each at level {decision.alpha:.3g}"
+            f"; sequential: looks at {decision.looks_text} repeats, each at level {decision.alpha:.3g}"
             f" (alpha / {len(decision.looks)}), the run stopping at the first that decides."
             if decision.looks
             else "."
@@ -103,7 +103,7 @@ def decide(
         return result(
             Outcome.INVALID,
             f"analysed after {repeats_run} repeat(s), between the pre-registered looks "
-            f"({', '.join(map(str, decision.looks))}): a verdict here would not keep its error within alpha; resume "
+            f"({decision.looks_text}): a verdict here would not keep its error within alpha; resume "
             "the run to the next look.",
         )
     if quality_limits.required and not quality.measured:

@@ -60,7 +60,7 @@ def plan(
 
     experiment = load_config(config)
     # with sequential looks, each look tests at alpha / looks: plan for the level the run's tests will use
-    decision = experiment.decision.model_copy(update={"alpha": experiment.decision.look_alpha})
+    decision = experiment.decision.at_each_look()
     share = load if load is not None else experiment.trace.load
     if share is not None and not 0 < share <= MAX_LOAD:
         raise UserError(f"--load {share:g} must be above 0 and at most {MAX_LOAD:g} (a share of capacity: 0.65 = 65 %)")

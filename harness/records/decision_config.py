@@ -184,10 +184,15 @@ class DecisionConfig(_Strict):
         """The target's true relative improvement that planning assumes: declared, or twice the margin (≥ 5 %)."""
         return self.planning_effect or max(2 * self.target.margin, 0.05)
 
+    def at_each_look(self) -> DecisionConfig:
+        """The rule as each look applies it: alpha over the pre-registered looks (unchanged with none). Call it
+        once, on the declared rule: the copy keeps its looks, so a second call would divide again."""
+        return self.model_copy(update={"alpha": self.alpha / max(1, len(self.looks))})
+
     @property
-    def look_alpha(self) -> float:
-        """The level every look tests at: alpha over the pre-registered looks (alpha with none)."""
-        return self.alpha / max(1, len(self.looks))
+    def looks_text(self) -> str:
+        """The looks as the report names them: "3, 5, 8"."""
+        return ", ".join(map(str, self.looks))
 
     @property
     def decision_rules(self) -> tuple[MetricRule, ...]:

@@ -13,10 +13,10 @@ from harness.analysis.run_conditions import clock_share
 THROTTLE_SHARE = 0.9  # a run whose mean SM clock stays below this share of the maximum while busy: throttled
 BUSY_GPU_PCT = 50.0  # the clock only says something while the GPU works (an idle one clocks down by design)
 STEAL_PCT = 2.0  # CPU steal from this on: the virtual machine's host took cores from the replay or the server
-# Runs slower where the GPU was less busy, at one clock: Spearman's rho of TPOT p50 against the GPU's busy share at or
-# below this, over at least IDLE_GPU_RUNS runs whose mean SM clocks lie within CLOCK_SPREAD of each other
 # A run whose server kept at least this many requests waiting on average ran at its capacity: latency includes queueing
 QUEUED_MEAN = 1.0
+# Runs slower where the GPU was less busy, at one clock: Spearman's rho of TPOT p50 against the GPU's busy share at or
+# below this, over at least IDLE_GPU_RUNS runs whose mean SM clocks lie within CLOCK_SPREAD of each other
 IDLE_GPU_RHO = -0.7
 IDLE_GPU_RUNS = 6
 CLOCK_SPREAD = 0.02
