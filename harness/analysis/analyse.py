@@ -18,6 +18,7 @@ from harness.analysis.compare import compare_metrics
 from harness.analysis.cost import summarise_cost
 from harness.analysis.decision import decide
 from harness.analysis.inputs import ARMS, RunInputs, final_attempt, read_inputs
+from harness.analysis.look_levels import at_look, looks_rule_text
 from harness.analysis.model import (
     ExcludedRepeat,
     Outcome,
@@ -172,7 +173,7 @@ def _looks_note(decision: DecisionConfig, ran: int, outcome: Outcome) -> list[st
     decision itself is INVALID and says why)."""
     if not decision.looks or ran not in decision.looks:
         return []
-    head = f"sequential looks at {decision.looks_text} repeats, each at level {decision.alpha:.3g}"
+    head = f"sequential {looks_rule_text(decision)}, this one at {decision.alpha:.3g}"
     if ran == decision.looks[-1]:
         return [f"{head}: {ran} repeat(s) ran, the last look"]
     if outcome in (Outcome.KEEP, Outcome.REJECT):
@@ -270,8 +271,9 @@ def _pair_rows(arm: str, rows: list[RunRow], used: list[int]) -> list[RunRow]:
 def analyse_run_dir(root: Path) -> RunAnalysis:
     """Re-analyse a run directory from its files. Raises `UnusableRunDir` only when there are no results."""
     inputs = read_inputs(root)
-    # every test of the run at the level its pre-registered looks leave each of them (alpha without looks)
-    config = inputs.config.model_copy(update={"decision": inputs.config.decision.at_each_look()})
+    repeats_run = len({a.repeat for a in inputs.attempts} | {repeat for _, repeat in inputs.results})
+    # every test at the level the pre-registered looks leave this look (alpha without looks)
+    config = inputs.config.model_copy(update={"decision": at_look(inputs.config.decision, repeats_run)})
     blocks = time_blocks(list(inputs.results.values()), BLOCK_S)
     runs, problems = _load_runs(inputs, blocks)
     used, excluded = _pairs(inputs, runs, problems)
@@ -285,7 +287,6 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         {arm: [r.spec_decode for r in _pair_rows(arm, rows, used)] for arm in ARMS},
         config.decision.acceptance_tolerance,
     )
-    repeats_run = len({a.repeat for a in inputs.attempts} | {repeat for _, repeat in inputs.results})
     decision = decide(
         comparisons=comparisons,
         decision=config.decision,

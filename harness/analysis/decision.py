@@ -10,6 +10,7 @@ The gate family and rule are exactly those of `gate_rule.gate_outcomes`.
 
 from __future__ import annotations
 
+from harness.analysis.look_levels import looks_rule_text
 from harness.analysis.model import (
     AcceptanceCheck,
     Decision,
@@ -63,8 +64,7 @@ def rule_text(decision: DecisionConfig, quality: QualityLimits) -> str:
         f"its margin (one-sided, Holm, level {decision.alpha / 2:g}) or a quality limit is broken{quality_part}; "
         f"INVALID with fewer than {decision.min_repeats} valid repeat pairs"
         + (
-            f"; sequential: looks at {decision.looks_text} repeats, each at level {decision.alpha:.3g}"
-            f" (alpha / {len(decision.looks)}), the run stopping at the first that decides."
+            f"; sequential: {looks_rule_text(decision)}, the run stopping at the first that decides."
             if decision.looks
             else "."
         )

@@ -50,6 +50,7 @@ def plan(
 
     from harness.analysis.compare import estimator_of, log_ratios
     from harness.analysis.decision import confidence_level
+    from harness.analysis.look_levels import at_look
     from harness.analysis.paired_stats import detectable_effect, keep_power, repeats_to_keep, sd_uncertainty
     from harness.analysis.planning import MOST_REPEATS
     from harness.analysis.run_metrics import TimeBlocks, load_run
@@ -59,8 +60,8 @@ def plan(
     from harness.sim.commands import DEFAULT_MODEL, noise_model
 
     experiment = load_config(config)
-    # with sequential looks, each look tests at alpha / looks: plan for the level the run's tests will use
-    decision = experiment.decision.at_each_look()
+    # with sequential looks, plan for the last look's level: the power the full run has (earlier looks add a little)
+    decision = at_look(experiment.decision, experiment.repeats)
     share = load if load is not None else experiment.trace.load
     if share is not None and not 0 < share <= MAX_LOAD:
         raise UserError(f"--load {share:g} must be above 0 and at most {MAX_LOAD:g} (a share of capacity: 0.65 = 65 %)")

@@ -59,12 +59,16 @@ from __future__ import annotations
 import itertools
 import tomllib
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from harness.errors import UserError
 from harness.records.fidelity import DEFAULT_LAG_BUDGET_S, DEFAULT_RECEIVE_LAG_BUDGET_S
 from harness.records.metric_registry import DEFAULT_ACCEPTANCE_TOLERANCE, METRIC_DIRECTIONS, Direction
+
+# How the pre-registered looks share alpha (DecisionConfig.look_spending).
+LookSpending = Literal["obrien-fleming", "bonferroni"]
 
 
 class _Strict(BaseModel):
@@ -145,10 +149,17 @@ class DecisionConfig(_Strict):
     power: float = Field(default=0.8, gt=0, lt=1)
     planning_effect: float | None = Field(default=None, gt=0, lt=10)
     # Sequential repeats: the repeat counts, fixed before the run, at which `replaybench run` analyses and stops once
-    # the verdict is KEEP or REJECT (the last is the experiment's `repeats`). Every look tests at alpha / len(looks):
-    # Bonferroni over the looks, so stopping at whichever look decides keeps each wrong verdict's chance within
-    # alpha, where analysing after every repeat and stopping at the first KEEP would not. () : one look, at the end.
+    # the verdict is KEEP or REJECT (the last is the experiment's `repeats`). Each look tests at a share of alpha
+    # (`look_spending`), so stopping at whichever look decides keeps each wrong verdict's chance within alpha, where
+    # analysing after every repeat and stopping at the first KEEP would not. () : one look, at the end.
     looks: tuple[int, ...] = ()
+    # How alpha is shared over the looks: "obrien-fleming" spends little at the early looks and leaves the last one
+    # nearly alpha (boundaries set for the t statistics, harness/analysis/look_levels.py); "bonferroni" tests every
+    # look at alpha / len(looks), simpler and conservative (at looks 3, 5, 8: power 33 % where O'Brien-Fleming has
+    # 47 % for a true effect of 0.8 repeat SDs).
+    look_spending: LookSpending = "obrien-fleming"
+    # The declared alpha when this copy is one look's rule (`at_level`); None on the rule as declared.
+    _family_alpha: float | None = PrivateAttr(default=None)
 
     @field_validator("exploratory")
     @classmethod
@@ -184,10 +195,16 @@ class DecisionConfig(_Strict):
         """The target's true relative improvement that planning assumes: declared, or twice the margin (≥ 5 %)."""
         return self.planning_effect or max(2 * self.target.margin, 0.05)
 
-    def at_each_look(self) -> DecisionConfig:
-        """The rule as each look applies it: alpha over the pre-registered looks (unchanged with none). Call it
-        once, on the declared rule: the copy keeps its looks, so a second call would divide again."""
-        return self.model_copy(update={"alpha": self.alpha / max(1, len(self.looks))})
+    def at_level(self, level: float) -> DecisionConfig:
+        """The rule as one look applies it: its tests at `level`, the declared alpha kept as `family_alpha`."""
+        look = self.model_copy(update={"alpha": level})
+        look._family_alpha = self.family_alpha
+        return look
+
+    @property
+    def family_alpha(self) -> float:
+        """The alpha declared for the whole run, which the looks share (`alpha` is one look's level in a copy)."""
+        return self.alpha if self._family_alpha is None else self._family_alpha
 
     @property
     def looks_text(self) -> str:

@@ -12,7 +12,9 @@ import pytest
 import tomli_w
 
 from harness.analysis.analyse import analyse_run_dir
+from harness.analysis.decision import confidence_level
 from harness.analysis.inputs import UnusableRunDir
+from harness.analysis.look_levels import look_levels
 from harness.analysis.model import Estimator, Outcome
 from harness.records.result_io import read_results, write_results
 from harness.records.run_dir import RunDir
@@ -278,17 +280,25 @@ def test_review_lists_only_requests_that_got_slower(improved: RunDir, tmp_path: 
     assert faster.review_requests == [] and faster.review_windows == []
 
 
-def test_sequential_looks_test_each_look_at_alpha_over_the_looks(tmp_path: Path) -> None:
+def test_sequential_looks_test_each_look_at_its_share_of_alpha(tmp_path: Path) -> None:
     config = json.loads(json.dumps(CONFIG))
     config["decision"]["looks"] = [3, 5]
+    first, last = look_levels(0.05, (3, 5), "obrien-fleming")
+    assert first < 0.025 < last < 0.05  # O'Brien-Fleming: little at the first look, nearly alpha at the last
     early = write_run_dir(tmp_path / "early", Scenario(config=config, itl_factor=0.8, repeats=3, seed=21))
     summary = analyse_run_dir(early.root).summary
-    assert summary.alpha == pytest.approx(0.025) and summary.decision.outcome is Outcome.KEEP
-    assert "sequential: looks at 3, 5 repeats, each at level 0.025 (alpha / 2)" in summary.decision.rule
-    assert "97.5% paired t-interval" in summary.decision.rule
-    assert "sequential looks at 3, 5 repeats, each at level 0.025: 3 repeat(s) ran, stopped early" in " ".join(
-        summary.notes
+    assert summary.alpha == pytest.approx(first) and summary.decision.outcome is Outcome.KEEP
+    assert (
+        f"sequential: looks at 3, 5 repeats, at levels {first:.3g}, {last:.3g} (O'Brien-Fleming spending of alpha "
+        "0.05)" in summary.decision.rule
     )
+    assert f"{confidence_level(first)} paired t-interval" in summary.decision.rule
+    assert f"this one at {first:.3g}: 3 repeat(s) ran, stopped early" in " ".join(summary.notes)
+    config["decision"]["look_spending"] = "bonferroni"
+    (early.root / "experiment.toml").write_text(tomli_w.dumps({"name": "synthetic", **config}))
+    bonferroni = analyse_run_dir(early.root).summary
+    assert bonferroni.alpha == pytest.approx(0.025)
+    assert "at levels 0.025, 0.025 (alpha / 2)" in bonferroni.decision.rule
     target = comparison(analyse_run_dir(early.root), "tpot_p50")
     config["decision"]["looks"] = []  # the same repeats at one look: a narrower interval
     (early.root / "experiment.toml").write_text(tomli_w.dumps({"name": "synthetic", **config}))

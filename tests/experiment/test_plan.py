@@ -63,10 +63,11 @@ def test_plan_refuses_an_effect_at_the_margin_and_a_bad_load(plan_config: Path) 
     assert result.returncode == 2 and "--load 2 must be above 0 and at most 1.5" in result.stderr
 
 
-def test_with_sequential_looks_the_plan_is_for_each_looks_level(plan_config: Path, tmp_path: Path) -> None:
+def test_with_sequential_looks_the_plan_is_for_the_last_looks_level(plan_config: Path, tmp_path: Path) -> None:
     document = tomllib.loads(plan_config.read_text())
     document["repeats"] = 5
     document["decision"]["looks"] = [3, 5]
+    document["decision"]["look_spending"] = "bonferroni"
     looked = write_config(tmp_path / "looks.toml", document)
     result = replaybench("plan", "-c", str(looked), "--load", "0.5", "--pairs", "6")
     assert result.returncode == 0, result.stderr
