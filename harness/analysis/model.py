@@ -63,8 +63,8 @@ class MetricComparison(_Record):
 class SegmentComparison(_Record):
     """One exploratory paired comparison within a request segment (analysis/segments.py); candidate / baseline."""
 
-    dimension: str  # "prompt" or "output": which trace length defines the segment
-    segment: str  # e.g. "prompt > 1,200 tokens"
+    dimension: str  # "prompt", "output" (which trace length defines the segment) or "tenant"
+    segment: str  # e.g. "prompt > 1,200 tokens", "tenant API log"
     metric: str  # a request-paired p50 (ttft_p50, tpot_p50)
     requests: int  # paired successful requests in the segment, fewest over the repeats
     ratio: float

@@ -44,6 +44,7 @@ REQUEST_COLUMNS = (
     "output_tokens",
     "expected_output_tokens",
     "prompt_tokens",
+    "tenant",
 )
 
 

@@ -6,8 +6,10 @@ the same requests, so within a segment each request is compared with itself, as 
 t-interval over repeats; and that median less the whole run's (the same median over every paired request), which
 says whether the segment fares differently from the run: an effect everywhere is no finding about a segment.
 Segments are the trace's prompt-length and output-length terciles (the same cut points for both arms and every
-repeat: trace properties). Every (segment, metric) cell is one exploratory test; q-values are Benjamini-Hochberg
-over all of them, so looking at many segments does not manufacture a finding. Segments never decide.
+repeat: trace properties) and, when the trace names two or more tenants, its largest tenants (a policy that
+favours one client's traffic at another's cost is what a shared deployment must see). Every (segment, metric) cell
+is one exploratory test; q-values are Benjamini-Hochberg over all of them, so looking at many segments does not
+manufacture a finding. Segments never decide.
 """
 
 from __future__ import annotations
@@ -23,9 +25,14 @@ from harness.analysis.request_pairing import paired_requests
 from harness.analysis.run_metrics import RunMetrics
 
 # (dimension, the request column that defines it); terciles of the trace's values
-DIMENSIONS = (("prompt", "prompt_tokens"), ("output", "expected_output_tokens"))
+LENGTH_DIMENSIONS = (("prompt", "prompt_tokens"), ("output", "expected_output_tokens"))
+TENANT = "tenant"  # the request column naming who sent it
+MAX_TENANTS = 8  # the trace's largest tenants get a segment each; smaller ones would rarely reach MIN_REQUESTS
 METRICS = {"ttft_p50": "ttft_s", "tpot_p50": "tpot_s"}  # request-paired p50s, as the whole-run comparison
 MIN_REQUESTS = 20  # fewer paired requests in a segment of a repeat: its median is not compared
+
+# One dimension's segments: their labels, and per repeat each paired request's segment index (-1: in none)
+Segmentation = tuple[list[str], list[np.ndarray]]
 
 
 def _cuts(values: np.ndarray) -> list[float]:
@@ -41,6 +48,26 @@ def _labels(name: str, cuts: list[float]) -> list[str]:
     low = [f"{name} ≤ {edges[0]} tokens"]
     middle = [f"{name} {a}-{b} tokens" for a, b in itertools.pairwise(edges)]
     return low + middle + [f"{name} > {edges[-1]} tokens"]
+
+
+def _length_segments(trace: pd.DataFrame, frames: list[pd.DataFrame], name: str, column: str) -> Segmentation:
+    cuts = _cuts(trace[column].to_numpy(float))
+    return _labels(name, cuts), [np.searchsorted(cuts, f[column].to_numpy(float), side="left") for f in frames]
+
+
+def _tenant_segments(trace: pd.DataFrame, frames: list[pd.DataFrame]) -> Segmentation:
+    """The trace's largest tenants, most requests first; none when it names fewer than two."""
+    tenants = trace[TENANT].dropna().value_counts().index[:MAX_TENANTS].tolist()
+    if len(tenants) < 2:
+        return [], []
+    index = {tenant: k for k, tenant in enumerate(tenants)}
+    return [f"tenant {t}" for t in tenants], [f[TENANT].map(index).fillna(-1).to_numpy(np.int64) for f in frames]
+
+
+def _segmentations(trace: pd.DataFrame, frames: list[pd.DataFrame]) -> dict[str, Segmentation]:
+    by_length = {name: _length_segments(trace, frames, name, column) for name, column in LENGTH_DIMENSIONS}
+    labels, segments = _tenant_segments(trace, frames)
+    return by_length | ({TENANT: (labels, segments)} if labels else {})
 
 
 def _medians(frame: pd.DataFrame, column: str, segment: np.ndarray, count: int) -> np.ndarray:
@@ -67,16 +94,14 @@ def segment_comparisons(pairs: list[tuple[RunMetrics, RunMetrics]], alpha: float
     if len(pairs) < 2:
         return []
     trace = pairs[0][0].requests
-    frames = [paired_requests(b, c, list(METRICS.values()), tuple(col for _, col in DIMENSIONS)) for b, c in pairs]
+    properties = (*(column for _, column in LENGTH_DIMENSIONS), TENANT)
+    frames = [paired_requests(b, c, list(METRICS.values()), properties) for b, c in pairs]
     whole = {
         metric: np.array([_medians(f, field, np.zeros(len(f), np.int64), 1)[0] for f in frames])
         for metric, field in METRICS.items()
     }
     rows: list[tuple[str, str, str, int, np.ndarray]] = []
-    for dimension, column in DIMENSIONS:
-        cuts = _cuts(trace[column].to_numpy(float))
-        labels = _labels(dimension, cuts)
-        segments = [np.searchsorted(cuts, f[column].to_numpy(float), side="left") for f in frames]
+    for dimension, (labels, segments) in _segmentations(trace, frames).items():
         for metric, field in METRICS.items():
             per_repeat = np.stack([_medians(f, field, s, len(labels)) for f, s in zip(frames, segments, strict=True)])
             for k, label in enumerate(labels):

@@ -51,13 +51,15 @@ def read_results(path: str | os.PathLike[str]) -> tuple[pa.Table, dict[str, str]
     if meta.get(META_KIND) != RESULT_KIND or META_ARM not in meta or META_REPEAT not in meta:
         raise UserError(f"{path}: not a replaybench result file; give a file written by `replaybench replay`")
     if meta.get(META_SCHEMA_VERSION) == "1":
-        table = _upgrade_v1(table)
-    return table.cast(RESULT_SCHEMA), meta
+        table = table.append_column("token_count_source", pa.array([TEXT_CHUNKS] * table.num_rows, pa.string()))
+    return _with_later_columns(table).cast(RESULT_SCHEMA), meta
 
 
-def _upgrade_v1(table: pa.Table) -> pa.Table:
-    """Schema 1 had no per-chunk token counts: each text chunk was one token, which the source column says."""
-    sources = pa.array([TEXT_CHUNKS] * table.num_rows, pa.string())
-    counts = pa.nulls(table.num_rows, RESULT_SCHEMA.field("token_counts").type)
-    table = table.append_column("token_counts", counts).append_column("token_count_source", sources)
+def _with_later_columns(table: pa.Table) -> pa.Table:
+    """A file of an earlier schema lacks the columns added since, all nullable: they read as null. Schema 1 had no
+    per-chunk token counts (each text chunk was one token, which its source column, added by the caller, says);
+    schema 2 no tenant."""
+    for field in RESULT_SCHEMA:
+        if field.name not in table.column_names:
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
     return table.select(RESULT_SCHEMA.names)

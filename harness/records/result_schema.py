@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-RESULT_SCHEMA_VERSION = "2"  # 2: token_counts + token_count_source (tokens counted by the server, not by text)
+RESULT_SCHEMA_VERSION = "3"  # 2: token_counts + token_count_source (tokens counted by the server); 3: tenant
 RESULT_KIND = "result"
 
 RESULT_SCHEMA = pa.schema(
@@ -27,6 +27,7 @@ RESULT_SCHEMA = pa.schema(
         pa.field("expected_output_tokens", pa.int32()),
         pa.field("prompt_tokens", pa.int32()),
         pa.field("prompt_tokens_server", pa.int32()),
+        pa.field("tenant", pa.string()),  # the trace's tenant (who sent it), for per-tenant segments
         pa.field("finish_reason", pa.string()),
         pa.field("worker", pa.int16()),
         pa.field("output_text", pa.string()),

@@ -70,6 +70,7 @@ def new_row(request: PreparedRequest, settings: ClientSettings) -> ResultRow:
         worker=settings.worker,
         prompt_tokens=request.prompt_tokens,
         expected_output_tokens=request.expected_output_tokens,
+        tenant=request.tenant,
     )
 
 

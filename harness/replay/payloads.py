@@ -51,6 +51,7 @@ class PreparedRequest:
     body: bytes
     prompt_tokens: int  # the trace's prompt length
     expected_output_tokens: int
+    tenant: str | None = None  # the trace's tenant, carried to the result row
 
 
 def canonical_json(body: dict[str, Any]) -> bytes:
@@ -154,6 +155,7 @@ async def prepare_requests(
             "prefix_block_ids",
             "output_tokens",
             "params",
+            "tenant",
         )
     }
     block_size = int(trace.metadata.get(META_BLOCK_SIZE) or DEFAULT_BLOCK_SIZE)
@@ -184,6 +186,7 @@ async def prepare_requests(
             body=body,
             prompt_tokens=cols["prompt_tokens"][i],
             expected_output_tokens=output_tokens,
+            tenant=cols["tenant"][i],
         )
 
     return list(await asyncio.gather(*(prepare(i) for i in range(trace.table.num_rows))))

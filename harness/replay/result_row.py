@@ -30,3 +30,4 @@ class ResultRow:
     prompt_tokens_server: int | None = None  # the server's `usage.prompt_tokens`
     finish_reason: str | None = None
     output_text: str | None = None  # only with save_outputs
+    tenant: str | None = None  # the trace's

@@ -125,7 +125,7 @@ def _segment_lines(summary: Summary) -> list[str]:
     if not summary.segments:
         return []
     found = [g for g in summary.segments if g.q_vs_whole < summary.alpha]
-    head = f"By request size (exploratory, {len(summary.segments)} segment comparisons, BH)"
+    head = f"By request segment (exploratory, {len(summary.segments)} segment comparisons, BH)"
     if not found:
         return [f"{head}: no segment fares differently from the whole run (q ≥ {summary.alpha:g})"]
     shown = "; ".join(

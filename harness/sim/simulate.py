@@ -40,12 +40,11 @@ META_SIM_SPECULATION = "replaybench.sim.speculation"  # e.g. "spec k=3 AL=2.8", 
 
 
 def trace_requests(trace: Trace, time_scale: float) -> list[RequestSpec]:
-    columns = trace.table.select(["request_id", "arrival_s", "prompt_tokens", "output_tokens"]).to_pydict()
+    names = ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "tenant"]
+    columns = trace.table.select(names).to_pydict()
     specs = [
-        RequestSpec(rid, arrival * time_scale, max(prompt, 1), out)
-        for rid, arrival, prompt, out in zip(
-            columns["request_id"], columns["arrival_s"], columns["prompt_tokens"], columns["output_tokens"], strict=True
-        )
+        RequestSpec(rid, arrival * time_scale, max(prompt, 1), out, tenant)
+        for rid, arrival, prompt, out, tenant in zip(*(columns[name] for name in names), strict=True)
     ]
     return sorted(specs, key=lambda s: s.arrival_s)
 
@@ -71,6 +70,7 @@ def _row(run: VirtualRun, timing: RequestTiming, arm: str, repeat: int) -> dict[
         "lag_s": 0.0,
         "expected_output_tokens": spec.output_tokens,
         "prompt_tokens": spec.prompt_tokens,
+        "tenant": spec.tenant,
         "worker": 0,
     }
     if timing.rejected:

@@ -22,6 +22,7 @@ class RequestSpec:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    tenant: str | None = None  # the trace's, carried to the result row
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""Segments (analysis/segments.py): the request-paired comparison within prompt- and output-length terciles finds an
-effect confined to the longest prompts, BH-corrected, and shows it in summary.json, summary.md and the report."""
+"""Segments (analysis/segments.py): the request-paired comparison within prompt- and output-length terciles and the
+trace's tenants finds an effect confined to the longest prompts or to one tenant, BH-corrected, and shows it in
+summary.json, summary.md and the report."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_an_effect_on_long_prompts_only_is_found_in_their_segment(tmp_path: Path
     assert 1.0 < whole.ratio < 1.2  # the median request's change is smaller: the segment says where it is
     assert len(summary.segments) == 12  # 2 dimensions x 3 terciles x 2 metrics
     comment = run.summary_md.read_text()
-    assert "By request size (exploratory, 12 segment comparisons, BH): " in comment
+    assert "By request segment (exploratory, 12 segment comparisons, BH): " in comment
     assert "ttft_p50 +5" in comment and "for prompt > " in comment  # +5x %: the long prompts' change
     assert "for output" not in comment  # output length says nothing here: no TTFT or TPOT effect by it
     assert 'id="segments"' in run.index_html.read_text()
@@ -60,3 +61,26 @@ def test_no_segments_below_two_repeat_pairs_and_small_segments_are_left_out(tmp_
     assert len(summary["segments"]) == 12 and all(g["ratio"] == pytest.approx(0.8, abs=0.03) for g in tpot)
     assert all(g["q_value"] < 0.01 for g in tpot) and all(g["q_vs_whole"] > 0.05 for g in summary["segments"])
     assert "no segment fares differently from the whole run (q ≥ 0.05)" in everywhere.summary_md.read_text()
+
+
+def test_an_effect_on_one_tenant_only_is_found_in_its_segment(tmp_path: Path) -> None:
+    tenants = ("API log", "Conversation log", "batch")
+    scenario = Scenario(config=CONFIG, repeats=4, requests=900, tenants=tenants, first_tenant_ttft_factor=1.4, seed=8)
+    run = write_run_dir(tmp_path, scenario)
+    build_report(run.root)
+    summary = Summary.model_validate_json(run.summary_json.read_text())
+    by_tenant = [g for g in summary.segments if g.dimension == "tenant"]
+    assert sorted({g.segment for g in by_tenant}) == [f"tenant {t}" for t in sorted(tenants)]
+    api = segment(summary, "tenant API log", "ttft_p50")
+    assert api.ratio == pytest.approx(1.4, rel=0.05) and api.q_vs_whole < 0.01 and 280 <= api.requests <= 300
+    for other in ("tenant Conversation log", "tenant batch"):
+        assert segment(summary, other, "ttft_p50").vs_whole < 1.0  # the run's median moved; these did not
+        assert segment(summary, other, "ttft_p50").ratio == pytest.approx(1.0, abs=0.04)
+    assert len(summary.segments) == 18  # 3 dimensions x 3 segments x 2 metrics
+    assert "for tenant API log" in run.summary_md.read_text()
+    assert "tenant API log" in run.index_html.read_text()
+
+
+def test_one_tenant_or_none_gives_no_tenant_segments(tmp_path: Path) -> None:
+    one = write_run_dir(tmp_path / "one", Scenario(config=CONFIG, repeats=2, requests=300, tenants=("only",), seed=9))
+    assert not any(g.dimension == "tenant" for g in analyse_run_dir(one.root).summary.segments)

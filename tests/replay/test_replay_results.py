@@ -42,7 +42,8 @@ def test_result_row_has_exactly_the_result_columns() -> None:
 
 
 def test_streamed_completions_record_every_field(ok_url: str, tmp_path: Path) -> None:
-    outcome, table, meta = replay(make_trace(n=6, prompt_tokens=12, output_tokens=4), ok_url, tmp_path / "r.parquet")
+    trace = make_trace(n=6, prompt_tokens=12, output_tokens=4, tenant=["api", "chat", None] * 2)
+    outcome, table, meta = replay(trace, ok_url, tmp_path / "r.parquet")
     assert (outcome.complete, outcome.interrupted, outcome.requests, outcome.scheduled) == (True, False, 6, 6)
     assert outcome.errors == {}
     assert (meta[META_COMPLETE], meta[META_ARM], meta[META_REPEAT], meta[META_URL]) == ("true", "a", "3", ok_url)
@@ -55,6 +56,7 @@ def test_streamed_completions_record_every_field(ok_url: str, tmp_path: Path) ->
         assert (row["output_tokens_usage"], row["expected_output_tokens"]) == (4, 4)
         assert (row["prompt_tokens"], row["prompt_tokens_server"]) == (12, 12)
         assert (row["finish_reason"], row["output_text"]) == ("length", None)
+        assert row["tenant"] == ["api", "chat", None][i % 3]  # the trace's, for per-tenant segments
     assert outcome.fidelity.output_mismatches == 0
     assert outcome.fidelity.sent == 6
 

@@ -52,6 +52,17 @@ def test_simulate_writes_a_valid_simulated_result_file(azure_slice: Path, tmp_pa
         assert row["ttft_s"] > 0.004  # at least one calibrated step
 
 
+def test_simulated_rows_carry_the_traces_tenant(tmp_path: Path) -> None:
+    trace = REPO / "traces/burstgpt-1-first400.parquet"
+    out = tmp_path / "baseline-r0.parquet"
+    done = replaybench("simulate", str(trace), "-o", str(out), "--arm", "baseline")
+    assert done.returncode == 0, done.stderr
+    tenants = {r["request_id"]: r["tenant"] for r in Trace.read(trace).table.to_pylist()}
+    assert set(tenants.values()) == {"Conversation log", "API log"}  # BurstGPT's log types
+    rows = read_results(out)[0].to_pylist()
+    assert len(rows) == 400 and all(row["tenant"] == tenants[row["request_id"]] for row in rows)
+
+
 def test_simulate_rejects_a_missing_trace_with_one_line(tmp_path: Path) -> None:
     done = replaybench("simulate", str(tmp_path / "absent.parquet"), "-o", str(tmp_path / "out.parquet"))
     assert done.returncode == 2 and done.stderr.startswith("error:")

@@ -40,6 +40,8 @@ class Scenario:
     ttft_factor: float = 1.0
     itl_factor: float = 1.0
     long_prompt_ttft_factor: float = 1.0  # the candidate's TTFT effect on the longest third of the prompts only
+    tenants: tuple[str, ...] = ()  # request i is sent by tenants[i % len(tenants)]; () no tenant
+    first_tenant_ttft_factor: float = 1.0  # the candidate's TTFT effect on the first tenant's requests only
     shared_noise: float = 0.05  # sigma of the per-repeat load factor (both arms)
     run_noise: float = 0.01  # sigma of each run's own factor
     drift: tuple[float, ...] = ()  # a factor per repeat on both arms, in run order (servers slowing); () none
@@ -67,6 +69,8 @@ def _run_table(
     itl_factor = scenario.itl_factor if arm == "candidate" else 1.0
     if arm == "candidate":
         ttft_factor = ttft_factor * np.where(prompt > np.quantile(prompt, 2 / 3), scenario.long_prompt_ttft_factor, 1.0)
+        first_tenant = np.arange(n) % max(1, len(scenario.tenants)) == 0
+        ttft_factor = ttft_factor * np.where(first_tenant, scenario.first_tenant_ttft_factor, 1.0)
     ttft = 0.08 * (1 + prompt / 2000) * rng.lognormal(0, 0.4, n) * factor * ttft_factor
     gaps = 0.02 * rng.lognormal(0, 0.25, int(output.sum())) * factor * itl_factor
     starts = np.r_[0, np.cumsum(output)[:-1]]
@@ -97,6 +101,9 @@ def _run_table(
         "expected_output_tokens": pa.array(output.astype(np.int32)),
         "prompt_tokens": pa.array(prompt.astype(np.int32)),
         "prompt_tokens_server": pa.array(prompt.astype(np.int32)),
+        "tenant": pa.array(
+            [scenario.tenants[i % len(scenario.tenants)] if scenario.tenants else None for i in range(n)], pa.string()
+        ),
         "finish_reason": pa.array(["length"] * n),
         "worker": pa.array(np.zeros(n, np.int16)),
         "output_text": pa.array(
