@@ -9,7 +9,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from bench.report import write_results
-from harness.analysis.look_levels import look_levels, obrien_fleming_spent
+from harness.analysis.look_levels import first_crossing, look_levels, obrien_fleming_spent, t_paths
 
 ALPHA = 0.05
 LOOKS = ((3, 5, 8), (4, 8, 12), (3, 4, 5, 6, 7, 8))
@@ -37,15 +37,7 @@ def z_boundary_levels(looks: tuple[int, ...], alpha: float) -> tuple[float, ...]
 
 def simulate(looks: tuple[int, ...], levels: tuple[float, ...], effect: float) -> tuple[float, float]:
     """The share of runs whose two-sided t test rejects at some look, and the mean repeats run (stop at the first)."""
-    draws = np.random.default_rng(SEED).standard_normal((PATHS, looks[-1])) + effect
-    stopped_at = np.full(PATHS, looks[-1])
-    crossed = np.zeros(PATHS, dtype=bool)
-    for n, level in zip(looks, levels, strict=True):
-        t = draws[:, :n].mean(axis=1) / (draws[:, :n].std(axis=1, ddof=1) / np.sqrt(n))
-        now = ~crossed & (np.abs(t) > stats.t.isf(level / 2, n - 1))
-        stopped_at[now] = n
-        crossed |= now
-    return float(crossed.mean()), float(stopped_at.mean())
+    return first_crossing(looks, levels, t_paths(looks, effect, PATHS, SEED), two_sided=True)
 
 
 def main() -> None:

@@ -39,24 +39,45 @@ def look_levels(alpha: float, looks: tuple[int, ...], spending: LookSpending) ->
     return _t_boundary_levels(alpha, looks)
 
 
-@functools.lru_cache(maxsize=64)
-def _t_boundary_levels(alpha: float, looks: tuple[int, ...]) -> tuple[float, ...]:
-    """Per-look levels whose one-sided crossings on simulated t paths spend alpha / 2 as O'Brien-Fleming allows."""
+def t_paths(looks: tuple[int, ...], shift: float, paths: int, seed: int) -> np.ndarray:
+    """Simulated runs' one-sample t statistics at each look (paths x looks): repeats drawn from N(shift, 1)."""
     repeats = np.asarray(looks)
-    draws = np.random.default_rng(SEED).standard_normal((PATHS, repeats[-1]))
+    draws = np.random.default_rng(seed).standard_normal((paths, repeats[-1])) + shift
     totals = np.cumsum(draws, axis=1)[:, repeats - 1]
     squares = np.cumsum(draws**2, axis=1)[:, repeats - 1]
     means = totals / repeats
     sds = np.sqrt((squares - repeats * means**2) / (repeats - 1))
-    t_paths = means / (sds / np.sqrt(repeats))
-    spent = obrien_fleming_spent(repeats / repeats[-1], alpha) / 2
+    return means / (sds / np.sqrt(repeats))
+
+
+def first_crossing(
+    looks: tuple[int, ...], levels: tuple[float, ...], t: np.ndarray, *, two_sided: bool
+) -> tuple[float, float]:
+    """Of runs with t statistics `t` (paths x looks), the share whose test rejects at some look, and the mean
+    repeats they run when each stops at its first rejection. A look's interval is two-sided at its level, so either
+    side (`two_sided`: both, as "no change") rejects beyond the same critical value."""
+    stopped_at = np.full(len(t), looks[-1])
+    crossed = np.zeros(len(t), dtype=bool)
+    for k, (n, level) in enumerate(zip(looks, levels, strict=True)):
+        statistic = np.abs(t[:, k]) if two_sided else t[:, k]
+        now = ~crossed & (statistic > stats.t.isf(level / 2, n - 1))
+        stopped_at[now] = n
+        crossed |= now
+    return float(crossed.mean()), float(stopped_at.mean())
+
+
+@functools.lru_cache(maxsize=64)
+def _t_boundary_levels(alpha: float, looks: tuple[int, ...]) -> tuple[float, ...]:
+    """Per-look levels whose one-sided crossings on simulated t paths spend alpha / 2 as O'Brien-Fleming allows."""
+    t = t_paths(looks, 0.0, PATHS, SEED)
+    spent = obrien_fleming_spent(np.asarray(looks) / looks[-1], alpha) / 2
     crossed = np.zeros(PATHS, dtype=bool)
     levels = []
     for k, n in enumerate(looks):
         allowed = round((spent[k] - (spent[k - 1] if k else 0.0)) * PATHS)
-        waiting = np.sort(t_paths[~crossed, k])[::-1]
+        waiting = np.sort(t[~crossed, k])[::-1]
         threshold = waiting[allowed] if allowed < waiting.size else -np.inf
-        crossed |= t_paths[:, k] > threshold
+        crossed |= t[:, k] > threshold
         levels.append(float(2 * stats.t.sf(threshold, n - 1)))
     return tuple(levels)
 

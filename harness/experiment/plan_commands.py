@@ -18,6 +18,9 @@ from harness.sim.commands import FIT, NoisePhi, NoiseRun, NoiseShared, NoiseStep
 
 if TYPE_CHECKING:
     from harness.analysis.run_metrics import RunMetrics
+    from harness.records.decision_config import DecisionConfig
+
+LOOK_PATHS = 50_000  # simulated runs behind the sequential looks' line: its shares' SE is under a quarter point
 
 
 def plan(
@@ -127,8 +130,27 @@ def plan(
         f"  with {n} repeats: P(KEEP) {float(keep):.2f} (target {float(parts[0]):.2f}, gates "
         f"{float(np.prod(parts[1:])):.2f}); {target}'s CI clears its margin with {wanted:.0%} power from a true "
         f"improvement of {detectable_effect(target_sd, n, margins[0], decision.alpha, wanted):.1%}",
+        *_looks_lines(experiment.decision, improvement, margins[0], target_sd, seed),
     ):
         console.print(line, soft_wrap=True, highlight=False)
+
+
+def _looks_lines(declared: DecisionConfig, improvement: float, margin: float, target_sd: float, seed: int) -> list[str]:
+    """With sequential looks: how often the target's CI clears its margin by the last look, and the repeats a run
+    takes on average when it stops at the first look that clears (the target alone: gates and REJECT aside)."""
+    import numpy as np
+
+    from harness.analysis.look_levels import first_crossing, levels_of, looks_rule_text, t_paths
+
+    if not declared.looks or target_sd <= 0:
+        return []
+    shift = (np.log1p(improvement) - np.log1p(margin)) / target_sd  # in repeat SDs beyond the margin
+    t = t_paths(declared.looks, float(shift), LOOK_PATHS, seed)
+    cleared, mean_repeats = first_crossing(declared.looks, levels_of(declared), t, two_sided=False)
+    return [
+        f"  {looks_rule_text(declared)}: the target's CI clears its margin by the last look in {cleared:.0%} of "
+        f"simulated runs, which stop after {mean_repeats:.1f} repeats on average (the target alone)"
+    ]
 
 
 def register(app: typer.Typer) -> None:

@@ -28,6 +28,11 @@ NEEDED = re.compile(
     r"repeats needed: (\d+|more than 100) to KEEP a true 10% improvement with 80% power \(the target alone: (\d+)\)"
 )
 
+LOOKS_LINE = re.compile(
+    r"  (looks at .*\)): the target's CI clears its margin by the last look in (\d+)% of simulated runs, which stop "
+    r"after ([\d.]+) repeats on average"
+)
+
 
 def repeats_needed(plan_config: Path, load: str) -> tuple[float, int, str]:
     """(repeats with the gates, for the target alone, the whole output) at this load."""
@@ -74,3 +79,13 @@ def test_with_sequential_looks_the_plan_is_for_the_last_looks_level(plan_config:
     assert "rule: KEEP needs tpot_p50's 97.5% CI beyond its margin" in result.stdout
     match = NEEDED.search(result.stdout)
     assert match and int(match.group(2)) >= repeats_needed(plan_config, "0.5")[1]  # a stricter level needs more
+    looks = LOOKS_LINE.search(result.stdout)
+    assert looks and looks.group(1) == "looks at 3, 5 repeats, at levels 0.025, 0.025 (alpha / 2)", result.stdout
+    assert 0 < int(looks.group(2)) <= 100 and 3 <= float(looks.group(3)) <= 5
+    # O'Brien-Fleming keeps more of alpha for the last look: its runs clear the margin at least as often
+    document["decision"]["look_spending"] = "obrien-fleming"
+    obf_config = write_config(tmp_path / "obf.toml", document)
+    spent = replaybench("plan", "-c", str(obf_config), "--load", "0.5", "--pairs", "6")
+    obf = LOOKS_LINE.search(spent.stdout)
+    assert obf and "O'Brien-Fleming spending of alpha 0.05" in obf.group(1)
+    assert int(obf.group(2)) >= int(looks.group(2)) and float(obf.group(3)) >= float(looks.group(3))
