@@ -60,6 +60,8 @@ def run_verify(plan: Plan, device: str, baseline: Baseline, sweep: bool = True) 
     """Time the speculative verify step, its two parts, and vLLM's speculative update at every batch, with the
     verify's own fastest launch shapes (swept at the largest batch: its T x P accumulators and [L + T, P] ring tile
     are not the decode step's working set, so the decode step's best need not be the verify's)."""
+    import torch
+
     problem = verify_problem(baseline, plan, device)
     result: dict[str, Any] = {
         "method": timing_method(device),
@@ -101,12 +103,23 @@ def run_verify(plan: Plan, device: str, baseline: Baseline, sweep: bool = True) 
                                           f", L = {long_ring.buffer_len}", with_baseline=False,
                                           with_rotation=batch == plan.batches[-2:][0]))  # fmt: skip
     for tokens in plan.verify_token_sweep:  # what the T-token products cost beside the checkpoint read they share
-        print(f"[kernel_bench]   verify batch {largest.batch}, T = {tokens}", flush=True)
-        setup = VerifySetup(plan, device, largest.batch, tokens, coefs=largest.coef_configs)
+        name = f"verify batch {largest.batch}, T = {tokens}"
+        print(f"[kernel_bench]   {name}", flush=True)
+        try:  # T = 8 at 256 needs ~34 GB more: an 80-GB H100 (session 31) lost the whole section, sweeps and all
+            setup = VerifySetup(plan, device, largest.batch, tokens, coefs=largest.coef_configs)
+            rows = setup.table(baseline if problem is None else None, configs, folds, f", T = {tokens}")
+        except torch.cuda.OutOfMemoryError:
+            left_out(name)
+            continue
         result["cursors"][f"{largest.batch}, T = {tokens}"] = setup.cursors
-        result["rows"].extend(setup.table(baseline if problem is None else None, configs, folds, f", T = {tokens}"))
+        result["rows"].extend(rows)
     result["registers"] = compiled_registers(_verify_kernels())
     return result
+
+
+def left_out(name: str) -> None:
+    """Say that a row did not fit in this GPU's memory (the section goes on without it)."""
+    print(f"[kernel_bench]   {name}: no room on the GPU, left out", flush=True)
 
 
 VERIFY_BASELINE_ROW = "vllm spec verify (fp32 state, 1+k blocks)"
@@ -268,7 +281,7 @@ class VerifySetup:
             caches = [filled_caches(self.plan, pool, self.indices, gen, self.tokens - 1, ("fp32",))["fp32"]
                       for _ in range(layers)]  # fmt: skip
         except torch.cuda.OutOfMemoryError:
-            print(f"[kernel_bench]   {name}: no room on the GPU, left out", flush=True)
+            left_out(name)
             return
         steps = [self.step("fp32", self.fold_len, configs["fp32"], folds["fp32"], cache) for cache in caches]
         timed.measure(name, lambda: [step() for step in steps], sum(self.step_bytes("fp32")), per=layers)
