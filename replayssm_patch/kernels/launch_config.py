@@ -5,8 +5,9 @@ per checkpoint dtype to a JSON file (``"replay_step"``), the speculative verify'
 ``VerifyLaunch`` fields; without it the verify runs the replay step's shapes) and the flush launch's that folds before
 it (``"fold"``, the ``FoldLaunch`` fields); the GDN bench does the same for the GDN replay and fold launches
 (``"gdn"``). ``REPLAYSSM_LAUNCH_CONFIG=<file>`` makes the plugin use such a file (as vLLM reads its tuned
-kernel configs), and the H200's committed file (``launch_h200.json`` beside this module) is used on an H200
-without it. An entry the file lacks keeps its defaults.
+kernel configs), and a GPU model's committed file beside this module is used on that GPU without it: the H200's
+(``launch_h200.json``: every kernel) and the H100's (``launch_h100.json``: the decode step and its native limits,
+session 31's only sweep that completed there). An entry the file lacks keeps its defaults.
 
 ``"native_max_batch"`` and ``"gdn_native_max_batch"`` (``{"fp32": N, "split": M}``, per checkpoint): the largest
 decode batch up to which the Mamba-2 / GDN bench measured vLLM's one fused kernel faster than the ring's decode step
@@ -28,7 +29,7 @@ from typing import Any, TypeVar
 import torch
 
 ENV_VAR = "REPLAYSSM_LAUNCH_CONFIG"
-COMMITTED = {"H200": Path(__file__).with_name("launch_h200.json")}
+COMMITTED = {model: Path(__file__).with_name(f"launch_{model.lower()}.json") for model in ("H200", "H100")}
 
 
 @dataclass(frozen=True)

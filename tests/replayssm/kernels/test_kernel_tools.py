@@ -523,6 +523,9 @@ def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatc
     gdn_committed = GdnLaunch(**table["gdn"])
     assert on_h200["gdn"] == gdn_committed.as_key() != GDN_DEFAULT.as_key(), "the H200 table holds its GDN sweep"
     assert on_h200["native_batches"] == "fp32 <= 8, split <= 1, gdn fp32 <= 16, gdn split <= 16", "measured limits"
+    on_h100 = launch_shapes_in_use("NVIDIA H100 80GB HBM3")  # session 31: its decode-step sweep only
+    assert on_h100["source"] == str(COMMITTED["H100"]) and on_h100["split"] == "16x128x1w"
+    assert on_h100["gdn"] == GDN_DEFAULT.as_key() and on_h100["native_batches"].startswith("fp32 <= 8, split <= 1,")
     verify = table["verify_step"]  # session 27: fp32 with the tensor-core reads and ring product, split plain
     assert (
         on_h200["verify"]
