@@ -79,6 +79,7 @@ def print_summary(console: Console, root: Path) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from harness.analysis.decision import confidence_level
     from harness.analysis.model import Stability
     from harness.records.run_dir import RunDir
     from harness.report.text_outputs import load_text
@@ -86,8 +87,9 @@ def print_summary(console: Console, root: Path) -> None:
     run = RunDir(root)
     summary = json.loads(run.summary_json.read_text())
     decision = summary["decision"]
-    table = Table(title="decision metrics (candidate / baseline, 95 % CI over repeats)", title_justify="left")
-    for column in ("metric", "role", "ratio", "95 % CI", "margin", "verdict"):
+    level = f"{confidence_level(summary['alpha'])} CI"  # the level tested: not 95 % at another alpha or a look's
+    table = Table(title=f"decision metrics (candidate / baseline, {level} over repeats)", title_justify="left")
+    for column in ("metric", "role", "ratio", level, "margin", "verdict"):
         table.add_column(column)
     for c in summary["comparisons"]:
         if c["role"] == "exploratory":
