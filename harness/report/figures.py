@@ -76,7 +76,7 @@ def _duration_label(seconds: float, _: object = None) -> str:
     return f"{seconds * 1e3:g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:g} µs"
 
 
-def forest_plot(comparisons: list[MetricComparison]) -> str:
+def forest_plot(comparisons: list[MetricComparison], ci_level: str) -> str:
     """Ratio (candidate / baseline) with its CI per metric, coloured by verdict, the ±δ band shaded grey."""
     shown = [c for c in comparisons if c.ratio is not None]
     figure, axis = plt.subplots(figsize=(7.2, 0.38 * max(len(shown), 2) + 0.9))
@@ -117,7 +117,7 @@ def forest_plot(comparisons: list[MetricComparison]) -> str:
     axis.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(_spaced_ratio_ticks(*axis.get_xlim())))
     axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{(x - 1) * 100:+.0f}%"))
     axis.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    axis.set_xlabel("candidate vs baseline (95% t-interval over repeats; grey: ±δ)")
+    axis.set_xlabel(f"candidate vs baseline ({ci_level} t-interval over repeats; grey: ±δ)")
     axis.grid(axis="y", visible=False)
     return _data_uri(figure)
 

@@ -127,7 +127,7 @@ def render_html(analysis: RunAnalysis, slo: SloConfig, lag_budget_s: float) -> s
             failures.setdefault(cls, {}).setdefault(run.arm, 0)
             failures[cls][run.arm] += count
     fig = {
-        "forest": figures.forest_plot(s.comparisons),
+        "forest": figures.forest_plot(s.comparisons, confidence_level(s.alpha)),
         "ecdf": figures.latency_ecdfs(plots),
         "attainment": figures.attainment_over_time(plots, slo.attainment_target),
         "lag": figures.lag_histogram(plots, lag_budget_s),
