@@ -123,14 +123,15 @@ floor_model() {  # [MODEL_DIR]: its layers at toy widths (gpu/host_floor.py) and
     && $S model "$real-floor" "$real-floor-config/config.json"; }
 }
 
-tuned_table() {  # $TUNED: the committed H200 table with the entries this host's kernel benches measured; 1 if none
+tuned_table() {  # $TUNED: this card's committed table with the entries this host's kernel benches measured; 1 if none
   local found=()
   for f in "$RES/kernel_bench/launch_config.json" "$RES/gdn_kernel_bench/gdn_launch_config.json"; do
     [ -f "$f" ] && found+=("$f")
   done
   [ ${#found[@]} -gt 0 ] || return 1
-  python3 -c 'import json, sys; t = {}; [t.update(json.load(open(f))) for f in sys.argv[2:]]; \
-json.dump(t, open(sys.argv[1], "w"), indent=2)' "$TUNED" replayssm_patch/kernels/launch_h200.json "${found[@]}"
+  # this card's committed table (none for a card without one), then what this host's benches measured
+  python3 -c 'import json, os, sys; t = {}; [t.update(json.load(open(f))) for f in sys.argv[2:] if os.path.exists(f)]; \
+json.dump(t, open(sys.argv[1], "w"), indent=2)' "$TUNED" "replayssm_patch/kernels/launch_$($S card).json" "${found[@]}"
 }
 
 run_job() {

@@ -46,6 +46,10 @@
 # Logs and pids live in /tmp/gpu (survives between calls while the host is kept); `pack` sends the results back.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+# The card's short name (h200, h100): every results file carries it, so one card's rows never merge into another's
+# (session 31 ran on an H100 while the files said h200); h200 where nvidia-smi names no H card
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oE 'H[0-9]+' | tr 'A-Z' 'a-z')
+CARD=${CARD:-h200}
 STATE=/tmp/gpu
 RES=$STATE/out  # everything worth keeping; `pack` tars it into $OUT
 MODE=${MODE:-O0}
@@ -77,12 +81,12 @@ export REPLAYBENCH_TRITON_CACHE=$STATE/triton-cache
 mapfile -t MODE_FLAGS < <(python3 -m replayssm_patch.gpu.variants --mode "$MODE")
 VLLM_FLAGS=(--model "$MODEL_DIR" --served-model-name m --load-format dummy --max-num-seqs 256 --max-model-len "${MAX_LEN:-8192}"
   --gpu-memory-utilization "${SERVE_UTIL:-0.85}" --mamba-ssm-cache-dtype float32 "${MODE_FLAGS[@]}")
-STEPS=$RES/engine_step-h200$SUFFIX.json  # starts from the committed file, so the packed one is the merged whole
-[ -f "$STEPS" ] || cp "$ROOT/replayssm_patch/gpu/results/engine_step-h200$SUFFIX.json" "$STEPS" 2>/dev/null
+STEPS=$RES/engine_step-$CARD$SUFFIX.json  # starts from the committed file, so the packed one is the merged whole
+[ -f "$STEPS" ] || cp "$ROOT/replayssm_patch/gpu/results/engine_step-$CARD$SUFFIX.json" "$STEPS" 2>/dev/null
 MODEL_MTP=/tmp/model-mtp
 SPEC_MODEL=$MODEL_MTP SPEC_SUFFIX=  # the spec jobs' model; MODEL=mtpfloor: its host floor, rows in a file of their own
 [ "${MODEL:-}" = mtpfloor ] && SPEC_MODEL=$MODEL_DIR SPEC_SUFFIX=-floor
-SPECS=$RES/spec_step-h200${PROMPT_TOKENS:+-p$PROMPT_TOKENS}$SPEC_SUFFIX.json  # the same for the spec-decode rows
+SPECS=$RES/spec_step-$CARD${PROMPT_TOKENS:+-p$PROMPT_TOKENS}$SPEC_SUFFIX.json  # the same for the spec-decode rows
 [ -f "$SPECS" ] || cp "$ROOT/replayssm_patch/gpu/results/${SPECS##*/}" "$SPECS" 2>/dev/null
 
 recv() {
@@ -181,7 +185,7 @@ pace() {
   local port=$1 variant=$2 streams=${3:-64,256} reference=()
   [ -f "$STEPS" ] && reference=(--engine-step "$STEPS")  # without it the rows say engine_step_ms null
   timeout "${PACE_TIMEOUT_S:-300}" python3 -m bench.decode_pace --url "http://127.0.0.1:$port" --streams "$streams" \
-    --workers 1,4 --variant "$variant" --mode "$MODE" "${reference[@]}" --out "$RES/decode_pace-h200$SUFFIX.json" \
+    --workers 1,4 --variant "$variant" --mode "$MODE" "${reference[@]}" --out "$RES/decode_pace-$CARD$SUFFIX.json" \
     > "$STATE/pace-$variant-$MODE.log" 2>&1
   echo "pace $variant $MODE exit $?"; grep -E "streams [0-9]+ workers|^error" "$STATE/pace-$variant-$MODE.log"
 }
@@ -199,6 +203,7 @@ pack() {
 cmd=$1; shift
 case $cmd in
   recv) recv "$@" ;;
+  card) echo "$CARD" ;;
   setup) setup ;;
   model) model_dir "$@" ;;
   serve) serve "$@" ;;
@@ -207,10 +212,10 @@ case $cmd in
   engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" --variant "$1" --repeats "${REPEATS:-3}" ;;
   churn)  # CHURN_PROFILE=1: then one profiled churn run per batch, decode-only and mixed steps apart -> profile-churn/
     profiled=(); [ -n "${CHURN_PROFILE:-}" ] && profiled=(--profile-out "$RES/profile-churn$SUFFIX")
-    on_gpu churn_step "$1" "$2" "${3:-64,128}" "$RES/churn_step-h200$SUFFIX.json" "churn|^skipped" --variant "$1" \
+    on_gpu churn_step "$1" "$2" "${3:-64,128}" "$RES/churn_step-$CARD$SUFFIX.json" "churn|^skipped" --variant "$1" \
       --repeats "${REPEATS:-3}" "${profiled[@]}" ;;
-  hostprof) on_gpu host_profile "$1" "$2" "${3:-64,256}" "$RES/host_profile-h200$SUFFIX.json" "in-process| µs  " --variant "$1" ;;
-  hostchurn) on_gpu churn_host_profile "$1" "$2" "${3:-64}" "$RES/host_profile_churn-h200$SUFFIX.json" "in-process|µs  " \
+  hostprof) on_gpu host_profile "$1" "$2" "${3:-64,256}" "$RES/host_profile-$CARD$SUFFIX.json" "in-process| µs  " --variant "$1" ;;
+  hostchurn) on_gpu churn_host_profile "$1" "$2" "${3:-64}" "$RES/host_profile_churn-$CARD$SUFFIX.json" "in-process|µs  " \
     --variant "$1" ;;
   profile)  # STEP_BATCHES=B,...: the same engine measures engine_step's rows at those batches first (one start-up)
     steps=(); [ -n "${STEP_BATCHES:-}" ] && steps=(--step-batches "$STEP_BATCHES" --steps-out "$STEPS" --repeats "${REPEATS:-3}")

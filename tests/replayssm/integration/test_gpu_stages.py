@@ -33,6 +33,22 @@ def test_unknown_model_is_refused_in_one_line(script: str, stage: str) -> None:
     assert done.stdout.startswith("MODEL=llama: ") and "MODEL=qwen35" in done.stdout
 
 
+CARDS = [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"), (None, "h200")]
+
+
+@pytest.mark.parametrize(("smi_name", "card"), CARDS)
+def test_results_files_are_named_for_the_card(tmp_path: Path, smi_name: str | None, card: str) -> None:
+    """Session 31 ran on an H100 while every results file said h200: the stages now name them for the card that
+    nvidia-smi reports (h200 where it reports none), and the launch table the queue starts from is that card's."""
+    smi = tmp_path / "nvidia-smi"  # this card's, or one that finds no GPU
+    smi.write_text(f"#!/bin/sh\necho '{smi_name}'\n" if smi_name else "#!/bin/sh\nexit 9\n")
+    smi.chmod(0o755)
+    env = os.environ | {"PATH": f"{tmp_path}:{Path(sys.executable).parent}:/usr/bin:/bin"}
+    done = subprocess.run(["bash", "tools/gpu/session.sh", "card"], capture_output=True, text=True, cwd=REPO, env=env)
+    assert done.returncode == 0 and done.stdout == f"{card}\n", done.stderr
+    assert (REPO / f"replayssm_patch/kernels/launch_{card}.json").exists()
+
+
 def test_the_spec_stage_on_the_mtp_floor_runs_the_floor_model_not_the_real_one(tmp_path: Path) -> None:
     """MODEL=mtpfloor (replayssm.sh specfloor:ARM) points spec_step at the MTP model's floor, and says which model
     is missing before an engine starts (the real model's rows must not be replaced by the floor's)."""
