@@ -5,6 +5,8 @@ look at the end."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from scipy import optimize, stats
 
@@ -27,7 +29,7 @@ def z_boundary_levels(looks: tuple[int, ...], alpha: float) -> tuple[float, ...]
     for k in range(len(n)):
         normal = stats.multivariate_normal(mean=np.zeros(k + 1), cov=correlation[: k + 1, : k + 1], seed=SEED)
 
-        def excess(c: float, k: int = k, normal: stats.rv_continuous = normal) -> float:
+        def excess(c: float, k: int = k, normal: Any = normal) -> float:  # a frozen multivariate normal
             limits = np.array([*bounds, c])
             return 1 - normal.cdf(limits, lower_limit=-limits) - spent[k]
 

@@ -4,10 +4,11 @@ chance within alpha.
 Bonferroni (alpha / looks at every look) guarantees it but spends a third of alpha on a first look of three repeats
 that almost never decides, and so costs power at the last look. O'Brien-Fleming spending (Lan-DeMets form) spends
 little early and leaves the last look nearly alpha. Its usual boundaries are for z statistics, whose looks are more
-strongly correlated than the few-repeat t statistics the rule uses: applied to t they let the error reach 5.4 % at
-looks 3, 5, 8 and alpha 5 % (measured). So the boundaries are set on the t statistics themselves: simulated paired
-repeats under no effect (the t statistic's distribution is free of the noise's scale), the threshold at each look
-the quantile of the paths that have not yet crossed that spends exactly what the function allows by then.
+strongly correlated than the few-repeat t statistics the rule uses: applied to t they let the error reach 5.3 % at
+looks 3, 5, 8 and alpha 5 % (bench/results/bench_look_levels.md). So the boundaries are set on the t statistics
+themselves: simulated paired repeats under no effect (the t statistic's distribution is free of the noise's scale),
+the threshold at each look the quantile of the paths that have not yet crossed that spends exactly what the
+function allows by then.
 """
 
 from __future__ import annotations
