@@ -267,12 +267,16 @@ def _architecture(config: ExperimentConfig) -> list[Finding]:
 
 
 def _declarations(config: ExperimentConfig) -> list[Finding]:
+    from harness.analysis.look_levels import looks_rule_text
+
     found = []
     for table, what in (("slo", "SLOs"), ("decision", "decision rule and margins"), ("quality", "quality limits")):
         if config.declared(table):
             found.append(Finding("ok", table, f"{what} declared"))
         else:
             found.append(Finding("warn", table, f"no [{table}] table: the default {what} apply; declare them"))
+    if config.decision.looks:  # each look's level, seen before the run it is pre-registered for
+        found.append(Finding("ok", "decision", f"sequential {looks_rule_text(config.decision)}"))
     return found
 
 

@@ -43,3 +43,12 @@ def test_the_last_look_must_be_the_runs_repeats(tmp_path) -> None:
     result = replaybench("check", str(write_config(tmp_path / "exp.toml", document)))
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "[decision] looks end at 4 repeats but repeats = 5; make the last look the run's repeats" in result.stderr
+
+
+def test_check_shows_each_looks_level_before_the_run(tmp_path) -> None:
+    document = config_dict(tiny_trace(tmp_path / "trace.parquet"), repeats=5)
+    document["decision"] |= {"looks": [3, 5]}  # type: ignore[operator]
+    result = replaybench("check", str(write_config(tmp_path / "exp.toml", document)))
+    first, last = look_levels(0.05, (3, 5), "obrien-fleming")
+    expected = f"sequential looks at 3, 5 repeats, at levels {first:.3g}, {last:.3g} (O'Brien-Fleming spending"
+    assert expected in " ".join(result.stdout.split()), result.stdout  # rich may wrap the line
