@@ -177,7 +177,10 @@ def _looks_note(decision: DecisionConfig, ran: int, outcome: Outcome) -> list[st
     if ran == decision.looks[-1]:
         return [f"{head}: {ran} repeat(s) ran, the last look"]
     if outcome in (Outcome.KEEP, Outcome.REJECT):
-        return [f"{head}: {ran} repeat(s) ran, stopped early: this look decided"]
+        return [
+            f"{head}: {ran} repeat(s) ran, stopped early: this look decided (its interval keeps its level, but a run "
+            "stopped early by a large change tends to overstate it: read the size of the change from the interval)"
+        ]
     return [f"{head}: {ran} repeat(s) ran and this look did not decide: resume the run to the next look"]
 
 

@@ -294,6 +294,7 @@ def test_sequential_looks_test_each_look_at_its_share_of_alpha(tmp_path: Path) -
     )
     assert f"{confidence_level(first)} paired t-interval" in summary.decision.rule
     assert f"this one at {first:.3g}: 3 repeat(s) ran, stopped early" in " ".join(summary.notes)
+    assert "tends to overstate it" in " ".join(summary.notes)  # the early stop's bias, said beside the verdict
     config["decision"]["look_spending"] = "bonferroni"
     (early.root / "experiment.toml").write_text(tomli_w.dumps({"name": "synthetic", **config}))
     bonferroni = analyse_run_dir(early.root).summary
