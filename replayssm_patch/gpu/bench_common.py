@@ -1,13 +1,14 @@
 """What the GPU kernel benchmarks (``kernel_bench`` for Mamba-2, ``gdn_kernel_bench`` for Gated DeltaNet) share.
 
 Device choice (CPU only under ``--smoke``, through Triton's interpreter), the timing method (CUDA graphs of
-back-to-back calls, CUDA events), one timing-table row with its bytes and share of HBM bandwidth, the registers
-ptxas gave the compiled kernels, and the report writer that rewrites JSON + Markdown after every section.
+back-to-back calls, CUDA events), one timing-table row with its bytes and share of the card's measured HBM peak,
+the registers ptxas gave the compiled kernels, and the report writer that rewrites JSON + Markdown after every section.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import math
@@ -20,7 +21,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar, NamedTuple, Self
 
-HBM_BYTES_PER_S = 4.3e12  # H200
+NOMINAL_HBM_BYTES_PER_S = 4.3e12  # an H200's device-to-device copy (measured 2026-12-01), CPU smoke runs' stand-in
+HBM_PROBE_BYTES = 1 << 30
 TARGET_REL_ERR = 1e-4  # fp32 checkpoint vs the baseline, relative to the largest |value|
 
 
@@ -69,7 +71,27 @@ def bench_meta(plan: BenchPlan, device: str) -> dict[str, Any]:
     import triton
 
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)"
-    return {"plan": asdict(plan), "device": gpu, "torch": torch.__version__, "triton": triton.__version__}
+    return {
+        "plan": asdict(plan),
+        "device": gpu,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "hbm_peak_bytes_per_s": hbm_peak_bytes_per_s(device),
+    }
+
+
+@functools.cache
+def hbm_peak_bytes_per_s(device: str) -> float:
+    """The bandwidth a "share of HBM" is taken against: on CUDA a 1 GiB device-to-device copy timed like the kernels
+    (each card its own, so an H100's shares are not against an H200's peak); on CPU the H200's figure, nominal."""
+    if device != "cuda":
+        return NOMINAL_HBM_BYTES_PER_S
+    import torch
+
+    source = torch.empty(HBM_PROBE_BYTES, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    secs = seconds_per_call(lambda: target.copy_(source), BenchPlan(), device)
+    return 2 * HBM_PROBE_BYTES / secs  # read once, written once
 
 
 class Report:
@@ -179,6 +201,8 @@ def report_head(title: str, meta: dict[str, Any]) -> list[str]:
         f"# {title}",
         "",
         f"Device: {meta.get('device')}; torch {meta.get('torch')}, triton {meta.get('triton')}.",
+        f"HBM peak: {meta.get('hbm_peak_bytes_per_s', NOMINAL_HBM_BYTES_PER_S) / 1e12:.2f} TB/s (a device-to-device "
+        "copy on this card; on CPU the H200's, nominal): every share of HBM below is of it.",
         f"Baseline: {meta.get('baseline', 'n/a')}.",
         "",
     ]
@@ -249,16 +273,18 @@ def timing_method(device: str) -> str:
     return "wall clock on CPU under the Triton interpreter (meaningless as speed; checks the code path only)"
 
 
-def timing_row(batch: int, kernel: str, secs: float, nbytes: float, base_secs: float) -> dict[str, Any]:
-    """One timed kernel at one batch: time, bytes it must move, their rate and share of HBM, the speed-up over
-    the baseline with an fp32 state (NaN without one)."""
+def timing_row(
+    batch: int, kernel: str, secs: float, nbytes: float, base_secs: float, peak_bytes_per_s: float
+) -> dict[str, Any]:
+    """One timed kernel at one batch: time, bytes it must move, their rate and share of the card's HBM peak, the
+    speed-up over the baseline with an fp32 state (NaN without one)."""
     return {
         "batch": batch,
         "kernel": kernel,
         "us": secs * 1e6,
         "bytes": nbytes,
         "GB_per_s": nbytes / secs / 1e9,
-        "hbm_share": nbytes / secs / HBM_BYTES_PER_S,
+        "hbm_share": nbytes / secs / peak_bytes_per_s,
         "speedup_vs_baseline_fp32": base_secs / secs,
     }
 
@@ -291,8 +317,8 @@ class TimedCalls:
 
     def rows(self, baseline: str) -> list[dict[str, Any]]:
         """The timing rows, each with its speed-up over the call named ``baseline`` (NaN when it did not run)."""
-        base = self.measured.get(baseline, (math.nan, 0))[0]
-        return [timing_row(self.batch, name, secs, nbytes, base) for name, (secs, nbytes) in self.measured.items()]
+        base, peak = self.measured.get(baseline, (math.nan, 0))[0], hbm_peak_bytes_per_s(self.device)
+        return [timing_row(self.batch, n, secs, nbytes, base, peak) for n, (secs, nbytes) in self.measured.items()]
 
 
 def error_summary(per_step: Any) -> dict[str, Any]:
@@ -311,7 +337,7 @@ def error_summary(per_step: Any) -> dict[str, Any]:
 def timing_table(rows: Iterable[dict[str, Any]]) -> list[str]:
     """Markdown lines of ``timing_row`` rows."""
     lines = [
-        "| batch | kernel | us | MB moved | GB/s | share of 4.3 TB/s | speedup vs baseline fp32 |",
+        "| batch | kernel | us | MB moved | GB/s | share of HBM peak | speedup vs baseline fp32 |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:

@@ -22,7 +22,7 @@
     scattered over a pool 4x the batch: vLLM's decode, ReplaySSM's step with 1/L of the rows flushing
     (staggered), the replay alone (no row flushing), all rows flushing (aligned), the first two in split
     precision too, and the one-launch step of a mixed step's decode rows (``gdn_mixed_decode``, conv inside,
-    1/L flushing), with bytes moved, share of 4.3 TB/s and the speed-up; per checkpoint, the largest batch up to
+    1/L flushing), with bytes moved, share of HBM peak and the speed-up; per checkpoint, the largest batch up to
     which vLLM's decode was faster at every batch goes to gdn_launch_config.json as the plugin's native batches
     (``gdn_native_max_batch``).
 Writes DIR/gdn_kernel_bench.json and .md, rewritten after each section so a crash keeps the rest.

@@ -10,7 +10,7 @@
     the fp64 reference recurrence is the baseline (said so in the output).
 (b) timing (CUDA graphs of back-to-back calls, CUDA events): baseline fp32 / bf16 state, replay kernel
     (fp32 / bf16 checkpoint), flush (all rows, amortised over L) and a decode step (replay + the staggered
-    flush of 1/L of the rows) at batch 1/8/16/32/64/128/256, with bytes moved and the share of 4.3 TB/s HBM; per
+    flush of 1/L of the rows) at batch 1/8/16/32/64/128/256, with bytes moved and the share of the card's HBM peak; per
     checkpoint, the largest batch up to which vLLM's fp32-state kernel was faster at every batch goes to
     launch_config.json as the plugin's native batches (``native_max_batch``).
 (c) speculative verify (MTP k = 3: T = 4 query tokens per row, rings of L + T, cursors at the steady state of

@@ -46,6 +46,10 @@ def test_kernel_bench_smoke_runs_on_cpu(tmp_path: Path) -> None:
     assert table["native_max_batch"] == {"fp32": 0, "split": 0}, "no vLLM baseline row here: never native"
     markdown = (tmp_path / "kernel_bench.md").read_text()
     assert "| fp32 |" in markdown and "| batch | kernel | us |" in markdown and "Sweep, decode step fp32" in markdown
+    peak = data["meta"]["hbm_peak_bytes_per_s"]
+    assert peak == 4.3e12 and "HBM peak: 4.30 TB/s" in markdown, "on CPU the shares are of the H200's, named"
+    row = timing["rows"][0]
+    assert row["hbm_share"] == pytest.approx(row["GB_per_s"] * 1e9 / peak), "each share is of the peak named"
     verify = data["verify"]
     assert verify["status"] == "ok", verify.get("traceback")
     assert verify["tokens_per_row"] == 4 and verify["ring_len"] == SMOKE_PLAN.buffer_len + 4
