@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.analysis.energy import RunEnergy
+from harness.analysis.energy import COUNTER, POWER_SAMPLES, RunEnergy
 from harness.analysis.model import CostSummary
 from harness.records.decision_config import CostConfig
 
@@ -22,6 +22,14 @@ def _measured_mean(values: list[float]) -> float | None:
 JOULES_PER_KWH = 3.6e6
 
 
+def _sources(energies: list[RunEnergy]) -> str:
+    """How the runs' energy was measured (a mix is named as one)."""
+    found = {e.source for e in energies if e.joules is not None}
+    if len(found) > 1:
+        return f"{COUNTER} in some runs, {POWER_SAMPLES} in others"
+    return next(iter(found), "not measured")
+
+
 def energy_line(
     baseline_j: float | None, candidate_j: float | None, energies: list[RunEnergy], cost: CostConfig
 ) -> str:
@@ -32,7 +40,7 @@ def energy_line(
         return f"not measured ({reason})"
     line = (
         f"baseline {baseline_j:.3g} J, candidate {candidate_j:.3g} J "
-        f"({candidate_j / baseline_j - 1:+.1%}); each arm's GPUs, board power sampled once a second"
+        f"({candidate_j / baseline_j - 1:+.1%}); each arm's GPUs, {_sources(energies)}"
     )
     price = cost.energy_price_per_kwh
     if price > 0:

@@ -1,12 +1,13 @@
-"""The energy a run's GPUs drew while it replayed, from the board power sampled beside it (experiment/telemetry.py).
+"""The energy a run's GPUs drew while it replayed, from what was read beside it (experiment/telemetry.py).
 
 Why: cost per successful request prices GPU time; what a serving policy saves in power does not show in it. Energy
 per successful request does: a candidate that finishes the same requests in the same time at lower power is cheaper
-to run. The estimate is each GPU's mean sampled power over the run's window times the window, summed over the arm's
-GPUs. nvidia-smi's `power.draw` on Ampere and later is a one-second average, and one sample a second covers the
-window; a window too short to hold a sample takes those one interval either side of it. Only the GPUs placed for the
-arm count, so an arm whose GPUs replaybench does not know (no `gpus`) gets no figure rather than the whole
-machine's.
+to run. First choice: each GPU's cumulative NVML energy counter, read once a second and at the ends, interpolated to
+the run's window (the counter accumulates everything; experiment/energy_counter.py). Otherwise each GPU's mean
+sampled power over the window times the window: nvidia-smi's `power.draw` on Ampere and later is a one-second average
+(whose sensor covers about a quarter of the time on A100/H100), one sample a second; a window too short to hold a
+sample takes those one interval either side of it. Both sum over the arm's GPUs only, so an arm whose GPUs
+replaybench does not know (no `gpus`) gets no figure rather than the whole machine's.
 """
 
 from __future__ import annotations
@@ -16,13 +17,19 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+COUNTER = "NVML energy counter"
+POWER_SAMPLES = "board power sampled once a second"
+
 
 @dataclass(frozen=True)
 class RunEnergy:
-    """Joules over the run's window, or None with the reason it was not measured."""
+    """Joules over the run's window and how they were measured (`source`), or None with the reason it was not."""
 
     joules: float | None
     reason: str = ""
+    source: str = ""
 
 
 def _power_in(samples: list[dict], gpu: int, low_s: float, high_s: float) -> list[float]:
@@ -40,6 +47,18 @@ def _window_power(samples: list[dict], gpu: int, start_s: float, end_s: float, i
     return _power_in(samples, gpu, start_s, end_s) or _power_in(samples, gpu, start_s - interval_s, end_s + interval_s)
 
 
+def _counter_joules(samples: list[dict], gpus: list[int], start_s: float, end_s: float) -> float | None:
+    """The arm's GPUs' counters interpolated to the window's ends, summed; None unless reads bracket it for each."""
+    total_mj = 0.0
+    for gpu in gpus:
+        reads = sorted((s["t_s"], s["energy_mj"]) for s in samples if s.get("index") == gpu)
+        if not reads or reads[0][0] > start_s or reads[-1][0] < end_s:
+            return None
+        times, counter = np.array(reads).T
+        total_mj += float(np.interp(end_s, times, counter) - np.interp(start_s, times, counter))
+    return total_mj / 1e3
+
+
 def run_energy(telemetry: Path, window_unix: tuple[float, float] | None) -> RunEnergy:
     """The energy of the arm's GPUs over `window_unix` (wall clock: the run's first due request to its last end)."""
     if window_unix is None:
@@ -55,9 +74,12 @@ def run_energy(telemetry: Path, window_unix: tuple[float, float] | None) -> RunE
     if not gpus:
         return RunEnergy(None, "the arm's GPUs are not known: give the arm `gpus` to measure its energy")
     start, end = window_unix[0] - t0_unix, window_unix[1] - t0_unix
+    counted = _counter_joules(list(payload.get("energy") or []), gpus, start, end)
+    if counted is not None:
+        return RunEnergy(counted, source=COUNTER)
     power = {gpu: _window_power(samples, gpu, start, end, interval_s) for gpu in gpus}
     unsampled = [str(gpu) for gpu, values in power.items() if not values]
     if unsampled:
         error = payload.get("gpu_error") or "no power samples in the run's window"
         return RunEnergy(None, f"GPU {', '.join(unsampled)} not sampled ({error})")
-    return RunEnergy(sum(sum(values) / len(values) for values in power.values()) * (end - start))
+    return RunEnergy(sum(sum(values) / len(values) for values in power.values()) * (end - start), source=POWER_SAMPLES)

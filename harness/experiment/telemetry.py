@@ -4,8 +4,9 @@ Why: on the H200 (2026-12-03) both arms of an A/B slowed ~2x over seven minutes 
 metrics said why. Every run now keeps, sampled once a second while it replays, the host's CPU busy and steal
 shares and its load (psutil), and per GPU of the arm its SM clock against the maximum, power, temperature,
 utilisation, memory clock and HBM temperature (one ``nvidia-smi --query-gpu ... --loop-ms`` process for the whole
-run: no process per sample, and no GPU library in the harness). Without nvidia-smi (a laptop, CI, the embedded
-engine) only the host is sampled. Given the arm's server, its load gauges are sampled too (server_gauges.py).
+run: no process per sample), and each GPU's cumulative energy counter through NVML (energy_counter.py: exact
+where the power samples cover a quarter of the time). Without nvidia-smi (a laptop, CI, the embedded engine) only
+the host is sampled. Given the arm's server, its load gauges are sampled too (server_gauges.py).
 The file is written when the replay ends, also when it failed; sampling never fails a run.
 """
 
@@ -24,6 +25,7 @@ from types import TracebackType
 import psutil
 
 from harness.atomic import atomic_path
+from harness.experiment.energy_counter import EnergyCounters
 from harness.experiment.server_gauges import scrape_gauges
 
 INTERVAL_S = 1.0
@@ -76,6 +78,9 @@ class RunTelemetry:
         self.host: list[dict[str, float]] = []
         self.gpu: list[dict[str, float | None]] = []
         self.gpu_error: str | None = None if self.nvidia_smi else "nvidia-smi not found: GPUs not sampled"
+        self.energy: list[dict[str, float]] = []
+        self.energy_error: str | None = None
+        self._counters: EnergyCounters | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._smi: subprocess.Popen[str] | None = None
@@ -88,6 +93,7 @@ class RunTelemetry:
         self._threads.append(threading.Thread(target=self._sample_host, name="telemetry-host", daemon=True))
         if self.nvidia_smi:
             self._start_gpu_sampler()
+            self._start_energy_sampler()
         if self.metrics_url:
             self._threads.append(threading.Thread(target=self._sample_server, name="telemetry-server", daemon=True))
         for thread in self._threads:
@@ -105,11 +111,15 @@ class RunTelemetry:
         if self._smi is not None:
             self._smi.wait(timeout=5)
         self._host_sample()  # the tail since the last sample: a run shorter than the interval gets one too
+        if self._counters is not None:
+            self._energy_sample()  # the counter at the end, so a window ending after the last tick is bracketed
+            self._counters.close()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # t0_unix: the wall clock at t_s = 0, so samples line up with a result file's replaybench.t0_unix
         payload = {"interval_s": self.interval_s, "server_interval_s": self.server_interval_s,
                    "t0_unix": self._began_unix, "gpus": self.gpus, "host": self.host,
-                   "gpu": self.gpu, "gpu_error": self.gpu_error, "server": self.server,
+                   "gpu": self.gpu, "gpu_error": self.gpu_error, "energy": self.energy,
+                   "energy_error": self.energy_error, "server": self.server,
                    "server_error": self.server_error}  # fmt: skip
         with atomic_path(self.path) as tmp:
             tmp.write_text(json.dumps(payload) + "\n")
@@ -156,6 +166,26 @@ class RunTelemetry:
             self.gpu_error = f"nvidia-smi did not start: {exc}"
             return
         self._threads.append(threading.Thread(target=self._read_gpu, name="telemetry-gpu", daemon=True))
+
+    def _start_energy_sampler(self) -> None:
+        counters = EnergyCounters(self.gpus)
+        self.energy_error = counters.error
+        if counters.handles:
+            self._counters = counters
+            self._energy_sample()  # the counter at the start
+            self._threads.append(threading.Thread(target=self._sample_energy, name="telemetry-energy", daemon=True))
+
+    def _sample_energy(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._energy_sample()
+
+    def _energy_sample(self) -> None:
+        """Every GPU's counter now; a failed read keeps its reason (the power samples then stand in)."""
+        assert self._counters is not None
+        t_s = round(self._now(), 3)
+        readings = self._counters.read()
+        self.energy.extend({"t_s": t_s, "index": float(gpu), "energy_mj": mj} for gpu, mj in readings.items())
+        self.energy_error = self._counters.error
 
     def _read_gpu(self) -> None:
         assert self._smi is not None and self._smi.stdout is not None

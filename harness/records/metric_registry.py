@@ -232,11 +232,13 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         name="energy_per_success",
         title="Energy per successful request",
-        formula="Σ over the arm's GPUs (mean sampled board power × run duration) / successful requests",
+        formula="Σ over the arm's GPUs (NVML energy counter at the window's end − at its start; else mean sampled "
+        "board power × run duration) / successful requests",
         unit="J",
         timestamps="the run's window on the wall clock (`replaybench.t0_unix` + first due request to last end); "
-        "`power.draw` sampled once a second by nvidia-smi (telemetry/) inside the window (for a window shorter than "
-        "that, the samples one second either side)",
+        "each GPU's NVML energy counter read once a second and at the run's ends, interpolated to the window; where "
+        "it was not read, `power.draw` sampled once a second by nvidia-smi (telemetry/) inside the window (for a "
+        "window shorter than that, the samples one second either side)",
         failures="excluded from the count (they draw power, earn nothing); none when the arm has no `gpus` or "
         "its GPUs were not sampled",
         better="lower",

@@ -2,18 +2,20 @@
 per run (analysis/run_conditions.py) and its lines in summary.md (report/conditions_text.py).
 
 The GPU side runs a stand-in `nvidia-smi` put first on PATH: an executable that answers the query as the real
-one does (CSV lines every --loop-ms until terminated) and records its arguments."""
+one does (CSV lines every --loop-ms until terminated) and records its arguments; the energy counter, a stand-in
+`pynvml` module whose counters grow at a fixed power on the monotonic clock (this box has no NVML library)."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
 
-from harness.analysis.energy import run_energy
+from harness.analysis.energy import COUNTER, POWER_SAMPLES, run_energy
 from harness.analysis.model import RunConditions, SpecDecodeRun
 from harness.analysis.run_conditions import run_conditions
 from harness.experiment.server_gauges import parse_gauges
@@ -82,6 +84,9 @@ def test_host_and_gpus_are_sampled_for_the_arms_gpus_and_written_on_exit(tmp_pat
         "--format=csv,noheader,nounits", "--loop-ms=100", "--id=0",
     ]  # fmt: skip
     assert [s["sm_mhz"] for s in payload["gpu"]] == [1980.0, 1755.0, 1980.0] and payload["gpu_error"] is None
+    assert payload["energy"] == [] and payload["energy_error"].startswith("NVML energy counter not read ("), (
+        "no NVML library on this box: the reason is kept"
+    )
     assert len(payload["host"]) >= 4 and all(0 <= s["cpu_busy_pct"] <= 100 for s in payload["host"])
     assert max(s["cpu_busy_pct"] for s in payload["host"]) > 0
     conditions = run_conditions(out)
@@ -96,6 +101,38 @@ def test_host_and_gpus_are_sampled_for_the_arms_gpus_and_written_on_exit(tmp_pat
     t0, last_s = payload["t0_unix"], payload["gpu"][-1]["t_s"]
     window = (t0 + payload["gpu"][0]["t_s"] - 0.01, t0 + last_s + 0.01)
     assert run_energy(out, window).joules == pytest.approx((400.5 + 410.0 + 405.0) / 3 * (window[1] - window[0]))
+
+
+def stand_in_nvml(watts: dict[int, float], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `pynvml` whose GPU i has drawn `watts[i]` since the epoch of the monotonic clock (millijoules, whole)."""
+    module = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: len(watts),
+        nvmlDeviceGetHandleByIndex=lambda index: index,
+        nvmlDeviceGetTotalEnergyConsumption=lambda gpu: int(watts[gpu] * time.monotonic() * 1e3),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+
+
+def test_the_energy_counter_brackets_the_window_and_beats_the_power_samples(tmp_path, monkeypatch):
+    # the board reports 100 W once a second while the GPU draws 700 W: the counter is right, the samples are not
+    stand_in_nvidia_smi(tmp_path / "bin", ["0, 1980, 1980, 100.0, 50, 95, 3201, 60"] * 20, monkeypatch)
+    stand_in_nvml({0: 700.0, 1: 300.0}, monkeypatch)
+    out = tmp_path / "telemetry.json"
+    with RunTelemetry(out, gpus=[0], interval_s=0.05) as telemetry:
+        wait_for(lambda: len(telemetry.energy) >= 4 and len(telemetry.gpu) >= 2)
+    payload = json.loads(out.read_text())
+    assert payload["energy_error"] is None and {s["index"] for s in payload["energy"]} == {0.0}, "the arm's GPU only"
+    first, last = payload["energy"][0]["t_s"], payload["energy"][-1]["t_s"]
+    assert first <= 0.05, "read at the start"
+    window = (payload["t0_unix"] + first + 0.01, payload["t0_unix"] + last - 0.01)
+    energy = run_energy(out, window)
+    assert energy.source == COUNTER and energy.joules == pytest.approx(700.0 * (window[1] - window[0]), rel=0.02)
+    # a window the counter's reads do not bracket falls back to the power samples, named as such
+    beyond = (window[0], window[1] + 5.0)
+    energy = run_energy(out, beyond)
+    assert energy.source == POWER_SAMPLES and energy.joules == pytest.approx(100.0 * (beyond[1] - beyond[0]))
 
 
 def test_without_nvidia_smi_only_the_host_is_sampled_and_a_short_run_still_gets_a_sample(tmp_path, monkeypatch):
