@@ -13,6 +13,7 @@ from typing import Literal
 from harness.errors import UserError
 from harness.experiment.arm_server import ArmServer, server_spec
 from harness.experiment.config import ARMS, ArmConfig, ExperimentConfig
+from harness.experiment.energy_counter import EnergyCounters
 from harness.experiment.gpus import GpuInfo, query_gpus
 from harness.experiment.load import capacity_file, describe_load, read_capacity, with_load
 from harness.experiment.placement import placement_policy
@@ -188,6 +189,27 @@ def gpu_findings(config: ExperimentConfig, gpus: list[GpuInfo] | None) -> list[F
     return found
 
 
+def energy_findings(config: ExperimentConfig, gpus: list[GpuInfo] | None) -> list[Finding]:
+    """Where the arms' energy will come from: the GPUs' NVML energy counter, else (said before the run, not after)
+    the once-a-second power samples."""
+    placed = sorted({i for arm in ARMS for i in config.arm(arm).gpus})
+    if gpus is None or not placed:
+        return []  # no GPU, or arms without `gpus`: the GPU finding and the report say why energy is not measured
+    counters = EnergyCounters(placed)
+    counters.close()
+    if counters.error is None:
+        return [Finding("ok", "energy", f"NVML energy counter readable on GPU(s) {placed}")]
+    return [
+        Finding(
+            "warn",
+            "energy",
+            f"{counters.error}: energy per successful request will come from power sampled once a second; the "
+            "counter needs nvidia-ml-py (a replaybench dependency), the NVIDIA driver's NVML library and a Volta or "
+            "later GPU",
+        )
+    ]
+
+
 def _placement(config: ExperimentConfig) -> list[Finding]:
     """Arm and GPU must not be confounded: swapped every repeat, over an even number of repeats."""
     base, cand = config.arm("baseline"), config.arm("candidate")
@@ -320,10 +342,12 @@ def run_checks(config: ExperimentConfig) -> list[Finding]:
         if label == "candidate" and config.arms.candidate == "baseline":
             continue
         found += _launch(label, arm) if arm.launched else _attached(label, arm)
+    gpus = query_gpus()
     return (
         found
         + _ports(config)
-        + gpu_findings(config, query_gpus())
+        + gpu_findings(config, gpus)
+        + energy_findings(config, gpus)
         + _placement(config)
         + _architecture(config)
         + _declarations(config)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
+import types
 from pathlib import Path
 
+import pytest
 import tomli_w
 
 from harness.trace.model import Trace
@@ -69,3 +73,16 @@ def config_dict(trace: Path, **top: object) -> dict[str, object]:
 def write_config(path: Path, document: dict[str, object]) -> Path:
     path.write_text(tomli_w.dumps(document))
     return path
+
+
+def stand_in_nvml(watts: dict[int, float], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `pynvml` (this box has no NVML library) whose GPU i has drawn `watts[i]` since the epoch of the monotonic
+    clock (millijoules, whole); a GPU not in `watts` does not exist."""
+    module = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: len(watts),
+        nvmlDeviceGetHandleByIndex=lambda index: index,
+        nvmlDeviceGetTotalEnergyConsumption=lambda gpu: int(watts[gpu] * time.monotonic() * 1e3),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", module)

@@ -9,7 +9,7 @@ import pytest
 from harness.errors import UserError
 from harness.experiment.config import load_config, substitute, with_ports
 from harness.experiment.settings_diff import arm_differences, parse_command
-from tests.experiment.support import config_dict, sim_command, write_config
+from tests.experiment.support import config_dict, sim_command, stand_in_nvml, write_config
 
 
 def load(tmp_path: Path, document: dict[str, object]):
@@ -115,3 +115,26 @@ def test_gpu_findings(tmp_path: Path) -> None:
     assert (
         gpu_findings(load(tmp_path, config_dict(Path("t.parquet"))), None)[0].message == "no GPU: embedded engine only"
     )
+
+
+def test_check_says_where_the_energy_will_come_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.experiment.check import energy_findings
+    from harness.experiment.gpus import GpuInfo
+
+    h200 = [GpuInfo(i, "NVIDIA H200", 143771, "580", f"GPU-{i}") for i in range(2)]
+    document = config_dict(Path("t.parquet"))
+    document["arms"]["baseline"]["gpus"] = [0]  # type: ignore[index]
+    document["arms"]["candidate"]["gpus"] = [1]  # type: ignore[index]
+    config = load(tmp_path, document)
+    (finding,) = energy_findings(config, h200)  # this box: no NVML library
+    assert finding.level == "warn" and finding.message.startswith("NVML energy counter not read (")
+    assert "will come from power sampled once a second" in finding.message
+    stand_in_nvml({0: 500.0, 1: 500.0}, monkeypatch)
+    assert [(f.level, f.message) for f in energy_findings(config, h200)] == [
+        ("ok", "NVML energy counter readable on GPU(s) [0, 1]")
+    ]
+    stand_in_nvml({0: 500.0}, monkeypatch)  # GPU 1 has no counter: named
+    (finding,) = energy_findings(config, h200)
+    assert finding.level == "warn" and "KeyError: 1" in finding.message
+    assert energy_findings(config, None) == []  # no GPU: the GPU finding says it
+    assert energy_findings(load(tmp_path, config_dict(Path("t.parquet"))), h200) == []  # arms without `gpus`

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from harness.analysis.run_conditions import run_conditions
 from harness.experiment.server_gauges import parse_gauges
 from harness.experiment.telemetry import RunTelemetry, parse_gpu_line
 from harness.report.conditions_text import conditions_line, engine_load_line, idle_gpu_spread
+from tests.experiment.support import stand_in_nvml
 from tests.replay.support import make_trace, replay
 from tests.sim.support import start_sim
 from tests.support.openai_server import upstream
@@ -101,18 +101,6 @@ def test_host_and_gpus_are_sampled_for_the_arms_gpus_and_written_on_exit(tmp_pat
     t0, last_s = payload["t0_unix"], payload["gpu"][-1]["t_s"]
     window = (t0 + payload["gpu"][0]["t_s"] - 0.01, t0 + last_s + 0.01)
     assert run_energy(out, window).joules == pytest.approx((400.5 + 410.0 + 405.0) / 3 * (window[1] - window[0]))
-
-
-def stand_in_nvml(watts: dict[int, float], monkeypatch: pytest.MonkeyPatch) -> None:
-    """A `pynvml` whose GPU i has drawn `watts[i]` since the epoch of the monotonic clock (millijoules, whole)."""
-    module = types.SimpleNamespace(
-        nvmlInit=lambda: None,
-        nvmlShutdown=lambda: None,
-        nvmlDeviceGetCount=lambda: len(watts),
-        nvmlDeviceGetHandleByIndex=lambda index: index,
-        nvmlDeviceGetTotalEnergyConsumption=lambda gpu: int(watts[gpu] * time.monotonic() * 1e3),
-    )
-    monkeypatch.setitem(sys.modules, "pynvml", module)
 
 
 def test_the_energy_counter_brackets_the_window_and_beats_the_power_samples(tmp_path, monkeypatch):
