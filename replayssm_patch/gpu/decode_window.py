@@ -55,6 +55,10 @@ class DecodeWindow:
     p90_ms: float
     max_ms: float
     tokens_per_s: float  # every token emitted inside the window over its length: B / step without speculation
+    # each period and the tokens the step closing it emitted, in order: whether slow steps recur with the ring's
+    # period (a cohort of rows folding together) or stand alone (a stall) shows only in the sequence
+    periods_ms: tuple[float, ...] = ()
+    step_tokens: tuple[int, ...] = ()
 
 
 def decode_window(steps: Sequence[EngineStep], batch: int) -> DecodeWindow | None:
@@ -77,4 +81,6 @@ def decode_window(steps: Sequence[EngineStep], batch: int) -> DecodeWindow | Non
         p90_ms=round(float(np.percentile(periods_ms, 90)), 4),
         max_ms=round(float(periods_ms.max()), 4),
         tokens_per_s=round(emitted * 1e3 / float(periods_ms.sum()), 1),
+        periods_ms=tuple(round(float(ms), 3) for ms in periods_ms),
+        step_tokens=tuple(s.tokens for s in inside[1:]),
     )

@@ -37,6 +37,10 @@ def test_a_stall_inside_the_window_shows_in_the_mean_and_max_not_the_median():
     assert window is not None and window.steps == 29
     assert window.p50_ms == pytest.approx(2.0) and window.max_ms == pytest.approx(1002.0)
     assert window.mean_ms == pytest.approx((28 * 2.0 + 1002.0) / 29, abs=1e-3)
+    # the sequence says where: the eleventh period (the step after the stall began), the others at the pace
+    assert len(window.periods_ms) == 29 and window.periods_ms[9] == pytest.approx(1002.0)
+    assert all(ms == pytest.approx(2.0) for i, ms in enumerate(window.periods_ms) if i != 9)
+    assert window.step_tokens == (4,) * 29
 
 
 @pytest.mark.parametrize(
