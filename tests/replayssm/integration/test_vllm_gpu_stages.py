@@ -224,10 +224,9 @@ def test_engine_step_rows_read_the_decode_window_off_the_engine_clock(engine_flo
     # B=4: prefill in steps 1-2, the first request's 272nd token in step 272; B=8: prefill in steps 1-4
     assert [r["window_steps"] for r in rows] == [270, 270, 268]
     windows = [repeat["window"] for repeat in rows[1]["repeats"]]
-    assert (
-        windows
-        == [{"steps": 270, "mean_ms": 5.0, "p50_ms": 5.0, "p90_ms": 5.0, "max_ms": 5.0, "tokens_per_s": 800.0}] * 3
-    )
+    summary = {"steps": 270, "mean_ms": 5.0, "p50_ms": 5.0, "p90_ms": 5.0, "max_ms": 5.0, "tokens_per_s": 800.0}
+    sequence = {"periods_ms": [5.0] * 270, "step_tokens": [4] * 270}  # each step in order: where slow ones fall
+    assert windows == [summary | sequence] * 3
     assert rows[2]["window_tokens_per_s"] == 1600.0  # 8 requests a token every 5 ms
     # every batch keeps what the machine did meanwhile (no nvidia-smi here: the host alone, and why)
     wanted = {"baseline-O0-b4.json", "replayssm_split-default-b4.json", "replayssm_split-default-b8.json"}

@@ -530,10 +530,10 @@ def test_rows_name_the_launch_shapes_and_their_source(tmp_path: Path, monkeypatc
     on_h100 = launch_shapes_in_use("NVIDIA H100 80GB HBM3")  # session 31: its decode-step sweep only
     assert on_h100["source"] == str(COMMITTED["H100"]) and on_h100["split"] == "16x128x1w"
     assert on_h100["gdn"] == GDN_DEFAULT.as_key() and on_h100["native_batches"].startswith("fp32 <= 8, split <= 1,")
-    verify = table["verify_step"]  # session 27: fp32 with the tensor-core reads and ring product, split plain
+    verify = table["verify_step"]  # session 32: both with tensor-core reads, ring product, TMA copies, 16-head coefs
     assert (
         on_h200["verify"]
-        == "fp32 32x32x1w <=128 regs mma 3 stages ring mma, split 32x64x1w"
+        == "fp32 32x32x1w mma 3 stages ring mma tma coef 16h4w, split 32x32x1w mma 3 stages ring mma tma coef 16h4w"
         == ", ".join(f"{entry} {VerifyLaunch(**shape).as_key()}" for entry, shape in verify.items())
     )
     assert on_h200["verify"] != f"fp32 {on_h200['fp32']}, split {on_h200['split']}", "the fp32 verify has its own shape"
