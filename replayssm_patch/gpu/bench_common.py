@@ -21,7 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar, NamedTuple, Self
 
-NOMINAL_HBM_BYTES_PER_S = 4.3e12  # an H200's device-to-device copy (measured 2026-12-01), CPU smoke runs' stand-in
+NOMINAL_HBM_BYTES_PER_S = 4.3e12  # the H200 peak of research/replayssm_perf_review.md: the CPU smoke runs' stand-in
 HBM_PROBE_BYTES = 1 << 30
 TARGET_REL_ERR = 1e-4  # fp32 checkpoint vs the baseline, relative to the largest |value|
 
