@@ -1,10 +1,10 @@
 """Each GPU's cumulative energy counter (NVML, through NVIDIA's own binding nvidia-ml-py), read beside a run.
 
 Why: nvidia-smi's `power.draw` is a one-second average whose sensor, on A100 and H100, covers about a quarter of
-the time (Yang et al., "Part-time Power Measurements", arXiv 2312.02741), so energy integrated from it can be off
-where the load changes faster than that. The driver's energy counter (millijoules since it loaded, Volta and later)
-accumulates all of it: two reads bracket a window's energy exactly. Without NVML (a laptop, CI) or on a GPU without
-the counter, the reason is kept and the power samples stand in.
+the time ("Part-time Power Measurements: nvidia-smi's Lack of Attention", arXiv 2312.02741), so energy from it can
+be off where the load changes faster than that. The driver's energy counter (millijoules since it loaded, Volta and
+later) accumulates all of it: two reads bracket a window's energy exactly. Without NVML (a laptop, CI) or on a GPU
+without the counter, the reason is kept and the power samples stand in.
 """
 
 from __future__ import annotations
