@@ -26,16 +26,12 @@ class EnergyCounters:
             import pynvml
 
             pynvml.nvmlInit()
-        except Exception as exc:  # no binding, no driver library, no GPU: the power samples stand in
-            self.error = f"NVML energy counter not read ({_named(exc)})"
-            return
-        self._nvml = pynvml
-        try:
+            self._nvml = pynvml
             indices = list(gpus) or list(range(pynvml.nvmlDeviceGetCount()))
             handles = {index: pynvml.nvmlDeviceGetHandleByIndex(index) for index in indices}
             for handle in handles.values():
                 pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)  # a GPU before Volta has none
-        except Exception as exc:
+        except Exception as exc:  # no binding, no driver library, no such GPU: the power samples stand in
             self.error = f"NVML energy counter not read ({_named(exc)})"
             self.close()
             return
@@ -43,8 +39,8 @@ class EnergyCounters:
 
     def read(self) -> dict[int, float]:
         """Millijoules each GPU has drawn since the driver loaded; empty (error set) when a read fails."""
-        read = self._nvml.nvmlDeviceGetTotalEnergyConsumption
         try:
+            read = self._nvml.nvmlDeviceGetTotalEnergyConsumption
             return {index: float(read(handle)) for index, handle in self.handles.items()}
         except Exception as exc:
             self.error = f"NVML energy counter read failed ({_named(exc)})"
