@@ -79,8 +79,7 @@ class RunTelemetry:
         self.gpu: list[dict[str, float | None]] = []
         self.gpu_error: str | None = None if self.nvidia_smi else "nvidia-smi not found: GPUs not sampled"
         self.energy: list[dict[str, float]] = []
-        self.energy_error: str | None = None
-        self._counters: EnergyCounters | None = None
+        self._counters: EnergyCounters | None = None  # opened with the GPU sampler; its `error` says why not read
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._smi: subprocess.Popen[str] | None = None
@@ -111,15 +110,16 @@ class RunTelemetry:
         if self._smi is not None:
             self._smi.wait(timeout=5)
         self._host_sample()  # the tail since the last sample: a run shorter than the interval gets one too
-        if self._counters is not None:
+        if self._counters is not None and self._counters.handles:
             self._energy_sample()  # the counter at the end, so a window ending after the last tick is bracketed
-            self._counters.close()
+            self._counters.close()  # (its `error` stays)
+        energy_error = None if self._counters is None else self._counters.error
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # t0_unix: the wall clock at t_s = 0, so samples line up with a result file's replaybench.t0_unix
         payload = {"interval_s": self.interval_s, "server_interval_s": self.server_interval_s,
                    "t0_unix": self._began_unix, "gpus": self.gpus, "host": self.host,
                    "gpu": self.gpu, "gpu_error": self.gpu_error, "energy": self.energy,
-                   "energy_error": self.energy_error, "server": self.server,
+                   "energy_error": energy_error, "server": self.server,
                    "server_error": self.server_error}  # fmt: skip
         with atomic_path(self.path) as tmp:
             tmp.write_text(json.dumps(payload) + "\n")
@@ -168,10 +168,8 @@ class RunTelemetry:
         self._threads.append(threading.Thread(target=self._read_gpu, name="telemetry-gpu", daemon=True))
 
     def _start_energy_sampler(self) -> None:
-        counters = EnergyCounters(self.gpus)
-        self.energy_error = counters.error
-        if counters.handles:
-            self._counters = counters
+        self._counters = EnergyCounters(self.gpus)
+        if self._counters.handles:
             self._energy_sample()  # the counter at the start
             self._threads.append(threading.Thread(target=self._sample_energy, name="telemetry-energy", daemon=True))
 
@@ -180,12 +178,11 @@ class RunTelemetry:
             self._energy_sample()
 
     def _energy_sample(self) -> None:
-        """Every GPU's counter now; a failed read keeps its reason (the power samples then stand in)."""
+        """Every GPU's counter now; a failed read keeps its reason in the counters (the power samples then stand in)."""
         assert self._counters is not None
         t_s = round(self._now(), 3)
         readings = self._counters.read()
         self.energy.extend({"t_s": t_s, "index": float(gpu), "energy_mj": mj} for gpu, mj in readings.items())
-        self.energy_error = self._counters.error
 
     def _read_gpu(self) -> None:
         assert self._smi is not None and self._smi.stdout is not None
