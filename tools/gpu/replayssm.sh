@@ -22,8 +22,8 @@
 #   gdn:VARIANT      the same for Qwen3.5-4B (GDN; .device/qwen35/config.json) -> engine_step-h200-qwen3.5-4b.json
 #   moe:VARIANT      the same for qwen3.5-35b-a3b (GDN + MoE; .device/qwen35moe) at batch 1, 8, 64, 256 (issue 16's
 #                    step ratio of the MoE shape) -> engine_step-h200-qwen3.5-35b-a3b.json
-#   floor:VARIANT    the host floor: Nemotron-H-8B's layers at toy widths (replayssm_patch/gpu/host_floor.py) at batch
-#                    1, 8, 64, 256 -> engine_step-h200-floor.json
+#   floor:VARIANT    the host floor: Nemotron-H-8B's layers at toy widths (replayssm_patch/gpu/host_floor.py) at
+#                    FLOOR_BATCHES [1,8,64,256] -> engine_step-h200-floor.json
 #   churn:VARIANT    engine-side step under churn (churn_step.py) of Nemotron-H-8B at CHURN_BATCHES [64,128]: B
 #                    requests decoding while finished ones are replaced by fresh 1,024-token prompts, mixed steps
 #                    (a prefill beside the decodes) timed apart from decode-only ones -> churn_step-h200.json
@@ -56,6 +56,7 @@
 #                    not rerun: give each AL a job of its own, alsweep:ARM@AL, ~150-200 s each)
 #   ksweep:ARM       a spec arm at k = 1 and 5 (K_SWEEP; ksweep:ARM@K for one k), AL 3.0 or k + 1 if lower, at
 #                    AL_BATCHES [128]
+#   JOB@O0           an engine job in -O0 + FULL_DECODE_ONLY graphs (MODE=O0 in front runs every job so)
 #   JOB@TAG          any job again, as a job of its own (a job runs once per host: /tmp/gpu/done), e.g.
 #                    SPEC_BATCHES=fit ... spec:replayssm_spec@fit after spec:replayssm_spec ran 128; for alsweep
 #                    and ksweep the tag is the AL list or the k
@@ -65,7 +66,7 @@
 #        floor:replayssm_fp32 engine:replayssm_split engine:baseline
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export MODE=default ENGINE_UTIL=0.85 MAX_LEN=2048
+export MODE=${MODE:-default} ENGINE_UTIL=0.85 MAX_LEN=2048
 S="bash tools/gpu/session.sh"
 RES=/tmp/gpu/out
 DONE=/tmp/gpu/done
@@ -74,6 +75,7 @@ CALL_S=${CALL_S:-585}
 TUNED=$RES/launch_config.json  # the launch table the engine jobs run: the kernel benches' fastest shapes
 ALL_BATCHES=${ALL_BATCHES:-1,8,32,64,128,256}  # the engine jobs' batches (e.g. 1,8,16,32,64 for the small ones)
 CHURN_BATCHES=${CHURN_BATCHES:-64,128}  # the churn jobs' batches (decode rows beside arriving prompts' prefill)
+FLOOR_BATCHES=${FLOOR_BATCHES:-1,8,64,256}  # the floor jobs' batches
 PROFILE_BATCHES=${PROFILE_BATCHES:-64,256}  # the profile jobs' batches (e.g. 8,32 where GDN loses 0.5-0.9 ms per step)
 # measured 2026-12-01: install 40 s, kernel bench 53 s, a floor run of four batches 173-175 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
@@ -138,6 +140,7 @@ run_job() {
   local kind=${1%%:*} variant=${1#*:} tag=""
   [[ $1 == *@* ]] && tag=${1#*@}
   variant=${variant%%@*}  # JOB@TAG: the same job once more under its own done-marker (e.g. spec:replayssm_spec@fit)
+  [ "$tag" = O0 ] && local -x MODE=O0  # JOB@O0: the job in -O0 + FULL_DECODE_ONLY (issue 15's other mode), same call
   if starts_engine "$1"; then  # the kernel benches' fastest shapes, once `kernels` / `gdnkernels` wrote them; the GPU
     if [ "${TABLE:-tuned}" = committed ]; then unset REPLAYSSM_LAUNCH_CONFIG  # an engine A/B of two tables, one host
     else tuned_table && export REPLAYSSM_LAUNCH_CONFIG=$TUNED; fi  # (a rerun's row replaces the first's; *.history.jsonl keeps both)
@@ -164,7 +167,7 @@ run_job() {
     hostchurn | gdnhostchurn)
       MODEL=$(engine_model "$1") ENGINE_TIMEOUT_S=$(($(left) - 25)) $S hostchurn "$variant" 0 "$CHURN_BATCHES" ;;
     moe) engine_job qwen35moe "$variant" 1,8,64,256 ;;
-    floor) floor_model && engine_job floor "$variant" 1,8,64,256 ;;
+    floor) floor_model && engine_job floor "$variant" "$FLOOR_BATCHES" ;;
     gdnfloor) floor_model /tmp/model-qwen35 && engine_job qwen35floor "$variant" 1,8,64,256 ;;
     hostprof) floor_model && MODE=O0 MODEL=floor ENGINE_TIMEOUT_S=$(($(left) - 25)) $S hostprof "$variant" 0 64,256 ;;
     profile)
