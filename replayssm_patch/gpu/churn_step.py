@@ -19,7 +19,7 @@ some request's first token held that request's prefill (a "mixed" step). Per rep
 steps, of the decode-only and of the mixed ones (``churn_window`` says how async scheduling is accounted for), the
 share of mixed steps and the output tokens per second over the window; the row holds the medians over repeats
 and the spread of the means, and each repeat what the machine did meanwhile (``repeats[].conditions``: host CPU and
-the GPU's SM clock against its maximum, sampled once a second into churn-telemetry/ beside --out), since an engine
+the GPU's SM clock against its maximum, sampled once a second into <results stem>-telemetry/ beside --out), since an engine
 under churn slows from one repeat to the next. The requests still running at the end are aborted. Prefix caching
 is off and every prompt is fresh.
 """
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         before = preemptions(llm)
         windows, conditions = [], []
         for repeat in range(args.repeats):
-            sampled = telemetry_path(args.out, "churn", f"{args.variant}-{args.mode}", batch, repeat)
+            sampled = telemetry_path(args.out, f"{args.variant}-{args.mode}", batch, repeat)
             with sampling(sampled):
                 steps = Churn(llm.llm_engine, args, batch, rng, vocab).run(args.output_tokens, args.steps)
             windows.append(churn_window(steps))

@@ -648,7 +648,7 @@ def measure_rows(
     vocab_size = llm.llm_engine.model_config.get_vocab_size()
     invalid = 0
     for batch in within_budget(batches, budget_s, began):
-        sampled = telemetry_path(out, "engine", f"{args.variant}-{args.mode}", batch)
+        sampled = telemetry_path(out, f"{args.variant}-{args.mode}", batch)
         with sampling(sampled):
             row = measure_batch(llm, args, batch, vocab_size)
         row |= {k: facts[k] for k in ROW_FACTS} | {"conditions": sampled_conditions(sampled)}

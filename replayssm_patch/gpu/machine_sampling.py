@@ -27,11 +27,13 @@ def visible_gpus() -> list[int]:
     return [int(gpu) for gpu in listed if gpu.strip().isdigit()]
 
 
-def telemetry_path(out: Path, kind: str, run: str, batch: int, repeat: int | None = None) -> Path:
-    """Where a measurement's samples go: ``<kind>-telemetry/`` beside its results file ``out``, a file per run (what
-    ran and in which mode, e.g. ``replayssm_fp32-default``) and batch (and repeat)."""
+def telemetry_path(out: Path, run: str, batch: int, repeat: int | None = None) -> Path:
+    """Where a measurement's samples go: ``<results file's stem>-telemetry/`` beside its results file ``out``, a file
+    per run (what ran and in which mode, e.g. ``replayssm_fp32-default``) and batch (and repeat). Why a folder per
+    results file: in session 33 the host-floor model's baseline rows (``engine_step-h100-floor.json``) overwrote the
+    real model's baseline samples in a folder both shared."""
     name = f"{run}-b{batch}" + ("" if repeat is None else f"-r{repeat}")
-    return out.parent / f"{kind}-telemetry" / f"{name}.json"
+    return out.parent / f"{out.stem}-telemetry" / f"{name}.json"
 
 
 def sampling(path: Path) -> RunTelemetry:

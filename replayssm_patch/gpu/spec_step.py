@@ -441,7 +441,7 @@ def run_engine(args: argparse.Namespace, argv: Sequence[str]) -> int:
     for batch in within_budget(engine_batches(llm, args), args.budget_s, began):
         # the SM clock and the host while it ran (session 23: ReplaySSM's fp32 arms took 25-36 ms a step on one host
         # against 21.5 on another, varying by repeat, where native spec did not, and nothing said why)
-        sampled = telemetry_path(args.out, "spec", telemetry_name(args), batch)
+        sampled = telemetry_path(args.out, telemetry_name(args), batch)
         with sampling(sampled):
             row = measure_batch(llm, args, batch, vocab_size)
         row |= {k: facts[k] for k in ROW_FACTS} | {"conditions": sampled_conditions(sampled)}

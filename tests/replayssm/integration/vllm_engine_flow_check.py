@@ -213,7 +213,7 @@ def main(model: Path, result_file: Path) -> None:
         "profile_file": json.loads((out / "profile" / "step_profile.json").read_text()),
         "profile_md": (out / "profile" / "step_profile.md").read_text(),
         "traces_left": sorted(p.name for p in (out / "profile" / "traces").iterdir()),
-        "engine_telemetry": sorted(p.name for p in (out / "engine-telemetry").iterdir()),
+        "engine_telemetry": sorted(p.name for p in (out / "engine_step-telemetry").iterdir()),
     }
     result_file.write_text(json.dumps(result))
 
