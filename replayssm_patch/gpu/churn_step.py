@@ -19,8 +19,8 @@ some request's first token held that request's prefill (a "mixed" step). Per rep
 steps, of the decode-only and of the mixed ones (``churn_window`` says how async scheduling is accounted for), the
 share of mixed steps and the output tokens per second over the window; the row holds the medians over repeats
 and the spread of the means, and each repeat what the machine did meanwhile (``repeats[].conditions``: host CPU and
-the GPU's SM clock against its maximum, sampled once a second into <results stem>-telemetry/ beside --out), since an engine
-under churn slows from one repeat to the next. The requests still running at the end are aborted. Prefix caching
+the GPU's SM clock against its maximum, sampled once a second into <results stem>-telemetry/ beside --out), since an
+engine under churn slows from one repeat to the next. The requests still running at the end are aborted. Prefix caching
 is off and every prompt is fresh.
 """
 
