@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from replayssm_patch.gpu import machine_sampling
-from replayssm_patch.gpu.machine_sampling import host_probe_ms, sampled_conditions, visible_gpus
+from replayssm_patch.gpu.machine_sampling import host_probe_ms, sampled_conditions, telemetry_path, visible_gpus
 
 
 @pytest.mark.parametrize(("listed", "gpus"), [(None, [0]), ("3", [3]), ("2,5", [2, 5]), ("GPU-1a2b", []), ("", [])])
@@ -17,6 +17,17 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch, listed, gpus):
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
     assert visible_gpus() == gpus
+
+
+def test_two_results_files_in_one_folder_keep_their_samples_apart(tmp_path):
+    """Session 33: the host floor's baseline rows (engine_step-h100-floor.json) overwrote the real model's baseline
+    samples when both results files' runs wrote into one shared folder under the same run name."""
+    real = telemetry_path(tmp_path / "engine_step-h100.json", "baseline-default", 256)
+    floor = telemetry_path(tmp_path / "engine_step-h100-floor.json", "baseline-default", 256)
+    assert real != floor and real.name == floor.name == "baseline-default-b256.json"
+    assert real.parent == tmp_path / "engine_step-h100-telemetry"
+    repeat = telemetry_path(tmp_path / "churn.json", "replayssm_fp32-O0", 4, repeat=1)
+    assert repeat == tmp_path / "churn-telemetry" / "replayssm_fp32-O0-b4-r1.json"
 
 
 def test_sampled_conditions_keep_the_clock_share_beside_run_conditions(tmp_path):
