@@ -1,0 +1,147 @@
+"""Issue 15's engine-step table from engine_step.py's results file: each ReplaySSM variant's decode step over the
+baseline's, with the evidence a ratio needs printed beside it.
+
+    python3 -m replayssm_patch.gpu.engine_summary replayssm_patch/gpu/results/engine_step-h100.json
+
+Why: until session 33 these ratios were worked out by hand from the rows, and the load and the clocks that make a
+ratio believable were read from other files, if at all. Per mode and batch, each variant's line gives: the decode
+window (the mean period between the engine core's steps while the whole batch decodes; the step from t272 − t16
+for rows measured before the window existed) with the spread of its repeats; its speed-up over the baseline by the
+window and by the step; the speed-up of its slowest repeat over the baseline's fastest (a gain every repeat shows);
+the batch as a share of each arm's maximum concurrency; the SM clock means (a candidate that ran at a higher clock
+than the baseline owes part of its gain to the clock); and, where issue 15 sets one, the target and whether it is
+met. A ratio of two rows from different GPUs or days is marked †.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from replayssm_patch.gpu.engine_step import WHAT
+from replayssm_patch.gpu.row_file import RowFileError, read_row_file
+from replayssm_patch.gpu.spec_summary import OTHER_HOSTS, OTHER_HOSTS_NOTE, other_hosts
+
+NONE = "–"
+SMALL_BATCHES = 64  # issue 15: "at every batch from 1 to 64 no slower than the baseline"
+NO_SLOWER = 0.98
+AT_256 = {"replayssm_fp32": 1.3, "replayssm_split": 1.5}  # issue 15's default-mode targets at batch 256
+
+
+def target(variant: str, mode: str, batch: int) -> float | None:
+    """The speed-up issue 15 asks of this row, or None where it asks none (-O0 rows, batch 128)."""
+    if mode != "default":
+        return None
+    if batch <= SMALL_BATCHES:
+        return NO_SLOWER
+    return AT_256.get(variant) if batch == 256 else None
+
+
+def window_ms(row: dict[str, Any]) -> float | None:
+    """The row's decode window, or its step where it has none (rows before the window existed)."""
+    return row.get("window_step_ms") or row.get("step_ms")
+
+
+def repeat_windows(row: dict[str, Any]) -> list[float]:
+    """Each repeat's window mean (its step where the repeat has no window)."""
+    return [(r.get("window") or {}).get("mean_ms") or r["step_ms"] for r in row.get("repeats", [])]
+
+
+def _ratio(base: float | None, mine: float | None) -> float | None:
+    return base / mine if base and mine else None
+
+
+def _times(value: float | None) -> str:
+    return NONE if value is None else f"{value:.2f}×"
+
+
+def _load(row: dict[str, Any]) -> str:
+    seqs = row.get("max_concurrency")
+    return NONE if not seqs else f"{row['batch'] / seqs:.0%}"
+
+
+def _clock(row: dict[str, Any]) -> str:
+    mhz = (row.get("conditions") or {}).get("gpu_sm_mhz_mean")
+    return NONE if mhz is None else f"{mhz:,.0f}"
+
+
+def _verdict(wanted: float | None, got: float | None) -> str:
+    if wanted is None:
+        return ""
+    if got is None:
+        return f"≥ {wanted:.2f}×: not measured"
+    return f"≥ {wanted:.2f}×: {'met' if got >= wanted else 'NOT met'}"
+
+
+def variant_line(row: dict[str, Any], base: dict[str, Any]) -> tuple[str, bool]:
+    """One table line of `row` against the baseline row `base` of its mode and batch, and whether they ran apart."""
+    apart = other_hosts(row, base)
+    mark = OTHER_HOSTS if apart else ""
+    by_window = _ratio(window_ms(base), window_ms(row))
+    worst = _ratio(min(repeat_windows(base), default=None), max(repeat_windows(row), default=None))
+    spread = row.get("window_spread_ms") if row.get("window_step_ms") else row.get("spread_ms")
+    cells = [row["mode"], str(row["batch"]), row["variant"],
+             f"{window_ms(row):.2f} ({NONE if spread is None else f'{spread:.2f}'})",
+             _times(by_window) + mark, _times(_ratio(base.get("step_ms"), row.get("step_ms"))) + mark,
+             _times(worst) + mark, f"{_load(row)} / {_load(base)}", f"{_clock(row)} / {_clock(base)}",
+             _verdict(target(row["variant"], row["mode"], row["batch"]), by_window)]  # fmt: skip
+    return "| " + " | ".join(cells) + " |", apart
+
+
+def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """The table of every valid variant row that has a valid baseline row of its mode and batch, then the rows left
+    out and why."""
+    valid = [r for r in rows if r.get("valid", True)]
+    baselines = {(r["mode"], r["batch"]): r for r in valid if r["variant"] == "baseline"}
+    head = ["mode", "batch", "variant", "window ms (spread)", "speed-up, window", "speed-up, step",
+            "slowest repeat / baseline's fastest", "load: variant / baseline", "SM MHz: variant / baseline",
+            "issue 15 target"]  # fmt: skip
+    lines = ["# Engine-side decode step over the baseline (replayssm_patch/gpu/engine_step.py)", "",
+             "Speed-up = the baseline's time per step ÷ the variant's. Load = the batch as a share of the arm's "
+             "maximum concurrency (vLLM's requests of max_model_len tokens the engine holds).", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    mixed = False
+    left_out = [f"{r['variant']} {r['mode']}, batch {r['batch']}: {'; '.join(r.get('problems') or ['invalid'])}"
+                for r in rows if not r.get("valid", True)]  # fmt: skip
+    for row in sorted(valid, key=lambda r: (r["mode"] != "default", r["mode"], r["batch"], r["variant"])):
+        if row["variant"] == "baseline":
+            continue
+        base = baselines.get((row["mode"], row["batch"]))
+        if base is None:
+            left_out.append(f"{row['variant']} {row['mode']}, batch {row['batch']}: no valid baseline row to pair")
+            continue
+        line, apart = variant_line(row, base)
+        lines.append(line)
+        mixed |= apart
+    if mixed:
+        lines += ["", OTHER_HOSTS_NOTE]
+    if left_out:
+        lines += ["", "Left out:", "", *(f"- {reason}" for reason in left_out)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("error: give one engine_step results file, e.g. replayssm_patch/gpu/results/engine_step-h200.json")
+        return 2
+    path = Path(args[0])
+    if not path.is_file():
+        print(f"error: {path} does not exist; give the file engine_step wrote with --out")
+        return 2
+    try:
+        rows = read_row_file(path, WHAT)["rows"]
+    except RowFileError as exc:
+        print(f"error: {exc}")
+        return 2
+    if not any(r["variant"] == "baseline" for r in rows):
+        print(f"error: {path} holds no baseline row to pair with; run engine_step --variant baseline into it")
+        return 2
+    print(summary_markdown(rows), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""engine_summary: issue 15's table of each variant's engine step over the baseline's, with load, clocks, targets."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from replayssm_patch.gpu import engine_summary
+from replayssm_patch.gpu.engine_step import WHAT
+
+H100 = Path(__file__).parents[3] / "replayssm_patch" / "gpu" / "results" / "engine_step-h100.json"
+
+
+def _lines_by_variant(out: str) -> dict[tuple[str, int, str], str]:
+    table = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| mode")]
+    return {(cells[0], int(cells[1]), cells[2]): line for line in table if (cells := line[2:].split(" | "))}
+
+
+def test_session_33s_h100_rows_meet_the_step_targets_at_256(capsys):
+    """The committed H100 rows: split 31.36 / 17.22 ms = 1.82× by the window, its slowest repeat (18.38 ms) against
+    the baseline's fastest (30.94) 1.68×, batch 256 at 103 % of the split arm's maximum concurrency (249.75)."""
+    assert engine_summary.main([str(H100)]) == 0
+    lines = _lines_by_variant(capsys.readouterr().out)
+    assert len(lines) == 8  # two variants x two batches x two modes
+    split = lines[("default", 256, "replayssm_split")]
+    assert "| 17.22 (1.33) | 1.82× | 1.80× | 1.68× | 103% / 65% | 1,562 / 1,664 | ≥ 1.50×: met |" in split
+    assert lines[("default", 256, "replayssm_fp32")].endswith(
+        "| 1.42× | 1.42× | 1.38× | 70% / 65% | 1,599 / 1,664 | ≥ 1.30×: met |"
+    )
+    assert lines[("O0", 256, "replayssm_split")].endswith("| 103% / 66% | 1,619 / 1,683 |  |")  # no target in -O0
+
+
+def _row(variant: str, batch: int, window: float | None, step: float, **extra) -> dict:
+    repeats = [{"step_ms": step, "window": None if window is None else {"mean_ms": window}}]
+    return {"variant": variant, "mode": "default", "batch": batch, "step_ms": step, "spread_ms": 0.1,
+            "window_step_ms": window, "window_spread_ms": 0.0 if window else None, "repeats": repeats,
+            "valid": True, "gpu_uuid": "GPU-a", "max_concurrency": 512.0} | extra  # fmt: skip
+
+
+def test_a_miss_a_step_only_row_another_host_and_left_out_rows_are_said():
+    rows = [
+        _row("baseline", 256, 23.0, 23.2), _row("replayssm_fp32", 256, 20.0, 20.1),
+        _row("baseline", 8, None, 5.0), _row("replayssm_split", 8, None, 5.2, gpu_uuid="GPU-b"),
+        _row("replayssm_split", 256, 15.0, 15.0, valid=False, problems=["2 preemptions"]),
+        _row("replayssm_fp32", 128, 11.0, 11.0),
+    ]  # fmt: skip
+    out = engine_summary.summary_markdown(rows)
+    lines = _lines_by_variant(out)
+    assert lines[("default", 256, "replayssm_fp32")].endswith(
+        "| 1.15× | 1.15× | 1.15× | 50% / 50% | – / – | ≥ 1.30×: NOT met |"
+    )
+    # no window: the step stands in; another GPU: marked, and the note says why
+    assert lines[("default", 8, "replayssm_split")].startswith(
+        "| default | 8 | replayssm_split | 5.20 (0.10) | 0.96×† |"
+    )
+    assert lines[("default", 8, "replayssm_split")].endswith("| ≥ 0.98×: NOT met |")
+    assert "ran on different GPUs" in out
+    assert "- replayssm_split default, batch 256: 2 preemptions" in out
+    assert "- replayssm_fp32 default, batch 128: no valid baseline row to pair" in out
+
+
+@pytest.mark.parametrize(
+    ("make_args", "needle"),
+    [
+        (lambda tmp: [], "give one engine_step results file"),
+        (lambda tmp: [str(tmp / "absent.json")], "does not exist"),
+        (
+            lambda tmp: [str(_file(tmp, {"what": WHAT, "rows": [_row("replayssm_fp32", 64, 9.0, 9.0)]}))],
+            "holds no baseline row",
+        ),
+        (lambda tmp: [str(_file(tmp, [1, 2]))], "not a results file"),
+    ],
+)
+def test_bad_input_gets_one_error_line(tmp_path, capsys, make_args, needle):
+    assert engine_summary.main(make_args(tmp_path)) == 2
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("error: ") and needle in out and "\n" not in out
+
+
+def _file(tmp: Path, payload) -> Path:
+    path = tmp / "engine_step.json"
+    path.write_text(json.dumps(payload))
+    return path
