@@ -6,6 +6,7 @@ import json
 from xml.etree import ElementTree as ET
 
 from harness.analysis.decision import confidence_level, describe_change, pct, pct_interval
+from harness.analysis.load_reference import COMPLETION_MIN_SPAN_S
 from harness.analysis.model import Estimator, Stability, Summary
 from harness.report.capacity_text import capacity_line
 from harness.report.conditions_text import conditions_line, engine_load_line
@@ -26,9 +27,19 @@ def summary_json(summary: Summary) -> str:
 
 
 def load_text(stability: Stability) -> str:
-    """E.g. "~99 % of the baseline's capacity (capacity.json: ...)", or why it is not known."""
+    """E.g. "~99 % of the baseline's capacity (capacity.json: ...)", or why it is not known and what the runs said."""
     if stability.load_share is None:
-        return f"unknown share of capacity ({stability.load_class}; run `replaybench capacity` to measure it)"
+        if stability.load_class == "unknown":  # no declared load, and every replay too short for the detectors
+            said = (
+                f"no [trace] load set, and no replay's arrivals spanned the {COMPLETION_MIN_SPAN_S:g} s the runs "
+                "need to judge it"
+            )
+        else:
+            said = f"the runs' detectors say {stability.load_class}"
+        return (
+            f"unknown share of capacity ({said}); set `[trace] load = 0.65` on a slice long enough to load the "
+            "baseline, or run `replaybench capacity`"
+        )
     about = "≥" if stability.load_at_least else "~"
     return f"{about}{stability.load_share:.0%} of the baseline's capacity ({stability.load_source})"
 

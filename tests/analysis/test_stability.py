@@ -14,6 +14,7 @@ import tomli_w
 
 from harness.analysis.analyse import analyse_run_dir, time_blocks
 from harness.analysis.load_reference import load_from_completion_share
+from harness.analysis.model import Stability
 from harness.analysis.run_metrics import load_run
 from harness.analysis.stability import run_stability
 from harness.records.decision_config import AnalysisConfig
@@ -21,7 +22,7 @@ from harness.records.result_io import read_results, write_results
 from harness.records.result_schema import META_ARM, META_LOAD_SHARE, META_REPEAT
 from harness.records.run_dir import RunDir
 from harness.report.build import build_report
-from harness.report.text_outputs import summary_markdown
+from harness.report.text_outputs import load_text, summary_markdown
 from tests.support.synthetic_results import Scenario, write_run_dir
 from tests.trace.support import REPO, replaybench
 
@@ -81,6 +82,21 @@ def test_overloaded_run_carries_the_capacity_banner_and_a_light_one_does_not(rep
     assert not any(d["fired"] for d in light["detectors"])
     assert 'id="capacity-warning"' not in reports[LIGHT].index_html.read_text()
     assert "capacity.**" not in reports[LIGHT].summary_md.read_text()
+    # no load declared: the share is unknown, but what the runs' detectors said is stated
+    assert "Load: unknown share of capacity (the runs' detectors say below capacity); set `[trace] load = 0.65`" in (
+        reports[LIGHT].summary_md.read_text()
+    )
+
+
+def test_an_unknown_load_says_why_it_is_unknown() -> None:
+    """The demo's 60-request replays span ~6 s of arrivals: no load declared, nothing for the detectors to judge."""
+    fields = {"load_class": "unknown", "load_share": None, "load_at_least": False, "load_source": "",
+              "tpot_p50_elasticity": None, "ttft_p50_elasticity": None, "suggested_load": 0.65,
+              "suggested_time_scale_factor": None, "suggested_time_scale": None, "detectors": [], "runs": [],
+              "banner": None}  # fmt: skip
+    text = load_text(Stability.model_validate(fields))
+    assert text.startswith("unknown share of capacity (no [trace] load set, and no replay's arrivals spanned the 30 s")
+    assert text.endswith("or run `replaybench capacity`")
 
 
 def test_detectors_see_what_the_review_saw(reports: dict[float, RunDir]) -> None:
