@@ -1,5 +1,5 @@
-"""Issue 15's engine-step table from engine_step.py's results file: each ReplaySSM variant's decode step over the
-baseline's, with the evidence a ratio needs printed beside it.
+"""The engine-step table of engine_step.py's results file: each ReplaySSM variant's decode step over the
+baseline's, with the evidence a ratio needs printed beside it, and issue 15's or 16's targets.
 
     python3 -m replayssm_patch.gpu.engine_summary replayssm_patch/gpu/results/engine_step-h100.json
 
@@ -9,14 +9,16 @@ window (the mean period between the engine core's steps while the whole batch de
 for rows measured before the window existed) with the spread of its repeats; its speed-up over the baseline by the
 window and by the step; the speed-up of its slowest repeat over the baseline's fastest (a gain every repeat shows);
 the batch as a share of each arm's maximum concurrency; the SM clock means (a candidate that ran at a higher clock
-than the baseline owes part of its gain to the clock); and, where issue 15 sets one, the target and whether it is
-met. A ratio of two rows from different GPUs or days is marked †.
+than the baseline owes part of its gain to the clock); and, where the file's issue sets one (15 for Nemotron-H-8B,
+16 for qwen3.5-4b, by the file's name), the target and whether it is met. A ratio of two rows from different GPUs
+or days is marked †.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +27,38 @@ from replayssm_patch.gpu.row_file import RowFileError, read_row_file
 from replayssm_patch.gpu.spec_summary import OTHER_HOSTS, OTHER_HOSTS_NOTE, other_hosts
 
 NONE = "–"
-SMALL_BATCHES = 64  # issue 15: "at every batch from 1 to 64 no slower than the baseline"
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What an issue asks of a model's engine rows in vLLM's default compile mode: no slower than the baseline
+    (``NO_SLOWER``) at every batch up to ``small_batches``, and a speed-up per variant at batch 256."""
+
+    issue: int
+    small_batches: int
+    at_256: dict[str, float]
+
+
 NO_SLOWER = 0.98
-AT_256 = {"replayssm_fp32": 1.3, "replayssm_split": 1.5}  # issue 15's default-mode targets at batch 256
+ISSUE_15 = Targets(15, 64, {"replayssm_fp32": 1.3, "replayssm_split": 1.5})  # Mamba-2: Nemotron-H-8B
+ISSUE_16 = Targets(16, 32, {"replayssm_fp32": 1.25, "replayssm_split": 1.25})  # Gated DeltaNet: qwen3.5-4b
 
 
-def target(variant: str, mode: str, batch: int) -> float | None:
-    """The speed-up issue 15 asks of this row, or None where it asks none (-O0 rows, batch 128)."""
-    if mode != "default":
+def targets_of(path: Path) -> Targets | None:
+    """The issue whose targets a results file's rows answer, from its name (``engine_step-<card>[-<model>].json``):
+    Nemotron-H-8B's file (no model suffix) answers issue 15, qwen3.5-4b's issue 16; the host floors and other
+    models answer none."""
+    suffix = path.stem.split("-", 2)[2] if path.stem.count("-") >= 2 else ""
+    return {"": ISSUE_15, "qwen3.5-4b": ISSUE_16}.get(suffix)
+
+
+def target(targets: Targets | None, variant: str, mode: str, batch: int) -> float | None:
+    """The speed-up the issue asks of this row, or None where it asks none (-O0 rows, batch 128, a floor)."""
+    if targets is None or mode != "default":
         return None
-    if batch <= SMALL_BATCHES:
+    if batch <= targets.small_batches:
         return NO_SLOWER
-    return AT_256.get(variant) if batch == 256 else None
+    return targets.at_256.get(variant) if batch == 256 else None
 
 
 def window_ms(row: dict[str, Any]) -> float | None:
@@ -75,7 +97,7 @@ def _verdict(wanted: float | None, got: float | None) -> str:
     return f"≥ {wanted:.2f}×: {'met' if got >= wanted else 'NOT met'}"
 
 
-def variant_line(row: dict[str, Any], base: dict[str, Any]) -> tuple[str, bool]:
+def variant_line(row: dict[str, Any], base: dict[str, Any], targets: Targets | None) -> tuple[str, bool]:
     """One table line of `row` against the baseline row `base` of its mode and batch, and whether they ran apart."""
     apart = other_hosts(row, base)
     mark = OTHER_HOSTS if apart else ""
@@ -85,19 +107,20 @@ def variant_line(row: dict[str, Any], base: dict[str, Any]) -> tuple[str, bool]:
     cells = [row["mode"], str(row["batch"]), row["variant"],
              f"{window_ms(row):.2f} ({NONE if spread is None else f'{spread:.2f}'})",
              _times(by_window) + mark, _times(_ratio(base.get("step_ms"), row.get("step_ms"))) + mark,
-             _times(worst) + mark, f"{_load(row)} / {_load(base)}", f"{_clock(row)} / {_clock(base)}",
-             _verdict(target(row["variant"], row["mode"], row["batch"]), by_window)]  # fmt: skip
+             _times(worst) + mark, f"{_load(row)} / {_load(base)}", f"{_clock(row)} / {_clock(base)}"]  # fmt: skip
+    if targets is not None:
+        cells.append(_verdict(target(targets, row["variant"], row["mode"], row["batch"]), by_window))
     return "| " + " | ".join(cells) + " |", apart
 
 
-def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
+def summary_markdown(rows: Sequence[dict[str, Any]], targets: Targets | None) -> str:
     """The table of every valid variant row that has a valid baseline row of its mode and batch, then the rows left
-    out and why."""
+    out and why; the last column holds `targets` (None: no target column)."""
     valid = [r for r in rows if r.get("valid", True)]
     baselines = {(r["mode"], r["batch"]): r for r in valid if r["variant"] == "baseline"}
     head = ["mode", "batch", "variant", "window ms (spread)", "speed-up, window", "speed-up, step",
             "slowest repeat / baseline's fastest", "load: variant / baseline", "SM MHz: variant / baseline",
-            "issue 15 target"]  # fmt: skip
+            *([f"issue {targets.issue} target"] if targets else [])]  # fmt: skip
     lines = ["# Engine-side decode step over the baseline (replayssm_patch/gpu/engine_step.py)", "",
              "Speed-up = the baseline's time per step ÷ the variant's. Load = the batch as a share of the arm's "
              "maximum concurrency (vLLM's requests of max_model_len tokens the engine holds).", "",
@@ -112,7 +135,7 @@ def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
         if base is None:
             left_out.append(f"{row['variant']} {row['mode']}, batch {row['batch']}: no valid baseline row to pair")
             continue
-        line, apart = variant_line(row, base)
+        line, apart = variant_line(row, base, targets)
         lines.append(line)
         mixed |= apart
     if mixed:
@@ -139,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not any(r["variant"] == "baseline" for r in rows):
         print(f"error: {path} holds no baseline row to pair with; run engine_step --variant baseline into it")
         return 2
-    print(summary_markdown(rows), end="")
+    print(summary_markdown(rows, targets_of(path)), end="")
     return 0
 
 

@@ -44,7 +44,7 @@ def test_a_miss_a_step_only_row_another_host_and_left_out_rows_are_said():
         _row("replayssm_split", 256, 15.0, 15.0, valid=False, problems=["2 preemptions"]),
         _row("replayssm_fp32", 128, 11.0, 11.0),
     ]  # fmt: skip
-    out = engine_summary.summary_markdown(rows)
+    out = engine_summary.summary_markdown(rows, engine_summary.ISSUE_15)
     lines = _lines_by_variant(out)
     assert lines[("default", 256, "replayssm_fp32")].endswith(
         "| 1.15× | 1.15× | 1.15× | 50% / 50% | – / – | ≥ 1.30×: NOT met |"
@@ -57,6 +57,29 @@ def test_a_miss_a_step_only_row_another_host_and_left_out_rows_are_said():
     assert "ran on different GPUs" in out
     assert "- replayssm_split default, batch 256: 2 preemptions" in out
     assert "- replayssm_fp32 default, batch 128: no valid baseline row to pair" in out
+
+
+@pytest.mark.parametrize(
+    ("name", "issue"),
+    [("engine_step-h200.json", 15), ("engine_step-h100.json", 15), ("engine_step-h200-qwen3.5-4b.json", 16),
+     ("engine_step-h100-floor.json", None), ("engine_step-h200-qwen3.5-35b-a3b.json", None), ("rows.json", 15)],
+)  # fmt: skip
+def test_the_files_name_says_which_issue_its_rows_answer(name, issue):
+    targets = engine_summary.targets_of(Path(name))
+    assert (targets and targets.issue) == issue
+
+
+def test_gdn_rows_are_held_to_issue_16s_targets(capsys):
+    """The committed qwen3.5-4b rows (session 9-16): 1.00× at 256 against issue 16's 1.25×, batches to 32 held to
+    0.98×, and 64 (beyond issue 16's small batches) to nothing."""
+    qwen = H100.with_name("engine_step-h200-qwen3.5-4b.json")
+    assert engine_summary.main([str(qwen)]) == 0
+    out = capsys.readouterr().out
+    lines = _lines_by_variant(out)
+    assert "| issue 16 target |" in out
+    assert lines[("default", 256, "replayssm_fp32")].endswith("| ≥ 1.25×: NOT met |")
+    assert lines[("default", 32, "replayssm_fp32")].endswith(": met |")
+    assert lines[("default", 64, "replayssm_fp32")].endswith("|  |")
 
 
 @pytest.mark.parametrize(
