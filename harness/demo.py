@@ -1,5 +1,6 @@
 """`make demo`: a paired experiment on the embedded engine (no GPU): baseline vs the ReplaySSM policy,
-5 repeats in ABBA order on a slice of the Azure conversation trace, then the HTML report.
+5 repeats in ABBA order on a slice of the Azure conversation trace at 65 % of the baseline's capacity (simulated in
+virtual time first), then the HTML report.
 
 The same as `replaybench run --config configs/demo.toml`; it ends by printing where the report is.
 """
@@ -21,7 +22,7 @@ def main() -> None:
     from harness.experiment.commands import execute_run, print_summary
 
     console = Console()
-    console.print("[bold]replaybench demo[/]: paired replay on the SIMULATED engine (takes about 2-3 minutes)")
+    console.print("[bold]replaybench demo[/]: paired replay on the SIMULATED engine (takes about 3 minutes)")
     try:
         root = execute_run(console, DEMO_CONFIG, None, None, False, REPO / "reports")
     except UserError as error:

@@ -130,6 +130,7 @@ class RunStability(_Record):
     inflight_mean_second_half: float | None  # Little's law: requests between send and end, 2nd half mean
     backlog_growth: float | None  # slope of the in-flight count over the 2nd half / arrival rate
     load_share: float | None  # `replaybench.load_share` of the result file, if it carries one
+    capacity_source: str | None = None  # `replaybench.capacity_source`: where the capacity behind it came from
 
 
 class Trend(_Record):

@@ -24,18 +24,21 @@ from scipy import stats
 from harness.analysis import load_reference as ref
 from harness.analysis.model import CapacityEntry, Detector, Drift, LoadClass, RunStability, Stability, Trend
 from harness.analysis.run_metrics import RunMetrics
-from harness.records.result_schema import META_LOAD_SHARE
+from harness.records.result_schema import META_CAPACITY_SOURCE, META_LOAD_SHARE
 
 GRID_POINTS = 200  # in-flight count sampled this many times over the arrival window
 
 
-def _load_share_of(run: RunMetrics) -> float | None:
-    """The optional `replaybench.load_share` of a result file (written by runs that set the load from capacity)."""
+def _load_share_of(run: RunMetrics) -> tuple[float | None, str | None]:
+    """The optional `replaybench.load_share` of a result file (written by runs that set the load from capacity) and
+    where that capacity came from (`replaybench.capacity_source`, in files written since session 33)."""
     try:
         metadata = pq.read_schema(run.path).metadata or {}
-        return float(metadata[META_LOAD_SHARE.encode()])
+        share = float(metadata[META_LOAD_SHARE.encode()])
     except (KeyError, ValueError, OSError, pa.ArrowException):
-        return None
+        return None, None
+    source = metadata.get(META_CAPACITY_SOURCE.encode())
+    return share, None if source is None else source.decode()
 
 
 def run_stability(run: RunMetrics) -> RunStability:
@@ -46,6 +49,7 @@ def run_stability(run: RunMetrics) -> RunStability:
     ends = starts + frame["e2e_s"].to_numpy(float)
     first, last = (float(np.nanmin(intended)), float(np.nanmax(intended))) if len(frame) else (0.0, 0.0)
     span = last - first
+    share, source = _load_share_of(run)
     none = RunStability(
         arm=run.arm,
         repeat=run.repeat,
@@ -54,7 +58,8 @@ def run_stability(run: RunMetrics) -> RunStability:
         completed_before_last_arrival=None,
         inflight_mean_second_half=None,
         backlog_growth=None,
-        load_share=_load_share_of(run),
+        load_share=share,
+        capacity_source=source,
     )
     if len(frame) < 10 or span <= 0:
         return none
@@ -129,7 +134,9 @@ def _measured_load(
     """The baseline's load share from the result files, else from capacity.json and the replayed time scale."""
     shares = [r.load_share for r in baseline]
     if shares and all(s is not None for s in shares):
-        return float(np.mean(shares)), f"result metadata {META_LOAD_SHARE}"
+        sources = {r.capacity_source for r in baseline}
+        named = f"; capacity from {sources.pop()}" if len(sources) == 1 and None not in sources else ""
+        return float(np.mean(shares)), f"result metadata {META_LOAD_SHARE}{named}"
     entry = capacity.get("baseline")
     scales = [r.time_scale for r in runs if r.time_scale]
     if entry is None or not entry.max_time_compression or not scales:

@@ -15,7 +15,7 @@ from harness.experiment.arm_server import ArmServer, server_spec
 from harness.experiment.config import ARMS, ArmConfig, ExperimentConfig
 from harness.experiment.energy_counter import EnergyCounters
 from harness.experiment.gpus import GpuInfo, query_gpus
-from harness.experiment.load import capacity_file, describe_load, read_capacity, with_load
+from harness.experiment.load import capacity_file, describe_load, read_capacity, virtual_probe_problem, with_load
 from harness.experiment.placement import placement_policy
 from harness.experiment.quality import load_tasks
 from harness.experiment.settings_diff import PROGRAM, arm_differences, embedded_engine_args, parse_command
@@ -49,6 +49,9 @@ def _trace(config: ExperimentConfig) -> list[Finding]:
 def _load(config: ExperimentConfig) -> Finding:
     """The load as a share of capacity; a given capacity.json is read (and matched to this experiment) now."""
     capacity = config.trace.capacity
+    problem = virtual_probe_problem(config)
+    if problem:
+        return Finding("fail", "load", problem)
     if capacity is None or config.trace.load_resolved:
         return Finding("ok", "load", describe_load(config))
     try:

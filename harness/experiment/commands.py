@@ -174,7 +174,7 @@ def _settle_load(console: Console, config: ExperimentConfig, run_dir: RunDir) ->
     import shutil
 
     from harness.atomic import atomic_path
-    from harness.experiment.capacity_commands import search_capacity
+    from harness.experiment.capacity_commands import VIRTUAL_PROBE, search_capacity, virtual_capacity
     from harness.experiment.capacity_probe import CapacityFiles
     from harness.experiment.load import (
         BASELINE,
@@ -193,6 +193,11 @@ def _settle_load(console: Console, config: ExperimentConfig, run_dir: RunDir) ->
         source = str(capacity_file(config.trace.capacity))
         with atomic_path(written) as tmp:
             shutil.copyfile(source, tmp)
+    elif config.trace.capacity_probe == "virtual":
+        console.print(
+            "no \\[trace] capacity given: simulating the baseline's capacity in virtual time", highlight=False
+        )
+        scale, source = virtual_capacity(config), VIRTUAL_PROBE
     else:
         console.print(
             "no \\[trace] capacity given: probing the baseline's capacity first (one replay per probe)", highlight=False

@@ -44,7 +44,8 @@ class TraceSelection(_Strict):
 
     `load` is a share of the baseline's capacity on this slice under the `[slo]` (0.65 = 65 %): the time scale
     becomes capacity's time scale / load, found from `capacity` (a capacity.json, or the run directory of a
-    `replaybench capacity`) or from a quick probe of the baseline that `run` does first, and frozen.
+    `replaybench capacity`) or from a quick probe of the baseline that `run` does first (`capacity_probe`: by
+    replays, or in virtual time for an embedded-engine baseline), and frozen.
     """
 
     path: Path
@@ -54,13 +55,21 @@ class TraceSelection(_Strict):
     time_scale: float = Field(default=1.0, gt=0)  # < 1 compresses (0.5 = twice the rate)
     load: float | None = None
     capacity: Path | None = None
+    # How `run` measures the capacity a `load` needs when no `capacity` is given: "replay" probes the baseline's
+    # server; "virtual" simulates an embedded-engine baseline in virtual time (seconds instead of minutes).
+    capacity_probe: Literal["replay", "virtual"] = "replay"
     load_basis: LoadBasis | None = None
 
     @model_validator(mode="after")
     def _load_or_time_scale(self) -> TraceSelection:
+        if self.load is None and (self.capacity is not None or self.load_basis is not None):
+            raise ValueError("`capacity` and `load_basis` only go with `load`; add `load = 0.65` or remove them")
+        if self.capacity_probe == "virtual" and (self.load is None or self.capacity is not None):
+            raise ValueError(
+                '`capacity_probe = "virtual"` says how a `load` without `capacity` is measured; add `load = 0.65` '
+                "and no `capacity`, or remove capacity_probe"
+            )
         if self.load is None:
-            if self.capacity is not None or self.load_basis is not None:
-                raise ValueError("`capacity` and `load_basis` only go with `load`; add `load = 0.65` or remove them")
             return self
         if not 0 < self.load <= MAX_LOAD:
             raise ValueError(

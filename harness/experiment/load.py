@@ -105,13 +105,29 @@ def with_load(config: ExperimentConfig, capacity_time_scale: float, source: str)
     return config.model_copy(update={"trace": trace})
 
 
+def virtual_probe_problem(config: ExperimentConfig) -> str | None:
+    """Why `capacity_probe = "virtual"` cannot serve this experiment, or None: it simulates the baseline's own
+    embedded engine, and a real server's capacity must be measured."""
+    from harness.experiment.settings_diff import embedded_engine_args
+
+    if config.trace.capacity_probe != "virtual" or config.trace.load_resolved:
+        return None
+    if embedded_engine_args(config.arm(BASELINE).command or []) is not None:
+        return None
+    return (
+        '[trace] capacity_probe = "virtual" simulates an embedded-engine baseline (serve-sim), and this baseline is '
+        "another server, whose capacity must be measured: remove capacity_probe (or run `replaybench capacity`)"
+    )
+
+
 def describe_load(config: ExperimentConfig) -> str:
     """One line: the load as a share of capacity, or why it is not known."""
     trace = config.trace
     if trace.load is None:
         return f"time scale {trace.time_scale:g}; load relative to capacity not known (set [trace] load = 0.65)"
     if trace.load_basis is None:
-        return f"load {trace.load:.0%} of the baseline's capacity (time scale set once the capacity is known)"
+        how = "simulated in virtual time" if trace.capacity_probe == "virtual" else "known"
+        return f"load {trace.load:.0%} of the baseline's capacity (time scale set once the capacity is {how})"
     return (
         f"load {trace.load:.0%} of the baseline's capacity: time scale {trace.time_scale:.4g} "
         f"(capacity at {trace.load_basis.capacity_time_scale:.4g}, from {trace.load_basis.capacity_source})"

@@ -28,7 +28,7 @@ from harness.experiment.quality import compare_outputs, load_tasks
 from harness.experiment.replay_settings import replay_options
 from harness.experiment.simultaneous import ReplayJob, replay_together
 from harness.experiment.telemetry import RunTelemetry
-from harness.records.result_schema import META_GPUS, META_LOAD_SHARE, META_SIMULATED
+from harness.records.result_schema import META_CAPACITY_SOURCE, META_GPUS, META_LOAD_SHARE, META_SIMULATED
 from harness.records.run_dir import RunDir
 from harness.replay import ReplayOptions, ReplayOutcome
 from harness.replay.segments import partial_dir
@@ -266,6 +266,8 @@ class ExperimentRunner:
         }
         if self.config.trace.load is not None:
             metadata[META_LOAD_SHARE] = repr(self.config.trace.load)
+        if self.config.trace.load_basis is not None:
+            metadata[META_CAPACITY_SOURCE] = self.config.trace.load_basis.capacity_source
         return replay_options(self.config, arm, self._models.get(arm), metadata)
 
     def _telemetry(self, arm: str, repeat: int) -> RunTelemetry:

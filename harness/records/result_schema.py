@@ -53,6 +53,7 @@ META_OFFERED_RATE = "replaybench.offered_rate"
 META_TRACE_SOURCE = "replaybench.trace"
 META_SIMULATED = "replaybench.simulated"  # "true" when produced by the embedded engine
 META_LOAD_SHARE = "replaybench.load_share"  # optional: the offered load as a share of the baseline's capacity
+META_CAPACITY_SOURCE = "replaybench.capacity_source"  # optional: where that capacity came from (a capacity.json, ...)
 META_WORKER_LOADS = "replaybench.worker_loads"  # JSON: each replay worker's receive lag and CPU share
 META_GPUS = "replaybench.gpus"  # GPU ids (CUDA_VISIBLE_DEVICES) of the server in this repeat; "" when not placed
 META_T0_MONOTONIC = "replaybench.t0_monotonic"  # time.monotonic() of trace time 0 (system-wide on Linux)

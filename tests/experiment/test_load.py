@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import tomllib
 from pathlib import Path
 
@@ -12,10 +13,11 @@ from harness.errors import UserError
 from harness.experiment.config import load_config
 from harness.experiment.rundir import freeze_config
 from harness.records.result_io import read_results
-from harness.records.result_schema import META_LOAD_SHARE, META_TIME_SCALE
+from harness.records.result_schema import META_CAPACITY_SOURCE, META_LOAD_SHARE, META_TIME_SCALE
 from harness.records.run_dir import RunDir
 from tests.experiment.support import config_dict, tiny_trace, write_config
 from tests.experiment.test_cli import only_run_dir, replaybench
+from tests.trace.support import REPO
 
 CAPACITY_SCALE = 0.3  # the baseline's time scale at capacity in the cached capacity.json
 
@@ -63,7 +65,7 @@ def test_load_becomes_a_frozen_time_scale_that_resume_keeps(tmp_path: Path) -> N
     assert "load      load 65% of the baseline's capacity: time scale 0.4615 (capacity at 0.3, from" in checked.stdout
     result = replaybench("run", "--config", str(config), "--output-dir", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
-    assert f"load: ~65% of the baseline's capacity (result metadata {META_LOAD_SHARE})" in result.stdout
+    assert f"load: ~65% of the baseline's capacity (result metadata {META_LOAD_SHARE};" in result.stdout
     run = RunDir(only_run_dir(tmp_path / "out"))
     frozen_text = run.experiment_toml.read_text()
     frozen = tomllib.loads(frozen_text)["trace"]
@@ -76,9 +78,11 @@ def test_load_becomes_a_frozen_time_scale_that_resume_keeps(tmp_path: Path) -> N
     for arm in ("baseline", "candidate"):
         meta = read_results(run.result(arm, 1))[1]
         assert float(meta[META_TIME_SCALE]) == pytest.approx(CAPACITY_SCALE / 0.65) and meta[META_LOAD_SHARE] == "0.65"
+        assert meta[META_CAPACITY_SOURCE] == str(capacity / "capacity.json")
     stability = json.loads(run.summary_json.read_text())["stability"]
     assert stability["load_share"] == 0.65 and {r["load_share"] for r in stability["runs"]} == {0.65}
-    assert "Load: ~65% of the baseline's capacity" in run.summary_md.read_text()
+    source = f"(result metadata {META_LOAD_SHARE}; capacity from {capacity / 'capacity.json'})"
+    assert f"Load: ~65% of the baseline's capacity {source}" in run.summary_md.read_text()
     assert "Load: ~65% of the baseline&#39;s capacity" in run.index_html.read_text()
 
     # repeat 1 was cut short; meanwhile the cached capacity changed: the resumed repeat keeps the frozen scale
@@ -115,3 +119,33 @@ def test_a_capacity_measured_for_another_slice_or_an_open_search_is_refused(tmp_
 
     with pytest.raises(UserError, match="held its SLO even at the heaviest load probed"):
         baseline_time_scale(json.loads((other / "capacity.json").read_text()), "capacity.json")
+
+
+def test_a_virtual_probe_needs_a_load_without_capacity_and_an_embedded_baseline(tmp_path: Path) -> None:
+    trace = tiny_trace(tmp_path / "trace.parquet")
+    for keys in ({"capacity_probe": "virtual"}, {"load": 0.65, "capacity": "c", "capacity_probe": "virtual"}):
+        with pytest.raises(UserError, match=r'`capacity_probe = "virtual"` says how a `load` without `capacity`'):
+            load_config(write_config(tmp_path / "c.toml", with_trace(trace, **keys)))
+    document = with_trace(trace, load=0.65, capacity_probe="virtual")
+    simulated = write_config(tmp_path / "sim.toml", document)
+    checked = replaybench("check", str(simulated))
+    assert "load      load 65% of the baseline's capacity (time scale set once the capacity is simulated in " in (
+        checked.stdout
+    )
+    document["arms"]["baseline"]["command"] = [sys.executable, "-m", "http.server", "{port}"]  # not the embedded engine
+    other = write_config(tmp_path / "other.toml", document)
+    result = replaybench("run", "--config", str(other), "--output-dir", str(tmp_path / "out"))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert 'capacity_probe = "virtual" simulates an embedded-engine baseline (serve-sim)' in result.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_the_demos_load_comes_from_its_baselines_capacity_in_virtual_time() -> None:
+    """configs/demo.toml: 150 requests of the Azure conversations from second 600; the noise-free simulated baseline
+    holds its SLO up to 4.85x compression (a replay probe of a 200-request slice found 4.07x where virtual time found
+    4.40x), so 65 % of it is a time scale of ~0.318."""
+    from harness.experiment.capacity_commands import virtual_capacity
+
+    config = load_config(REPO / "configs" / "demo.toml")
+    assert config.trace.load == 0.65 and config.trace.capacity_probe == "virtual"
+    assert virtual_capacity(config) == pytest.approx(0.2064, abs=0.002)
