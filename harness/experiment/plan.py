@@ -99,7 +99,7 @@ def simulated_capacity(setup: SimulatedSetup, attainment: Callable[[Path], float
     if found.limit == "at_least":
         raise UserError(
             f"the simulated baseline holds the SLO even at {1 / SIM_BOUNDS.min_scale:.0f}x compression: the slice "
-            "is too small to load it; plan with a longer slice ([trace] duration_s / limit)"
+            "is too small to load it; give a longer slice ([trace] duration_s / limit)"
         )
     if found.passing is None:
         raise UserError(

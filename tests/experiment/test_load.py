@@ -132,6 +132,9 @@ def test_a_virtual_probe_needs_a_load_without_capacity_and_an_embedded_baseline(
     assert "load      load 65% of the baseline's capacity (time scale set once the capacity is simulated in " in (
         checked.stdout
     )
+    tiny = replaybench("run", "--config", str(simulated), "--output-dir", str(tmp_path / "tiny"))
+    assert tiny.returncode == 2 and len(tiny.stderr.strip().splitlines()) == 1  # a handful of requests: no capacity
+    assert "the slice is too small to load it; give a longer slice ([trace] duration_s / limit)" in tiny.stderr
     document["arms"]["baseline"]["command"] = [sys.executable, "-m", "http.server", "{port}"]  # not the embedded engine
     other = write_config(tmp_path / "other.toml", document)
     result = replaybench("run", "--config", str(other), "--output-dir", str(tmp_path / "out"))
