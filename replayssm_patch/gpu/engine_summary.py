@@ -24,9 +24,7 @@ from typing import Any
 
 from replayssm_patch.gpu.engine_step import WHAT
 from replayssm_patch.gpu.row_file import RowFileError, read_row_file
-from replayssm_patch.gpu.spec_summary import OTHER_HOSTS, OTHER_HOSTS_NOTE, other_hosts
-
-NONE = "–"
+from replayssm_patch.gpu.spec_summary import NONE, OTHER_HOSTS, OTHER_HOSTS_NOTE, other_hosts, times_text
 
 
 @dataclass(frozen=True)
@@ -75,10 +73,6 @@ def _ratio(base: float | None, mine: float | None) -> float | None:
     return base / mine if base and mine else None
 
 
-def _times(value: float | None) -> str:
-    return NONE if value is None else f"{value:.2f}×"
-
-
 def _load(row: dict[str, Any]) -> str:
     seqs = row.get("max_concurrency")
     return NONE if not seqs else f"{row['batch'] / seqs:.0%}"
@@ -106,8 +100,8 @@ def variant_line(row: dict[str, Any], base: dict[str, Any], targets: Targets | N
     spread = row.get("window_spread_ms") if row.get("window_step_ms") else row.get("spread_ms")
     cells = [row["mode"], str(row["batch"]), row["variant"],
              f"{window_ms(row):.2f} ({NONE if spread is None else f'{spread:.2f}'})",
-             _times(by_window) + mark, _times(_ratio(base.get("step_ms"), row.get("step_ms"))) + mark,
-             _times(worst) + mark, f"{_load(row)} / {_load(base)}", f"{_clock(row)} / {_clock(base)}"]  # fmt: skip
+             times_text(by_window) + mark, times_text(_ratio(base.get("step_ms"), row.get("step_ms"))) + mark,
+             times_text(worst) + mark, f"{_load(row)} / {_load(base)}", f"{_clock(row)} / {_clock(base)}"]  # fmt: skip
     if targets is not None:
         cells.append(_verdict(target(targets, row["variant"], row["mode"], row["batch"]), by_window))
     return "| " + " | ".join(cells) + " |", apart

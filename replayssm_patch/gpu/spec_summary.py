@@ -77,7 +77,8 @@ def concurrency(native: dict[str, Any] | None, replay: dict[str, Any] | None) ->
     return f"{shown} ({values[1] / values[0]:.2f}×)"
 
 
-def _times(value: float | None) -> str:
+def times_text(value: float | None) -> str:
+    """A ratio as "1.23×", or "–" where there is none (shared by the engine-step summary)."""
     return NONE if value is None else f"{value:.2f}×"
 
 
@@ -112,7 +113,7 @@ def setting_table(rows: Sequence[dict[str, Any]], setting: Setting) -> list[str]
         for a, b in RATIOS:
             ratio = speed_ratio(by_arm.get(a), by_arm.get(b))
             apart = ratio is not None and other_hosts(by_arm.get(a), by_arm.get(b))
-            cells.append(_times(ratio) + (OTHER_HOSTS if apart else ""))
+            cells.append(times_text(ratio) + (OTHER_HOSTS if apart else ""))
             mixed |= apart
         cells.append(concurrency(by_arm.get("native_spec"), by_arm.get("replayssm_spec")))
         lines.append("| " + " | ".join(cells) + " |")
