@@ -170,7 +170,7 @@ run_job() {
       MODEL=$(engine_model "$1") ENGINE_TIMEOUT_S=$(($(left) - 25)) $S hostchurn "$variant" 0 "$CHURN_BATCHES" ;;
     moe) engine_job qwen35moe "$variant" 1,8,64,256 ;;
     floor) floor_model && engine_job floor "$variant" "$FLOOR_BATCHES" ;;
-    gdnfloor) floor_model /tmp/model-qwen35 && engine_job qwen35floor "$variant" 1,8,64,256 ;;
+    gdnfloor) floor_model /tmp/model-qwen35 && engine_job qwen35floor "$variant" "$FLOOR_BATCHES" ;;
     hostprof) floor_model && MODE=O0 MODEL=floor ENGINE_TIMEOUT_S=$(($(left) - 25)) $S hostprof "$variant" 0 64,256 ;;
     profile)
       ENGINE_TIMEOUT_S=$(($(left) - 25)) $S profile "$variant" 0 "$PROFILE_BATCHES" ;;
