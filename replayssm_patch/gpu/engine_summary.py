@@ -1,7 +1,7 @@
 """The engine-step table of engine_step.py's results file: each ReplaySSM variant's decode step over the
 baseline's, with the evidence a ratio needs printed beside it, and issue 15's or 16's targets.
 
-    python3 -m replayssm_patch.gpu.engine_summary replayssm_patch/gpu/results/engine_step-h100.json
+    python3 -m replayssm_patch.gpu.engine_summary replayssm_patch/gpu/results/engine_step-h100.json [--pool]
 
 Why: until session 33 these ratios were worked out by hand from the rows, and the load and the clocks that make a
 ratio believable were read from other files, if at all. Per mode and batch, each variant's line gives: the decode
@@ -11,7 +11,8 @@ window and by the step; the speed-up of its slowest repeat over the baseline's f
 the batch as a share of each arm's maximum concurrency; the SM clock means (a candidate that ran at a higher clock
 than the baseline owes part of its gain to the clock); and, where the file's issue sets one (15 for Nemotron-H-8B,
 16 for qwen3.5-4b, by the file's name), the target and whether it is met. A ratio of two rows from different GPUs
-or days is marked †.
+or days is marked †. With ``--pool``, a row run more than once on one GPU on one day (a job run again) is
+the pooled row of all its runs' repeats from the file's history (pooled_rows.py), and says how many runs it holds.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from replayssm_patch.gpu.engine_step import WHAT
+from replayssm_patch.gpu.pooled_rows import pool_rows, read_history
 from replayssm_patch.gpu.row_file import RowFileError, read_row_file
 from replayssm_patch.gpu.spec_summary import NONE, OTHER_HOSTS, OTHER_HOSTS_NOTE, other_hosts, times_text
 
@@ -98,8 +100,9 @@ def variant_line(row: dict[str, Any], base: dict[str, Any], targets: Targets | N
     by_window = _ratio(window_ms(base), window_ms(row))
     worst = _ratio(min(repeat_windows(base), default=None), max(repeat_windows(row), default=None))
     spread = row.get("window_spread_ms") if row.get("window_step_ms") else row.get("spread_ms")
+    runs = f"; {row['runs']} runs" if row.get("runs", 1) > 1 else ""
     cells = [row["mode"], str(row["batch"]), row["variant"],
-             f"{window_ms(row):.2f} ({NONE if spread is None else f'{spread:.2f}'})",
+             f"{window_ms(row):.2f} ({NONE if spread is None else f'{spread:.2f}'}{runs})",
              times_text(by_window) + mark, times_text(_ratio(base.get("step_ms"), row.get("step_ms"))) + mark,
              times_text(worst) + mark, f"{_load(row)} / {_load(base)}", f"{_clock(row)} / {_clock(base)}"]  # fmt: skip
     if targets is not None:
@@ -141,8 +144,11 @@ def summary_markdown(rows: Sequence[dict[str, Any]], targets: Targets | None) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    pool = "--pool" in args
+    args = [arg for arg in args if arg != "--pool"]
     if len(args) != 1:
-        print("error: give one engine_step results file, e.g. replayssm_patch/gpu/results/engine_step-h200.json")
+        print("error: give one engine_step results file (and --pool to pool runs from its history), e.g. "
+              "replayssm_patch/gpu/results/engine_step-h200.json")  # fmt: skip
         return 2
     path = Path(args[0])
     if not path.is_file():
@@ -150,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         rows = read_row_file(path, WHAT)["rows"]
+        if pool:
+            rows = pool_rows(rows, read_history(path))
     except RowFileError as exc:
         print(f"error: {exc}")
         return 2

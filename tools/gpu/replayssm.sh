@@ -19,8 +19,8 @@
 #   gdncheck         GDN layer equivalence in vLLM (gdn_layer_check.py): ReplayGatedDeltaNet vs vLLM's GDN layer, 2,000
 #                    decode steps at batch 256 on the qwen3.5-4b shape -> gdn_layer_check/
 #   engine:VARIANT   engine-side decode step of Nemotron-H-8B at batch 1..256, 5 repeats -> engine_step-h200.json;
-#                    every call ends by printing that file's table over the baseline (engine_summary.py ->
-#                    engine_summary.md)
+#                    every call ends by printing that file's table over the baseline, a job's runs on this host
+#                    pooled (engine_summary.py --pool -> engine_summary.md)
 #   gdn:VARIANT      the same for Qwen3.5-4B (GDN; .device/qwen35/config.json) -> engine_step-h200-qwen3.5-4b.json
 #   moe:VARIANT      the same for qwen3.5-35b-a3b (GDN + MoE; .device/qwen35moe) at batch 1, 8, 64, 256 (issue 16's
 #                    step ratio of the MoE shape) -> engine_step-h200-qwen3.5-35b-a3b.json
@@ -224,8 +224,9 @@ for job in "${order[@]}"; do
   esac
   [ "$job" = setup ] && [ ! -d /tmp/site/vllm ] && { echo "setup failed: nothing else can run"; exit 1; }
 done
-steps=$RES/engine_step-$($S card).json  # issue 15's table of the Nemotron-H-8B rows so far (committed ones included)
-[ -f "$steps" ] && python3 -m replayssm_patch.gpu.engine_summary "$steps" | tee "$RES/engine_summary.md" \
+steps=$RES/engine_step-$($S card).json  # issue 15's table of the Nemotron-H-8B rows so far (committed ones included;
+# a job run again on this host, JOB@TAG, is pooled with its first run)
+[ -f "$steps" ] && python3 -m replayssm_patch.gpu.engine_summary "$steps" --pool | tee "$RES/engine_summary.md" \
   | grep -E "^\| (default|O0) \|"
 # jobs left for the next call are not a failure: the call exits 0 either way
 if [ $pending = 0 ]; then echo "plan done"; else echo "plan continues in the next call"; fi

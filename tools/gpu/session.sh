@@ -50,7 +50,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 # (session 31 ran on an H100 while the files said h200); h200 where nvidia-smi names no H card
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oE 'H[0-9]+' | tr 'A-Z' 'a-z')
 CARD=${CARD:-h200}
-STATE=/tmp/gpu
+STATE=${GPU_STATE:-/tmp/gpu}  # another folder only for tests on a CPU machine
 RES=$STATE/out  # everything worth keeping; `pack` tars it into $OUT
 MODE=${MODE:-O0}
 case $MODE in O0 | default) ;; *) echo "MODE=$MODE: use MODE=O0 or MODE=default"; exit 2 ;; esac
@@ -81,13 +81,19 @@ export REPLAYBENCH_TRITON_CACHE=$STATE/triton-cache
 mapfile -t MODE_FLAGS < <(python3 -m replayssm_patch.gpu.variants --mode "$MODE")
 VLLM_FLAGS=(--model "$MODEL_DIR" --served-model-name m --load-format dummy --max-num-seqs 256 --max-model-len "${MAX_LEN:-8192}"
   --gpu-memory-utilization "${SERVE_UTIL:-0.85}" --mamba-ssm-cache-dtype float32 "${MODE_FLAGS[@]}")
-STEPS=$RES/engine_step-$CARD$SUFFIX.json  # starts from the committed file, so the packed one is the merged whole
-[ -f "$STEPS" ] || cp "$ROOT/replayssm_patch/gpu/results/engine_step-$CARD$SUFFIX.json" "$STEPS" 2>/dev/null
+seed() {  # a results file (and its history) starts from the committed one, so the packed one is the merged whole
+  local file
+  for file in "$1" "${1%.json}.history.jsonl"; do
+    [ -f "$file" ] || cp "$ROOT/replayssm_patch/gpu/results/${file##*/}" "$file" 2>/dev/null
+  done
+}
+STEPS=$RES/engine_step-$CARD$SUFFIX.json
+seed "$STEPS"
 MODEL_MTP=/tmp/model-mtp
 SPEC_MODEL=$MODEL_MTP SPEC_SUFFIX=  # the spec jobs' model; MODEL=mtpfloor: its host floor, rows in a file of their own
 [ "${MODEL:-}" = mtpfloor ] && SPEC_MODEL=$MODEL_DIR SPEC_SUFFIX=-floor
 SPECS=$RES/spec_step-$CARD${PROMPT_TOKENS:+-p$PROMPT_TOKENS}$SPEC_SUFFIX.json  # the same for the spec-decode rows
-[ -f "$SPECS" ] || cp "$ROOT/replayssm_patch/gpu/results/${SPECS##*/}" "$SPECS" 2>/dev/null
+seed "$SPECS"
 
 recv() {
   local k=${1:-}  # none: the installer files alone (the wheel's own call)

@@ -7,6 +7,7 @@ import pytest
 
 from replayssm_patch.gpu import engine_summary
 from replayssm_patch.gpu.engine_step import WHAT
+from replayssm_patch.gpu.pooled_rows import pool_rows
 
 H100 = Path(__file__).parents[3] / "replayssm_patch" / "gpu" / "results" / "engine_step-h100.json"
 
@@ -104,3 +105,42 @@ def _file(tmp: Path, payload) -> Path:
     path = tmp / "engine_step.json"
     path.write_text(json.dumps(payload))
     return path
+
+
+H200 = H100.with_name("engine_step-h200.json")
+
+
+def test_session_34s_two_runs_on_one_h200_are_pooled_from_the_history(capsys):
+    """The file keeps the second run of each arm at 256 (split 15.67 ms, 1.44×); --pool takes both runs' ten
+    repeats from the history beside it: split 15.24 ms (median of ten), 1.45×, fp32 17.90 ms, 1.24×."""
+    assert engine_summary.main([str(H200)]) == 0
+    alone = _lines_by_variant(capsys.readouterr().out)
+    assert "| 15.67 (5.75) | 1.44× |" in alone[("default", 256, "replayssm_split")]
+    assert engine_summary.main([str(H200), "--pool"]) == 0
+    pooled = _lines_by_variant(capsys.readouterr().out)
+    assert "| 15.24 (5.83; 2 runs) | 1.45× |" in pooled[("default", 256, "replayssm_split")]
+    assert "| 17.90 (4.81; 2 runs) | 1.24× |" in pooled[("default", 256, "replayssm_fp32")]
+    assert pooled[("default", 256, "replayssm_split")].endswith("| ≥ 1.50×: NOT met |")
+    assert pooled[("default", 64, "replayssm_split")] == alone[("default", 64, "replayssm_split")]  # one run
+
+
+def test_only_runs_on_one_named_gpu_on_one_day_pool():
+    first = _row("replayssm_fp32", 256, 20.0, 20.0, date="2026-12-05", conditions={"gpu_sm_mhz_mean": 1600.0})
+    second = _row("replayssm_fp32", 256, 18.0, 18.0, date="2026-12-05", valid=False, problems=["1 preemption"],
+                  conditions={"gpu_sm_mhz_mean": 1700.0})  # fmt: skip
+    other_day = _row("replayssm_fp32", 256, 10.0, 10.0, date="2026-12-04")
+    pooled = pool_rows([second], [other_day, first, second])[0]
+    assert pooled["runs"] == 2 and len(pooled["repeats"]) == 2
+    assert pooled["window_step_ms"] == 19.0 and pooled["window_spread_ms"] == 2.0 and pooled["step_ms"] == 19.0
+    assert pooled["valid"] is False and pooled["problems"] == ["1 preemption"]
+    assert pooled["conditions"]["gpu_sm_mhz_mean"] == 1650.0
+    unnamed = [first | {"gpu_uuid": None}, second | {"gpu_uuid": None}]
+    assert pool_rows(unnamed[1:], unnamed) == unnamed[1:]  # nothing says they shared a host
+
+
+def test_a_broken_history_line_is_one_error_line(tmp_path, capsys):
+    path = _file(tmp_path, {"what": WHAT, "rows": [_row("baseline", 64, 9.0, 9.0)]})
+    path.with_name("engine_step.history.jsonl").write_text('{"variant": "baseline"}\n{"variant": \n')
+    assert engine_summary.main([str(path), "--pool"]) == 2
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("error: ") and "line 2 is not JSON" in out and "\n" not in out

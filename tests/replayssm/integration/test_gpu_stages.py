@@ -43,10 +43,17 @@ def test_results_files_are_named_for_the_card(tmp_path: Path, smi_name: str | No
     smi = tmp_path / "nvidia-smi"  # this card's, or one that finds no GPU
     smi.write_text(f"#!/bin/sh\necho '{smi_name}'\n" if smi_name else "#!/bin/sh\nexit 9\n")
     smi.chmod(0o755)
-    env = os.environ | {"PATH": f"{tmp_path}:{Path(sys.executable).parent}:/usr/bin:/bin"}
+    state = tmp_path / "gpu"
+    env = os.environ | {"PATH": f"{tmp_path}:{Path(sys.executable).parent}:/usr/bin:/bin", "GPU_STATE": str(state)}
     done = subprocess.run(["bash", "tools/gpu/session.sh", "card"], capture_output=True, text=True, cwd=REPO, env=env)
     assert done.returncode == 0 and done.stdout == f"{card}\n", done.stderr
     assert (REPO / f"replayssm_patch/kernels/launch_{card}.json").exists()
+    # the card's committed rows and their history seed the host's results, so a rerun pools with earlier runs
+    committed = REPO / "replayssm_patch/gpu/results"
+    for name in (f"engine_step-{card}.json", f"engine_step-{card}.history.jsonl"):
+        seeded = state / "out" / name
+        assert seeded.exists() == (committed / name).exists()
+        assert not seeded.exists() or seeded.read_bytes() == (committed / name).read_bytes()
 
 
 def test_the_spec_stage_on_the_mtp_floor_runs_the_floor_model_not_the_real_one(tmp_path: Path) -> None:
