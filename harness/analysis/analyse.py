@@ -39,6 +39,7 @@ from harness.analysis.server_metrics import read_snapshots
 from harness.analysis.spec_config import configured_speculation
 from harness.analysis.spec_decode import acceptance_check, spec_decode_run
 from harness.analysis.stability import assess_stability
+from harness.analysis.tail_samples import thin_tail_notes
 from harness.analysis.vllm_aliases import vllm_aliases
 from harness.errors import UserError
 from harness.records.decision_config import AnalysisConfig, DecisionConfig
@@ -322,7 +323,7 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         decision=decision,
         comparisons=comparisons,
         planning=planning,
-        stability=assess_stability(pairs, inputs.capacity),
+        stability=assess_stability(pairs, inputs.capacity, inputs.restarted),
         runs=rows,
         server_check=server_means,
         prefix_cache=prefix_cache_check(server_means, config.decision.prefix_cache_tolerance),
@@ -340,6 +341,7 @@ def analyse_run_dir(root: Path) -> RunAnalysis:
         + token_count_notes(list(runs.values()))
         + ([quality.note] if quality.note else [])
         + _unmeasured_receive_lag(runs)
+        + thin_tail_notes([run for pair in pairs for run in pair], config.decision)
         + _looks_note(config.decision, repeats_run, decision.outcome),
         alpha=config.decision.alpha,
         vllm_aliases={arm: vllm_aliases(_alias_runs(arm, pairs, runs)) for arm in ARMS},

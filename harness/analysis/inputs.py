@@ -47,6 +47,7 @@ class RunInputs:
     capacity: dict[str, CapacityEntry]
     notes: list[str] = field(default_factory=list)
     commands: dict[str, list[str]] = field(default_factory=dict)  # arm -> server command line as declared
+    restarted: bool | None = None  # restart_per_repeat as declared (None: no readable experiment.toml says)
 
 
 def _json(path: Path, notes: list[str], what: str) -> object | None:
@@ -144,4 +145,5 @@ def read_inputs(root: Path) -> RunInputs:
         capacity=_capacity(run, notes),
         notes=notes,
         commands=_commands(document),
+        restarted=restart if isinstance(restart := document.get("restart_per_repeat"), bool) else None,
     )

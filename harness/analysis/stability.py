@@ -265,8 +265,9 @@ def _ratio_interval(trend: Trend) -> str:
     return f"95% CI x{trend.ci_low:.2f}-x{trend.ci_high:.2f}"
 
 
-def _drift_text(drift: Drift) -> str:
-    """How far each arm moved over the experiment, whether alike, and what to do about it."""
+def _drift_text(drift: Drift, restarted: bool | None) -> str:
+    """How far each arm moved over the experiment, whether alike, and what to do about it (a restart per repeat
+    only where the servers were not restarted already)."""
     base, cand, paired = drift.baseline, drift.candidate, drift.paired
     candidate = f", the candidate's x{cand.ratio:.2f}" if cand is not None else ""
     if paired is not None:
@@ -279,20 +280,26 @@ def _drift_text(drift: Drift) -> str:
     return (
         f"The servers drifted: the baseline's TPOT p50 {'rose' if base.ratio > 1 else 'fell'} x{base.ratio:.2f} "
         f"from the first repeat to the last (Theil-Sen; {_ratio_interval(base)} by least squares){candidate}. "
-        "Pairing cancels a drift both arms share within a pair, but the drift widens every interval: restart the "
-        "servers between repeats (`restart_per_repeat = true` in experiment.toml) or find its cause (server logs; the "
-        "host's and GPUs' conditions per run in telemetry/ and the report's run table) before trusting a verdict."
+        "Pairing cancels a drift both arms share within a pair, but the drift widens every interval: "
+        + (
+            "the servers were already fresh for every repeat, so find its cause in what they ran on"
+            if restarted
+            else "restart the servers between repeats (`restart_per_repeat = true` in experiment.toml) or find its "
+            "cause"
+        )
+        + " (server logs; the host's and GPUs' conditions per run in telemetry/ and the report's run table) before "
+        "trusting a verdict."
     )
 
 
-def _banner(s: Stability, candidate_past: bool, disagree: bool) -> str | None:
+def _banner(s: Stability, candidate_past: bool, disagree: bool, restarted: bool | None) -> str | None:
     """The report's warning: capacity advice, the drift, then every detector that fired; None when neither."""
     parts = []
     if s.load_class in ("near capacity", "past capacity"):
         parts.append(_disagreement(s) if disagree else _capacity_advice(s))
         parts += ["The candidate's backlog grew too: it was past its capacity."] if candidate_past else []
     if s.drifted and s.drift is not None:
-        parts.append(_drift_text(s.drift))
+        parts.append(_drift_text(s.drift, restarted))
     if not parts:
         return None
     fired = "; ".join(
@@ -303,8 +310,11 @@ def _banner(s: Stability, candidate_past: bool, disagree: bool) -> str | None:
     return " ".join(parts) + f" Fired: {fired}."
 
 
-def assess_stability(pairs: list[tuple[RunMetrics, RunMetrics]], capacity: dict[str, CapacityEntry]) -> Stability:
-    """The `stability` section of summary.json, over the valid repeat pairs."""
+def assess_stability(
+    pairs: list[tuple[RunMetrics, RunMetrics]], capacity: dict[str, CapacityEntry], restarted: bool | None = None
+) -> Stability:
+    """The `stability` section of summary.json, over the valid repeat pairs; `restarted`: whether every repeat had
+    fresh servers (restart_per_repeat), which the drift's advice depends on."""
     runs = [run_stability(run) for pair in pairs for run in pair]
     baseline = [r for r in runs if r.arm == "baseline"]
     # Completion share and backlog growth need arrivals long against a request's life: a short replay is all
@@ -357,4 +367,4 @@ def assess_stability(pairs: list[tuple[RunMetrics, RunMetrics]], capacity: dict[
         drift=drift,
     )
     candidate_past = candidate_growth is not None and candidate_growth >= ref.BACKLOG_GROWTH_PAST
-    return stability.model_copy(update={"banner": _banner(stability, candidate_past, disagree)})
+    return stability.model_copy(update={"banner": _banner(stability, candidate_past, disagree, restarted)})

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from harness.analysis.tail_samples import tail_quantiles, thin_tail_text
 from harness.errors import UserError
 from harness.experiment.arm_server import ArmServer, server_spec
 from harness.experiment.config import ARMS, ArmConfig, ExperimentConfig
@@ -43,7 +44,12 @@ def _trace(config: ExperimentConfig) -> list[Finding]:
     if config.trace.load_resolved:  # otherwise the time scale waits for the baseline's capacity
         span = trace.duration_s * config.trace.time_scale
         rate = f" over {span:.1f} s" + (f", {len(trace) / span:.2f} req/s offered" if span > 0 else "")
-    return [Finding("ok", "trace", f"{config.trace.path.name}: {len(trace)} requests{rate}"), _load(config)]
+    tails = [
+        Finding("warn", "decision", text)
+        for metric, role, quantile in tail_quantiles(config.decision)
+        if (text := thin_tail_text(metric, role, quantile, len(trace), "requests a run (the trace slice)"))
+    ]
+    return [Finding("ok", "trace", f"{config.trace.path.name}: {len(trace)} requests{rate}"), _load(config), *tails]
 
 
 def _load(config: ExperimentConfig) -> Finding:

@@ -231,6 +231,17 @@ def test_a_drift_like_the_h200_runs_fires_as_its_own_sentence(tmp_path: Path) ->
     assert f"> ⚠️ **Servers drifted.** {banner}" in summary_markdown(summary)
 
 
+def test_a_drift_under_fresh_servers_does_not_advise_restarting_them(tmp_path: Path) -> None:
+    """The demo (restart_per_repeat = true) drifted once on a busy 2-core box, and its banner told the user to
+    turn on what was on: with fresh servers every repeat the advice is where they ran."""
+    rise = (1.0, 1.12, 1.81, 2.08, 2.0)
+    scenario = Scenario(repeats=5, requests=700, shared_noise=0.03, run_noise=0.03, drift=rise,
+                        config={"restart_per_repeat": True})  # fmt: skip
+    banner = analyse_run_dir(write_run_dir(tmp_path, scenario).root).summary.stability.banner
+    assert banner.startswith("The servers drifted:") and "`restart_per_repeat = true`" not in banner
+    assert "the servers were already fresh for every repeat, so find its cause in what they ran on" in banner
+
+
 def test_a_flat_noisy_series_does_not_drift_even_past_the_threshold(tmp_path: Path) -> None:
     # Shared per-repeat noise ~2.3x the A/A floor; with this seed the Theil-Sen change of the flat series
     # passes the threshold, but its interval holds no change, so nothing fires.
