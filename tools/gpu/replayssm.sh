@@ -19,8 +19,8 @@
 #   gdncheck         GDN layer equivalence in vLLM (gdn_layer_check.py): ReplayGatedDeltaNet vs vLLM's GDN layer, 2,000
 #                    decode steps at batch 256 on the qwen3.5-4b shape -> gdn_layer_check/
 #   engine:VARIANT   engine-side decode step of Nemotron-H-8B at batch 1..256, 5 repeats -> engine_step-h200.json;
-#                    every call ends by printing that file's table over the baseline, a job's runs on this host
-#                    pooled (engine_summary.py --pool -> engine_summary.md)
+#                    every call ends by printing each engine-step file's table over the baseline, a job's runs on
+#                    this host pooled (engine_summary.py --pool -> engine_summary-<file>.md)
 #   gdn:VARIANT      the same for Qwen3.5-4B (GDN; .device/qwen35/config.json) -> engine_step-h200-qwen3.5-4b.json
 #   moe:VARIANT      the same for qwen3.5-35b-a3b (GDN + MoE; .device/qwen35moe) at batch 1, 8, 64, 256 (issue 16's
 #                    step ratio of the MoE shape) -> engine_step-h200-qwen3.5-35b-a3b.json
@@ -70,8 +70,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 export MODE=${MODE:-default} ENGINE_UTIL=0.85 MAX_LEN=2048
 S="bash tools/gpu/session.sh"
-RES=/tmp/gpu/out
-DONE=/tmp/gpu/done
+RES=${GPU_STATE:-/tmp/gpu}/out  # GPU_STATE: another folder only for tests on a CPU machine
+DONE=${GPU_STATE:-/tmp/gpu}/done
 export PYTHONPATH=/tmp/site:/tmp/rb-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 CALL_S=${CALL_S:-585}
 TUNED=$RES/launch_config.json  # the launch table the engine jobs run: the kernel benches' fastest shapes
@@ -224,9 +224,13 @@ for job in "${order[@]}"; do
   esac
   [ "$job" = setup ] && [ ! -d /tmp/site/vllm ] && { echo "setup failed: nothing else can run"; exit 1; }
 done
-steps=$RES/engine_step-$($S card).json  # issue 15's table of the Nemotron-H-8B rows so far (committed ones included;
-# a job run again on this host, JOB@TAG, is pooled with its first run)
-[ -f "$steps" ] && python3 -m replayssm_patch.gpu.engine_summary "$steps" --pool | tee "$RES/engine_summary.md" \
-  | grep -E "^\| (default|O0) \|"
+# the table of every engine-step file here (issue 15's Nemotron-H-8B rows, issue 16's qwen3.5-4b, the floors; the
+# committed rows included), a job run again on this host (JOB@TAG) pooled with its first run
+for steps in "$RES"/engine_step-"$($S card)"*.json; do
+  [ -f "$steps" ] || continue
+  table=$RES/engine_summary-$(basename "$steps" .json).md
+  python3 -m replayssm_patch.gpu.engine_summary "$steps" --pool > "$table" 2>&1 || continue  # no baseline row yet
+  echo "$(basename "$steps"):"; grep -E "^\| (default|O0) \|" "$table"
+done
 # jobs left for the next call are not a failure: the call exits 0 either way
 if [ $pending = 0 ]; then echo "plan done"; else echo "plan continues in the next call"; fi

@@ -154,3 +154,29 @@ def test_each_transfer_copies_its_part_and_whichever_installer_files_rode_with_i
     wheel = "zstandard-0.25.0-cp312-cp312-manylinux2014_x86_64.whl"
     assert recv(None, wheel) == {"site.part00", "site.part01", "SHA256", "install-bundle.sh", wheel}
     assert (pkg / wheel).read_text() == wheel
+
+
+def test_every_call_ends_with_each_engine_files_table_its_reruns_pooled(tmp_path: Path) -> None:
+    """The queue's last step (here with nothing left to run): a table per engine-step file on the host, the
+    Nemotron rows' second runs at 256 (session 34, `engine:V@r2`) pooled with their first from the history."""
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200'\n")
+    smi.chmod(0o755)
+    state, results = tmp_path / "gpu", REPO / "replayssm_patch/gpu/results"
+    (state / "done").mkdir(parents=True)
+    (state / "done" / "setup").touch()  # set up already: the call runs no job
+    (state / "out").mkdir()
+    for name in ("engine_step-h200.json", "engine_step-h200.history.jsonl", "engine_step-h200-qwen3.5-4b.json"):
+        (state / "out" / name).write_bytes((results / name).read_bytes())
+    env = os.environ | {"PATH": f"{smi.parent}:{Path(sys.executable).parent}:/usr/bin:/bin",
+                        "GPU_STATE": str(state), "OUT": str(tmp_path / "pack")}  # fmt: skip
+    (tmp_path / "pack").mkdir()
+    done = subprocess.run(["bash", "tools/gpu/replayssm.sh", "setup"], capture_output=True, text=True, cwd=REPO,
+                          env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "engine_step-h200.json:\n" in out and "engine_step-h200-qwen3.5-4b.json:\n" in out
+    assert "| default | 256 | replayssm_split | 15.24 (5.83; 2 runs) | 1.45× |" in out
+    assert "plan done\n" in out
+    assert (state / "out" / "engine_summary-engine_step-h200-qwen3.5-4b.md").read_text().count("| default |") >= 5
