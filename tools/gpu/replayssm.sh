@@ -22,6 +22,10 @@
 #                    every call ends by printing each engine-step file's table over the baseline, a job's runs on
 #                    this host pooled (engine_summary.py --pool -> engine_summary-<file>.md)
 #   gdn:VARIANT      the same for Qwen3.5-4B (GDN; .device/qwen35/config.json) -> engine_step-h200-qwen3.5-4b.json
+#   pair:VARIANT     the engine-side step paired (engine_pair.py): the baseline and VARIANT as two engines at 0.42
+#                    each, PAIRS [6] interleaved pairs (A B, B A, ...) at ALL_BATCHES on the same prompts, so the
+#                    host's slow phases fall on both -> engine_pair-h200.json (ratio, 95 % interval over pairs);
+#                    gdnpair:VARIANT the same for Qwen3.5-4B -> engine_pair-h200-qwen3.5-4b.json
 #   moe:VARIANT      the same for qwen3.5-35b-a3b (GDN + MoE; .device/qwen35moe) at batch 1, 8, 64, 256 (issue 16's
 #                    step ratio of the MoE shape) -> engine_step-h200-qwen3.5-35b-a3b.json
 #   floor:VARIANT    the host floor: Nemotron-H-8B's layers at toy widths (replayssm_patch/gpu/host_floor.py) at
@@ -81,7 +85,7 @@ FLOOR_BATCHES=${FLOOR_BATCHES:-1,8,64,256}  # the floor jobs' batches
 PROFILE_BATCHES=${PROFILE_BATCHES:-64,256}  # the profile jobs' batches (e.g. 8,32 where GDN loses 0.5-0.9 ms per step)
 # measured 2026-12-01: install 40 s, kernel bench 53 s, a floor run of four batches 173-175 s, engine start-up 131-191 s (ReplaySSM's compiles more), six
 # batches x 3 repeats ~150 s after it; 5 repeats (the default here: ReplaySSM's repeats spread by 3-5 ms) ~250 s
-declare -A JOB_S=([setup]=90 [kernels]=360 [gdnkernels]=120 [gdncheck]=150 [engine]=450 [gdn]=450 [churn]=330 [gdnchurn]=330 [hostchurn]=300 [gdnhostchurn]=300 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [specfloor]=280 [alsweep]=200 [ksweep]=200 [onegpu]=420)
+declare -A JOB_S=([setup]=90 [kernels]=360 [gdnkernels]=120 [gdncheck]=150 [engine]=450 [gdn]=450 [pair]=480 [gdnpair]=480 [churn]=330 [gdnchurn]=330 [hostchurn]=300 [gdnhostchurn]=300 [moe]=450 [floor]=240 [gdnfloor]=240 [hostprof]=150 [profile]=240 [gdnprofile]=240 [engprof]=540 [gdnengprof]=540 [spec]=280 [specfloor]=280 [alsweep]=200 [ksweep]=200 [onegpu]=420)
 mkdir -p "$RES" "$DONE"
 trap '$S pack replayssm; echo "call used ${SECONDS}s"' EXIT
 
@@ -93,8 +97,8 @@ WARM_START_SAVES_S=120
 
 engine_model() {  # JOB: the model its engine runs (none: the job starts no engine)
   case ${1%%:*} in
-    engine | engprof | profile | churn | hostchurn) echo nemotron ;;
-    gdn | gdnengprof | gdnprofile | gdnchurn | gdnhostchurn) echo qwen35 ;;
+    engine | pair | engprof | profile | churn | hostchurn) echo nemotron ;;
+    gdn | gdnpair | gdnengprof | gdnprofile | gdnchurn | gdnhostchurn) echo qwen35 ;;
     floor | hostprof) echo floor ;;
     gdnfloor) echo qwen35floor ;;
     moe) echo qwen35moe ;;
@@ -164,6 +168,8 @@ run_job() {
         --out "$RES/gdn_layer_check" 2>&1 | tee "$RES/gdn_layer_check.log" | tail -5 ;;
     engine) engine_job nemotron "$variant" $ALL_BATCHES ;;
     gdn) engine_job qwen35 "$variant" $ALL_BATCHES ;;
+    pair | gdnpair)  # two engines: each at 0.42 of the card
+      MODEL=$(engine_model "$1") ENGINE_UTIL=0.42 ENGINE_TIMEOUT_S=$(($(left) - 25)) $S pair "$variant" 0 "$ALL_BATCHES" ;;
     churn | gdnchurn)
       MODEL=$(engine_model "$1") ENGINE_TIMEOUT_S=$(($(left) - 25)) $S churn "$variant" 0 "$CHURN_BATCHES" ;;
     hostchurn | gdnhostchurn)
@@ -201,7 +207,7 @@ run_job() {
   esac
 }
 
-[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V churn:V gdnchurn:V moe:V floor:V gdnfloor:V hostprof:V profile:V gdnprofile:V engprof:V gdnengprof:V hostchurn:V gdnhostchurn:V spec:ARM specfloor:ARM alsweep:ARM ksweep:ARM onegpu:STAGE)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: replayssm.sh JOB...  (setup kernels gdnkernels gdncheck engine:V gdn:V pair:V gdnpair:V churn:V gdnchurn:V moe:V floor:V gdnfloor:V hostprof:V profile:V gdnprofile:V engprof:V gdnengprof:V hostchurn:V gdnhostchurn:V spec:ARM specfloor:ARM alsweep:ARM ksweep:ARM onegpu:STAGE)"; exit 2; }
 pending=0
 order=()  # a job that exited 75 in the last call goes first, before an engine job could stop its server
 for job in "$@"; do [ -f "$DONE/$job.continues" ] && order+=("$job"); done

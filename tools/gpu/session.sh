@@ -12,6 +12,9 @@
 #   stop ARM      kill a server started by `serve` (its whole session)
 #   engine VARIANT GPU [BATCHES]    engine-side decode step (replayssm_patch/gpu/engine_step.py, LLM.generate, no
 #                                   HTTP; default batches 64,256; REPEATS [3]) -> rows merged into engine_step-h200.json
+#   pair VARIANT GPU [BATCHES]      the engine-side step paired (engine_pair.py): the baseline and VARIANT as two
+#                                   engines (ENGINE_UTIL 0.42 each), PAIRS [6] interleaved pairs on shared prompts
+#                                   -> rows (ratio with its 95 % interval) merged into engine_pair-h200.json
 #   profile VARIANT GPU [BATCHES]   kernel time per layer kind of a decode step (step_profile.py) -> profile/;
 #                                   with STEP_BATCHES the same engine first measures the engine rows (as engine)
 #   churn VARIANT GPU [BATCHES]     engine-side step under churn (replayssm_patch/gpu/churn_step.py): B requests
@@ -216,6 +219,8 @@ case $cmd in
   wait) wait_ready "$@" ;;
   stop) stop "$@" ;;
   engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" --variant "$1" --repeats "${REPEATS:-3}" ;;
+  pair) on_gpu engine_pair "$1" "$2" "${3:-64,256}" "$RES/engine_pair-$CARD$SUFFIX.json" "pairs; windows|^skipped" \
+    --candidate "$1" --pairs "${PAIRS:-6}" ;;
   churn)  # CHURN_PROFILE=1: then one profiled churn run per batch, decode-only and mixed steps apart -> profile-churn/
     profiled=(); [ -n "${CHURN_PROFILE:-}" ] && profiled=(--profile-out "$RES/profile-churn$SUFFIX")
     on_gpu churn_step "$1" "$2" "${3:-64,128}" "$RES/churn_step-$CARD$SUFFIX.json" "churn|^skipped" --variant "$1" \
