@@ -218,6 +218,14 @@ def llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def median_and_spread(values: Sequence[float], digits: int = 3) -> tuple[float | None, float | None]:
+    """A row's figure over its repeats and how far they range: the median (one stalled repeat cannot move it) and
+    max - min, rounded; (None, None) without values."""
+    if not values:
+        return None, None
+    return round(statistics.median(values), digits), round(max(values) - min(values), digits)
+
+
 def timed_repeats(repeats: Sequence[Any]) -> list[Any]:
     """The repeats whose long generate took longer than their short one. A stall in the short one (session 27: 5 s,
     on the spec step's native arm) makes the difference negative: such a repeat measures no step, and it would
@@ -235,13 +243,14 @@ def make_row(args: argparse.Namespace, batch: int, repeats: Sequence[Repeat], **
     if not timed:
         problems.append("every repeat stalled (its short generate outlasted its long one): no step measured; run the "
                         "batch again")  # fmt: skip
+    step, spread = median_and_spread(steps)
     return {
         "variant": args.variant,
         "mode": args.mode,
         "batch": batch,
         "prompt_tokens": args.prompt_tokens,
-        "step_ms": round(statistics.median(steps), 3) if steps else None,
-        "spread_ms": round(max(steps) - min(steps), 3) if steps else None,
+        "step_ms": step,
+        "spread_ms": spread,
         **window_facts([r.window for r in repeats]),
         f"t{SHORT_TOKENS}_s": round(statistics.fmean(r.t_short_s for r in repeats), 3),
         f"t{LONG_TOKENS}_s": round(statistics.fmean(r.t_long_s for r in repeats), 3),
@@ -268,10 +277,10 @@ def window_facts(windows: Sequence[DecodeWindow | None]) -> dict[str, Any]:
     seen = [w for w in windows if w is not None]
     if not seen:
         return dict.fromkeys(WINDOW_FIELDS) | {"window_steps": 0}
-    means = [w.mean_ms for w in seen]
+    step, spread = median_and_spread([w.mean_ms for w in seen])
     return {
-        "window_step_ms": round(statistics.median(means), 3),
-        "window_spread_ms": round(max(means) - min(means), 3),
+        "window_step_ms": step,
+        "window_spread_ms": spread,
         "window_p90_ms": round(statistics.median(w.p90_ms for w in seen), 3),
         "window_tokens_per_s": round(statistics.median(w.tokens_per_s for w in seen), 1),
         "window_steps": min(w.steps for w in seen),

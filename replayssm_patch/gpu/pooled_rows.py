@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from replayssm_patch.gpu.engine_step import median_and_spread
 from replayssm_patch.gpu.row_file import RowFileError, history_path
 
 POOL_KEY = ("variant", "mode", "batch", "prompt_tokens", "gpu_uuid", "date")
@@ -27,20 +28,16 @@ def pool_key(row: dict[str, Any]) -> tuple[Any, ...] | None:
     return tuple(row.get(field) for field in POOL_KEY) if row.get("gpu_uuid") else None
 
 
-def _median_and_spread(values: Sequence[float]) -> tuple[float, float]:
-    return round(statistics.median(values), 3), round(max(values) - min(values), 3)
-
-
 def pooled_row(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One row of every repeat of `runs` (rows of one pool key, oldest first): the newest run's facts, the
     repeats of all, step and window recomputed over them, valid only if every run was, and the SM clock the mean
     of the runs' means; ``runs`` says how many rows it holds."""
     repeats = [rep for run in runs for rep in run.get("repeats", [])]
-    step, step_spread = _median_and_spread([rep["step_ms"] for rep in repeats])
+    step, step_spread = median_and_spread([rep["step_ms"] for rep in repeats])
     row = runs[-1] | {"repeats": repeats, "step_ms": step, "spread_ms": step_spread, "runs": len(runs)}
     windows = [rep["window"]["mean_ms"] for rep in repeats if rep.get("window")]
     if windows:
-        row["window_step_ms"], row["window_spread_ms"] = _median_and_spread(windows)
+        row["window_step_ms"], row["window_spread_ms"] = median_and_spread(windows)
     row["valid"] = all(run.get("valid", True) for run in runs)
     row["problems"] = [problem for run in runs for problem in run.get("problems") or []]
     clocks = [mhz for run in runs if (mhz := (run.get("conditions") or {}).get("gpu_sm_mhz_mean")) is not None]

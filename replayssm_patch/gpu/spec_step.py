@@ -70,6 +70,7 @@ from replayssm_patch.gpu.engine_step import (
     engine_options,
     engine_problem,
     invalid_suffix,
+    median_and_spread,
     out_problem,
     parse_engine_batches,
     repeat_record,
@@ -176,12 +177,6 @@ def acceptance_problem(
             f"(tolerance {tolerance:.0%}): its speed is not comparable")  # fmt: skip
 
 
-def _median_and_spread(values: Sequence[float], digits: int) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    return round(statistics.median(values), digits), round(max(values) - min(values), digits)
-
-
 def speculation_key(args: argparse.Namespace) -> dict[str, Any]:
     """The arm's speculation fields of SPEC_KEY: k and the configured AL, 0 and None for a standard arm."""
     return {"spec_tokens": args.spec_tokens if args.speculative else 0,
@@ -196,8 +191,8 @@ def make_row(
     repeat (``engine_step.timed_repeats``) is kept in `repeats` and counted in `stalled_repeats`, but left out of
     the time-difference figures."""
     timed = timed_repeats(repeats)
-    rates, rate_spread = _median_and_spread([tokens_per_s(batch, r.t_short_s, r.t_long_s) for r in timed], 1)
-    steps, step_spread = _median_and_spread([s for s in map(engine_step_ms, timed) if s is not None], 3)
+    rates, rate_spread = median_and_spread([tokens_per_s(batch, r.t_short_s, r.t_long_s) for r in timed], 1)
+    steps, step_spread = median_and_spread([s for s in map(engine_step_ms, timed) if s is not None], 3)
     configured = speculation_key(args)["acceptance_length_configured"]
     measured = pooled_acceptance_length(list(counted))
     problems = [*facts.pop("problems", [])]
