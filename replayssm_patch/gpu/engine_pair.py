@@ -136,8 +136,11 @@ def row_line(row: dict[str, Any]) -> str:
         timed = sum(p["baseline_ms"] is not None and p["candidate_ms"] is not None for p in row["pairs"])
         shown = f"{row['ratio']:.3f}x (95% CI {row['ci_low']:.3f}-{row['ci_high']:.3f}x) over {timed} pairs"
     invalid = "" if row["valid"] else " INVALID: " + "; ".join(row["problems"])
+    seqs = row.get("max_concurrency") or {}
+    load = " / ".join(f"{row['batch'] / seqs[arm]:.0%}" if seqs.get(arm) else "?" for arm in (row["variant"], BASELINE))
     return (f"{row['variant']} vs {BASELINE} {row['mode']} B={row['batch']}: {shown}; windows "
-            f"{row['candidate_window_ms']} / {row['baseline_window_ms']} ms{invalid}")  # fmt: skip
+            f"{row['candidate_window_ms']} / {row['baseline_window_ms']} ms; load {load} of each engine's maximum "
+            f"concurrency{invalid}")  # fmt: skip
 
 
 # ---- on the GPU host: everything below imports vLLM or torch --------------------------------------------------

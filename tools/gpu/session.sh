@@ -219,7 +219,7 @@ case $cmd in
   wait) wait_ready "$@" ;;
   stop) stop "$@" ;;
   engine) on_gpu engine_step "$1" "$2" "${3:-64,256}" "$STEPS" "step .* ms \(spread" --variant "$1" --repeats "${REPEATS:-3}" ;;
-  pair) on_gpu engine_pair "$1" "$2" "${3:-64,256}" "$RES/engine_pair-$CARD$SUFFIX.json" "pairs; windows|^skipped" \
+  pair) on_gpu engine_pair "$1" "$2" "${3:-64,256}" "$RES/engine_pair-$CARD$SUFFIX.json" " vs baseline .* B=[0-9]+: |^skipped" \
     --candidate "$1" --pairs "${PAIRS:-6}" ;;
   churn)  # CHURN_PROFILE=1: then one profiled churn run per batch, decode-only and mixed steps apart -> profile-churn/
     profiled=(); [ -n "${CHURN_PROFILE:-}" ] && profiled=(--profile-out "$RES/profile-churn$SUFFIX")

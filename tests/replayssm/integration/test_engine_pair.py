@@ -60,6 +60,8 @@ def test_a_row_keeps_every_pair_and_says_what_made_it_invalid(tmp_path):
     assert row["valid"] is False and row["problems"] == ["replayssm_split: 2 preemptions: raise it"]
     assert row["checks"]["replayssm_split"] == {"exact": True, "preemptions": 0}
     assert row_line(row).startswith("replayssm_split vs baseline O0 B=256: 1.490x (95% CI 1.448-1.533x) over 2 pairs")
+    row["max_concurrency"] = {"baseline": 397.0, "replayssm_split": 254.0}  # what main adds from the engines
+    assert "; load 101% / 64% of each engine's maximum concurrency INVALID: " in row_line(row)
     lone = pair_row(args, 64, pairs[:2], {"baseline": _checks(), "replayssm_split": _checks()})
     assert lone["ratio"] is None and lone["problems"] == ["1 pair(s) with both decode windows: no interval; run the "
                                                           "batch again"]  # fmt: skip
