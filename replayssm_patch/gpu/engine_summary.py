@@ -11,8 +11,10 @@ window and by the step; the speed-up of its slowest repeat over the baseline's f
 the batch as a share of each arm's maximum concurrency; the SM clock means (a candidate that ran at a higher clock
 than the baseline owes part of its gain to the clock); and, where the file's issue sets one (15 for Nemotron-H-8B,
 16 for qwen3.5-4b, by the file's name), the target and whether it is met. A ratio of two rows from different GPUs
-or days is marked †. With ``--pool``, a row run more than once on one GPU on one day (a job run again) is
-the pooled row of all its runs' repeats from the file's history (pooled_rows.py), and says how many runs it holds.
+or days is marked †. Where the file has a host floor beside it (``<stem>-floor.json``), the table is followed
+by the floor at each batch and the variants whose step lies within the floor's repeats. With ``--pool``, a row
+run more than once on one GPU on one day (a job run again) is the pooled row of all its runs' repeats from the
+file's history (pooled_rows.py), and says how many runs it holds.
 """
 
 from __future__ import annotations
@@ -110,9 +112,39 @@ def variant_line(row: dict[str, Any], base: dict[str, Any], targets: Targets | N
     return "| " + " | ".join(cells) + " |", apart
 
 
-def summary_markdown(rows: Sequence[dict[str, Any]], targets: Targets | None) -> str:
+def floor_lines(rows: Sequence[dict[str, Any]], floor: Sequence[dict[str, Any]]) -> list[str]:
+    """Per mode and batch with a host-floor row (host_floor.py: the same layers at toy widths, next to no GPU work):
+    its window and the range of its repeats beside the baseline's window, and the variants whose window lies within
+    that range, whose step there is near vLLM's own host work rather than their kernels' (a floor from another GPU
+    or day is marked †)."""
+    lines = []
+    for low in sorted((r for r in floor if r["variant"] == "baseline" and r.get("valid", True)),
+                      key=lambda r: (r["mode"] != "default", r["mode"], r["batch"])):  # fmt: skip
+        here = [r for r in rows if (r["mode"], r["batch"]) == (low["mode"], low["batch"])]
+        base = next((r for r in here if r["variant"] == "baseline"), None)
+        repeats = repeat_windows(low)
+        if base is None or not repeats:
+            continue
+        within = [f"{r['variant']} {window_ms(r):.2f} ms" for r in here
+                  if r["variant"] != "baseline" and window_ms(r) <= max(repeats)]  # fmt: skip
+        verdict = (f"within its range: {', '.join(within)} (there the step is near vLLM's own host work)" if within
+                   else "every variant above its range")  # fmt: skip
+        mark = OTHER_HOSTS if other_hosts(low, base) else ""
+        spread = f"{min(repeats):.2f}-{max(repeats):.2f}"
+        lines.append(f"- {low['mode']}, batch {low['batch']}: host floor {window_ms(low):.2f} ms{mark} (repeats "
+                     f"{spread}), the baseline {window_ms(base):.2f} ms; {verdict}")  # fmt: skip
+    head = (
+        "Host floor (the same layers at toy widths, host_floor.py; † measured on another GPU or day than the baseline):"
+    )
+    return ["", head, "", *lines] if lines else []
+
+
+def summary_markdown(
+    rows: Sequence[dict[str, Any]], targets: Targets | None, floor: Sequence[dict[str, Any]] = ()
+) -> str:
     """The table of every valid variant row that has a valid baseline row of its mode and batch, then the rows left
-    out and why; the last column holds `targets` (None: no target column)."""
+    out and why, then the host floor beside them where `floor` (the floor file's rows) has one; the last column
+    holds `targets` (None: no target column)."""
     valid = [r for r in rows if r.get("valid", True)]
     baselines = {(r["mode"], r["batch"]): r for r in valid if r["variant"] == "baseline"}
     head = ["mode", "batch", "variant", "window ms (spread)", "speed-up, window", "speed-up, step",
@@ -135,6 +167,7 @@ def summary_markdown(rows: Sequence[dict[str, Any]], targets: Targets | None) ->
         line, apart = variant_line(row, base, targets)
         lines.append(line)
         mixed |= apart
+    lines += floor_lines(valid, floor)
     if mixed:
         lines += ["", OTHER_HOSTS_NOTE]
     if left_out:
@@ -154,17 +187,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not path.is_file():
         print(f"error: {path} does not exist; give the file engine_step wrote with --out")
         return 2
+    floor_path = path.with_name(f"{path.stem}-floor.json")
     try:
         rows = read_row_file(path, WHAT)["rows"]
+        floor = read_row_file(floor_path, WHAT)["rows"]  # none: no floor measured for this file
         if pool:
             rows = pool_rows(rows, read_history(path))
+            floor = pool_rows(floor, read_history(floor_path))
     except RowFileError as exc:
         print(f"error: {exc}")
         return 2
     if not any(r["variant"] == "baseline" for r in rows):
         print(f"error: {path} holds no baseline row to pair with; run engine_step --variant baseline into it")
         return 2
-    print(summary_markdown(rows, targets_of(path)), end="")
+    print(summary_markdown(rows, targets_of(path), floor), end="")
     return 0
 
 

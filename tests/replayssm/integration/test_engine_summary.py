@@ -144,3 +144,24 @@ def test_a_broken_history_line_is_one_error_line(tmp_path, capsys):
     assert engine_summary.main([str(path), "--pool"]) == 2
     out = capsys.readouterr().out.strip()
     assert out.startswith("error: ") and "line 2 is not JSON" in out and "\n" not in out
+
+
+def test_the_host_floor_beside_the_file_says_which_steps_sit_in_it(capsys):
+    """Session 34's H200 floor at 256, both runs pooled: 18.02 ms, repeats 14.99-22.83, against the baseline's
+    22.17; both candidates (17.90, 15.24 ms) lie within it. The rows at 1 and 8 come from another day: marked."""
+    assert engine_summary.main([str(H200), "--pool"]) == 0
+    out = capsys.readouterr().out
+    assert "- default, batch 256: host floor 18.02 ms (repeats 14.99-22.83), the baseline 22.17 ms; within its " \
+           "range: replayssm_fp32 17.90 ms, replayssm_split 15.24 ms (there the step is near vLLM's own host " \
+           "work)" in out  # fmt: skip
+    assert "- default, batch 1: host floor 3.91 ms† (repeats 2.78-3.97), the baseline 4.64 ms; every variant " \
+           "above its range" in out  # fmt: skip
+
+
+def test_a_floor_row_without_a_baseline_of_its_batch_is_left_out():
+    rows = [_row("baseline", 256, 31.0, 31.0), _row("replayssm_split", 256, 21.0, 21.0)]
+    floor = [_row("baseline", 256, 19.0, 19.0), _row("baseline", 64, 5.0, 5.0)]
+    out = engine_summary.summary_markdown(rows, engine_summary.ISSUE_15, floor)
+    assert "batch 64" not in out
+    assert "- default, batch 256: host floor 19.00 ms (repeats 19.00-19.00), the baseline 31.00 ms; every variant " \
+           "above its range" in out  # fmt: skip
