@@ -234,6 +234,7 @@ done
 # committed rows included), a job run again on this host (JOB@TAG) pooled with its first run
 for steps in "$RES"/engine_step-"$($S card)"*.json; do
   [ -f "$steps" ] || continue
+  case $steps in *-floor.json) continue ;; esac  # a floor shows under its model's table
   table=$RES/engine_summary-$(basename "$steps" .json).md
   python3 -m replayssm_patch.gpu.engine_summary "$steps" --pool > "$table" 2>&1 || continue  # no baseline row yet
   echo "$(basename "$steps"):"; grep -E "^\| (default|O0) \|" "$table"
