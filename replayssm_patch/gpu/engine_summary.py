@@ -87,7 +87,7 @@ def _clock(row: dict[str, Any]) -> str:
     return NONE if mhz is None else f"{mhz:,.0f}"
 
 
-def _verdict(wanted: float | None, got: float | None) -> str:
+def verdict_text(wanted: float | None, got: float | None) -> str:
     if wanted is None:
         return ""
     if got is None:
@@ -108,7 +108,7 @@ def variant_line(row: dict[str, Any], base: dict[str, Any], targets: Targets | N
              times_text(by_window) + mark, times_text(_ratio(base.get("step_ms"), row.get("step_ms"))) + mark,
              times_text(worst) + mark, f"{_load(row)} / {_load(base)}", f"{_clock(row)} / {_clock(base)}"]  # fmt: skip
     if targets is not None:
-        cells.append(_verdict(target(targets, row["variant"], row["mode"], row["batch"]), by_window))
+        cells.append(verdict_text(target(targets, row["variant"], row["mode"], row["batch"]), by_window))
     return "| " + " | ".join(cells) + " |", apart
 
 

@@ -20,7 +20,8 @@
 #                    decode steps at batch 256 on the qwen3.5-4b shape -> gdn_layer_check/
 #   engine:VARIANT   engine-side decode step of Nemotron-H-8B at batch 1..256, 5 repeats -> engine_step-h200.json;
 #                    every call ends by printing each engine-step file's table over the baseline, a job's runs on
-#                    this host pooled (engine_summary.py --pool -> engine_summary-<file>.md)
+#                    this host pooled (engine_summary.py --pool -> engine_summary-<file>.md; paired files:
+#                    pair_summary.py -> pair_summary-<file>.md)
 #   gdn:VARIANT      the same for Qwen3.5-4B (GDN; .device/qwen35/config.json) -> engine_step-h200-qwen3.5-4b.json
 #   pair:VARIANT     the engine-side step paired (engine_pair.py): the baseline and VARIANT as two engines at 0.42
 #                    each, PAIRS [6] interleaved pairs (A B, B A, ...) at ALL_BATCHES on the same prompts, so the
@@ -230,13 +231,19 @@ for job in "${order[@]}"; do
   esac
   [ "$job" = setup ] && [ ! -d /tmp/site/vllm ] && { echo "setup failed: nothing else can run"; exit 1; }
 done
-# the table of every engine-step file here (issue 15's Nemotron-H-8B rows, issue 16's qwen3.5-4b, the floors; the
-# committed rows included), a job run again on this host (JOB@TAG) pooled with its first run
-for steps in "$RES"/engine_step-"$($S card)"*.json; do
+# the table of every engine-step file here (issue 15's Nemotron-H-8B rows, issue 16's qwen3.5-4b; the committed rows
+# included; a job run again on this host, JOB@TAG, pooled with its first run; a floor under its model's table) and of
+# every paired file (engine_pair.py)
+card=$($S card)
+for steps in "$RES"/engine_step-"$card"*.json "$RES"/engine_pair-"$card"*.json; do
   [ -f "$steps" ] || continue
-  case $steps in *-floor.json) continue ;; esac  # a floor shows under its model's table
-  table=$RES/engine_summary-$(basename "$steps" .json).md
-  python3 -m replayssm_patch.gpu.engine_summary "$steps" --pool > "$table" 2>&1 || continue  # no baseline row yet
+  case $steps in
+    *-floor.json) continue ;;
+    */engine_pair-*) summary=(pair_summary "$steps") ;;
+    *) summary=(engine_summary "$steps" --pool) ;;
+  esac
+  table=$RES/${summary[0]}-$(basename "$steps" .json).md
+  python3 -m "replayssm_patch.gpu.${summary[0]}" "${summary[@]:1}" > "$table" 2>&1 || continue  # no baseline row yet
   echo "$(basename "$steps"):"; grep -E "^\| (default|O0) \|" "$table"
 done
 # jobs left for the next call are not a failure: the call exits 0 either way

@@ -4,6 +4,7 @@ with."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -13,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from replayssm_patch.gpu.engine_pair import WHAT as PAIR_WHAT
+from replayssm_patch.gpu.engine_pair import pair_row
+from replayssm_patch.gpu.row_file import record_row
 from replayssm_patch.gpu.variants import family_flags, speculative_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -169,6 +173,11 @@ def test_every_call_ends_with_each_engine_files_table_its_reruns_pooled(tmp_path
     (state / "out").mkdir()
     for name in ("engine_step-h200.json", "engine_step-h200.history.jsonl", "engine_step-h200-qwen3.5-4b.json"):
         (state / "out" / name).write_bytes((results / name).read_bytes())
+    pairs = [{"order": o, "baseline_ms": 22.0 + d, "candidate_ms": 14.6 + d} for o, d in (("AB", 0.0), ("BA", 0.3))]
+    clean = {"exact": True, "preemptions": 0, "valid": True, "problems": []}
+    args = argparse.Namespace(candidate="replayssm_split", mode="default", prompt_tokens=1024)
+    record_row(state / "out" / "engine_pair-h200.json", pair_row(args, 256, pairs, {"baseline": clean,
+               "replayssm_split": clean}), PAIR_WHAT, "engine_pair ...", {})  # fmt: skip
     env = os.environ | {"PATH": f"{smi.parent}:{Path(sys.executable).parent}:/usr/bin:/bin",
                         "GPU_STATE": str(state), "OUT": str(tmp_path / "pack")}  # fmt: skip
     (tmp_path / "pack").mkdir()
@@ -180,3 +189,4 @@ def test_every_call_ends_with_each_engine_files_table_its_reruns_pooled(tmp_path
     assert "| default | 256 | replayssm_split | 15.24 (5.83; 2 runs) | 1.45× |" in out
     assert "plan done\n" in out
     assert (state / "out" / "engine_summary-engine_step-h200-qwen3.5-4b.md").read_text().count("| default |") >= 5
+    assert "engine_pair-h200.json:\n| default | 256 | replayssm_split | 2 | 14.75 / 22.15 | 1.50× |" in out
