@@ -23,7 +23,7 @@
 #                    this host pooled (engine_summary.py --pool -> engine_summary-<file>.md; paired files:
 #                    pair_summary.py -> pair_summary-<file>.md)
 #   gdn:VARIANT      the same for Qwen3.5-4B (GDN; .device/qwen35/config.json) -> engine_step-h200-qwen3.5-4b.json
-#   pair:VARIANT     the engine-side step paired (engine_pair.py): the baseline and VARIANT as two engines at 0.42
+#   pair:VARIANT     the engine-side step paired (engine_pair.py): the baseline and VARIANT as two engines at 0.45
 #                    each, PAIRS [6] interleaved pairs (A B, B A, ...) at ALL_BATCHES on the same prompts, so the
 #                    host's slow phases fall on both -> engine_pair-h200.json (ratio, 95 % interval over pairs);
 #                    gdnpair:VARIANT the same for Qwen3.5-4B -> engine_pair-h200-qwen3.5-4b.json
@@ -169,8 +169,8 @@ run_job() {
         --out "$RES/gdn_layer_check" 2>&1 | tee "$RES/gdn_layer_check.log" | tail -5 ;;
     engine) engine_job nemotron "$variant" $ALL_BATCHES ;;
     gdn) engine_job qwen35 "$variant" $ALL_BATCHES ;;
-    pair | gdnpair)  # two engines: each at 0.42 of the card
-      MODEL=$(engine_model "$1") ENGINE_UTIL=0.42 ENGINE_TIMEOUT_S=$(($(left) - 25)) $S pair "$variant" 0 "$ALL_BATCHES" ;;
+    pair | gdnpair)  # two engines: each at 0.45 of the card
+      MODEL=$(engine_model "$1") ENGINE_UTIL=0.45 ENGINE_TIMEOUT_S=$(($(left) - 25)) $S pair "$variant" 0 "$ALL_BATCHES" ;;
     churn | gdnchurn)
       MODEL=$(engine_model "$1") ENGINE_TIMEOUT_S=$(($(left) - 25)) $S churn "$variant" 0 "$CHURN_BATCHES" ;;
     hostchurn | gdnhostchurn)

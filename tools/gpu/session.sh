@@ -13,7 +13,7 @@
 #   engine VARIANT GPU [BATCHES]    engine-side decode step (replayssm_patch/gpu/engine_step.py, LLM.generate, no
 #                                   HTTP; default batches 64,256; REPEATS [3]) -> rows merged into engine_step-h200.json
 #   pair VARIANT GPU [BATCHES]      the engine-side step paired (engine_pair.py): the baseline and VARIANT as two
-#                                   engines (ENGINE_UTIL 0.42 each), PAIRS [6] interleaved pairs on shared prompts
+#                                   engines (ENGINE_UTIL 0.45 each), PAIRS [6] interleaved pairs on shared prompts
 #                                   -> rows (ratio with its 95 % interval) merged into engine_pair-h200.json
 #   profile VARIANT GPU [BATCHES]   kernel time per layer kind of a decode step (step_profile.py) -> profile/;
 #                                   with STEP_BATCHES the same engine first measures the engine rows (as engine)
