@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from replayssm_patch.gpu.churn_step import WHAT
+from replayssm_patch.gpu.markdown_table import table_head, table_row
 from replayssm_patch.gpu.row_file import RowFileError, read_row_file
 
 SETTING = ("mode", "batch", "prompt_tokens", "output_tokens")
@@ -44,7 +45,7 @@ def paired_table(rows: Sequence[dict[str, Any]]) -> str:
     baselines = {tuple(r[k] for k in SETTING): r for r in rows if r["variant"] == "baseline"}
     head = ["mode", "batch", "prompt / output", "variant", "repeat", *(label for _, label in RATIOS),
             "GPU clock share (variant / baseline)"]  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head(head)
     for row in rows:
         base = baselines.get(tuple(row[k] for k in SETTING))
         if row["variant"] == "baseline" or base is None:
@@ -53,7 +54,7 @@ def paired_table(rows: Sequence[dict[str, Any]]) -> str:
             cells = [row["mode"], row["batch"], f"{row['prompt_tokens']} / {row['output_tokens']}", row["variant"],
                      k + 1, *(_ratio(mine, theirs, field) for field, _ in RATIOS),
                      f"{_clock(mine)} / {_clock(theirs)}"]  # fmt: skip
-            lines.append("| " + " | ".join(map(str, cells)) + " |")
+            lines.append(table_row(cells))
     return "\n".join(lines) + "\n"
 
 
@@ -66,7 +67,7 @@ def pooled_table(passes: Sequence[Sequence[dict[str, Any]]]) -> str:
             pooled.setdefault((*(row[k] for k in SETTING), row["variant"]), []).extend(row["repeats"])
     head = ["mode", "batch", "prompt / output", "variant", "repeats",
             *(f"{label} (÷ baseline)" for _, label in RATIOS)]  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head(head)
     for (*setting, variant), repeats in pooled.items():
         base = pooled.get((*setting, "baseline"))
         if base is None:
@@ -74,7 +75,7 @@ def pooled_table(passes: Sequence[Sequence[dict[str, Any]]]) -> str:
         mine, theirs = _means(repeats), _means(base)
         cells = [setting[0], setting[1], f"{setting[2]} / {setting[3]}", variant, len(repeats),
                  *(f"{mine[field]:.2f} ({_ratio(mine, theirs, field)})" for field, _ in RATIOS)]  # fmt: skip
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
+        lines.append(table_row(cells))
     return "\n".join(lines) + "\n"
 
 

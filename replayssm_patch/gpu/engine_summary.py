@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from replayssm_patch.gpu.engine_step import WHAT
+from replayssm_patch.gpu.markdown_table import table_head, table_row
 from replayssm_patch.gpu.pooled_rows import pool_rows, read_history
 from replayssm_patch.gpu.row_file import RowFileError, read_row_file
 from replayssm_patch.gpu.spec_summary import NONE, OTHER_HOSTS, OTHER_HOSTS_NOTE, other_hosts, times_text
@@ -82,9 +83,20 @@ def _load(row: dict[str, Any]) -> str:
     return NONE if not seqs else f"{row['batch'] / seqs:.0%}"
 
 
-def _clock(row: dict[str, Any]) -> str:
+def clock_text(row: dict[str, Any]) -> str:
+    """The SM clock's mean while the row ran, in MHz (– where not sampled)."""
     mhz = (row.get("conditions") or {}).get("gpu_sm_mhz_mean")
     return NONE if mhz is None else f"{mhz:,.0f}"
+
+
+def table_order(row: dict[str, Any]) -> tuple[Any, ...]:
+    """Where a row stands in a table: default mode first, then by mode, batch and variant."""
+    return (row["mode"] != "default", row["mode"], row["batch"], row["variant"])
+
+
+def left_out_text(row: dict[str, Any]) -> str:
+    """Why an invalid row is not in the table, as its problems say."""
+    return f"{row['variant']} {row['mode']}, batch {row['batch']}: {'; '.join(row.get('problems') or ['invalid'])}"
 
 
 def verdict_text(wanted: float | None, got: float | None) -> str:
@@ -106,10 +118,11 @@ def variant_line(row: dict[str, Any], base: dict[str, Any], targets: Targets | N
     cells = [row["mode"], str(row["batch"]), row["variant"],
              f"{window_ms(row):.2f} ({NONE if spread is None else f'{spread:.2f}'}{runs})",
              times_text(by_window) + mark, times_text(_ratio(base.get("step_ms"), row.get("step_ms"))) + mark,
-             times_text(worst) + mark, f"{_load(row)} / {_load(base)}", f"{_clock(row)} / {_clock(base)}"]  # fmt: skip
+             times_text(worst) + mark, f"{_load(row)} / {_load(base)}",
+             f"{clock_text(row)} / {clock_text(base)}"]  # fmt: skip
     if targets is not None:
         cells.append(verdict_text(target(targets, row["variant"], row["mode"], row["batch"]), by_window))
-    return "| " + " | ".join(cells) + " |", apart
+    return table_row(cells), apart
 
 
 def floor_lines(rows: Sequence[dict[str, Any]], floor: Sequence[dict[str, Any]]) -> list[str]:
@@ -118,8 +131,7 @@ def floor_lines(rows: Sequence[dict[str, Any]], floor: Sequence[dict[str, Any]])
     that range, whose step there is near vLLM's own host work rather than their kernels' (a floor from another GPU
     or day is marked †)."""
     lines = []
-    for low in sorted((r for r in floor if r["variant"] == "baseline" and r.get("valid", True)),
-                      key=lambda r: (r["mode"] != "default", r["mode"], r["batch"])):  # fmt: skip
+    for low in sorted((r for r in floor if r["variant"] == "baseline" and r.get("valid", True)), key=table_order):
         here = [r for r in rows if (r["mode"], r["batch"]) == (low["mode"], low["batch"])]
         base = next((r for r in here if r["variant"] == "baseline"), None)
         repeats = repeat_windows(low)
@@ -153,11 +165,10 @@ def summary_markdown(
     lines = ["# Engine-side decode step over the baseline (replayssm_patch/gpu/engine_step.py)", "",
              "Speed-up = the baseline's time per step ÷ the variant's. Load = the batch as a share of the arm's "
              "maximum concurrency (vLLM's requests of max_model_len tokens the engine holds).", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+             *table_head(head)]  # fmt: skip
     mixed = False
-    left_out = [f"{r['variant']} {r['mode']}, batch {r['batch']}: {'; '.join(r.get('problems') or ['invalid'])}"
-                for r in rows if not r.get("valid", True)]  # fmt: skip
-    for row in sorted(valid, key=lambda r: (r["mode"] != "default", r["mode"], r["batch"], r["variant"])):
+    left_out = [left_out_text(r) for r in rows if not r.get("valid", True)]
+    for row in sorted(valid, key=table_order):
         if row["variant"] == "baseline":
             continue
         base = baselines.get((row["mode"], row["batch"]))

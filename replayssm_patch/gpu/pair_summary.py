@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from replayssm_patch.gpu.engine_pair import BASELINE, WHAT
-from replayssm_patch.gpu.engine_summary import Targets, target, targets_of
+from replayssm_patch.gpu.engine_summary import Targets, clock_text, left_out_text, table_order, target, targets_of
+from replayssm_patch.gpu.markdown_table import table_head, table_row
 from replayssm_patch.gpu.row_file import RowFileError, read_row_file
 from replayssm_patch.gpu.spec_summary import NONE, times_text
 
@@ -41,14 +42,13 @@ def pair_verdict(wanted: float | None, row: dict[str, Any]) -> str:
 def pair_line(row: dict[str, Any], targets: Targets | None) -> str:
     """One table line of a paired row."""
     ci = NONE if row.get("ci_low") is None else f"{row['ci_low']:.2f}-{row['ci_high']:.2f}×"
-    mhz = (row.get("conditions") or {}).get("gpu_sm_mhz_mean")
     windows = f"{row['candidate_window_ms'] or NONE} / {row['baseline_window_ms'] or NONE}"
     cells = [row["mode"], str(row["batch"]), row["variant"], str(len(row.get("pairs", []))), windows,
              times_text(row.get("ratio")), ci, f"{_load(row, row['variant'])} / {_load(row, BASELINE)}",
-             NONE if mhz is None else f"{mhz:,.0f}"]  # fmt: skip
+             clock_text(row)]  # fmt: skip
     if targets is not None:
         cells.append(pair_verdict(target(targets, row["variant"], row["mode"], row["batch"]), row))
-    return "| " + " | ".join(cells) + " |"
+    return table_row(cells)
 
 
 def pair_markdown(rows: Sequence[dict[str, Any]], targets: Targets | None) -> str:
@@ -59,11 +59,10 @@ def pair_markdown(rows: Sequence[dict[str, Any]], targets: Targets | None) -> st
              "Speed-up = the geometric mean over pairs of the baseline's decode window ÷ the variant's, each pair's "
              "two windows seconds apart on the same prompts; 95% CI: a t interval over the pairs. Load = the batch "
              "as a share of each engine's maximum concurrency.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
-    ordered = sorted(rows, key=lambda r: (r["mode"] != "default", r["mode"], r["batch"], r["variant"]))
+             *table_head(head)]  # fmt: skip
+    ordered = sorted(rows, key=table_order)
     lines += [pair_line(row, targets) for row in ordered if row.get("valid", True)]
-    left_out = [f"- {r['variant']} {r['mode']}, batch {r['batch']}: {'; '.join(r.get('problems') or ['invalid'])}"
-                for r in ordered if not r.get("valid", True)]  # fmt: skip
+    left_out = [f"- {left_out_text(r)}" for r in ordered if not r.get("valid", True)]
     return "\n".join([*lines, *(["", "Left out:", "", *left_out] if left_out else [])]) + "\n"
 
 

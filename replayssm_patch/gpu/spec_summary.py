@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from replayssm_patch.gpu.engine_step import FIT_STEP
+from replayssm_patch.gpu.markdown_table import table_head, table_row
 from replayssm_patch.gpu.variants import MODES, SPEC_ARMS
 
 ARM_TITLES = {"native_standard": "native standard", "native_spec": "native spec",
@@ -105,7 +106,7 @@ def setting_table(rows: Sequence[dict[str, Any]], setting: Setting) -> list[str]
     title = f"## {mode} mode, k = {tokens}, AL {length:g} configured" if tokens else f"## {mode} mode, no speculation"
     head = ["batch", *ARM_TITLES.values(), *(f"{ARM_TITLES[a]} / {ARM_TITLES[b]}" for a, b in RATIOS),
             "max concurrency, native spec → ReplaySSM spec"]  # fmt: skip
-    lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [title, "", *table_head(head)]
     mixed = False
     for batch in sorted({r["batch"] for r in mine}):
         by_arm = {r["arm"]: r for r in mine if r["batch"] == batch}
@@ -116,7 +117,7 @@ def setting_table(rows: Sequence[dict[str, Any]], setting: Setting) -> list[str]
             cells.append(times_text(ratio) + (OTHER_HOSTS if apart else ""))
             mixed |= apart
         cells.append(concurrency(by_arm.get("native_spec"), by_arm.get("replayssm_spec")))
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(table_row(cells))
     return lines + (["", OTHER_HOSTS_NOTE] if mixed else []) + at_capacity(mine)
 
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from replayssm_patch.gpu.markdown_table import table_head, table_row
+
 STEP_RANGE = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 # vLLM's recurrent-mixer ops. Mamba-2: SSU, causal conv, the SSD prefill chunks, the mixer's gated RMSNorm; Gated
@@ -301,20 +303,20 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     """One table of time per kind (µs per decode step) for every summarised row, the CUDA calls per step by kind,
     then each row's CUDA calls by name and its top kernels."""
     head = ["variant", "mode", "batch", "steps", "span µs", *KIND_NAMES, "gap µs", "host µs"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head(head)
     for r in rows:
         kinds = [f"{r['kinds'][k]['us']:.1f}" for k in KIND_NAMES]
         cells = [_label(r), r["mode"], r["batch"], r["steps"], f"{r['span_us']:.1f}", *kinds,
                  f"{r['gap_us']:.1f}", f"{r['host_us']:.1f}"]  # fmt: skip
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
+        lines.append(table_row(cells))
     lines += ["", "Kinds: " + "; ".join(f"{k} = {KIND_LABELS[k]}" for k in KIND_NAMES) + "."]
     lines += ["", "CUDA calls per decode step inside its host range (count, host µs):", ""]
     calls = [name for name, _ in HOST_CALLS]
-    lines += ["| variant | mode | batch | " + " | ".join(calls) + " |", "|" + "---|" * (3 + len(calls))]
+    lines += [*table_head(["variant", "mode", "batch", *calls])]
     for r in rows:
         tally = r.get("host_calls") or {}  # rows summarised before the tally existed have none
         cells = [f"{tally[c]['per_step']} ({tally[c]['us']:.1f})" if c in tally else "–" for c in calls]
-        lines.append("| " + " | ".join(map(str, [_label(r), r["mode"], r["batch"], *cells])) + " |")
+        lines.append(table_row([_label(r), r["mode"], r["batch"], *cells]))
     for r in [r for r in rows if "top_host_calls" in r]:  # rows summarised before the list existed have none
         lines += ["", f"Host CUDA calls, {_label(r)} {r['mode']} batch {r['batch']} (per step):", ""]
         lines += ["| call | calls | µs |", "|---|---|---|"]
